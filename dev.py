@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Set-up and everyday commands; needs only Python >= 3.10 on the machine.
+
+    python3 dev.py demo [ARGS]   set up if needed, then run the main job (`twins compare ARGS`)
+    python3 dev.py test [ARGS]   set up if needed, then run the parity suite (`pytest ARGS`)
+    python3 dev.py bench NAME    set up if needed, then run benchmarks/NAME.py
+    python3 dev.py setup         create .venv and install the project with pinned versions
+
+Set-up creates ``.venv`` beside this file and installs the project in editable mode with every
+extra, pinned by ``constraints.txt``. It is redone only when pyproject.toml or constraints.txt change.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
+EXTRAS = "torch,tf-cpu,test,demo"
+
+
+def _stamp() -> Path:
+    digest = hashlib.sha256()
+    for name in ("pyproject.toml", "constraints.txt"):
+        digest.update((ROOT / name).read_bytes())
+    digest.update(EXTRAS.encode())
+    return VENV / f".installed-{digest.hexdigest()[:16]}"
+
+
+def _run(cmd: list[str], **kwargs) -> int:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    return subprocess.call([str(c) for c in cmd], cwd=ROOT, **kwargs)
+
+
+def setup() -> None:
+    if sys.version_info < (3, 10):
+        sys.exit(f"dev.py: Python >= 3.10 is required, this is {sys.version.split()[0]}")
+    stamp = _stamp()
+    if stamp.exists():
+        return
+    if not PYTHON.exists():
+        print(f"creating {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    env = {**os.environ, "PIP_CONSTRAINT": str(ROOT / "constraints.txt"),
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    cmd = [PYTHON, "-m", "pip", "install", "-q", "-c", ROOT / "constraints.txt", "-e", f".[{EXTRAS}]"]
+    if _run(cmd, env=env) != 0:
+        sys.exit("dev.py: installing the project failed (see pip's output above)")
+    for old in VENV.glob(".installed-*"):
+        old.unlink()
+    stamp.touch()
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(__doc__)
+        return 0
+    command, args = argv[0], argv[1:]
+    if command not in ("setup", "demo", "test", "bench"):
+        print(f"dev.py: unknown command {command!r}; expected setup, demo, test or bench", file=sys.stderr)
+        return 2
+    setup()
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    if command == "setup":
+        return 0
+    if command == "demo":
+        return _run([PYTHON, "-m", "twins", "compare", *args], env=env)
+    if command == "bench":
+        if not args:
+            names = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_"))
+            print(f"dev.py bench: expected a benchmark name, one of {names}", file=sys.stderr)
+            return 2
+        return _run([PYTHON, ROOT / "benchmarks" / f"{args[0]}.py", *args[1:]], env=env)
+    code = _run([PYTHON, "-m", "pytest", *args], env=env)
+    if code == 5:  # pytest: no tests were collected; never a pass
+        print("dev.py test: pytest collected no tests; failing", file=sys.stderr)
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""The parity suite: NumPy oracle vs PyTorch vs TensorFlow on identical weights."""

@@ -1,0 +1,46 @@
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from shared import positional_encoding
+
+
+def test_first_pair_is_sin_and_cos_of_position():
+    pe = positional_encoding(50, 8)
+    p = np.arange(50)
+    np.testing.assert_array_equal(pe[:, 0], np.sin(p))
+    np.testing.assert_array_equal(pe[:, 1], np.cos(p))
+    assert pe.dtype == np.float64 and pe.shape == (50, 8)
+
+
+def test_closed_form_every_column():
+    d = 10
+    pe = positional_encoding(20, d)
+    for p in range(20):
+        for i in range(d // 2):
+            angle = p / 10000 ** (2 * i / d)
+            assert pe[p, 2 * i] == pytest.approx(np.sin(angle), abs=1e-15)
+            assert pe[p, 2 * i + 1] == pytest.approx(np.cos(angle), abs=1e-15)
+
+
+@given(p=st.integers(0, 60), k=st.integers(0, 60), d=st.sampled_from([2, 4, 8, 16, 64]))
+def test_shift_is_a_fixed_rotation_of_each_pair(p, k, d):
+    """PE(p + k) = R(k) PE(p) with R(k) block-diagonal of 2x2 rotations by k * w_i, independent of p."""
+    pe = positional_encoding(128, d)
+    for i in range(d // 2):
+        w = 10000.0 ** (-2 * i / d)
+        c, s = np.cos(k * w), np.sin(k * w)
+        rotation = np.array([[c, s], [-s, c]])  # acts on (sin, cos) column pairs
+        shifted = rotation @ pe[p, 2 * i: 2 * i + 2]
+        np.testing.assert_allclose(shifted, pe[p + k, 2 * i: 2 * i + 2], atol=1e-12)
+
+
+def test_odd_width_keeps_a_last_sine_column():
+    pe = positional_encoding(5, 5)
+    np.testing.assert_allclose(pe[:, 4], np.sin(np.arange(5) / 10000 ** (4 / 5)), rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("args", [(0, 4), (4, 0), (4.0, 4), (True, 4)])
+def test_bad_sizes(args):
+    with pytest.raises(ValueError, match="expected a positive int"):
+        positional_encoding(*args)

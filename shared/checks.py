@@ -1,0 +1,56 @@
+"""Input checks shared by every implementation, so a bad input fails the same way everywhere.
+
+The functions take only metadata (shapes, dtype names, min/max ids), so NumPy, PyTorch and
+TensorFlow backends call the very same code and raise the very same messages:
+``TypeError`` for a wrong dtype, ``ValueError`` for a wrong rank, shape, length or id value.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def check_ids(name: str, shape: Sequence[int], dtype: str, is_integer: bool, max_len: int) -> None:
+    """Token ids must be integers of shape ``(batch, seq)`` with ``1 <= seq <= max_len``."""
+    shape = tuple(int(d) for d in shape)
+    if len(shape) != 2:
+        raise ValueError(f"{name}: expected token ids of shape (batch, seq), got rank {len(shape)} "
+                         f"shape {shape}")
+    if not is_integer:
+        raise TypeError(f"{name}: expected integer token ids, got dtype {dtype}")
+    if shape[0] < 1 or shape[1] < 1:
+        raise ValueError(f"{name}: expected a non-empty (batch, seq), got shape {shape}")
+    if shape[1] > max_len:
+        raise ValueError(f"{name}: expected at most max_len={max_len} tokens, got {shape[1]}")
+
+
+def ids_range_message(name: str, vocab: int, lo: int, hi: int) -> str:
+    return f"{name}: expected token ids in [0, {vocab}), got values in [{lo}, {hi}]"
+
+
+def check_ids_range(name: str, vocab: int, lo: int, hi: int) -> None:
+    """Ids out of range are rejected before any lookup (a gather would clamp or zero them silently)."""
+    if lo < 0 or hi >= vocab:
+        raise ValueError(ids_range_message(name, vocab, lo, hi))
+
+
+def check_same_batch(src_shape: Sequence[int], tgt_shape: Sequence[int]) -> None:
+    if int(src_shape[0]) != int(tgt_shape[0]):
+        raise ValueError(f"tgt: expected batch size {int(src_shape[0])} (as src), got {int(tgt_shape[0])}")
+
+
+def check_mask(name: str, shape: Sequence[int], dtype: str, is_bool: bool,
+               batch: int, n_heads: int, q_len: int, k_len: int) -> None:
+    """A mask is bool, rank 4, and broadcasts to ``(batch, heads, q_len, k_len)`` with k_len exact.
+
+    ``True`` means "may attend". Each leading dimension may be 1 (broadcast) or the full size.
+    """
+    shape = tuple(int(d) for d in shape)
+    expected = f"(batch|1, heads|1, {q_len}|1, {k_len}) = ({batch}|1, {n_heads}|1, {q_len}|1, {k_len})"
+    if not is_bool:
+        raise TypeError(f"{name}: expected a bool mask (True = may attend), got dtype {dtype}")
+    if len(shape) != 4:
+        raise ValueError(f"{name}: expected a rank-4 mask broadcastable to {expected}, got shape {shape}")
+    ok = (shape[0] in (1, batch) and shape[1] in (1, n_heads) and shape[2] in (1, q_len)
+          and shape[3] == k_len)
+    if not ok:
+        raise ValueError(f"{name}: expected a mask broadcastable to {expected}, got shape {shape}")

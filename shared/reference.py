@@ -1,0 +1,268 @@
+"""The float64 NumPy reference: the oracle every backend is compared with.
+
+Written for clarity, not speed: each function is the formula of DESIGN.md, computed in float64
+whatever ``config.dtype`` says. ``forward(..., return_trace=True)`` also returns a dict of named
+intermediates in computation order; those names are the contract the backends match:
+
+    encoder.embed                          (B, S, d)   embeddings * sqrt(d_model) + PE
+    encoder.layers.{i}.self_attn_norm      (B, S, d)   output of that layer norm
+    encoder.layers.{i}.self_attn.weights   (B, H, S, S) attention weights per head
+    encoder.layers.{i}.self_attn.output    (B, S, d)   attention sublayer output (before residual)
+    encoder.layers.{i}.self_attn.residual  (B, S, d)   the stream after the sublayer connection
+    encoder.layers.{i}.ffn_norm, .ffn.output, .ffn.residual
+    encoder.final_norm                     (B, S, d)   if config.final_norm
+    encoder.output                         (B, S, d)   the memory
+    decoder.embed, decoder.layers.{i}.{self_attn_norm, self_attn.*, cross_attn_norm,
+        cross_attn.* (weights (B, H, T, S)), ffn_norm, ffn.*}, decoder.final_norm, decoder.output
+    logits                                 (B, T, tgt_vocab)
+
+In pre-norm the ``*_norm`` entries are the normalised sublayer inputs; in post-norm they are the
+normalised sums and equal the ``residual`` entries.
+
+Masks are boolean, ``True`` = may attend, broadcastable to ``(B, H, q_len, k_len)``; see
+`shared.masks`. A masked key gets exactly zero weight; a query with no allowed key gets all-zero
+weights and a zero attention output.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .checks import check_ids, check_ids_range, check_mask, check_same_batch
+from .config import TransformerConfig
+from .masks import make_src_mask, make_tgt_mask
+from .positional import positional_encoding
+from .weights import PROJECTIONS, check_weights, tgt_embedding_name
+
+Weights = Mapping[str, np.ndarray]
+Trace = dict[str, np.ndarray]
+
+
+# -- building blocks ------------------------------------------------------------------------------
+def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, style: str, eps: float) -> np.ndarray:
+    """Normalise the last axis. ``standard``: biased variance inside the sqrt with eps;
+    ``annotated``: unbiased std, eps added to the std (the Annotated Transformer's LayerNorm)."""
+    mean = x.mean(axis=-1, keepdims=True)
+    centered = x - mean
+    if style == "standard":
+        normed = centered / np.sqrt((centered**2).mean(axis=-1, keepdims=True) + eps)
+    else:
+        normed = centered / (x.std(axis=-1, ddof=1, keepdims=True) + eps)
+    return normed * gamma + beta
+
+
+def masked_softmax(scores: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis where ``mask`` is True; masked entries get exactly 0 and a row
+    with no allowed entry is all zeros (not NaN, not uniform)."""
+    scores = np.where(mask, scores, -np.inf)
+    row_max = scores.max(axis=-1, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)  # all-masked row: avoid inf - inf
+    exp = np.where(mask, np.exp(scores - row_max), 0.0)
+    total = exp.sum(axis=-1, keepdims=True)
+    return exp / np.where(total > 0, total, 1.0)
+
+
+def dense(x: np.ndarray, w: Weights, prefix: str) -> np.ndarray:
+    return x @ w[f"{prefix}.kernel"] + w[f"{prefix}.bias"]
+
+
+def attention(query_in: np.ndarray, memory: np.ndarray, mask: np.ndarray, w: Weights, prefix: str,
+              n_heads: int) -> tuple[np.ndarray, np.ndarray]:
+    """Multi-head scaled dot-product attention.
+
+    query_in (B, Q, d), memory (B, K, d), mask broadcastable to (B, H, Q, K).
+    Returns the output (B, Q, d) and the weights (B, H, Q, K).
+    """
+    batch, q_len, d = query_in.shape
+    d_k = d // n_heads
+
+    def heads(x: np.ndarray) -> np.ndarray:  # (B, L, d) -> (B, H, L, d_k)
+        return x.reshape(batch, x.shape[1], n_heads, d_k).transpose(0, 2, 1, 3)
+
+    q = heads(dense(query_in, w, f"{prefix}.query"))
+    k = heads(dense(memory, w, f"{prefix}.key"))
+    v = heads(dense(memory, w, f"{prefix}.value"))
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d_k)  # (B, H, Q, K)
+    weights = masked_softmax(scores, mask)
+    context = (weights @ v).transpose(0, 2, 1, 3).reshape(batch, q_len, d)  # (B, Q, d)
+    return dense(context, w, f"{prefix}.output"), weights
+
+
+def feed_forward(x: np.ndarray, w: Weights, prefix: str) -> np.ndarray:
+    """Linear, ReLU, linear: (B, L, d) -> (B, L, d)."""
+    return dense(np.maximum(dense(x, w, f"{prefix}.inner"), 0.0), w, f"{prefix}.outer")
+
+
+def embed(ids: np.ndarray, table: np.ndarray, pe: np.ndarray) -> np.ndarray:
+    """Token embedding scaled by sqrt(d_model), plus the positional encoding: (B, L) -> (B, L, d)."""
+    return table[ids] * np.sqrt(table.shape[1]) + pe[: ids.shape[1]]
+
+
+# -- the model ------------------------------------------------------------------------------------
+class _Model:
+    """Weights cast to float64 once, plus the config: what every function below needs."""
+
+    def __init__(self, weights: Weights, config: TransformerConfig):
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"config: expected a TransformerConfig, got {type(config).__name__}")
+        check_weights(config, weights)
+        self.config = config
+        self.w = {name: np.asarray(value, dtype=np.float64) for name, value in weights.items()}
+        self.pe = positional_encoding(config.max_len, config.d_model)
+
+    def norm(self, x: np.ndarray, prefix: str) -> np.ndarray:
+        c = self.config
+        return layer_norm(x, self.w[f"{prefix}.gamma"], self.w[f"{prefix}.beta"], c.norm_style, c.norm_eps)
+
+    def sublayer(self, x: np.ndarray, name: str, fn, trace: Trace | None) -> np.ndarray:
+        """One residual sublayer. ``fn`` maps the (normalised) input to (output, attn weights or None)."""
+        def record(key: str, value: np.ndarray) -> None:
+            if trace is not None:
+                trace[key] = value
+
+        if self.config.norm_first:  # x + sublayer(norm(x))
+            normed = self.norm(x, f"{name}_norm")
+            record(f"{name}_norm", normed)
+            out, attn = fn(normed)
+        else:  # norm(x + sublayer(x))
+            out, attn = fn(x)
+        if attn is not None:
+            record(f"{name}.weights", attn)
+        record(f"{name}.output", out)
+        if self.config.norm_first:
+            result = x + out
+        else:
+            result = self.norm(x + out, f"{name}_norm")
+            record(f"{name}_norm", result)
+        record(f"{name}.residual", result)
+        return result
+
+    def encode(self, src: np.ndarray, src_mask: np.ndarray, trace: Trace | None) -> np.ndarray:
+        c, w = self.config, self.w
+        x = embed(src, w["src_embed.embeddings"], self.pe)
+        if trace is not None:
+            trace["encoder.embed"] = x
+        for i in range(c.n_encoder_layers):
+            p = f"encoder.layers.{i}"
+            x = self.sublayer(x, f"{p}.self_attn",
+                              lambda h: attention(h, h, src_mask, w, f"{p}.self_attn", c.n_heads), trace)
+            x = self.sublayer(x, f"{p}.ffn", lambda h: (feed_forward(h, w, f"{p}.ffn"), None), trace)
+        if c.final_norm:
+            x = self.norm(x, "encoder.final_norm")
+            if trace is not None:
+                trace["encoder.final_norm"] = x
+        if trace is not None:
+            trace["encoder.output"] = x
+        return x
+
+    def decode(self, tgt: np.ndarray, memory: np.ndarray, src_mask: np.ndarray, tgt_mask: np.ndarray,
+               trace: Trace | None) -> np.ndarray:
+        c, w = self.config, self.w
+        x = embed(tgt, w[tgt_embedding_name(c)], self.pe)
+        if trace is not None:
+            trace["decoder.embed"] = x
+        for i in range(c.n_decoder_layers):
+            p = f"decoder.layers.{i}"
+            x = self.sublayer(x, f"{p}.self_attn",
+                              lambda h: attention(h, h, tgt_mask, w, f"{p}.self_attn", c.n_heads), trace)
+            x = self.sublayer(x, f"{p}.cross_attn",
+                              lambda h: attention(h, memory, src_mask, w, f"{p}.cross_attn", c.n_heads),
+                              trace)
+            x = self.sublayer(x, f"{p}.ffn", lambda h: (feed_forward(h, w, f"{p}.ffn"), None), trace)
+        if c.final_norm:
+            x = self.norm(x, "decoder.final_norm")
+            if trace is not None:
+                trace["decoder.final_norm"] = x
+        if trace is not None:
+            trace["decoder.output"] = x
+        return x
+
+    def project(self, x: np.ndarray) -> np.ndarray:
+        """Generator: (B, T, d) -> logits (B, T, tgt_vocab); the tied kernel is the embedding table."""
+        w = self.w
+        kernel = w[tgt_embedding_name(self.config)].T if self.config.tie_output else w["generator.kernel"]
+        return x @ kernel + w["generator.bias"]
+
+
+def trace_names(config: TransformerConfig) -> list[str]:
+    """The names ``forward(..., return_trace=True)`` returns for ``config``, in computation order."""
+    def sublayer(name: str, attn: bool) -> list[str]:
+        inner = ([f"{name}.weights"] if attn else []) + [f"{name}.output"]
+        norm = [f"{name}_norm"]
+        return (norm + inner if config.norm_first else inner + norm) + [f"{name}.residual"]
+
+    names = ["encoder.embed"]
+    for i in range(config.n_encoder_layers):
+        p = f"encoder.layers.{i}"
+        names += sublayer(f"{p}.self_attn", True) + sublayer(f"{p}.ffn", False)
+    names += ["encoder.final_norm"] * bool(config.final_norm) + ["encoder.output", "decoder.embed"]
+    for i in range(config.n_decoder_layers):
+        p = f"decoder.layers.{i}"
+        names += (sublayer(f"{p}.self_attn", True) + sublayer(f"{p}.cross_attn", True)
+                  + sublayer(f"{p}.ffn", False))
+    names += ["decoder.final_norm"] * bool(config.final_norm) + ["decoder.output", "logits"]
+    return names
+
+
+# -- input checks ---------------------------------------------------------------------------------
+def _check_tokens(name: str, ids, vocab: int, config: TransformerConfig) -> np.ndarray:
+    ids = np.asarray(ids)
+    check_ids(name, ids.shape, str(ids.dtype), ids.dtype.kind in "iu", config.max_len)
+    check_ids_range(name, vocab, int(ids.min()), int(ids.max()))
+    return ids
+
+
+def _check_or_make_mask(name: str, mask, default: np.ndarray, config: TransformerConfig,
+                        batch: int, q_len: int, k_len: int) -> np.ndarray:
+    if mask is None:
+        return default
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy bool array, got {type(mask).__name__}")
+    check_mask(name, mask.shape, str(mask.dtype), mask.dtype == np.bool_, batch, config.n_heads,
+               q_len, k_len)
+    return mask
+
+
+# -- public API -----------------------------------------------------------------------------------
+def encode(weights: Weights, config: TransformerConfig, src, src_mask=None,
+           trace: Trace | None = None) -> np.ndarray:
+    """Encoder: src ids (B, S) -> memory (B, S, d_model), float64.
+
+    ``src_mask`` (bool, True = may attend) broadcastable to (B, H, 1|S, S); derived from ``pad_id``
+    when omitted. Pass a dict as ``trace`` to collect the encoder's intermediates.
+    """
+    model = _Model(weights, config)
+    src = _check_tokens("src", src, config.src_vocab, config)
+    b, s = src.shape
+    src_mask = _check_or_make_mask("src_mask", src_mask, make_src_mask(src, config.pad_id), config, b, 1, s)
+    return model.encode(src, src_mask, trace)
+
+
+def forward(weights: Weights, config: TransformerConfig, src, tgt, src_mask=None, tgt_mask=None,
+            return_trace: bool = False):
+    """The whole model: logits (B, T, tgt_vocab), float64 (and the trace when ``return_trace``).
+
+    Args:
+        weights: canonical weights (`shared.weights` schema) in ``config.dtype``.
+        src: source ids (B, S); tgt: target input ids (B, T), integers inside their vocabularies,
+            at most ``config.max_len`` long.
+        src_mask: bool, True = may attend, broadcastable to (B, H, 1|S, S) for encoder self-attention
+            and (B, H, 1|T, S) for cross-attention, so give it a query axis of 1; default ``src != pad_id``.
+        tgt_mask: bool, broadcastable to (B, H, T, T); default padding AND subsequent.
+    """
+    model = _Model(weights, config)
+    src = _check_tokens("src", src, config.src_vocab, config)
+    tgt = _check_tokens("tgt", tgt, config.tgt_vocab, config)
+    check_same_batch(src.shape, tgt.shape)
+    (b, s), t = src.shape, tgt.shape[1]
+    src_mask = _check_or_make_mask("src_mask", src_mask, make_src_mask(src, config.pad_id), config, b, 1, s)
+    tgt_mask = _check_or_make_mask("tgt_mask", tgt_mask, make_tgt_mask(tgt, config.pad_id), config, b, t, t)
+    trace: Trace | None = {} if return_trace else None
+    memory = model.encode(src, src_mask, trace)
+    hidden = model.decode(tgt, memory, src_mask, tgt_mask, trace)
+    logits = model.project(hidden)
+    if trace is None:
+        return logits
+    trace["logits"] = logits
+    return logits, trace

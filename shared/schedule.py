@@ -1,0 +1,28 @@
+"""The Noam learning-rate schedule (paper section 5.3), defined once for both backends.
+
+    lr(step) = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5),   step counted from 1
+
+It rises linearly for ``warmup`` steps, peaks at ``step == warmup`` with
+``factor * d_model^-0.5 * warmup^-0.5`` and then decays as ``step^-0.5``. Step 0 is rejected rather
+than silently returning 0 (the Annotated Transformer guards it with ``if step == 0: step = 1``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def noam_lr(step, d_model: int, warmup: int, factor: float = 1.0):
+    """Learning rate at ``step`` (an int >= 1, or an integer array of them); float or float64 array."""
+    for name, value in (("d_model", d_model), ("warmup", warmup)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"noam_lr: {name} expected a positive int, got {value!r}")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise ValueError(f"noam_lr: factor expected a positive float, got {factor!r}")
+    steps = np.asarray(step)
+    if steps.dtype.kind not in "iu":
+        raise ValueError(f"noam_lr: step expected an int counted from 1, got {step!r}")
+    if steps.size and steps.min() < 1:
+        raise ValueError(f"noam_lr: step expected an int >= 1 (steps are counted from 1), got {step!r}")
+    s = steps.astype(np.float64)
+    lr = factor * d_model ** -0.5 * np.minimum(s ** -0.5, s * float(warmup) ** -1.5)
+    return float(lr) if lr.ndim == 0 else lr

@@ -1,0 +1,268 @@
+"""The canonical, framework-neutral weights: schema, initialisation, checks and checkpoint files.
+
+Canonical weights are a flat ``{name: numpy.ndarray}`` dict with dotted names. Dense kernels are
+stored ``(in, out)`` so that ``y = x @ kernel + bias`` (the Keras layout; torch transposes at its
+boundary). Tied weights are stored once: with ``share_embeddings`` there is no ``tgt_embed``, with
+``tie_output`` there is no ``generator.kernel`` (the generator uses ``tgt_embed`` transposed, or
+``src_embed`` when that table is shared).
+
+Names (``{i}`` a layer index, ``{p}`` one of ``query, key, value, output``)::
+
+    src_embed.embeddings                          (src_vocab, d_model)
+    tgt_embed.embeddings                          (tgt_vocab, d_model)     unless share_embeddings
+    encoder.layers.{i}.self_attn.{p}.kernel/bias  (d_model, d_model) / (d_model,)
+    encoder.layers.{i}.self_attn_norm.gamma/beta  (d_model,)
+    encoder.layers.{i}.ffn.inner.kernel/bias      (d_model, d_ff) / (d_ff,)
+    encoder.layers.{i}.ffn.outer.kernel/bias      (d_ff, d_model) / (d_model,)
+    encoder.layers.{i}.ffn_norm.gamma/beta        (d_model,)
+    encoder.final_norm.gamma/beta                 (d_model,)               if final_norm
+    decoder.layers.{i}.self_attn..., self_attn_norm..., cross_attn..., cross_attn_norm...,
+                       ffn..., ffn_norm...        as above
+    decoder.final_norm.gamma/beta                 (d_model,)               if final_norm
+    generator.kernel                              (d_model, tgt_vocab)     unless tie_output
+    generator.bias                                (tgt_vocab,)
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from .config import TransformerConfig
+
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+PROJECTIONS = ("query", "key", "value", "output")
+
+
+# -- schema ---------------------------------------------------------------------------------------
+def _attention(prefix: str, d: int) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for p in PROJECTIONS:
+        out[f"{prefix}.{p}.kernel"] = (d, d)
+        out[f"{prefix}.{p}.bias"] = (d,)
+    return out
+
+
+def _norm(prefix: str, d: int) -> dict[str, tuple[int, ...]]:
+    return {f"{prefix}.gamma": (d,), f"{prefix}.beta": (d,)}
+
+
+def _ffn(prefix: str, d: int, d_ff: int) -> dict[str, tuple[int, ...]]:
+    return {f"{prefix}.inner.kernel": (d, d_ff), f"{prefix}.inner.bias": (d_ff,),
+            f"{prefix}.outer.kernel": (d_ff, d), f"{prefix}.outer.bias": (d,)}
+
+
+def weight_schema(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """Every canonical weight name and its shape, in a fixed order (tied weights once)."""
+    d, d_ff = config.d_model, config.d_ff
+    schema: dict[str, tuple[int, ...]] = {"src_embed.embeddings": (config.src_vocab, d)}
+    if not config.share_embeddings:
+        schema["tgt_embed.embeddings"] = (config.tgt_vocab, d)
+    for i in range(config.n_encoder_layers):
+        layer = f"encoder.layers.{i}"
+        schema.update(_attention(f"{layer}.self_attn", d))
+        schema.update(_norm(f"{layer}.self_attn_norm", d))
+        schema.update(_ffn(f"{layer}.ffn", d, d_ff))
+        schema.update(_norm(f"{layer}.ffn_norm", d))
+    if config.final_norm:
+        schema.update(_norm("encoder.final_norm", d))
+    for i in range(config.n_decoder_layers):
+        layer = f"decoder.layers.{i}"
+        schema.update(_attention(f"{layer}.self_attn", d))
+        schema.update(_norm(f"{layer}.self_attn_norm", d))
+        schema.update(_attention(f"{layer}.cross_attn", d))
+        schema.update(_norm(f"{layer}.cross_attn_norm", d))
+        schema.update(_ffn(f"{layer}.ffn", d, d_ff))
+        schema.update(_norm(f"{layer}.ffn_norm", d))
+    if config.final_norm:
+        schema.update(_norm("decoder.final_norm", d))
+    if not config.tie_output:
+        schema["generator.kernel"] = (d, config.tgt_vocab)
+    schema["generator.bias"] = (config.tgt_vocab,)
+    return schema
+
+
+def tgt_embedding_name(config: TransformerConfig) -> str:
+    """The table the decoder embeds with (the source table when embeddings are shared)."""
+    return "src_embed.embeddings" if config.share_embeddings else "tgt_embed.embeddings"
+
+
+def parameter_count(config: TransformerConfig) -> int:
+    return int(sum(np.prod(shape) for shape in weight_schema(config).values()))
+
+
+# -- initialisation -------------------------------------------------------------------------------
+def _xavier_uniform(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    fan_in, fan_out = shape  # kernels are (in, out); embeddings (vocab, d) as torch treats them
+    limit = np.sqrt(6.0 / (fan_in + fan_out))
+    return rng.uniform(-limit, limit, size=shape)
+
+
+def init_weights(config: TransformerConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Training initialisation, deterministic in ``seed``: Xavier-uniform for every matrix (as the
+    Annotated Transformer does), zero biases and norm offsets, unit norm gains; in ``config.dtype``."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name, shape in weight_schema(config).items():
+        if len(shape) == 2:
+            value = _xavier_uniform(rng, shape)
+        elif name.endswith(".gamma"):
+            value = np.ones(shape)
+        else:
+            value = np.zeros(shape)
+        out[name] = value.astype(config.dtype)
+    return out
+
+
+def random_weights(config: TransformerConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Weights where *every* tensor is random (biases, norm gains and offsets too), in ``config.dtype``.
+
+    For parity checks: with the training initialisation, a bias that is ignored or a gamma swapped
+    with a beta would still agree (zeros and ones); here it cannot. Matrices are Xavier-uniform so
+    activations keep a sensible scale; biases and offsets are U(-0.1, 0.1); gains U(0.5, 1.5).
+    """
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name, shape in weight_schema(config).items():
+        if len(shape) == 2:
+            value = _xavier_uniform(rng, shape)
+        elif name.endswith(".gamma"):
+            value = rng.uniform(0.5, 1.5, size=shape)
+        else:
+            value = rng.uniform(-0.1, 0.1, size=shape)
+        out[name] = value.astype(config.dtype)
+    return out
+
+
+# -- checks ---------------------------------------------------------------------------------------
+class WeightsError(ValueError):
+    """Weights that do not fit a config: every problem at once, in ``problems`` and the message."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        listed = "\n  ".join(problems)
+        super().__init__(f"{source}: {len(problems)} problem(s) with the weights:\n  {listed}")
+
+
+def check_weights(config: TransformerConfig, weights: Mapping[str, object], source: str = "weights",
+                  allow_nonfinite: bool = False) -> None:
+    """Raise one `WeightsError` listing every missing, unexpected, mis-shaped, mis-typed or
+    non-finite tensor. Expected dtype is ``config.dtype`` exactly (no silent casts: a cast would
+    break the bit-exact round trip). Does nothing else; nothing is modified."""
+    if not isinstance(weights, Mapping):
+        raise TypeError(f"{source}: expected a dict of name -> numpy array, got {type(weights).__name__}")
+    schema = weight_schema(config)
+    problems: list[str] = []
+    missing = [n for n in schema if n not in weights]
+    unexpected = sorted(n for n in weights if n not in schema)
+    if missing:
+        problems.append(f"missing: {missing}")
+    if unexpected:
+        problems.append(f"unexpected: {unexpected}")
+    for name, shape in schema.items():
+        if name not in weights:
+            continue
+        value = weights[name]
+        if not isinstance(value, np.ndarray):
+            problems.append(f"{name}: expected a numpy array, got {type(value).__name__}")
+            continue
+        if value.shape != shape:
+            problems.append(f"{name}: expected shape {shape}, got {value.shape}")
+        if value.dtype != np.dtype(config.dtype):
+            problems.append(f"{name}: expected dtype {config.dtype}, got {value.dtype}")
+        elif not allow_nonfinite and not np.isfinite(value).all():
+            problems.append(f"{name}: contains NaN or Inf")
+    if problems:
+        raise WeightsError(source, problems)
+
+
+# -- checkpoint files -----------------------------------------------------------------------------
+def save_checkpoint(path: str | os.PathLike, config: TransformerConfig,
+                    weights: Mapping[str, np.ndarray]) -> Path:
+    """Write ``path/`` = ``config.json`` + ``model.safetensors``, atomically.
+
+    The files are written and fsynced in a temporary sibling directory that is then renamed into
+    place, so a crash leaves either the old checkpoint or the new one, never a half-written one.
+    An existing checkpoint at ``path`` is replaced; any other existing file or directory is refused.
+    """
+    from safetensors.numpy import save_file
+
+    check_weights(config, weights, source="save_checkpoint: weights")
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir() or not set(os.listdir(path)) <= {CONFIG_FILE, WEIGHTS_FILE}:
+            raise FileExistsError(f"save_checkpoint: path {str(path)!r} exists and is not a checkpoint; "
+                                  "refusing to overwrite it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        header = {"format_version": FORMAT_VERSION, "config": config.to_dict()}
+        with open(tmp / CONFIG_FILE, "w", encoding="utf-8") as f:
+            json.dump(header, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        ordered = {n: np.ascontiguousarray(weights[n]) for n in weight_schema(config)}
+        save_file(ordered, str(tmp / WEIGHTS_FILE), metadata={"format_version": str(FORMAT_VERSION)})
+        with open(tmp / WEIGHTS_FILE, "rb") as f:
+            os.fsync(f.fileno())
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            os.replace(path, old / "ckpt")
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, allow_nonfinite: bool = False
+                    ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
+    """Read and fully validate a checkpoint directory; return ``(config, weights)``.
+
+    Raises ``FileNotFoundError`` for a missing path or file, ``ValueError`` naming the file for an
+    unreadable, corrupted or contradictory one (every weight problem listed at once). No pickle is
+    involved anywhere. NaN/Inf weights are refused unless ``allow_nonfinite=True``.
+    """
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"load_checkpoint: no checkpoint at {str(path)!r}")
+    if not path.is_dir():
+        raise ValueError(f"load_checkpoint: {str(path)!r} is not a checkpoint directory "
+                         f"(expected a directory with {CONFIG_FILE} and {WEIGHTS_FILE})")
+    config_file, weights_file = path / CONFIG_FILE, path / WEIGHTS_FILE
+    for f in (config_file, weights_file):
+        if not f.is_file():
+            raise FileNotFoundError(f"load_checkpoint: missing {str(f)!r}")
+    try:
+        header = json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{str(config_file)!r}: not valid JSON ({err})") from None
+    if not isinstance(header, dict) or "format_version" not in header or "config" not in header:
+        raise ValueError(f"{str(config_file)!r}: expected keys 'format_version' and 'config'")
+    if header["format_version"] != FORMAT_VERSION:
+        raise ValueError(f"{str(config_file)!r}: unknown format_version {header['format_version']!r}, "
+                         f"this version reads {FORMAT_VERSION}")
+    try:
+        config = TransformerConfig.from_dict(header["config"])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{str(config_file)!r}: invalid config: {err}") from None
+    try:
+        weights = load_file(str(weights_file))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"{str(weights_file)!r}: not a readable safetensors file ({err})") from None
+    check_weights(config, weights, source=str(weights_file), allow_nonfinite=allow_nonfinite)
+    return config, weights

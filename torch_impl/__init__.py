@@ -1,0 +1,1 @@
+"""The Transformer in PyTorch. Imports torch and `shared`, never TensorFlow or Keras."""

@@ -1,0 +1,5 @@
+import sys
+
+from twins.cli import main
+
+sys.exit(main())

@@ -1,0 +1,144 @@
+"""`twins compare`: one set of weights in NumPy, PyTorch and TensorFlow; where do they part?"""
+from __future__ import annotations
+
+import json
+import sys
+from itertools import combinations
+
+import numpy as np
+
+from parity_tests.inputs import src_tgt
+from parity_tests.tolerances import bound_for, max_abs_diff, max_rel_diff
+from shared import TransformerConfig
+from shared.weights import load_checkpoint, random_weights
+
+from .runners import IMPLEMENTATIONS, Unavailable, make_runner
+
+
+def add_arguments(parser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--preset", default="small", help="named config (default: small)")
+    source.add_argument("--config", metavar="FILE.json", help="a TransformerConfig as JSON")
+    source.add_argument("--checkpoint", metavar="DIR", help="a neutral checkpoint directory")
+    parser.add_argument("--dtype", choices=["float32", "float64"], help="override the config's dtype")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--src-len", type=int, default=16)
+    parser.add_argument("--tgt-len", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backends", default="torch,tf",
+                        help="comma-separated implementations to compare with the reference")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
+
+
+def _load(args) -> tuple[TransformerConfig, dict]:
+    if args.checkpoint:
+        config, weights = load_checkpoint(args.checkpoint)
+    else:
+        if args.config:
+            with open(args.config, encoding="utf-8") as f:
+                config = TransformerConfig.from_json(f.read())
+        else:
+            config = TransformerConfig.preset(args.preset)
+        weights = None
+    if args.dtype and args.dtype != config.dtype:
+        config = config.replace(dtype=args.dtype)
+        weights = None if weights is None else {k: v.astype(args.dtype) for k, v in weights.items()}
+    if weights is None:
+        weights = random_weights(config, args.seed)
+    return config, weights
+
+
+def run(args) -> int:
+    config, weights = _load(args)
+    for name in ("batch", "src_len", "tgt_len"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')}: expected a positive int, got {getattr(args, name)}")
+    backends = [b for b in args.backends.split(",") if b]
+    unknown = [b for b in backends if b not in IMPLEMENTATIONS[1:]]
+    if unknown:
+        raise SystemExit(f"--backends: expected names from {IMPLEMENTATIONS[1:]}, got {unknown}")
+    src, tgt = src_tgt(config, args.batch, args.src_len, args.tgt_len, seed=args.seed)
+
+    runners, skipped = {"reference": make_runner("reference", config, weights)}, {}
+    for name in backends:
+        try:
+            runners[name] = make_runner(name, config, weights)
+        except Unavailable as err:
+            skipped[name] = str(err)
+    traces = {name: r.trace(src, tgt) for name, r in runners.items()}
+    names = list(traces["reference"])
+    # Pairs read "torch:reference", "tf:reference", "torch:tf", as the tolerance table names them.
+    pairs = [(b, a) if a == "reference" else (a, b) for a, b in combinations(runners, 2)]
+
+    rows, first_parting, ok = [], None, True
+    for name in names:
+        ref = traces["reference"][name]
+        row = {"name": name, "shape": list(ref.shape), "pairs": {},
+               "reference": {"mean": float(ref.mean()), "std": float(ref.std()),
+                             "max_abs": float(np.abs(ref).max())}}
+        for a, b in pairs:
+            bound = bound_for(config.dtype, f"{a}:{b}")
+            if name not in traces[a] or name not in traces[b]:
+                row["pairs"][f"{a}:{b}"] = {"missing": True, "pass": False}
+                passed = False
+            else:
+                x, y = traces[a][name], traces[b][name]
+                passed = bool(bound.allows(x, y))
+                row["pairs"][f"{a}:{b}"] = {"max_abs": max_abs_diff(x, y), "max_rel": max_rel_diff(x, y),
+                                            "bound": bound.rtol, "pass": passed}
+            if not passed:
+                ok = False
+                first_parting = first_parting or {"name": name, "pair": f"{a}:{b}"}
+        rows.append(row)
+    timings = {name: r.time_forward(src, tgt) for name, r in runners.items()}
+
+    _print_table(config, args, rows, pairs, skipped, first_parting, timings)
+    if args.json:
+        result = {"config": config.to_dict(), "batch": args.batch, "src_len": args.src_len,
+                  "tgt_len": args.tgt_len, "rows": rows, "skipped": skipped,
+                  "first_parting": first_parting, "forward_seconds": timings, "pass": ok}
+        text = json.dumps(result, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+    return 0 if ok else 1
+
+
+def _print_table(config, args, rows, pairs, skipped, first_parting, timings) -> None:
+    out = sys.stdout
+    print(f"config: d_model={config.d_model} heads={config.n_heads} layers={config.n_encoder_layers}+"
+          f"{config.n_decoder_layers} norm_first={config.norm_first} norm_style={config.norm_style} "
+          f"dtype={config.dtype}; batch={args.batch} src_len={args.src_len} tgt_len={args.tgt_len}", file=out)
+    for name, why in skipped.items():
+        print(f"skipped {name}: {why}", file=out)
+    if not pairs:
+        print("nothing to compare: only the reference ran; its intermediates:", file=out)
+    width = max(len(r["name"]) for r in rows)
+    header = f"{'intermediate':<{width}}  {'shape':<18}"
+    for a, b in pairs:
+        header += f"  {a + ' vs ' + b:>28}"
+    if not pairs:
+        header += f"  {'mean':>10} {'std':>10} {'max|x|':>10}"
+    print(header, file=out)
+    for r in rows:
+        line = f"{r['name']:<{width}}  {str(tuple(r['shape'])):<18}"
+        for a, b in pairs:
+            p = r["pairs"][f"{a}:{b}"]
+            cell = "missing" if p.get("missing") else f"{p['max_abs']:.2e} {p['max_rel']:.2e} {'ok' if p['pass'] else 'FAIL'}"
+            line += f"  {cell:>28}"
+        if not pairs:
+            stats = r["reference"]
+            line += f"  {stats['mean']:>10.4f} {stats['std']:>10.4f} {stats['max_abs']:>10.4f}"
+        print(line, file=out)
+    if pairs:
+        print("(each cell: max abs diff, max diff relative to the tensor's scale, verdict against "
+              "parity_tests/tolerances.py)", file=out)
+        if first_parting:
+            print(f"FAIL: the implementations first part at {first_parting['name']} "
+                  f"({first_parting['pair']})", file=out)
+        else:
+            print(f"PASS: all {len(rows)} intermediates agree for {', '.join(a + ' vs ' + b for a, b in pairs)}",
+                  file=out)
+    print("forward time (median of 5): " + ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in timings.items()), file=out)
