@@ -1,0 +1,46 @@
+"""Label-smoothed cross-entropy, the NumPy float64 reference of the training loss (DESIGN 14).
+
+The smoothed target is ``(1 - eps) * onehot + eps / V`` (the convention PyTorch's
+``cross_entropy(label_smoothing=eps)`` and Keras's ``CategoricalCrossentropy(label_smoothing=eps)``
+share); positions whose target is ``pad_id`` carry no loss, and the loss is the mean over the
+non-padding positions. (The Annotated Transformer instead spreads ``eps`` over ``V - 2`` classes,
+excluding the true class and padding, and sums; that is a different number.)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Stable log-softmax over the last axis, float64."""
+    x = np.asarray(logits, dtype=np.float64)
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def label_smoothed_cross_entropy(logits: np.ndarray, targets: np.ndarray, pad_id: int,
+                                 smoothing: float = 0.0) -> float:
+    """Mean smoothed cross-entropy over non-padding positions.
+
+    Args:
+        logits: (B, T, V) scores (not log-probabilities).
+        targets: (B, T) integer ids; ``pad_id`` positions are ignored.
+        smoothing: eps in [0, 1).
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    targets = np.asarray(targets)
+    if logits.ndim != 3 or targets.shape != logits.shape[:2]:
+        raise ValueError(f"label_smoothed_cross_entropy: expected logits (B, T, V) and targets (B, T), "
+                         f"got {logits.shape} and {targets.shape}")
+    if targets.dtype.kind not in "iu":
+        raise TypeError(f"targets: expected integer ids, got dtype {targets.dtype}")
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing: expected a value in [0, 1), got {smoothing}")
+    vocab = logits.shape[-1]
+    keep = targets != pad_id
+    if not keep.any():
+        raise ValueError("targets: expected at least one non-padding position, got only padding")
+    logp = log_softmax(logits)[keep]  # (N, V)
+    picked = logp[np.arange(logp.shape[0]), targets[keep]]
+    per_token = -(1.0 - smoothing) * picked - smoothing / vocab * logp.sum(axis=-1)
+    return float(per_token.mean())
