@@ -1,1 +1,9 @@
-"""The Transformer in PyTorch. Imports torch and `shared`, never TensorFlow or Keras."""
+"""The Transformer in PyTorch. Imports torch and `shared`, never TensorFlow or Keras.
+
+``Transformer(config)`` is an ``nn.Module`` built from small modules that tf_impl mirrors file for
+file: embedding, norm, attention, feed_forward, layers, stacks, model; weights_io maps the canonical
+weight names of `shared.weights` onto its parameters.
+"""
+from .model import Generator, Transformer
+
+__all__ = ["Transformer", "Generator"]

@@ -1,0 +1,91 @@
+"""Multi-head scaled dot-product attention, with a fast path and an explicit path.
+
+Masks are boolean, ``True`` = may attend (DESIGN convention 2), broadcastable to
+``(batch, heads, q_len, k_len)``. ``F.scaled_dot_product_attention`` reads a bool ``attn_mask`` the
+same way, so the mask is passed as it is (``nn.MultiheadAttention`` would need it inverted).
+
+Both paths give a masked key exactly zero weight and a query with no allowed key (an all-padding
+sequence) an all-zero context (DESIGN convention 3). SDPA returns NaN for such a row (softmax of
+nothing), so on the fast path those rows are let attend every key and their context is zeroed after.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last axis where ``mask`` is True; masked entries are exactly 0 and a row with
+    no allowed entry is all zeros (not NaN, not uniform).
+
+    Shape: scores ``(B, H, Q, K)``; mask bool, broadcastable to it.
+    """
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    blocked = ~mask
+    weights = torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1)
+    # exp(-inf) already gives exact zeros; the second fill turns the NaN of an all-blocked row into
+    # zeros (and, being a masked_fill, zeroes that row's gradient rather than passing NaN back).
+    return weights.masked_fill(blocked, 0.0)
+
+
+class MultiHeadAttention(nn.Module):
+    """Attention of ``query_in`` over ``memory`` with ``n_heads`` heads of width ``d_model // n_heads``.
+
+    Four projections with bias, ``nn.Linear`` modules named ``query``, ``key``, ``value``, ``output``
+    (torch layout ``(out, in)``; the canonical ``(in, out)`` kernels are transposed on import/export).
+
+    Args:
+        d_model: model width, divisible by ``n_heads``.
+        n_heads: number of heads.
+        dropout: probability of dropping an attention weight (train only).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float, dtype: torch.dtype | None = None):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"MultiHeadAttention: d_model={d_model} expected a multiple of n_heads={n_heads}")
+        self.n_heads, self.d_k, self.dropout = n_heads, d_model // n_heads, float(dropout)
+        self.query = nn.Linear(d_model, d_model, dtype=dtype)
+        self.key = nn.Linear(d_model, d_model, dtype=dtype)
+        self.value = nn.Linear(d_model, d_model, dtype=dtype)
+        self.output = nn.Linear(d_model, d_model, dtype=dtype)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, length, _ = x.shape
+        return x.view(b, length, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, L, d_k)
+
+    def forward(self, query_in: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None,
+                return_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attend from each query position to the memory positions its mask allows.
+
+        Args:
+            query_in: ``(B, Q, d_model)``; memory: ``(B, K, d_model)`` (``query_in`` for self-attention).
+            mask: bool, ``True`` = may attend, broadcastable to ``(B, H, Q, K)``; ``None`` = all keys.
+            return_weights: also return the attention weights; takes the explicit path (matmul and
+                softmax) instead of ``F.scaled_dot_product_attention``.
+
+        Returns:
+            output ``(B, Q, d_model)``, and the weights ``(B, H, Q, K)`` (before dropout) or ``None``.
+        """
+        b, q_len, d = query_in.shape
+        q = self._heads(self.query(query_in))  # (B, H, Q, d_k)
+        k = self._heads(self.key(memory))  # (B, H, K, d_k)
+        v = self._heads(self.value(memory))  # (B, H, K, d_k)
+        p = self.dropout if self.training else 0.0
+        weights = None
+        if return_weights:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, H, Q, K)
+            weights = masked_softmax(scores, mask)
+            context = F.dropout(weights, p, self.training) @ v  # (B, H, Q, d_k)
+        elif mask is None:
+            context = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+        else:
+            has_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Q|1, 1)
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=p)
+            context = context * has_key  # rows with no allowed key: zero context
+        context = context.transpose(1, 2).reshape(b, q_len, d)  # (B, Q, d)
+        return self.output(context), weights

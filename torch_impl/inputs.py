@@ -1,0 +1,63 @@
+"""Input checks and default masks for the torch backend.
+
+Every check goes through `shared.checks` with the tensor's metadata, so a bad input fails here with
+the same type and message as in the NumPy reference and the TensorFlow backend. Ids are range-checked
+before any embedding lookup: a gather on CPU raises an opaque IndexError and on CUDA a device-side
+assert, neither of which names the argument.
+
+Masks are boolean, ``True`` = may attend, broadcastable to ``(batch, heads, q_len, k_len)``.
+"""
+from __future__ import annotations
+
+import torch
+
+from shared import checks
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")  # "float32", as NumPy spells it in the reference
+
+
+def _is_integer(dtype: torch.dtype) -> bool:
+    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
+
+
+def check_ids(name: str, ids, vocab: int, max_len: int) -> None:
+    """Token ids: an integer tensor of shape (batch, seq), 1 <= seq <= max_len, values in [0, vocab).
+
+    Raises:
+        TypeError: not a torch tensor, or not an integer dtype.
+        ValueError: wrong rank, empty, longer than ``max_len``, or an id outside ``[0, vocab)``.
+    """
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch tensor of token ids, got {type(ids).__name__}")
+    checks.check_ids(name, ids.shape, _dtype_name(ids.dtype), _is_integer(ids.dtype), max_len)
+    # One device-to-host transfer for both ends (the only sync on the hot path, and a necessary one).
+    lo, hi = torch.stack(torch.aminmax(ids.long())).tolist()
+    checks.check_ids_range(name, vocab, lo, hi)
+
+
+def check_mask(name: str, mask, batch: int, n_heads: int, q_len: int, k_len: int) -> None:
+    """A bool tensor (True = may attend) broadcastable to ``(batch, n_heads, q_len, k_len)``,
+    with the key axis exactly ``k_len``.
+
+    Raises:
+        TypeError: not a torch tensor, or not bool.
+        ValueError: not rank 4, or a shape that does not broadcast.
+    """
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch bool tensor, got {type(mask).__name__}")
+    checks.check_mask(name, mask.shape, _dtype_name(mask.dtype), mask.dtype == torch.bool,
+                      batch, n_heads, q_len, k_len)
+
+
+def make_src_mask(src: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Source mask ``(batch, 1, 1, src_len)``: True where the key token is not padding."""
+    return (src != pad_id)[:, None, None, :]
+
+
+def make_tgt_mask(tgt: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Target mask ``(batch, 1, tgt_len, tgt_len)``: the key is not padding AND key <= query."""
+    t = tgt.shape[1]
+    subsequent = torch.ones(t, t, dtype=torch.bool, device=tgt.device).tril()  # (T, T)
+    return (tgt != pad_id)[:, None, None, :] & subsequent  # (B, 1, T, T)

@@ -1,0 +1,113 @@
+"""Encoder and decoder layers, in either norm placement (DESIGN convention 7).
+
+Pre-norm (``norm_first=True``, tensor2tensor and the Annotated Transformer) computes
+``x + dropout(sublayer(norm(x)))``; post-norm (the paper) computes ``norm(x + dropout(sublayer(x)))``.
+Pre-norm keeps an identity path through the whole stack, which is why it trains without warm-up
+tricks at depth; the paper's post-norm is kept for fidelity and for weights trained that way.
+
+When a ``trace`` dict is given, each layer records its intermediates under the names of
+`shared.reference` (``{prefix}.self_attn_norm``, ``{prefix}.self_attn.weights`` ...), and attention
+takes its explicit path so that the weights exist.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from shared import TransformerConfig
+
+from .attention import MultiHeadAttention
+from .feed_forward import FeedForward
+from .norm import LayerNorm
+
+Trace = dict[str, torch.Tensor]
+Sublayer = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def record(trace: Trace | None, name: str, value: torch.Tensor) -> None:
+    if trace is not None:
+        trace[name] = value
+
+
+def sublayer_connection(x: torch.Tensor, sublayer: Sublayer, norm: LayerNorm, dropout: nn.Dropout,
+                        norm_first: bool, trace: Trace | None, name: str) -> torch.Tensor:
+    """One residual sublayer; ``sublayer`` maps its input to ``(output, attention weights or None)``."""
+    if norm_first:
+        normed = norm(x)
+        record(trace, f"{name}_norm", normed)
+        out, weights = sublayer(normed)
+    else:
+        out, weights = sublayer(x)
+    if weights is not None:
+        record(trace, f"{name}.weights", weights)
+    record(trace, f"{name}.output", out)
+    if norm_first:
+        result = x + dropout(out)
+    else:
+        result = norm(x + dropout(out))
+        record(trace, f"{name}_norm", result)
+    record(trace, f"{name}.residual", result)
+    return result
+
+
+def _norm(config: TransformerConfig) -> LayerNorm:
+    return LayerNorm(config.d_model, config.norm_style, config.norm_eps, getattr(torch, config.dtype))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each in a residual connection.
+
+    Shape: x ``(B, S, d)``, mask bool (True = may attend) broadcastable to ``(B, H, S, S)`` -> ``(B, S, d)``.
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        dtype = getattr(torch, config.dtype)
+        self.norm_first = config.norm_first
+        self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout, dtype)
+        self.self_attn_norm = _norm(config)
+        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout, dtype)
+        self.ffn_norm = _norm(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, trace: Trace | None = None,
+                prefix: str = "encoder.layer") -> torch.Tensor:
+        want = trace is not None
+        x = sublayer_connection(x, lambda h: self.self_attn(h, h, mask, want), self.self_attn_norm,
+                                self.dropout, self.norm_first, trace, f"{prefix}.self_attn")
+        return sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm,
+                                   self.dropout, self.norm_first, trace, f"{prefix}.ffn")
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention over the encoder memory, then feed-forward.
+
+    Shape: x ``(B, T, d)``, memory ``(B, S, d)``, src_mask broadcastable to ``(B, H, T, S)``,
+    tgt_mask broadcastable to ``(B, H, T, T)`` (bool, True = may attend) -> ``(B, T, d)``.
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        dtype = getattr(torch, config.dtype)
+        self.norm_first = config.norm_first
+        self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout, dtype)
+        self.self_attn_norm = _norm(config)
+        self.cross_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout, dtype)
+        self.cross_attn_norm = _norm(config)
+        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout, dtype)
+        self.ffn_norm = _norm(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+                tgt_mask: torch.Tensor, trace: Trace | None = None,
+                prefix: str = "decoder.layer") -> torch.Tensor:
+        want = trace is not None
+        x = sublayer_connection(x, lambda h: self.self_attn(h, h, tgt_mask, want), self.self_attn_norm,
+                                self.dropout, self.norm_first, trace, f"{prefix}.self_attn")
+        x = sublayer_connection(x, lambda h: self.cross_attn(h, memory, src_mask, want),
+                                self.cross_attn_norm, self.dropout, self.norm_first, trace,
+                                f"{prefix}.cross_attn")
+        return sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm,
+                                   self.dropout, self.norm_first, trace, f"{prefix}.ffn")

@@ -1,0 +1,176 @@
+"""The encoder-decoder Transformer as one ``nn.Module``, mirrored name for name by tf_impl."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shared import TransformerConfig
+from shared.checks import check_same_batch
+
+from . import weights_io
+from .embedding import PositionalEncoding, TokenEmbedding
+from .inputs import check_ids, check_mask, make_src_mask, make_tgt_mask
+from .layers import Trace, record
+from .stacks import Decoder, Encoder
+
+
+class Generator(nn.Module):
+    """Hidden states ``(B, T, d)`` -> logits ``(B, T, tgt_vocab)`` (no softmax: that belongs to the
+    loss and to decoding).
+
+    With ``tied`` (an embedding), the projection is that embedding's table ``(vocab, d)``, used as
+    ``x @ table.T`` and held outside the module tree so its parameter is not listed twice; otherwise
+    its own ``kernel`` Linear. The ``bias`` is always its own parameter.
+    """
+
+    def __init__(self, d_model: int, vocab: int, tied: TokenEmbedding | None = None,
+                 dtype: torch.dtype | None = None):
+        super().__init__()
+        self._tied = [tied] if tied is not None else []  # a list: not registered as a submodule
+        self.kernel = None if tied is not None else nn.Linear(d_model, vocab, bias=False, dtype=dtype)
+        self.bias = nn.Parameter(torch.zeros(vocab, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self._tied[0].table.weight if self._tied else self.kernel.weight  # (V, d)
+        return F.linear(x, weight, self.bias)  # (B, T, V)
+
+
+class Transformer(nn.Module):
+    """The 2017 encoder-decoder Transformer, configured by a `shared.TransformerConfig`.
+
+    Submodules: ``src_embed``, ``tgt_embed`` (the same object when ``config.share_embeddings``),
+    ``positional``, ``encoder``, ``decoder``, ``generator``. Parameters are created in
+    ``config.dtype`` with the training initialisation (Xavier-uniform matrices); load trained or
+    reference weights with `import_weights`. Dropout is active only in ``train()``.
+
+    Masks everywhere are boolean, ``True`` = may attend, broadcastable to
+    ``(batch, heads, q_len, k_len)``; when omitted they are derived from ``config.pad_id``.
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"config: expected a TransformerConfig, got {type(config).__name__}")
+        dtype = getattr(torch, config.dtype)
+        self.config = config
+        self.src_embed = TokenEmbedding(config.src_vocab, config.d_model, dtype)
+        self.tgt_embed = (self.src_embed if config.share_embeddings
+                          else TokenEmbedding(config.tgt_vocab, config.d_model, dtype))
+        self.positional = PositionalEncoding(config)
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+        self.generator = Generator(config.d_model, config.tgt_vocab,
+                                   self.tgt_embed if config.tie_output else None, dtype)
+        weights_io.reset_parameters(self)
+
+    # -- input checks (all before any compute) ----------------------------------------------------
+    def _src_mask(self, src: torch.Tensor, src_mask, q_len: int = 1) -> torch.Tensor:
+        if src_mask is None:
+            return make_src_mask(src, self.config.pad_id)
+        check_mask("src_mask", src_mask, src.shape[0], self.config.n_heads, q_len, src.shape[1])
+        return src_mask
+
+    def _tgt_mask(self, tgt: torch.Tensor, tgt_mask) -> torch.Tensor:
+        if tgt_mask is None:
+            return make_tgt_mask(tgt, self.config.pad_id)
+        b, t = tgt.shape
+        check_mask("tgt_mask", tgt_mask, b, self.config.n_heads, t, t)
+        return tgt_mask
+
+    # -- the computation --------------------------------------------------------------------------
+    def _encode(self, src: torch.Tensor, src_mask: torch.Tensor, trace: Trace | None) -> torch.Tensor:
+        x = self.positional(self.src_embed(src))  # (B, S, d)
+        record(trace, "encoder.embed", x)
+        memory = self.encoder(x, src_mask, trace)
+        record(trace, "encoder.output", memory)
+        return memory
+
+    def _decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+                tgt_mask: torch.Tensor, trace: Trace | None) -> torch.Tensor:
+        x = self.positional(self.tgt_embed(tgt))  # (B, T, d)
+        record(trace, "decoder.embed", x)
+        hidden = self.decoder(x, memory, src_mask, tgt_mask, trace)
+        record(trace, "decoder.output", hidden)
+        return hidden
+
+    # -- public API -------------------------------------------------------------------------------
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor | None = None,
+                tgt_mask: torch.Tensor | None = None, return_trace: bool = False):
+        """Logits for every target position.
+
+        Args:
+            src: source ids ``(B, S)``, integer, values in ``[0, src_vocab)``, ``S <= max_len``.
+            tgt: target input ids ``(B, T)`` (BOS first), integer, values in ``[0, tgt_vocab)``.
+            src_mask: bool, True = may attend, broadcastable to ``(B, H, 1, S)``; used by encoder
+                self-attention and cross-attention, so its query axis is 1. Default ``src != pad_id``.
+            tgt_mask: bool, broadcastable to ``(B, H, T, T)``. Default: padding AND subsequent.
+            return_trace: also return the named intermediates of `shared.reference` (attention then
+                takes its explicit path, to have the weights).
+
+        Returns:
+            logits ``(B, T, tgt_vocab)``, or ``(logits, trace)``: an ordered dict of tensors with the
+            names and order of `shared.reference.trace_names(config)`.
+
+        Raises:
+            TypeError / ValueError: bad ids or masks, with the messages of `shared.checks`.
+        """
+        c = self.config
+        check_ids("src", src, c.src_vocab, c.max_len)
+        check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
+        check_same_batch(src.shape, tgt.shape)
+        src_mask = self._src_mask(src, src_mask)
+        tgt_mask = self._tgt_mask(tgt, tgt_mask)
+        trace: Trace | None = {} if return_trace else None
+        memory = self._encode(src, src_mask, trace)
+        logits = self.generator(self._decode(tgt, memory, src_mask, tgt_mask, trace))
+        if trace is None:
+            return logits
+        trace["logits"] = logits
+        return logits, trace
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Source ids ``(B, S)`` -> memory ``(B, S, d_model)``.
+
+        ``src_mask``: bool, True = may attend, broadcastable to ``(B, H, 1, S)``; default ``src != pad_id``.
+        """
+        c = self.config
+        check_ids("src", src, c.src_vocab, c.max_len)
+        return self._encode(src, self._src_mask(src, src_mask), None)
+
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+               tgt_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Target ids ``(B, T)`` and memory ``(B, S, d_model)`` -> hidden states ``(B, T, d_model)``;
+        ``self.generator(hidden)`` gives the logits.
+
+        Args:
+            src_mask: required (the memory cannot tell where the source padding was): bool,
+                True = may attend, broadcastable to ``(B, H, T, S)``, e.g. ``make_src_mask(src, pad_id)``.
+            tgt_mask: bool, broadcastable to ``(B, H, T, T)``; default padding AND subsequent.
+        """
+        c = self.config
+        check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
+        if not isinstance(memory, torch.Tensor) or memory.dim() != 3 or memory.shape[2] != c.d_model:
+            got = tuple(memory.shape) if isinstance(memory, torch.Tensor) else type(memory).__name__
+            raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {c.d_model}), got {got}")
+        check_same_batch(memory.shape, tgt.shape)
+        if src_mask is None:
+            raise ValueError("src_mask: required by decode (the memory cannot tell where the source "
+                             "padding was); use torch_impl.inputs.make_src_mask(src, pad_id)")
+        check_mask("src_mask", src_mask, tgt.shape[0], c.n_heads, tgt.shape[1], memory.shape[1])
+        return self._decode(tgt, memory, src_mask, self._tgt_mask(tgt, tgt_mask), None)
+
+    # -- canonical weights ------------------------------------------------------------------------
+    def import_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Load canonical weights (`shared.weights` schema, ``config.dtype``). Everything is checked
+        first; on any problem one `shared.weights.WeightsError` lists them all and the model keeps
+        its old weights."""
+        weights_io.import_weights(self, weights)
+
+    def export_weights(self) -> dict[str, np.ndarray]:
+        """The canonical ``{name: ndarray}`` (kernels ``(in, out)``, tied weights once, config dtype);
+        ``export_weights()`` after ``import_weights(w)`` equals ``w`` bit for bit."""
+        return weights_io.export_weights(self)

@@ -1,0 +1,104 @@
+"""Canonical weights <-> torch parameters: one explicit table, used by import and export.
+
+Canonical dense kernels are ``(in, out)`` (``y = x @ kernel + bias``); ``nn.Linear.weight`` is
+``(out, in)``, so those, and only those, are transposed here, at the boundary. Embedding tables are
+``(vocab, d_model)`` in both. Tied weights appear once, under the canonical name of the owner.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from shared.weights import PROJECTIONS, check_weights, weight_schema
+
+if TYPE_CHECKING:
+    from .model import Transformer
+
+Table = dict[str, tuple[nn.Parameter, bool]]  # canonical name -> (parameter, transposed?)
+
+
+def _linear(table: Table, prefix: str, linear: nn.Linear) -> None:
+    table[f"{prefix}.kernel"] = (linear.weight, True)  # (out, in) here, (in, out) canonical
+    table[f"{prefix}.bias"] = (linear.bias, False)
+
+
+def _norm(table: Table, prefix: str, norm) -> None:
+    table[f"{prefix}.gamma"] = (norm.gamma, False)
+    table[f"{prefix}.beta"] = (norm.beta, False)
+
+
+def _attention(table: Table, prefix: str, attn) -> None:
+    for p in PROJECTIONS:
+        _linear(table, f"{prefix}.{p}", getattr(attn, p))
+
+
+def _ffn(table: Table, prefix: str, ffn) -> None:
+    _linear(table, f"{prefix}.inner", ffn.inner)
+    _linear(table, f"{prefix}.outer", ffn.outer)
+
+
+def parameter_table(model: "Transformer") -> Table:
+    """Every canonical name, in `shared.weights.weight_schema` order, with its parameter."""
+    c = model.config
+    table: Table = {"src_embed.embeddings": (model.src_embed.table.weight, False)}
+    if not c.share_embeddings:
+        table["tgt_embed.embeddings"] = (model.tgt_embed.table.weight, False)
+    for i, layer in enumerate(model.encoder.layers):
+        p = f"encoder.layers.{i}"
+        _attention(table, f"{p}.self_attn", layer.self_attn)
+        _norm(table, f"{p}.self_attn_norm", layer.self_attn_norm)
+        _ffn(table, f"{p}.ffn", layer.ffn)
+        _norm(table, f"{p}.ffn_norm", layer.ffn_norm)
+    if model.encoder.final_norm is not None:
+        _norm(table, "encoder.final_norm", model.encoder.final_norm)
+    for i, layer in enumerate(model.decoder.layers):
+        p = f"decoder.layers.{i}"
+        _attention(table, f"{p}.self_attn", layer.self_attn)
+        _norm(table, f"{p}.self_attn_norm", layer.self_attn_norm)
+        _attention(table, f"{p}.cross_attn", layer.cross_attn)
+        _norm(table, f"{p}.cross_attn_norm", layer.cross_attn_norm)
+        _ffn(table, f"{p}.ffn", layer.ffn)
+        _norm(table, f"{p}.ffn_norm", layer.ffn_norm)
+    if model.decoder.final_norm is not None:
+        _norm(table, "decoder.final_norm", model.decoder.final_norm)
+    if model.generator.kernel is not None:  # absent when tied to the embedding table
+        table["generator.kernel"] = (model.generator.kernel.weight, True)
+    table["generator.bias"] = (model.generator.bias, False)
+    if list(table) != list(weight_schema(c)):  # the module tree and the schema must never drift
+        raise AssertionError("torch_impl.weights_io: parameter table does not match weight_schema")
+    return table
+
+
+def import_weights(model: "Transformer", weights: Mapping[str, np.ndarray]) -> None:
+    """Check every tensor first (one `WeightsError` listing all problems, model untouched), then copy."""
+    check_weights(model.config, weights, source="import_weights")
+    with torch.no_grad():
+        for name, (param, transposed) in parameter_table(model).items():
+            value = torch.from_numpy(np.asarray(weights[name]))
+            param.copy_(value.T if transposed else value)
+
+
+def export_weights(model: "Transformer") -> dict[str, np.ndarray]:
+    """Canonical ``{name: ndarray}`` in ``config.dtype``, C-contiguous, owning its memory."""
+    out: dict[str, np.ndarray] = {}
+    for name, (param, transposed) in parameter_table(model).items():
+        value = param.detach()
+        value = (value.T if transposed else value).cpu().numpy()
+        out[name] = np.array(value, dtype=model.config.dtype, order="C", copy=True)
+    return out
+
+
+def reset_parameters(model: "Transformer") -> None:
+    """The training initialisation of `shared.weights.init_weights` (Xavier-uniform matrices, zero
+    biases and offsets, unit gains), drawn by torch's generator rather than NumPy's."""
+    with torch.no_grad():
+        for name, (param, _) in parameter_table(model).items():
+            if param.dim() == 2:
+                nn.init.xavier_uniform_(param)  # symmetric in fan_in/fan_out: layout does not matter
+            elif name.endswith(".gamma"):
+                nn.init.ones_(param)
+            else:
+                nn.init.zeros_(param)
