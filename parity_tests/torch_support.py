@@ -1,0 +1,55 @@
+"""Helpers for the torch parity tests: devices, TF32 off, and running a model to NumPy.
+
+Import only after ``pytest.importorskip("torch")``.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import torch
+
+import torch_impl
+from shared import TransformerConfig
+
+# CPU always; CUDA whenever this machine has it (DESIGN: tests are parametrized by device).
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def disable_tf32() -> None:
+    """TF32 matmuls keep 10 mantissa bits; float32 parity bounds are measured without it."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def build(config: TransformerConfig, weights: Mapping[str, np.ndarray] | None = None,
+          device: str = "cpu") -> torch_impl.Transformer:
+    """A model in eval mode on ``device``, with ``weights`` imported when given."""
+    disable_tf32()
+    model = torch_impl.Transformer(config)
+    if weights is not None:
+        model.import_weights(weights)
+    return model.to(device).eval()
+
+
+def ids(array: np.ndarray, device: str = "cpu") -> torch.Tensor:
+    return torch.from_numpy(np.asarray(array)).to(device)
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().cpu().numpy()
+
+
+def run_trace(model: torch_impl.Transformer, src: np.ndarray, tgt: np.ndarray, device: str = "cpu",
+              **masks) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """``(logits, trace)`` as NumPy, computed without gradients (explicit attention path)."""
+    with torch.no_grad():
+        logits, trace = model(ids(src, device), ids(tgt, device), return_trace=True, **masks)
+    return to_numpy(logits), {name: to_numpy(value) for name, value in trace.items()}
+
+
+def run_logits(model: torch_impl.Transformer, src: np.ndarray, tgt: np.ndarray, device: str = "cpu",
+               **masks) -> np.ndarray:
+    """Logits as NumPy, computed without gradients (fast SDPA path)."""
+    with torch.no_grad():
+        return to_numpy(model(ids(src, device), ids(tgt, device), **masks))
