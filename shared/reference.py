@@ -266,3 +266,93 @@ def forward(weights: Weights, config: TransformerConfig, src, tgt, src_mask=None
         return logits
     trace["logits"] = logits
     return logits, trace
+
+
+# -- decoding -------------------------------------------------------------------------------------
+# The search itself is `shared.decoding` (framework-free, one spec for every backend); here it is
+# driven by the reference model. Imported here, not at the top, to keep this section self-contained.
+from . import decoding as _decoding  # noqa: E402
+from .decoding import BeamResult, GreedyResult  # noqa: E402
+
+Model = _Model
+Model.__doc__ = """The reference model: weights checked once and cast to float64 once, plus the config.
+
+    ``Model(weights, config)`` is what `greedy_decode` and `beam_search` take, so the weights are
+    checked and cast once per model, not once per decoding step."""
+
+
+def log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """``x - logsumexp(x)`` over ``axis``, shifted by the maximum so nothing overflows (finite ``x``)."""
+    shifted = x - x.max(axis=axis, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+
+
+def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0):
+    """Checks in the order `shared.decoding` fixes: model, src, search arguments, then the mask."""
+    if not isinstance(model, Model):
+        raise TypeError(f"model: expected a shared.reference.Model (Model(weights, config)), "
+                        f"got {type(model).__name__}")
+    config = model.config
+    src = _check_tokens("src", src, config.src_vocab, config)
+    _decoding.check_search_args(config, max_len, beam_size, length_penalty)
+    b, s = src.shape
+    src_mask = _check_or_make_mask("src_mask", src_mask, make_src_mask(src, config.pad_id), config,
+                                   b, 1, s)
+    return src, src_mask
+
+
+def _step_function(model: Model, src: np.ndarray, src_mask: np.ndarray, beams: int):
+    """Encode the source once; each step runs the whole decoder on the prefix (no cache in the
+    oracle) and returns the float64 log-softmax of the last position's logits, (B*beams, V)."""
+    config = model.config
+    memory = np.repeat(model.encode(src, src_mask, None), beams, axis=0)  # (B*K, S, d), row b*K + k
+    if src_mask.shape[0] > 1:
+        src_mask = np.repeat(src_mask, beams, axis=0)  # (B*K, 1|H, 1, S)
+
+    def step(prefixes: np.ndarray) -> np.ndarray:  # (B*K, t) -> (B*K, V)
+        tgt_mask = make_tgt_mask(prefixes, config.pad_id)
+        hidden = model.decode(prefixes, memory, src_mask, tgt_mask, None)  # (B*K, t, d)
+        return log_softmax(model.project(hidden[:, -1]))
+
+    return step
+
+
+def greedy_decode(model: Model, src, max_len: int, src_mask=None) -> GreedyResult:
+    """Greedy decoding with the float64 reference (algorithm: `shared.decoding`).
+
+    Args:
+        model: a `Model` (weights and config); BOS, EOS and PAD ids come from its config.
+        src: source ids (B, S), integers, padding allowed (an all-padding row decodes too).
+        max_len: new tokens to generate at most, EOS included (1 <= max_len <= config.max_len).
+        src_mask: bool, True = may attend, broadcastable to (B, H, 1, S); default ``src != pad_id``.
+
+    Shape:
+        tokens (B, max_len) int64 without BOS, pad after EOS; log_probs (B, max_len) float64, 0 after
+        EOS; lengths (B,) generated tokens including EOS.
+    """
+    src, src_mask = _decode_inputs(model, src, max_len, src_mask)
+    c = model.config
+    step = _step_function(model, src, src_mask, 1)
+    return _decoding.greedy_search(step, src.shape[0], max_len, c.bos_id, c.eos_id, c.pad_id)
+
+
+def beam_search(model: Model, src, max_len: int, beam_size: int = 4, length_penalty: float = 0.0,
+                return_all: bool = False, src_mask=None) -> BeamResult:
+    """Beam search with the float64 reference (algorithm: `shared.decoding`).
+
+    Args:
+        model, src, max_len, src_mask: as `greedy_decode`.
+        beam_size: hypotheses kept per item, 1 <= beam_size <= tgt_vocab - 1 (pad is never generated).
+        length_penalty: GNMT alpha >= 0; hypotheses are ranked by ``raw / ((5 + len) / 6) ** alpha``.
+        return_all: also return every kept beam, best first.
+
+    Shape:
+        tokens (B, max_len), scores (B,) ranking scores, step_scores (B, max_len) per-token
+        log-probs (0 after EOS), lengths (B,); with return_all all_tokens (B, K, max_len),
+        all_scores (B, K), all_lengths (B, K).
+    """
+    src, src_mask = _decode_inputs(model, src, max_len, src_mask, beam_size, length_penalty)
+    c = model.config
+    step = _step_function(model, src, src_mask, beam_size)
+    return _decoding.beam_search(step, src.shape[0], max_len, beam_size, c.bos_id, c.eos_id, c.pad_id,
+                                 length_penalty, return_all)

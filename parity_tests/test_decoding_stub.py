@@ -1,0 +1,341 @@
+"""The search logic of `shared.decoding`, tested apart from any network (as fairseq's
+``test_sequence_generator`` does): the step function reads fixed tables of next-token
+probabilities, and every expected token and score is worked out here by hand from those tables."""
+import numpy as np
+import pytest
+
+from shared.decoding import beam_search, greedy_search, length_penalty
+
+PAD, BOS, EOS, A, B, C = range(6)
+V = 6
+
+
+class TableStep:
+    """``step(prefixes)`` from tables: ``tables[item][generated tokens] = {token: probability}``.
+
+    Tokens missing from an entry have probability 0 (log-prob -inf). Rows whose prefix holds EOS
+    belong to finished hypotheses; the search must ignore them, so they get ``finished_row``
+    (NaN by default, which the search would reject if it read them). A live prefix missing from
+    the tables fails the test: the tables list every prefix the search may extend.
+    """
+
+    def __init__(self, tables, beams=1, finished_row=np.nan):
+        self.tables, self.beams, self.finished_row = tables, beams, finished_row
+        self.calls = 0
+
+    def log_probs(self, item, prefix) -> np.ndarray:
+        probs = np.zeros(V)
+        for token, p in self.tables[item][tuple(prefix)].items():
+            probs[token] = p
+        with np.errstate(divide="ignore"):
+            return np.log(probs)  # (V,)
+
+    def lp(self, item, prefix, token) -> float:
+        """The table's log-prob of ``token`` after ``prefix``: what the expected sums are made of."""
+        return float(self.log_probs(item, prefix)[token])
+
+    def __call__(self, prefixes: np.ndarray) -> np.ndarray:  # (N, t) -> (N, V)
+        self.calls += 1
+        assert prefixes.dtype == np.int64 and (prefixes[:, 0] == BOS).all()
+        out = np.empty((len(prefixes), V))
+        for n, row in enumerate(prefixes):
+            generated = tuple(int(x) for x in row[1:])
+            if EOS in generated:
+                out[n] = self.finished_row
+                continue
+            item = n // self.beams
+            assert tuple(generated) in self.tables[item], f"item {item}: no table for prefix {generated}"
+            out[n] = self.log_probs(item, generated)
+        return out
+
+
+def run_greedy(tables, max_len):
+    step = TableStep(tables)
+    return greedy_search(step, len(tables), max_len, BOS, EOS, PAD), step
+
+
+def run_beam(tables, max_len, beam_size, alpha=0.0):
+    step = TableStep(tables, beams=beam_size)
+    result = beam_search(step, len(tables), max_len, beam_size, BOS, EOS, PAD, alpha, return_all=True)
+    return result, step
+
+
+def padded(tokens, max_len):
+    return list(tokens) + [PAD] * (max_len - len(tokens))
+
+
+def path_log_probs(step, item, tokens):
+    """The table's log-probs along ``tokens``, one per step."""
+    return [step.lp(item, tokens[:i], tok) for i, tok in enumerate(tokens)]
+
+
+# -- greedy ---------------------------------------------------------------------------------------
+def test_greedy_items_stop_at_their_own_eos():
+    tables = [
+        {(): {A: .6, B: .3, EOS: .1}, (A,): {EOS: .7, B: .2, A: .1}},
+        {(): {B: .5, A: .4, EOS: .1}, (B,): {B: .6, EOS: .4}, (B, B): {A: .5, EOS: .3, B: .2},
+         (B, B, A): {EOS: .9, A: .1}},
+    ]
+    result, step = run_greedy(tables, max_len=5)
+    np.testing.assert_array_equal(result.tokens, [padded([A, EOS], 5), padded([B, B, A, EOS], 5)])
+    np.testing.assert_array_equal(result.lengths, [2, 4])
+    want = [padded(path_log_probs(step, 0, [A, EOS]), 5), padded(path_log_probs(step, 1, [B, B, A, EOS]), 5)]
+    np.testing.assert_array_equal(result.log_probs, np.array(want, dtype=float))
+    assert result.tokens.dtype == np.int64 and result.tokens.shape == (2, 5)
+    assert step.calls == 4  # stops after the step where the last item finished
+
+
+def test_greedy_never_generates_pad_and_breaks_ties_to_lowest_id():
+    tables = [{(): {PAD: .4, B: .25, A: .25, EOS: .1},  # pad is likeliest; A and B tie -> A
+               (A,): {C: .45, B: .45, EOS: .1},          # B and C tie -> B
+               (A, B): {A: .5, EOS: .5}}]                # EOS (2) and A (3) tie -> EOS
+    result, step = run_greedy(tables, max_len=4)
+    np.testing.assert_array_equal(result.tokens, [[A, B, EOS, PAD]])
+    np.testing.assert_array_equal(result.log_probs, [padded(path_log_probs(step, 0, [A, B, EOS]), 4)])
+
+
+def test_greedy_max_len_without_eos():
+    tables = [{(): {A: .9, EOS: .1}, (A,): {B: .8, EOS: .2}, (A, B): {A: .7, EOS: .3}}]
+    result, step = run_greedy(tables, max_len=3)
+    np.testing.assert_array_equal(result.tokens, [[A, B, A]])
+    np.testing.assert_array_equal(result.lengths, [3])
+    np.testing.assert_array_equal(result.log_probs, [path_log_probs(step, 0, [A, B, A])])
+
+
+# -- beam search ----------------------------------------------------------------------------------
+def test_beam_finds_a_better_hypothesis_than_greedy():
+    tables = [{(): {A: .6, B: .4}, (A,): {EOS: .4, A: .3, B: .3}, (B,): {EOS: .9, A: .05, B: .05}}]
+    greedy, _ = run_greedy(tables, max_len=4)
+    np.testing.assert_array_equal(greedy.tokens, [[A, EOS, PAD, PAD]])
+    result, step = run_beam(tables, max_len=4, beam_size=2)
+    b_eos = step.lp(0, (), B) + step.lp(0, (B,), EOS)  # log .4 + log .9 = -1.02
+    a_eos = step.lp(0, (), A) + step.lp(0, (A,), EOS)  # log .6 + log .4 = -1.43
+    np.testing.assert_array_equal(result.tokens, [[B, EOS, PAD, PAD]])
+    np.testing.assert_array_equal(result.scores, [b_eos])
+    np.testing.assert_array_equal(result.step_scores, [padded(path_log_probs(step, 0, [B, EOS]), 4)])
+    np.testing.assert_array_equal(result.lengths, [2])
+    np.testing.assert_array_equal(result.all_tokens, [[padded([B, EOS], 4), padded([A, EOS], 4)]])
+    np.testing.assert_array_equal(result.all_scores, [[b_eos, a_eos]])
+    np.testing.assert_array_equal(result.all_lengths, [[2, 2]])
+    assert step.calls == 2
+
+
+# A short hypothesis (EOS at once, p = .35) against a long one (A x 6 then EOS, 7 tokens).
+LONG = [A] * 6 + [EOS]
+PENALTY_TABLES = [{(): {A: .6, EOS: .35, B: .05},
+                   **{(A,) * k: {A: .85, EOS: .10, B: .05} for k in range(1, 6)},
+                   (A,) * 6: {EOS: .75, A: .25}}]
+
+
+def test_length_penalty_off_prefers_the_short_hypothesis():
+    result, step = run_beam(PENALTY_TABLES, max_len=8, beam_size=2, alpha=0.0)
+    short = step.lp(0, (), EOS)                     # log .35 = -1.05
+    long = sum(path_log_probs(step, 0, LONG))       # log .6 + 5 log .85 + log .75 = -1.61
+    np.testing.assert_array_equal(result.tokens, [padded([EOS], 8)])
+    np.testing.assert_array_equal(result.scores, [short])
+    np.testing.assert_array_equal(result.all_tokens, [[padded([EOS], 8), padded(LONG, 8)]])
+    np.testing.assert_array_equal(result.all_scores, [[short, long]])
+    np.testing.assert_array_equal(result.all_lengths, [[1, 7]])
+    assert step.calls == 7
+
+
+def test_length_penalty_changes_the_winner():
+    result, step = run_beam(PENALTY_TABLES, max_len=8, beam_size=2, alpha=1.0)
+    short = step.lp(0, (), EOS) / ((5 + 1) / 6) ** 1.0     # penalty 1: -1.05
+    long = sum(path_log_probs(step, 0, LONG)) / ((5 + 7) / 6) ** 1.0  # penalty 2: -0.81 wins
+    np.testing.assert_array_equal(result.tokens, [padded(LONG, 8)])
+    np.testing.assert_array_equal(result.scores, [long])
+    np.testing.assert_array_equal(result.step_scores, [padded(path_log_probs(step, 0, LONG), 8)])
+    np.testing.assert_array_equal(result.lengths, [7])
+    np.testing.assert_array_equal(result.all_tokens, [[padded(LONG, 8), padded([EOS], 8)]])
+    np.testing.assert_array_equal(result.all_scores, [[long, short]])
+    np.testing.assert_array_equal(result.all_lengths, [[7, 1]])
+
+
+STAGGERED_TABLES = [
+    # item 0: EOS at step 0 on one beam, at step 1 on the other; finished after step 1.
+    {(): {EOS: .5, A: .3, B: .2}, (A,): {EOS: .6, A: .4}},
+    # item 1: B EOS at step 1, A A EOS at step 2; finished after step 2.
+    {(): {A: .5, B: .4, EOS: .1}, (A,): {A: .9, EOS: .1}, (B,): {EOS: .8, A: .2},
+     (A, A): {EOS: .7, A: .3}},
+]
+
+
+def test_eos_at_different_steps_for_beams_and_items():
+    result, step = run_beam(STAGGERED_TABLES, max_len=5, beam_size=2)
+    s0 = [step.lp(0, (), EOS), step.lp(0, (), A) + step.lp(0, (A,), EOS)]
+    s1 = [step.lp(1, (), B) + step.lp(1, (B,), EOS),  # log .4 + log .8 = -1.139
+          step.lp(1, (), A) + step.lp(1, (A,), A) + step.lp(1, (A, A), EOS)]  # -1.155
+    np.testing.assert_array_equal(result.tokens, [padded([EOS], 5), padded([B, EOS], 5)])
+    np.testing.assert_array_equal(result.scores, [s0[0], s1[0]])
+    np.testing.assert_array_equal(result.lengths, [1, 2])
+    np.testing.assert_array_equal(result.all_tokens, [
+        [padded([EOS], 5), padded([A, EOS], 5)], [padded([B, EOS], 5), padded([A, A, EOS], 5)]])
+    np.testing.assert_array_equal(result.all_scores, [s0, s1])
+    np.testing.assert_array_equal(result.all_lengths, [[1, 2], [2, 3]])
+    np.testing.assert_array_equal(result.step_scores, [
+        padded(path_log_probs(step, 0, [EOS]), 5), padded(path_log_probs(step, 1, [B, EOS]), 5)])
+    assert step.calls == 3
+
+
+def test_finished_items_are_frozen_while_others_run():
+    """Item 0 finishes a step before item 1; decoding each alone gives the same answers, so the
+    extra step leaves a finished item's state unchanged (as a fixed-length loop requires)."""
+    together, _ = run_beam(STAGGERED_TABLES, max_len=5, beam_size=2)
+    for item in range(2):
+        alone, _ = run_beam(STAGGERED_TABLES[item:item + 1], max_len=5, beam_size=2)
+        for got, want in zip(alone, together):
+            np.testing.assert_array_equal(got[0], want[item])
+
+
+def test_exact_ties_go_to_lowest_token_then_lowest_beam():
+    tables = [{(): {A: .3, B: .3, C: .3, EOS: .1},  # A, B, C tie: keep A, B (C has the highest id)
+               (A,): {C: .5, EOS: .5},              # step 1: four candidates with one raw score;
+               (B,): {A: .5, EOS: .5},              # flat ids A>EOS 2, A>C 5, B>EOS 8, B>A 9
+               (A, C): {EOS: 1.0}}]                 # step 2: A C EOS ties the frozen A EOS
+    result, step = run_beam(tables, max_len=3, beam_size=2)
+    tie = step.lp(0, (), A) + step.lp(0, (A,), EOS)
+    assert tie == step.lp(0, (), B) + step.lp(0, (B,), A)  # really a tie, bit for bit
+    np.testing.assert_array_equal(result.all_tokens, [[[A, EOS, PAD], [A, C, EOS]]])
+    np.testing.assert_array_equal(result.all_scores, [[tie, tie]])  # + log 1 = + 0
+    np.testing.assert_array_equal(result.all_lengths, [[2, 3]])
+    np.testing.assert_array_equal(result.tokens, [[A, EOS, PAD]])  # lower beam wins the tie
+
+
+def test_many_exact_ties_keep_flat_index_order():
+    """A uniform table: every step is one big tie (24 candidates, more than a sort's small-input
+    path), so only a stable descending order by flat index gives this answer."""
+    uniform = {EOS: .25, A: .25, B: .25, C: .25}
+    tables = [{prefix: uniform for prefix in [(), (A,), (B,), (C,), (A, A), (A, B)]}] * 2
+    result, step = run_beam(tables, max_len=3, beam_size=4)
+    q = step.lp(0, (), A)  # log .25
+    want = [[EOS, PAD, PAD], [A, EOS, PAD], [A, A, EOS], [A, A, A]]
+    np.testing.assert_array_equal(result.all_tokens, [want, want])
+    np.testing.assert_array_equal(result.all_scores, [[q, q + q, q + q + q, q + q + q]] * 2)
+    np.testing.assert_array_equal(result.all_lengths, [[1, 2, 3, 3]] * 2)
+
+
+def test_beam_max_len_reached_without_eos():
+    tables = [{(): {A: .6, B: .3, EOS: .1}, (A,): {B: .7, A: .2, EOS: .1}, (B,): {A: .8, B: .1, EOS: .1}}]
+    result, step = run_beam(tables, max_len=2, beam_size=2)
+    ab = step.lp(0, (), A) + step.lp(0, (A,), B)  # -0.87
+    ba = step.lp(0, (), B) + step.lp(0, (B,), A)  # -1.43
+    np.testing.assert_array_equal(result.all_tokens, [[[A, B], [B, A]]])
+    np.testing.assert_array_equal(result.all_scores, [[ab, ba]])
+    np.testing.assert_array_equal(result.all_lengths, [[2, 2]])
+    np.testing.assert_array_equal(result.step_scores, [path_log_probs(step, 0, [A, B])])
+    greedy, _ = run_greedy(tables, max_len=2)
+    np.testing.assert_array_equal(greedy.tokens, result.tokens)
+
+
+def test_return_all_is_off_by_default():
+    step = TableStep(STAGGERED_TABLES, beams=2)
+    result = beam_search(step, 2, 5, 2, BOS, EOS, PAD)
+    assert result.all_tokens is None and result.all_scores is None and result.all_lengths is None
+
+
+# -- properties on random tables ------------------------------------------------------------------
+class RandomStep:
+    """Next-token probabilities drawn from a generator seeded by (seed, item, prefix): a fixed,
+    prefix-dependent table without writing it out. EOS grows likelier with the prefix length."""
+
+    def __init__(self, seed, beams):
+        self.seed, self.beams = seed, beams
+
+    def __call__(self, prefixes):
+        out = np.empty((len(prefixes), V))
+        for n, row in enumerate(prefixes):
+            rng = np.random.default_rng([self.seed, n // self.beams, *row.tolist()])
+            probs = rng.dirichlet(np.full(V, 0.7))
+            probs[EOS] += 0.08 * len(row)
+            out[n] = np.log(probs / probs.sum())
+        return out
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.7])
+@pytest.mark.parametrize("seed", range(6))
+def test_beam_size_one_equals_greedy(seed, alpha):
+    greedy = greedy_search(RandomStep(seed, 1), 3, 9, BOS, EOS, PAD)
+    beam = beam_search(RandomStep(seed, 1), 3, 9, 1, BOS, EOS, PAD, alpha)
+    np.testing.assert_array_equal(beam.tokens, greedy.tokens)
+    np.testing.assert_array_equal(beam.lengths, greedy.lengths)
+    np.testing.assert_array_equal(beam.step_scores, greedy.log_probs)
+    raw = np.array([sum(row) for row in greedy.log_probs.tolist()])  # left to right, as accumulated
+    if alpha == 0.0:
+        np.testing.assert_array_equal(beam.scores, raw)
+    else:
+        np.testing.assert_allclose(beam.scores, raw / ((5 + greedy.lengths) / 6) ** alpha, rtol=1e-15)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+@pytest.mark.parametrize("seed", range(6))
+def test_beam_result_invariants(seed, alpha):
+    k, max_len = 3, 7
+    r = beam_search(RandomStep(seed, k), 4, max_len, k, BOS, EOS, PAD, alpha, return_all=True)
+    np.testing.assert_array_equal(r.tokens, r.all_tokens[:, 0])  # best first
+    np.testing.assert_array_equal(r.scores, r.all_scores[:, 0])
+    assert (np.diff(r.all_scores, axis=1) <= 0).all()
+    assert not (r.all_tokens == PAD)[..., :1].any()  # pad is never generated
+    for b in range(4):
+        for j in range(k):
+            tokens, length = r.all_tokens[b, j].tolist(), int(r.all_lengths[b, j])
+            ends = tokens.index(EOS) + 1 if EOS in tokens else max_len
+            assert length == ends and PAD not in tokens[:length]
+            assert tokens[length:] == [PAD] * (max_len - length)
+    raw = np.array([sum(row) for row in r.step_scores.tolist()])
+    assert (r.step_scores[np.arange(max_len) >= r.lengths[:, None]] == 0).all()
+    np.testing.assert_allclose(r.scores, raw / ((5 + r.lengths) / 6) ** alpha, rtol=1e-15)
+    # Distinct hypotheses: beam search never keeps one sequence twice.
+    for b in range(4):
+        assert len({tuple(t) for t in r.all_tokens[b].tolist()}) == k
+
+
+# -- the length penalty and bad input -------------------------------------------------------------
+def test_length_penalty_closed_forms():
+    assert length_penalty(1, 0.7) == 1.0
+    assert length_penalty(7, 1.0) == 2.0
+    assert length_penalty(13, 2.0) == 9.0
+    np.testing.assert_array_equal(length_penalty(np.arange(1, 9), 0.0), np.ones(8))
+    np.testing.assert_allclose(length_penalty(7, 0.5), np.sqrt(2.0), rtol=1e-15)
+
+
+def test_finished_rows_are_never_read():
+    """The stub gives finished rows NaN by default; a uniform row must give the same answer."""
+    a = beam_search(TableStep(STAGGERED_TABLES, 2), 2, 5, 2, BOS, EOS, PAD, return_all=True)
+    b = beam_search(TableStep(STAGGERED_TABLES, 2, finished_row=0.0), 2, 5, 2, BOS, EOS, PAD,
+                    return_all=True)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(max_len=0), r"max_len: expected an int >= 1, got 0"),
+    (dict(max_len=2.0), r"max_len: expected an int >= 1, got 2.0"),
+    (dict(beam_size=0), r"beam_size: expected an int >= 1, got 0"),
+    (dict(beam_size=True), r"beam_size: expected an int >= 1, got True"),
+    (dict(beam_size=V), r"beam_size: expected at most tgt_vocab - 1 = 5 \(pad is never generated\), got 6"),
+    (dict(alpha=-0.5), r"length_penalty: expected a finite float >= 0"),
+    (dict(alpha=float("nan")), r"length_penalty: expected a finite float >= 0"),
+    (dict(batch=0), r"batch: expected an int >= 1, got 0"),
+    (dict(eos=V), r"eos_id: expected an int in \[0, 6\), got 6"),
+])
+def test_bad_arguments(kwargs, needle):
+    args = dict(batch=1, max_len=3, beam_size=2, alpha=0.0, eos=EOS) | kwargs
+    step = RandomStep(0, args["beam_size"] if isinstance(args["beam_size"], int) else 1)
+    with pytest.raises(ValueError, match=needle):
+        beam_search(step, args["batch"], args["max_len"], args["beam_size"], BOS, args["eos"], PAD,
+                    args["alpha"])
+
+
+def test_bad_step_output():
+    with pytest.raises(ValueError, match=r"step: expected log-probs of shape \(2, vocab >= 2\), got shape"):
+        greedy_search(lambda p: np.zeros(len(p)), 2, 3, BOS, EOS, PAD)
+    with pytest.raises(ValueError, match=r"step: expected log-probs without NaN or \+inf \(step 0\)"):
+        greedy_search(lambda p: np.full((len(p), V), np.nan), 2, 3, BOS, EOS, PAD)
+    calls = []
+
+    def shrinking(prefixes):  # the vocabulary may not change between steps
+        calls.append(1)
+        return np.log(np.full((len(prefixes), V - len(calls) + 1), 0.1))
+    with pytest.raises(ValueError, match=r"step: expected log-probs of shape \(2, 6\), got shape \(2, 5\)"):
+        beam_search(shrinking, 1, 3, 2, BOS, EOS, PAD)
