@@ -1,1 +1,9 @@
-"""The Transformer in TensorFlow 2 / Keras 3. Imports TensorFlow, Keras and `shared`, never torch."""
+"""The Transformer in TensorFlow 2 / Keras 3. Imports TensorFlow, Keras and `shared`, never torch.
+
+``Transformer(config)`` is a ``keras.Model`` built from small layers that torch_impl mirrors file for
+file: embedding, norm, attention, feed_forward, layers, stacks, model; inputs holds the input checks
+and default masks, weights_io maps the canonical weight names of `shared.weights` onto its variables.
+"""
+from .model import Generator, Transformer
+
+__all__ = ["Transformer", "Generator"]

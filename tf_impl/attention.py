@@ -1,0 +1,98 @@
+"""Multi-head scaled dot-product attention with a boolean mask.
+
+Masks are boolean, ``True`` = may attend (DESIGN convention 2), broadcastable to
+``(batch, heads, q_len, k_len)``. They are used as they are, with ``tf.where``; never as an additive
+0/-inf mask, and never through Keras' own mask plumbing, which casts any mask to bool (an additive
+mask would be silently inverted).
+
+A masked key gets exactly zero weight and a query with no allowed key (an all-padding sequence) gets
+all-zero weights and a zero context (DESIGN convention 3): masked scores are set to the dtype's
+lowest finite value, so ``exp(lowest - row_max)`` underflows to exactly 0 wherever the row has an
+allowed key; a row with none comes out of the softmax uniform (not NaN) and is zeroed after.
+Everything is elementwise or a matmul, so it compiles with XLA and fuses into the softmax.
+"""
+from __future__ import annotations
+
+import math
+
+import keras
+import tensorflow as tf
+
+from .inputs import dims
+
+
+def masked_softmax(scores: tf.Tensor, mask: tf.Tensor | None) -> tf.Tensor:
+    """Softmax over the last axis where ``mask`` is True; masked entries are exactly 0 and a row with
+    no allowed entry is all zeros (not NaN, not uniform).
+
+    Shape: scores ``(B, H, Q, K)``; mask bool, broadcastable to it.
+    """
+    if mask is None:
+        return tf.nn.softmax(scores, axis=-1)
+    lowest = tf.constant(scores.dtype.min, scores.dtype)
+    weights = tf.nn.softmax(tf.where(mask, scores, lowest), axis=-1)
+    # A where, not a multiply: it also zeroes the gradient of an all-blocked row.
+    return tf.where(mask, weights, tf.zeros((), scores.dtype))
+
+
+class MultiHeadAttention(keras.layers.Layer):
+    """Attention of ``query_in`` over ``memory`` with ``n_heads`` heads of width ``d_model // n_heads``.
+
+    Four projections with bias, ``keras.layers.Dense`` sublayers named ``query``, ``key``, ``value``,
+    ``output``, whose kernels ``(in, out)`` are the canonical layout (no transpose on import/export).
+
+    Args:
+        d_model: model width, divisible by ``n_heads``.
+        n_heads: number of heads.
+        dropout: probability of dropping an attention weight (training only).
+    """
+
+    # The output projection is the sublayer ``output`` (as in torch_impl and the canonical names).
+    # That shadows Keras' read-only ``Layer.output`` property, which only has a meaning for a layer
+    # called inside a functional-API graph; this layer is only ever called on tensors.
+    output = None
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float, **kwargs):
+        super().__init__(**kwargs)
+        if d_model % n_heads:
+            raise ValueError(f"MultiHeadAttention: d_model={d_model} expected a multiple of n_heads={n_heads}")
+        self.d_model, self.n_heads, self.d_k, self.rate = d_model, n_heads, d_model // n_heads, float(dropout)
+        for name in ("query", "key", "value", "output"):
+            dense = keras.layers.Dense(d_model, dtype=self.dtype_policy, name=name)
+            dense.build((None, d_model))
+            setattr(self, name, dense)
+        self.dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.built = True
+
+    def _heads(self, x: tf.Tensor) -> tf.Tensor:
+        b, length = dims(x, 2)
+        x = tf.reshape(x, [b, length, self.n_heads, self.d_k])  # (B, L, H, d_k)
+        return tf.transpose(x, [0, 2, 1, 3])  # (B, H, L, d_k)
+
+    def call(self, query_in: tf.Tensor, memory: tf.Tensor, mask: tf.Tensor | None,
+             return_weights: bool = False, training: bool = False) -> tuple[tf.Tensor, tf.Tensor | None]:
+        """Attend from each query position to the memory positions its mask allows.
+
+        Args:
+            query_in: ``(B, Q, d_model)``; memory: ``(B, K, d_model)`` (``query_in`` for self-attention).
+            mask: bool, ``True`` = may attend, broadcastable to ``(B, H, Q, K)``; ``None`` = all keys.
+            return_weights: also return the attention weights (before dropout).
+            training: apply dropout to the attention weights.
+
+        Returns:
+            output ``(B, Q, d_model)``, and the weights ``(B, H, Q, K)`` or ``None``.
+        """
+        b, q_len = dims(query_in, 2)
+        # Scaling q (B, H, Q, d_k) rather than the scores (B, H, Q, K) is the same product, cheaper.
+        q = self._heads(self.query(query_in)) * tf.constant(1.0 / math.sqrt(self.d_k), query_in.dtype)
+        k = self._heads(self.key(memory))  # (B, H, K, d_k)
+        v = self._heads(self.value(memory))  # (B, H, K, d_k)
+        scores = tf.matmul(q, k, transpose_b=True)  # (B, H, Q, K)
+        weights = masked_softmax(scores, mask)
+        context = tf.matmul(self.dropout(weights, training=training), v)  # (B, H, Q, d_k)
+        context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [b, q_len, self.d_model])
+        return self.output(context), (weights if return_weights else None)  # (B, Q, d)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "d_model": self.d_model, "n_heads": self.n_heads,
+                "dropout": self.rate}

@@ -1,0 +1,137 @@
+"""Encoder and decoder layers, in either norm placement (DESIGN convention 7).
+
+Pre-norm (``norm_first=True``, tensor2tensor and the Annotated Transformer) computes
+``x + dropout(sublayer(norm(x)))``; post-norm (the paper) computes ``norm(x + dropout(sublayer(x)))``.
+Pre-norm keeps an identity path through the whole stack, which is why it trains without warm-up
+tricks at depth; the paper's post-norm is kept for fidelity and for weights trained that way.
+
+When a ``trace`` dict is given, each layer records its intermediates under the names of
+`shared.reference` (``{prefix}.self_attn_norm``, ``{prefix}.self_attn.weights`` ...). Layers that
+take a ``trace`` switch off Keras' conversion of call arguments: it rebuilds every dict argument,
+so the layer would record into a copy (the model converts its inputs once, at the top).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import keras
+import tensorflow as tf
+
+from shared import TransformerConfig
+
+from .attention import MultiHeadAttention
+from .feed_forward import FeedForward
+from .norm import LayerNorm
+
+Trace = dict[str, tf.Tensor]
+Sublayer = Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor | None]]
+
+
+def record(trace: Trace | None, name: str, value: tf.Tensor) -> None:
+    if trace is not None:
+        trace[name] = value
+
+
+def sublayer_connection(x: tf.Tensor, sublayer: Sublayer, norm: LayerNorm, dropout: keras.layers.Dropout,
+                        norm_first: bool, trace: Trace | None, name: str, training: bool) -> tf.Tensor:
+    """One residual sublayer; ``sublayer`` maps its input to ``(output, attention weights or None)``."""
+    if norm_first:
+        normed = norm(x)
+        record(trace, f"{name}_norm", normed)
+        out, weights = sublayer(normed)
+    else:
+        out, weights = sublayer(x)
+    if weights is not None:
+        record(trace, f"{name}.weights", weights)
+    record(trace, f"{name}.output", out)
+    if norm_first:
+        result = x + dropout(out, training=training)
+    else:
+        result = norm(x + dropout(out, training=training))
+        record(trace, f"{name}_norm", result)
+    record(trace, f"{name}.residual", result)
+    return result
+
+
+def norm_layer(config: TransformerConfig, name: str) -> LayerNorm:
+    return LayerNorm(config.d_model, config.norm_style, config.norm_eps, dtype=config.dtype, name=name)
+
+
+class _TracingLayer(keras.layers.Layer):
+    """A layer built from a `TransformerConfig` whose call takes a ``trace`` dict (see module doc)."""
+
+    def __init__(self, config: TransformerConfig, **kwargs):
+        kwargs.setdefault("dtype", config.dtype)
+        super().__init__(**kwargs)
+        self.config = config
+        self._convert_input_args = False  # keep `trace` the caller's dict (see the module docstring)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "config": self.config.to_dict()}
+
+    @classmethod
+    def from_config(cls, config: dict):
+        config = dict(config)
+        return cls(TransformerConfig.from_dict(config.pop("config")), **config)
+
+
+class EncoderLayer(_TracingLayer):
+    """Self-attention then feed-forward, each in a residual connection.
+
+    Shape: x ``(B, S, d)``, mask bool (True = may attend) broadcastable to ``(B, H, S, S)`` -> ``(B, S, d)``.
+    """
+
+    def __init__(self, config: TransformerConfig, **kwargs):
+        super().__init__(config, **kwargs)
+        c = config
+        self.norm_first = c.norm_first
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout, dtype=c.dtype, name="self_attn")
+        self.self_attn_norm = norm_layer(c, "self_attn_norm")
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.dropout, dtype=c.dtype, name="ffn")
+        self.ffn_norm = norm_layer(c, "ffn_norm")
+        self.dropout = keras.layers.Dropout(c.dropout, dtype=c.dtype)
+        self.built = True
+
+    def call(self, x: tf.Tensor, mask: tf.Tensor, trace: Trace | None = None,
+             prefix: str = "encoder.layer", training: bool = False) -> tf.Tensor:
+        want = trace is not None
+        x = sublayer_connection(
+            x, lambda h: self.self_attn(h, h, mask, return_weights=want, training=training),
+            self.self_attn_norm, self.dropout, self.norm_first, trace, f"{prefix}.self_attn", training)
+        return sublayer_connection(
+            x, lambda h: (self.ffn(h, training=training), None), self.ffn_norm, self.dropout,
+            self.norm_first, trace, f"{prefix}.ffn", training)
+
+
+class DecoderLayer(_TracingLayer):
+    """Masked self-attention, cross-attention over the encoder memory, then feed-forward.
+
+    Shape: x ``(B, T, d)``, memory ``(B, S, d)``, src_mask broadcastable to ``(B, H, T, S)``,
+    tgt_mask broadcastable to ``(B, H, T, T)`` (bool, True = may attend) -> ``(B, T, d)``.
+    """
+
+    def __init__(self, config: TransformerConfig, **kwargs):
+        super().__init__(config, **kwargs)
+        c = config
+        self.norm_first = c.norm_first
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout, dtype=c.dtype, name="self_attn")
+        self.self_attn_norm = norm_layer(c, "self_attn_norm")
+        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout, dtype=c.dtype, name="cross_attn")
+        self.cross_attn_norm = norm_layer(c, "cross_attn_norm")
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.dropout, dtype=c.dtype, name="ffn")
+        self.ffn_norm = norm_layer(c, "ffn_norm")
+        self.dropout = keras.layers.Dropout(c.dropout, dtype=c.dtype)
+        self.built = True
+
+    def call(self, x: tf.Tensor, memory: tf.Tensor, src_mask: tf.Tensor, tgt_mask: tf.Tensor,
+             trace: Trace | None = None, prefix: str = "decoder.layer", training: bool = False) -> tf.Tensor:
+        want = trace is not None
+        x = sublayer_connection(
+            x, lambda h: self.self_attn(h, h, tgt_mask, return_weights=want, training=training),
+            self.self_attn_norm, self.dropout, self.norm_first, trace, f"{prefix}.self_attn", training)
+        x = sublayer_connection(
+            x, lambda h: self.cross_attn(h, memory, src_mask, return_weights=want, training=training),
+            self.cross_attn_norm, self.dropout, self.norm_first, trace, f"{prefix}.cross_attn", training)
+        return sublayer_connection(
+            x, lambda h: (self.ffn(h, training=training), None), self.ffn_norm, self.dropout,
+            self.norm_first, trace, f"{prefix}.ffn", training)

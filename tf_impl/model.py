@@ -1,0 +1,233 @@
+"""The encoder-decoder Transformer as one ``keras.Model``, mirrored name for name by torch_impl."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from shared import TransformerConfig
+from shared.checks import check_same_batch
+
+from . import weights_io
+from .embedding import PositionalEncoding, TokenEmbedding
+from .inputs import check_ids, check_mask, dims, make_src_mask, make_tgt_mask, to_tensor
+from .layers import Trace, record
+from .stacks import Decoder, Encoder
+
+
+class Generator(keras.layers.Layer):
+    """Hidden states ``(B, T, d)`` -> logits ``(B, T, tgt_vocab)`` (no softmax: that belongs to the
+    loss and to decoding).
+
+    With ``tied`` (an embedding), the projection is that embedding's table ``(vocab, d)``, used as
+    ``x @ table.T`` and held outside the layer tree so its variable is not listed twice; otherwise
+    its own ``kernel`` ``(d, vocab)``. The ``bias`` is always its own variable.
+    """
+
+    def __init__(self, d_model: int, vocab: int, tied: TokenEmbedding | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model, self.vocab = d_model, vocab
+        self._tied = (lambda: tied) if tied is not None else None  # a closure: not tracked by Keras
+        self.kernel = None if tied is not None else self.add_weight(
+            name="kernel", shape=(d_model, vocab), initializer="glorot_uniform")
+        self.bias = self.add_weight(name="bias", shape=(vocab,), initializer="zeros")
+        self.built = True
+
+    def call(self, x: tf.Tensor) -> tf.Tensor:
+        b, t = dims(x, 2)
+        flat = tf.reshape(x, [-1, self.d_model])  # (B*T, d): one 2-D matmul, no batch broadcast
+        if self._tied is not None:
+            logits = tf.matmul(flat, self._tied().embeddings, transpose_b=True)  # (B*T, V)
+        else:
+            logits = tf.matmul(flat, self.kernel)  # (B*T, V)
+        return tf.reshape(logits + self.bias, [b, t, self.vocab])  # (B, T, V)
+
+
+@keras.saving.register_keras_serializable(package="tf_impl")
+class Transformer(keras.Model):
+    """The 2017 encoder-decoder Transformer, configured by a `shared.TransformerConfig`.
+
+    Sublayers: ``src_embed``, ``tgt_embed`` (the same layer when ``config.share_embeddings``),
+    ``positional``, ``encoder``, ``decoder``, ``generator``. Variables are created in ``config.dtype``
+    at construction, with the training initialisation (Xavier-uniform matrices, zero biases, unit
+    gains), so `import_weights` / `export_weights` work before any call. Dropout is active only with
+    ``training=True``.
+
+    Masks everywhere are boolean, ``True`` = may attend, broadcastable to
+    ``(batch, heads, q_len, k_len)``; when omitted they are derived from ``config.pad_id``.
+
+    Runs eagerly, inside ``tf.function`` (also ``jit_compile=True``) and through ``predict``; see
+    `tf_impl.inputs` for how bad token ids are caught in each.
+    """
+
+    def __init__(self, config: TransformerConfig, **kwargs):
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"config: expected a TransformerConfig, got {type(config).__name__}")
+        kwargs.setdefault("dtype", config.dtype)
+        super().__init__(**kwargs)
+        self.config = config
+        # Inputs are converted here, without Keras' autocast (float ids must fail as float ids).
+        self._convert_input_args = False
+        self._allow_non_tensor_positional_args = True
+        c, dtype = config, config.dtype
+        self.src_embed = TokenEmbedding(c.src_vocab, c.d_model, dtype=dtype, name="src_embed")
+        self.tgt_embed = (self.src_embed if c.share_embeddings
+                          else TokenEmbedding(c.tgt_vocab, c.d_model, dtype=dtype, name="tgt_embed"))
+        self.positional = PositionalEncoding(c, name="positional")
+        self.encoder = Encoder(c, name="encoder")
+        self.decoder = Decoder(c, name="decoder")
+        self.generator = Generator(c.d_model, c.tgt_vocab, self.tgt_embed if c.tie_output else None,
+                                   dtype=dtype, name="generator")
+        self.built = True
+
+    # -- input checks (all before any compute) ----------------------------------------------------
+    def _src_mask(self, src: tf.Tensor, src_mask, q_len: int | None = 1) -> tf.Tensor:
+        if src_mask is None:
+            return make_src_mask(src, self.config.pad_id)
+        return check_mask("src_mask", src_mask, src.shape[0], self.config.n_heads, q_len, src.shape[1])
+
+    def _tgt_mask(self, tgt: tf.Tensor, tgt_mask) -> tf.Tensor:
+        if tgt_mask is None:
+            return make_tgt_mask(tgt, self.config.pad_id)
+        b, t = tgt.shape
+        return check_mask("tgt_mask", tgt_mask, b, self.config.n_heads, t, t)
+
+    # -- the computation --------------------------------------------------------------------------
+    def _encode(self, src: tf.Tensor, src_mask: tf.Tensor, trace: Trace | None,
+                training: bool) -> tf.Tensor:
+        x = self.positional(self.src_embed(src), training=training)  # (B, S, d)
+        record(trace, "encoder.embed", x)
+        memory = self.encoder(x, src_mask, trace=trace, training=training)
+        record(trace, "encoder.output", memory)
+        return memory
+
+    def _decode(self, tgt: tf.Tensor, memory: tf.Tensor, src_mask: tf.Tensor, tgt_mask: tf.Tensor,
+                trace: Trace | None, training: bool) -> tf.Tensor:
+        x = self.positional(self.tgt_embed(tgt), training=training)  # (B, T, d)
+        record(trace, "decoder.embed", x)
+        hidden = self.decoder(x, memory, src_mask, tgt_mask, trace=trace, training=training)
+        record(trace, "decoder.output", hidden)
+        return hidden
+
+    # -- public API -------------------------------------------------------------------------------
+    def call(self, src, tgt=None, src_mask=None, tgt_mask=None, training: bool = False,
+             return_trace: bool = False):
+        """Logits for every target position.
+
+        Args:
+            src: source ids ``(B, S)``, integer, values in ``[0, src_vocab)``, ``S <= max_len``.
+                For ``predict`` (which passes one ``x``), ``src`` may also be a tuple
+                ``(src, tgt[, src_mask, tgt_mask])`` or a dict with those keys.
+            tgt: target input ids ``(B, T)`` (BOS first), integer, values in ``[0, tgt_vocab)``.
+            src_mask: bool, True = may attend, broadcastable to ``(B, H, 1, S)``; used by encoder
+                self-attention and cross-attention, so its query axis is 1. Default ``src != pad_id``.
+            tgt_mask: bool, broadcastable to ``(B, H, T, T)``. Default: padding AND subsequent.
+            training: dropout on (at the sites of DESIGN convention 9).
+            return_trace: also return the named intermediates of `shared.reference`.
+
+        Returns:
+            logits ``(B, T, tgt_vocab)``, or ``(logits, trace)``: a dict of tensors with the names and
+            order of `shared.reference.trace_names(config)`.
+
+        Raises:
+            TypeError / ValueError: bad ids or masks, with the messages of `shared.checks`.
+            tf.errors.InvalidArgumentError: in graph mode, ids out of range (same message text).
+        """
+        if tgt is None:
+            src, tgt, src_mask, tgt_mask = _unpack(src, src_mask, tgt_mask)
+        c = self.config
+        src = check_ids("src", src, c.src_vocab, c.max_len)
+        tgt = check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
+        if src.shape[0] is not None and tgt.shape[0] is not None:
+            check_same_batch(src.shape, tgt.shape)
+        src_mask = self._src_mask(src, src_mask)
+        tgt_mask = self._tgt_mask(tgt, tgt_mask)
+        trace: Trace | None = {} if return_trace else None
+        memory = self._encode(src, src_mask, trace, training)
+        logits = self.generator(self._decode(tgt, memory, src_mask, tgt_mask, trace, training))
+        if trace is None:
+            return logits
+        trace["logits"] = logits
+        return logits, trace
+
+    def encode(self, src, src_mask=None, training: bool = False) -> tf.Tensor:
+        """Source ids ``(B, S)`` -> memory ``(B, S, d_model)``.
+
+        ``src_mask``: bool, True = may attend, broadcastable to ``(B, H, 1, S)``; default ``src != pad_id``.
+        """
+        c = self.config
+        src = check_ids("src", src, c.src_vocab, c.max_len)
+        return self._encode(src, self._src_mask(src, src_mask), None, training)
+
+    def decode(self, tgt, memory, src_mask, tgt_mask=None, training: bool = False) -> tf.Tensor:
+        """Target ids ``(B, T)`` and memory ``(B, S, d_model)`` -> hidden states ``(B, T, d_model)``;
+        ``self.generator(hidden)`` gives the logits.
+
+        Args:
+            src_mask: required (the memory cannot tell where the source padding was): bool,
+                True = may attend, broadcastable to ``(B, H, T, S)``, e.g. ``make_src_mask(src, pad_id)``.
+            tgt_mask: bool, broadcastable to ``(B, H, T, T)``; default padding AND subsequent.
+        """
+        c = self.config
+        tgt = check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
+        memory = to_tensor("memory", memory)
+        if memory.shape.rank != 3 or memory.shape[2] != c.d_model:
+            raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {c.d_model}), "
+                             f"got {tuple(memory.shape)}")
+        if memory.dtype.name != c.dtype:
+            raise TypeError(f"memory: expected dtype {c.dtype}, got {memory.dtype.name}")
+        if memory.shape[0] is not None and tgt.shape[0] is not None:
+            check_same_batch(memory.shape, tgt.shape)
+        if src_mask is None:
+            raise ValueError("src_mask: required by decode (the memory cannot tell where the source "
+                             "padding was); use tf_impl.inputs.make_src_mask(src, pad_id)")
+        src_mask = check_mask("src_mask", src_mask, tgt.shape[0], c.n_heads, tgt.shape[1], memory.shape[1])
+        return self._decode(tgt, memory, src_mask, self._tgt_mask(tgt, tgt_mask), None, training)
+
+    def predict(self, x, *args, **kwargs):
+        """``keras.Model.predict`` with the ids of array inputs checked eagerly first: under XLA
+        (Keras compiles ``predict`` with XLA by default on GPU) nothing can raise inside the step."""
+        if not isinstance(x, tf.data.Dataset):
+            src, tgt, _, _ = _unpack(x, None, None)
+            c = self.config
+            check_ids("src", src, c.src_vocab, c.max_len)
+            check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
+        return super().predict(x, *args, **kwargs)
+
+    # -- canonical weights ------------------------------------------------------------------------
+    def import_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Load canonical weights (`shared.weights` schema, ``config.dtype``). Everything is checked
+        first; on any problem one `shared.weights.WeightsError` lists them all and the model keeps
+        its old weights."""
+        weights_io.import_weights(self, weights)
+
+    def export_weights(self) -> dict[str, np.ndarray]:
+        """The canonical ``{name: ndarray}`` (kernels ``(in, out)``, tied weights once, config dtype);
+        ``export_weights()`` after ``import_weights(w)`` equals ``w`` bit for bit."""
+        return weights_io.export_weights(self)
+
+    # -- Keras serialisation ----------------------------------------------------------------------
+    def get_config(self) -> dict:
+        return {"name": self.name, "trainable": self.trainable, "config": self.config.to_dict()}
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Transformer":
+        config = dict(config)
+        return cls(TransformerConfig.from_dict(config.pop("config")), **config)
+
+
+def _unpack(x, src_mask, tgt_mask):
+    """``x`` as ``predict`` passes it: ``(src, tgt[, src_mask, tgt_mask])`` or a dict of those."""
+    if isinstance(x, Mapping):
+        unknown = sorted(set(x) - {"src", "tgt", "src_mask", "tgt_mask"})
+        if unknown or "src" not in x or "tgt" not in x:
+            raise ValueError("x: expected a dict with keys 'src', 'tgt' (and optionally 'src_mask', "
+                             f"'tgt_mask'), got keys {sorted(x)}")
+        return x["src"], x["tgt"], x.get("src_mask", src_mask), x.get("tgt_mask", tgt_mask)
+    if isinstance(x, (tuple, list)) and 2 <= len(x) <= 4:
+        parts = list(x) + [None] * (4 - len(x))
+        return parts[0], parts[1], parts[2] if parts[2] is not None else src_mask, \
+            parts[3] if parts[3] is not None else tgt_mask
+    raise ValueError("tgt: required (or pass x = (src, tgt) or {'src': ..., 'tgt': ...}), got src alone")

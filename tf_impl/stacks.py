@@ -1,0 +1,60 @@
+"""The encoder and decoder stacks: ``n`` layers and, when the config says so, a final layer norm."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from shared import TransformerConfig
+
+from .layers import DecoderLayer, EncoderLayer, Trace, _TracingLayer, norm_layer, record
+from .norm import LayerNorm
+
+
+def _final_norm(config: TransformerConfig) -> LayerNorm | None:
+    return norm_layer(config, "final_norm") if config.final_norm else None
+
+
+class Encoder(_TracingLayer):
+    """``layers`` (a list of `EncoderLayer`) then the optional ``final_norm``.
+
+    Shape: x ``(B, S, d)`` (embedded source), mask bool (True = may attend) broadcastable to
+    ``(B, H, S, S)`` -> memory ``(B, S, d)``.
+    """
+
+    def __init__(self, config: TransformerConfig, **kwargs):
+        super().__init__(config, **kwargs)
+        self.layers = [EncoderLayer(config, name=f"layers_{i}") for i in range(config.n_encoder_layers)]
+        self.final_norm = _final_norm(config)
+        self.built = True
+
+    def call(self, x: tf.Tensor, mask: tf.Tensor, trace: Trace | None = None,
+             training: bool = False) -> tf.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, mask, trace=trace, prefix=f"encoder.layers.{i}", training=training)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            record(trace, "encoder.final_norm", x)
+        return x
+
+
+class Decoder(_TracingLayer):
+    """``layers`` (a list of `DecoderLayer`) then the optional ``final_norm``.
+
+    Shape: x ``(B, T, d)`` (embedded target), memory ``(B, S, d)``, src_mask broadcastable to
+    ``(B, H, T, S)``, tgt_mask to ``(B, H, T, T)`` (bool, True = may attend) -> ``(B, T, d)``.
+    """
+
+    def __init__(self, config: TransformerConfig, **kwargs):
+        super().__init__(config, **kwargs)
+        self.layers = [DecoderLayer(config, name=f"layers_{i}") for i in range(config.n_decoder_layers)]
+        self.final_norm = _final_norm(config)
+        self.built = True
+
+    def call(self, x: tf.Tensor, memory: tf.Tensor, src_mask: tf.Tensor, tgt_mask: tf.Tensor,
+             trace: Trace | None = None, training: bool = False) -> tf.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, src_mask, tgt_mask, trace=trace, prefix=f"decoder.layers.{i}",
+                      training=training)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            record(trace, "decoder.final_norm", x)
+        return x

@@ -1,0 +1,85 @@
+"""Canonical weights <-> Keras variables: one explicit table, used by import and export.
+
+Canonical dense kernels are ``(in, out)`` (``y = x @ kernel + bias``), which is also the layout of
+``keras.layers.Dense.kernel``: nothing is transposed here (torch_impl transposes at its boundary).
+Embedding tables are ``(vocab, d_model)``. Tied weights appear once, under the canonical name of the
+owner (``src_embed.embeddings`` when embeddings are shared; no ``generator.kernel`` when tied).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping
+
+import keras
+import numpy as np
+
+from shared.weights import PROJECTIONS, check_weights, weight_schema
+
+if TYPE_CHECKING:
+    from .model import Transformer
+
+Table = dict[str, keras.Variable]  # canonical name -> variable
+
+
+def _dense(table: Table, prefix: str, dense: keras.layers.Dense) -> None:
+    table[f"{prefix}.kernel"] = dense.kernel  # (in, out) here and in the canonical schema
+    table[f"{prefix}.bias"] = dense.bias
+
+
+def _norm(table: Table, prefix: str, norm) -> None:
+    table[f"{prefix}.gamma"] = norm.gamma
+    table[f"{prefix}.beta"] = norm.beta
+
+
+def _attention(table: Table, prefix: str, attn) -> None:
+    for p in PROJECTIONS:
+        _dense(table, f"{prefix}.{p}", getattr(attn, p))
+
+
+def _ffn(table: Table, prefix: str, ffn) -> None:
+    _dense(table, f"{prefix}.inner", ffn.inner)
+    _dense(table, f"{prefix}.outer", ffn.outer)
+
+
+def variable_table(model: "Transformer") -> Table:
+    """Every canonical name, in `shared.weights.weight_schema` order, with its variable."""
+    c = model.config
+    table: Table = {"src_embed.embeddings": model.src_embed.embeddings}
+    if not c.share_embeddings:
+        table["tgt_embed.embeddings"] = model.tgt_embed.embeddings
+    for i, layer in enumerate(model.encoder.layers):
+        p = f"encoder.layers.{i}"
+        _attention(table, f"{p}.self_attn", layer.self_attn)
+        _norm(table, f"{p}.self_attn_norm", layer.self_attn_norm)
+        _ffn(table, f"{p}.ffn", layer.ffn)
+        _norm(table, f"{p}.ffn_norm", layer.ffn_norm)
+    if model.encoder.final_norm is not None:
+        _norm(table, "encoder.final_norm", model.encoder.final_norm)
+    for i, layer in enumerate(model.decoder.layers):
+        p = f"decoder.layers.{i}"
+        _attention(table, f"{p}.self_attn", layer.self_attn)
+        _norm(table, f"{p}.self_attn_norm", layer.self_attn_norm)
+        _attention(table, f"{p}.cross_attn", layer.cross_attn)
+        _norm(table, f"{p}.cross_attn_norm", layer.cross_attn_norm)
+        _ffn(table, f"{p}.ffn", layer.ffn)
+        _norm(table, f"{p}.ffn_norm", layer.ffn_norm)
+    if model.decoder.final_norm is not None:
+        _norm(table, "decoder.final_norm", model.decoder.final_norm)
+    if model.generator.kernel is not None:  # absent when tied to the embedding table
+        table["generator.kernel"] = model.generator.kernel
+    table["generator.bias"] = model.generator.bias
+    if list(table) != list(weight_schema(c)):  # the layer tree and the schema must never drift
+        raise AssertionError("tf_impl.weights_io: variable table does not match weight_schema")
+    return table
+
+
+def import_weights(model: "Transformer", weights: Mapping[str, np.ndarray]) -> None:
+    """Check every tensor first (one `WeightsError` listing all problems, model untouched), then assign."""
+    check_weights(model.config, weights, source="import_weights")
+    for name, variable in variable_table(model).items():
+        variable.assign(weights[name])  # same dtype and shape, checked above: an exact copy
+
+
+def export_weights(model: "Transformer") -> dict[str, np.ndarray]:
+    """Canonical ``{name: ndarray}`` in ``config.dtype``, C-contiguous, owning its memory."""
+    return {name: np.array(variable.numpy(), dtype=model.config.dtype, order="C", copy=True)
+            for name, variable in variable_table(model).items()}
