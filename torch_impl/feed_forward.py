@@ -23,4 +23,6 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.outer(self.dropout(F.relu(self.inner(x))))  # (B, L, d_ff) inside
+        # In place: saves a (B, L, d_ff) allocation per call; safe under autograd, as the Linear
+        # does not keep its output for its backward and relu_ keeps its own result.
+        return self.outer(self.dropout(F.relu(self.inner(x), inplace=True)))  # (B, L, d_ff) inside

@@ -1,0 +1,190 @@
+"""torch_impl.Transformer forward vs torch.nn.Transformer doing the same work, in one process.
+
+Preset ``base`` (float32), eval, ``torch.inference_mode()``, batch 8, 64 source and 64 target tokens
+with padding (rows of 64 down to 36 real tokens) and the causal target mask. ``nn.Transformer`` gets
+the very same embedding (x sqrt(d_model)), positional encoding and tied generator modules, is built
+with ``batch_first=True, norm_first=False``, the same d_ff, dropout and eps, and no final norms (the
+paper's post-norm has none; ``nn.Transformer`` adds them unless given its own stacks). Our weights
+are copied into it and the two outputs compared first, so the timed work is provably the same maths.
+
+The two are interleaved after warm-up (A, B, A, B, ...) so drift in the machine's speed hits both;
+the medians, their ratio, and achieved GFLOP/s against a plain matmul measured in the same run are
+printed. FLOPs are counted analytically (2*m*n*k per matmul, attention included, padded tokens
+included, since both models compute them unless nn's nested-tensor fast path skips them).
+
+    python3 dev.py bench torch_vs_nn_transformer [--repeats N] [--threads N]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+
+import torch_impl  # noqa: E402
+from shared import TransformerConfig  # noqa: E402
+
+BATCH, SRC_LEN, TGT_LEN = 8, 64, 64
+
+
+class NNTransformerBaseline(nn.Module):
+    """``nn.Transformer`` between our embedding/positional/generator modules (shared, not copied)."""
+
+    def __init__(self, ours: torch_impl.Transformer, nested: bool = True):
+        super().__init__()
+        c = ours.config
+        self.pad_id = c.pad_id
+        self.src_embed, self.tgt_embed = ours.src_embed, ours.tgt_embed
+        self.positional, self.generator = ours.positional, ours.generator
+
+        def enc_layer():
+            return nn.TransformerEncoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, batch_first=True,
+                                              norm_first=False, layer_norm_eps=c.norm_eps)
+
+        def dec_layer():
+            return nn.TransformerDecoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, batch_first=True,
+                                              norm_first=False, layer_norm_eps=c.norm_eps)
+
+        self.core = nn.Transformer(
+            c.d_model, c.n_heads, batch_first=True, norm_first=False,
+            custom_encoder=nn.TransformerEncoder(enc_layer(), c.n_encoder_layers, norm=None,
+                                                 enable_nested_tensor=nested),
+            custom_decoder=nn.TransformerDecoder(dec_layer(), c.n_decoder_layers, norm=None))
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        t = tgt.shape[1]
+        src_pad, tgt_pad = src == self.pad_id, tgt == self.pad_id  # nn convention: True = blocked
+        causal = torch.ones(t, t, dtype=torch.bool, device=tgt.device).triu(1)  # True = blocked
+        x = self.positional(self.src_embed(src))
+        y = self.positional(self.tgt_embed(tgt))
+        h = self.core(x, y, tgt_mask=causal, src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad,
+                      memory_key_padding_mask=src_pad)
+        return self.generator(h)
+
+
+def copy_weights(ours: torch_impl.Transformer, base: NNTransformerBaseline) -> None:
+    """Our q/k/v/output projections, FFN and norms into nn's packed layout (in_proj = [q; k; v])."""
+    def attn(dst: nn.MultiheadAttention, src) -> None:
+        dst.in_proj_weight.copy_(torch.cat([src.query.weight, src.key.weight, src.value.weight]))
+        dst.in_proj_bias.copy_(torch.cat([src.query.bias, src.key.bias, src.value.bias]))
+        dst.out_proj.weight.copy_(src.output.weight)
+        dst.out_proj.bias.copy_(src.output.bias)
+
+    def norm(dst: nn.LayerNorm, src) -> None:
+        dst.weight.copy_(src.gamma)
+        dst.bias.copy_(src.beta)
+
+    def ffn(dst, src) -> None:
+        for a, b in ((dst.linear1, src.inner), (dst.linear2, src.outer)):
+            a.weight.copy_(b.weight)
+            a.bias.copy_(b.bias)
+
+    with torch.no_grad():
+        for dst, src in zip(base.core.encoder.layers, ours.encoder.layers):
+            attn(dst.self_attn, src.self_attn)
+            norm(dst.norm1, src.self_attn_norm)
+            ffn(dst, src.ffn)
+            norm(dst.norm2, src.ffn_norm)
+        for dst, src in zip(base.core.decoder.layers, ours.decoder.layers):
+            attn(dst.self_attn, src.self_attn)
+            norm(dst.norm1, src.self_attn_norm)
+            attn(dst.multihead_attn, src.cross_attn)
+            norm(dst.norm2, src.cross_attn_norm)
+            ffn(dst, src.ffn)
+            norm(dst.norm3, src.ffn_norm)
+
+
+def model_flops(c: TransformerConfig, b: int, s: int, t: int) -> int:
+    """Multiply-add FLOPs (2 per MAC) of one forward, attention matmuls included."""
+    d, f, v = c.d_model, c.d_ff, c.tgt_vocab
+    enc = 4 * 2 * b * s * d * d + 2 * 2 * b * s * s * d + 2 * 2 * b * s * d * f
+    dec = (4 * 2 * b * t * d * d + 2 * 2 * b * t * t * d  # self-attention
+           + 2 * 2 * b * t * d * d + 2 * 2 * b * s * d * d + 2 * 2 * b * t * s * d  # cross-attention
+           + 2 * 2 * b * t * d * f)  # feed-forward
+    return c.n_encoder_layers * enc + c.n_decoder_layers * dec + 2 * b * t * d * v
+
+
+def inputs(c: TransformerConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(3, c.src_vocab, (BATCH, SRC_LEN), generator=g)
+    tgt = torch.randint(3, c.tgt_vocab, (BATCH, TGT_LEN), generator=g)
+    tgt[:, 0] = c.bos_id
+    for row in range(BATCH):  # 64, 60, ..., 36 real tokens
+        src[row, SRC_LEN - 4 * row:] = c.pad_id
+        tgt[row, TGT_LEN - 4 * row:] = c.pad_id
+    return src, tgt
+
+
+def time_once(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=15, help="timed calls of each model")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    warnings.filterwarnings("ignore", message=".*nested tensors is in prototype stage.*")
+    config = TransformerConfig.preset("base")
+    ours = torch_impl.Transformer(config).eval()
+    models = {"torch_impl": ours}
+    for label, nested in (("nn.Transformer", True), ("nn.Transformer (no nested)", False)):
+        models[label] = NNTransformerBaseline(ours, nested=nested).eval()
+        copy_weights(ours, models[label])
+    src, tgt = inputs(config)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"mkldnn={torch.backends.mkldnn.is_available()}, mha fast path enabled="
+          f"{torch.backends.mha.get_fastpath_enabled()}; preset base float32, batch {BATCH}, src {SRC_LEN} / "
+          f"tgt {TGT_LEN} tokens with padding ({int((src != config.pad_id).sum())} / {src.numel()} real "
+          f"source tokens), {config.n_encoder_layers}+{config.n_decoder_layers} layers")
+
+    flops = model_flops(config, BATCH, SRC_LEN, TGT_LEN)
+    x = torch.randn(BATCH * TGT_LEN, config.d_model)
+    w = torch.randn(config.d_model, config.d_ff)
+    mm_flops = 2 * x.shape[0] * x.shape[1] * w.shape[1]
+    times: dict[str, list[float]] = {name: [] for name in [*models, "matmul"]}
+    with torch.inference_mode():
+        a = ours(src, tgt)
+        real = tgt != config.pad_id  # compare where targets are real
+        for label, model in list(models.items())[1:]:
+            diff = (a - model(src, tgt)).abs()[real].max().item()
+            print(f"same maths: max |torch_impl - {label}| on real target positions = {diff:.2e} "
+                  f"(logit scale {a.abs().max().item():.2f})")
+        encoder = models["nn.Transformer"].core.encoder
+        print("nn.Transformer encoder in eval/no-grad: fused fast path (torch._transformer_encoder_layer_fwd) "
+              f"{'with' if encoder.use_nested_tensor else 'without'} nested tensors, which skip padded "
+              "source tokens; the decoder has no fast path. '(no nested)' computes every token, as we do.")
+        for _ in range(args.warmup):
+            for model in models.values():
+                model(src, tgt)
+        for _ in range(args.repeats):  # interleaved: A, B, C, matmul, A, B, C, ...
+            for name, model in models.items():
+                times[name].append(time_once(lambda: model(src, tgt)))
+            times["matmul"].append(min(time_once(lambda: x @ w) for _ in range(5)))
+
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(f"model FLOPs per forward (analytic, every token counted): {flops / 1e9:.1f} GFLOP")
+    for name in models:
+        print(f"{name:28s} median {med[name] * 1e3:8.1f} ms  {flops / med[name] / 1e9:6.1f} GFLOP/s  "
+              f"(min {min(times[name]) * 1e3:.1f}, max {max(times[name]) * 1e3:.1f})")
+    print(f"{'matmul ' + str(tuple(x.shape)) + ' @ ' + str(tuple(w.shape)):28s} median "
+          f"{med['matmul'] * 1e3:8.2f} ms  {mm_flops / med['matmul'] / 1e9:6.1f} GFLOP/s")
+    for label in list(models)[1:]:
+        print(f"ratio torch_impl / {label} = {med['torch_impl'] / med[label]:.3f} (target <= 1.0)")
+
+
+if __name__ == "__main__":
+    main()
