@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"same maths: max |torch_impl - {label}| on real target positions = {diff:.2e} "
                   f"(logit scale {a.abs().max().item():.2f})")
         encoder = models["nn.Transformer"].core.encoder
-        print("nn.Transformer encoder in eval/no-grad: fused fast path (torch._transformer_encoder_layer_fwd) "
+        print("nn.Transformer encoder in eval/no-grad: fused fast path "
+              "(torch._transformer_encoder_layer_fwd) "
               f"{'with' if encoder.use_nested_tensor else 'without'} nested tensors, which skip padded "
               "source tokens; the decoder has no fast path. '(no nested)' computes every token, as we do.")
         for _ in range(args.warmup):

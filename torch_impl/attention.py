@@ -47,7 +47,8 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, dropout: float, dtype: torch.dtype | None = None):
         super().__init__()
         if d_model % n_heads:
-            raise ValueError(f"MultiHeadAttention: d_model={d_model} expected a multiple of n_heads={n_heads}")
+            raise ValueError(f"MultiHeadAttention: d_model expected a multiple of n_heads={n_heads}, "
+                             f"got {d_model}")
         self.n_heads, self.d_k, self.dropout = n_heads, d_model // n_heads, float(dropout)
         self.query = nn.Linear(d_model, d_model, dtype=dtype)
         self.key = nn.Linear(d_model, d_model, dtype=dtype)
