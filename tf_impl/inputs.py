@@ -61,12 +61,9 @@ def _static_shape(x: tf.Tensor, fill: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(d if d is not None else f for d, f in zip(dims, fill + (1,) * len(dims)))
 
 
-def _graph_assert(condition: tf.Tensor, message: str, values: tuple[tf.Tensor, ...]) -> list:
-    """An Assert carrying ``message`` with ``{}`` placeholders filled by ``values`` at run time;
-    nothing under XLA (it would be dropped, and string ops do not compile)."""
-    if in_xla_context():
-        return []
-    return [tf.debugging.Assert(condition, [tf.strings.format(message, values)])]
+def _graph_assert(condition: tf.Tensor, message: str, values: tuple[tf.Tensor, ...]) -> tf.Operation:
+    """An Assert carrying ``message`` with ``{}`` placeholders filled by ``values`` at run time."""
+    return tf.debugging.Assert(condition, [tf.strings.format(message, values)])
 
 
 def check_ids(name: str, ids, vocab: int, max_len: int) -> tf.Tensor:
@@ -89,18 +86,17 @@ def check_ids(name: str, ids, vocab: int, max_len: int) -> tf.Tensor:
     if tf.executing_eagerly():
         lo, hi = (int(v) for v in tf.stack([tf.reduce_min(ids), tf.reduce_max(ids)]).numpy())
         checks.check_ids_range(name, vocab, lo, hi)
-    else:
+    elif not in_xla_context():  # under XLA an Assert is a no-op (and string ops do not compile)
         lo, hi = tf.reduce_min(ids), tf.reduce_max(ids)
-        guards = _graph_assert(tf.logical_and(lo >= 0, hi < vocab),
-                               checks.ids_range_message(name, vocab, "{}", "{}"), (lo, hi))
+        guards = [_graph_assert(tf.logical_and(lo >= 0, hi < vocab),
+                                checks.ids_range_message(name, vocab, "{}", "{}"), (lo, hi))]
         if ids.shape[1] is None:  # length only known at run time
             length = tf.shape(ids)[1]
-            guards += _graph_assert(
+            guards.append(_graph_assert(
                 tf.logical_and(length >= 1, length <= max_len),
-                f"{name}: expected at most max_len={max_len} tokens (and at least 1), got {{}}", (length,))
-        if guards:
-            with tf.control_dependencies(guards):
-                ids = tf.identity(ids)
+                f"{name}: expected at most max_len={max_len} tokens (and at least 1), got {{}}", (length,)))
+        with tf.control_dependencies(guards):
+            ids = tf.identity(ids)
     if ids.dtype not in (tf.int32, tf.int64):  # gathers take int32/int64 indices only
         ids = tf.cast(ids, tf.int64)
     return ids

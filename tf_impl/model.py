@@ -189,7 +189,7 @@ class Transformer(keras.Model):
     def predict(self, x, *args, **kwargs):
         """``keras.Model.predict`` with the ids of array inputs checked eagerly first: under XLA
         (Keras compiles ``predict`` with XLA by default on GPU) nothing can raise inside the step."""
-        if not isinstance(x, tf.data.Dataset):
+        if isinstance(x, (Mapping, tuple, list)):  # arrays; a dataset or generator is not pre-checked
             src, tgt, _, _ = _unpack(x, None, None)
             c = self.config
             check_ids("src", src, c.src_vocab, c.max_len)
