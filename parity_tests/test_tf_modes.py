@@ -22,7 +22,6 @@ from tf_impl.inputs import make_src_mask, make_tgt_mask  # noqa: E402
 TINY = TransformerConfig.preset("tiny")  # dropout 0.1
 MODE_CASES = [("tiny-pre-annotated", "b3-all-padding-row", "float64"),
               ("tiny-shared-tied-post", "b3-padded-src-longer", "float32"),
-              ("tiny-post-final-norm", "b2-tgt-longer", "float32"),
               ("base", "b2-tgt-longer", "float32")]
 
 

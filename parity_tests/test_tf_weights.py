@@ -113,3 +113,22 @@ def test_positional_table_is_a_constant_not_a_weight():
     assert not any("positional" in v.path for v in model.weights)
     assert model.positional.table.dtype == tf.float32
     assert model.positional.table.shape == (config.max_len, config.d_model)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_keras_save_and_load_model_round_trip(tmp_path, dtype):
+    """``model.save`` / ``keras.models.load_model`` keep every weight (Keras' saving skips attributes
+    that a plain Layer also has, such as ``output``: the attention's output projection must still be
+    saved)."""
+    import keras
+
+    config = TransformerConfig.preset("tiny", dtype=dtype).replace(tie_output=True)
+    model = tf_impl.Transformer(config)
+    model.import_weights(random_weights(config, 4))
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    assert isinstance(loaded, tf_impl.Transformer) and loaded.config == config
+    before, after = model.export_weights(), loaded.export_weights()
+    assert all(after[k].tobytes() == before[k].tobytes() for k in before)
+    src, tgt = src_tgt(config)
+    np.testing.assert_array_equal(run_logits(loaded, src, tgt), run_logits(model, src, tgt))

@@ -47,10 +47,13 @@ class MultiHeadAttention(keras.layers.Layer):
         dropout: probability of dropping an attention weight (training only).
     """
 
-    # The output projection is the sublayer ``output`` (as in torch_impl and the canonical names).
-    # That shadows Keras' read-only ``Layer.output`` property, which only has a meaning for a layer
-    # called inside a functional-API graph; this layer is only ever called on tensors.
-    output = None
+    @property
+    def output(self) -> keras.layers.Dense:
+        """The output projection (``output`` as in torch_impl and the canonical names). It overrides
+        Keras' ``Layer.output``, which only means something for a layer inside a functional-API
+        graph; the Dense itself lives in ``_output``, because Keras' saving skips any attribute
+        that a plain ``Layer`` also has, ``output`` included."""
+        return self._output
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, **kwargs):
         super().__init__(**kwargs)
@@ -60,7 +63,7 @@ class MultiHeadAttention(keras.layers.Layer):
         for name in ("query", "key", "value", "output"):
             dense = keras.layers.Dense(d_model, dtype=self.dtype_policy, name=name)
             dense.build((None, d_model))
-            setattr(self, name, dense)
+            setattr(self, "_output" if name == "output" else name, dense)
         self.dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
         self.built = True
 
