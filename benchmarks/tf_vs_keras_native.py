@@ -51,7 +51,8 @@ class NativeEncoderLayer(keras.layers.Layer):
         self.drop = keras.layers.Dropout(c.dropout)
 
     def call(self, x, mask, training=False):
-        x = self.norm1(x + self.drop(self.attn(x, x, attention_mask=mask, training=training), training=training))
+        attn = self.attn(x, x, attention_mask=mask, training=training)
+        x = self.norm1(x + self.drop(attn, training=training))
         ffn = self.outer(self.drop(self.inner(x), training=training))
         return self.norm2(x + self.drop(ffn, training=training))
 

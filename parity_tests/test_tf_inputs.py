@@ -92,10 +92,12 @@ def test_predict_checks_ids_eagerly_even_when_compiled_with_xla():
 
 
 MASKS = [
-    (dict(src_mask=np.ones((2, 1, 1, 5), np.int64)), TypeError, "src_mask: expected a bool mask .*got dtype int64"),
+    (dict(src_mask=np.ones((2, 1, 1, 5), np.int64)), TypeError,
+     "src_mask: expected a bool mask .*got dtype int64"),
     (dict(src_mask=np.ones((2, 5), bool)), ValueError, r"src_mask: expected a rank-4 mask"),
     (dict(src_mask=np.ones((2, 1, 5, 5), bool)), ValueError, r"src_mask: expected a mask broadcastable"),
-    (dict(tgt_mask=np.ones((2, 1, 4, 5), bool)), ValueError, r"tgt_mask: expected a mask broadcastable to \(batch\|1"),
+    (dict(tgt_mask=np.ones((2, 1, 4, 5), bool)), ValueError,
+     r"tgt_mask: expected a mask broadcastable to \(batch\|1"),
     (dict(tgt_mask=np.ones((3, 1, 4, 4), bool)), ValueError, "tgt_mask: expected a mask broadcastable"),
     (dict(tgt_mask=np.ones((2, 1, 4, 4), np.float32)), TypeError, "tgt_mask: expected a bool mask"),
 ]

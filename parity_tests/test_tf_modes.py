@@ -65,7 +65,8 @@ def test_predict_compiled_with_xla():
     src, tgt = src_tgt(config, batch=3, src_len=6, tgt_len=5)
     want = run_logits(model, src, tgt)
     model.compile(jit_compile=True)
-    assert_close(model.predict((src, tgt), verbose=0), want, bound_for("float32", "tf:reference"), "xla predict")
+    assert_close(model.predict((src, tgt), verbose=0), want, bound_for("float32", "tf:reference"),
+                 "xla predict")
 
 
 def test_variable_lengths_in_one_function_need_no_retrace_per_batch():

@@ -58,7 +58,8 @@ class MultiHeadAttention(keras.layers.Layer):
     def __init__(self, d_model: int, n_heads: int, dropout: float, **kwargs):
         super().__init__(**kwargs)
         if d_model % n_heads:
-            raise ValueError(f"MultiHeadAttention: d_model={d_model} expected a multiple of n_heads={n_heads}")
+            raise ValueError(
+                f"MultiHeadAttention: d_model={d_model} expected a multiple of n_heads={n_heads}")
         self.d_model, self.n_heads, self.d_k, self.rate = d_model, n_heads, d_model // n_heads, float(dropout)
         for name in ("query", "key", "value", "output"):
             dense = keras.layers.Dense(d_model, dtype=self.dtype_policy, name=name)

@@ -116,7 +116,8 @@ class DecoderLayer(_TracingLayer):
         self.norm_first = c.norm_first
         self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout, dtype=c.dtype, name="self_attn")
         self.self_attn_norm = norm_layer(c, "self_attn_norm")
-        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout, dtype=c.dtype, name="cross_attn")
+        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout, dtype=c.dtype,
+                                             name="cross_attn")
         self.cross_attn_norm = norm_layer(c, "cross_attn_norm")
         self.ffn = FeedForward(c.d_model, c.d_ff, c.dropout, dtype=c.dtype, name="ffn")
         self.ffn_norm = norm_layer(c, "ffn_norm")
