@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import compare
+from . import compare, convert
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,12 @@ def build_parser() -> argparse.ArgumentParser:
                                        "every intermediate (exit 1 when parity fails)")
     compare.add_arguments(p)
     p.set_defaults(run=compare.run)
+    p = sub.add_parser("convert", help="convert weights between a neutral checkpoint directory, a "
+                                       "torch_impl .pt and a tf_impl .weights.h5, or import an "
+                                       "nn.Transformer / Annotated Transformer state dict "
+                                       "(--verify: exit 1 when parity fails)")
+    convert.add_arguments(p)
+    p.set_defaults(run=convert.run)
     return parser
 
 
