@@ -204,3 +204,16 @@ def test_load_wrong_dtype_and_nonfinite(tmp_path):
     save_file(w, str(path / "model.safetensors"))
     _, loaded = load_checkpoint(path, allow_nonfinite=True)
     assert np.isinf(loaded["src_embed.embeddings"][0, 0])
+
+
+def test_checkpoints_get_ordinary_permissions(tmp_path):
+    """The temporary directory/file of an atomic write is private; the result must not be."""
+    mask = os.umask(0o022)
+    try:
+        path = save_checkpoint(tmp_path / "c", TINY, random_weights(TINY))
+        W.write_atomically(tmp_path / "f.bin", lambda tmp: open(tmp, "wb").write(b"x"))
+    finally:
+        os.umask(mask)
+    assert (path.stat().st_mode & 0o777) == 0o755
+    assert ((tmp_path / "f.bin").stat().st_mode & 0o777) == 0o644
+    assert (tmp_path / "f.bin").read_bytes() == b"x"

@@ -29,7 +29,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -184,6 +184,41 @@ def check_weights(config: TransformerConfig, weights: Mapping[str, object], sour
         raise WeightsError(source, problems)
 
 
+# -- file helpers shared by every checkpoint format ---------------------------------------------------
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[str], None], suffix: str = ".tmp") -> Path:
+    """``write(tmp)`` into a temporary file beside ``path``, fsync it, then ``os.replace`` it into
+    place: a crash leaves the old file or the new one, never half of one. ``suffix`` ends the
+    temporary name (Keras insists on ``.weights.h5``). An existing directory at ``path`` is refused."""
+    path = Path(path)
+    if path.is_dir():
+        raise FileExistsError(f"{str(path)!r}: is a directory; refusing to replace it with a file")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{suffix}", dir=path.parent)
+    os.close(fd)
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the result is an ordinary file
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def config_differences(a: TransformerConfig, b: TransformerConfig) -> str:
+    """``"field: a vs b, ..."`` for every field where two configs differ (for error messages)."""
+    da, db = a.to_dict(), b.to_dict()
+    return ", ".join(f"{k}: {da[k]!r} vs {db[k]!r}" for k in da if da[k] != db[k])
+
+
 # -- checkpoint files -----------------------------------------------------------------------------
 def save_checkpoint(path: str | os.PathLike, config: TransformerConfig,
                     weights: Mapping[str, np.ndarray]) -> Path:
@@ -204,6 +239,7 @@ def save_checkpoint(path: str | os.PathLike, config: TransformerConfig,
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; a checkpoint is an ordinary dir
         header = {"format_version": FORMAT_VERSION, "config": config.to_dict()}
         with open(tmp / CONFIG_FILE, "w", encoding="utf-8") as f:
             json.dump(header, f, indent=2, sort_keys=True)

@@ -33,14 +33,14 @@ import functools
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import h5py
 import numpy as np
 
 from shared import TransformerConfig
 from shared import weights as neutral
-from shared.weights import WeightsError, check_weights
+from shared.weights import WeightsError, check_weights, config_differences, write_atomically
 
 from . import weights_io
 
@@ -233,7 +233,7 @@ def _save_model_h5(model: "Transformer", path: Path) -> Path:
             f.attrs[ATTR_VERSION] = H5_FORMAT_VERSION
             f.attrs[ATTR_CONFIG] = model.config.to_json()
 
-    _write_atomically(path, write, suffix=H5_SUFFIX)  # Keras insists on the suffix
+    write_atomically(path, write, suffix=H5_SUFFIX)  # Keras insists on the suffix
     return path
 
 
@@ -295,21 +295,10 @@ def save_model(model: "Transformer", path: str | os.PathLike) -> Path:
     return write_checkpoint(path, model.config, model.export_weights())
 
 
-def config_differences(a: TransformerConfig, b: TransformerConfig) -> str:
-    da, db = a.to_dict(), b.to_dict()
-    return ", ".join(f"{k}: {da[k]!r} vs {db[k]!r}" for k in da if da[k] != db[k])
-
 
 # -- helpers --------------------------------------------------------------------------------------
 def _import(model: "Transformer", weights: Mapping[str, np.ndarray], allow_nonfinite: bool) -> None:
-    """``model.import_weights``; with ``allow_nonfinite`` the same assignment after the same checks
-    minus finiteness (``import_weights`` always refuses NaN/Inf)."""
-    if not allow_nonfinite:
-        model.import_weights(weights)
-        return
-    check_weights(model.config, weights, source="import_weights", allow_nonfinite=True)
-    for name, variable in weights_io.variable_table(model).items():
-        variable.assign(weights[name])
+    weights_io.import_weights(model, weights, allow_nonfinite=allow_nonfinite)
 
 
 def _refuse_other_files(path) -> None:
@@ -319,25 +308,6 @@ def _refuse_other_files(path) -> None:
                          f"or a {H5_SUFFIX} file; this is neither (a torch_impl .pt converts with "
                          "`twins convert`)")
 
-
-def _write_atomically(path: Path, write: Callable[[str], None], suffix: str = ".tmp") -> None:
-    """``write(tmp)`` a temporary file beside ``path``, fsync it, then ``os.replace`` it into place."""
-    if path.is_dir():
-        raise FileExistsError(f"{str(path)!r}: is a directory; refusing to replace it with a file")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{suffix}", dir=path.parent)
-    os.close(fd)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; the result is an ordinary file
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 __all__ = ["read_checkpoint", "write_checkpoint", "load_model", "load_into", "save_model", "read_h5",

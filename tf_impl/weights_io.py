@@ -72,9 +72,11 @@ def variable_table(model: "Transformer") -> Table:
     return table
 
 
-def import_weights(model: "Transformer", weights: Mapping[str, np.ndarray]) -> None:
-    """Check every tensor first (one `WeightsError` listing all problems, model untouched), then assign."""
-    check_weights(model.config, weights, source="import_weights")
+def import_weights(model: "Transformer", weights: Mapping[str, np.ndarray],
+                   allow_nonfinite: bool = False) -> None:
+    """Check every tensor first (one `WeightsError` listing all problems, model untouched), then assign.
+    NaN/Inf are refused unless ``allow_nonfinite`` (to inspect a diverged run, say)."""
+    check_weights(model.config, weights, source="import_weights", allow_nonfinite=allow_nonfinite)
     for name, variable in variable_table(model).items():
         variable.assign(weights[name])  # same dtype and shape, checked above: an exact copy
 

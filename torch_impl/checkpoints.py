@@ -32,17 +32,16 @@ import functools
 import os
 import pickle
 import re
-import tempfile
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 import torch
 
 from shared import TransformerConfig
 from shared import weights as neutral
-from shared.weights import WeightsError, check_weights
+from shared.weights import WeightsError, check_weights, config_differences, write_atomically
 
 from . import weights_io
 
@@ -247,7 +246,7 @@ def save_pt(path: str | os.PathLike, config: TransformerConfig, weights: Mapping
         with open(tmp, "wb") as f:  # a file object: the archive's inner name does not vary with tmp
             torch.save(payload, f)
 
-    _write_atomically(path, write)
+    write_atomically(path, write)
     return path
 
 
@@ -324,23 +323,10 @@ def save_model(model: "Transformer", path: str | os.PathLike) -> Path:
     return write_checkpoint(path, model.config, model.export_weights())
 
 
-def config_differences(a: TransformerConfig, b: TransformerConfig) -> str:
-    da, db = a.to_dict(), b.to_dict()
-    return ", ".join(f"{k}: {da[k]!r} vs {db[k]!r}" for k in da if da[k] != db[k])
-
 
 # -- helpers --------------------------------------------------------------------------------------
 def _import(model: "Transformer", weights: Mapping[str, np.ndarray], allow_nonfinite: bool) -> None:
-    """``model.import_weights``; with ``allow_nonfinite`` the same copy after the same checks
-    minus finiteness (``import_weights`` always refuses NaN/Inf)."""
-    if not allow_nonfinite:
-        model.import_weights(weights)
-        return
-    check_weights(model.config, weights, source="import_weights", allow_nonfinite=True)
-    with torch.no_grad():
-        for name, (param, transposed) in weights_io.parameter_table(model).items():
-            value = torch.from_numpy(np.asarray(weights[name]))
-            param.copy_(value.T if transposed else value)
+    weights_io.import_weights(model, weights, allow_nonfinite=allow_nonfinite)
 
 
 def _refuse_other_files(path) -> None:
@@ -350,25 +336,6 @@ def _refuse_other_files(path) -> None:
                          f"or a {PT_SUFFIX} file; this is neither (a tf_impl .weights.h5 converts with "
                          "`twins convert`)")
 
-
-def _write_atomically(path: Path, write: Callable[[str], None]) -> None:
-    """``write(tmp)`` a temporary file beside ``path``, fsync it, then ``os.replace`` it into place."""
-    if path.is_dir():
-        raise FileExistsError(f"{str(path)!r}: is a directory; refusing to replace it with a file")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; the result is an ordinary file
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 __all__ = ["read_checkpoint", "write_checkpoint", "load_model", "load_into", "save_model", "read_pt",

@@ -72,9 +72,11 @@ def parameter_table(model: "Transformer") -> Table:
     return table
 
 
-def import_weights(model: "Transformer", weights: Mapping[str, np.ndarray]) -> None:
-    """Check every tensor first (one `WeightsError` listing all problems, model untouched), then copy."""
-    check_weights(model.config, weights, source="import_weights")
+def import_weights(model: "Transformer", weights: Mapping[str, np.ndarray],
+                   allow_nonfinite: bool = False) -> None:
+    """Check every tensor first (one `WeightsError` listing all problems, model untouched), then copy.
+    NaN/Inf are refused unless ``allow_nonfinite`` (to inspect a diverged run, say)."""
+    check_weights(model.config, weights, source="import_weights", allow_nonfinite=allow_nonfinite)
     with torch.no_grad():
         for name, (param, transposed) in parameter_table(model).items():
             value = torch.from_numpy(np.asarray(weights[name]))
