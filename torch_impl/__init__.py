@@ -2,8 +2,10 @@
 
 ``Transformer(config)`` is an ``nn.Module`` built from small modules that tf_impl mirrors file for
 file: embedding, norm, attention, feed_forward, layers, stacks, model; weights_io maps the canonical
-weight names of `shared.weights` onto its parameters.
+weight names of `shared.weights` onto its parameters. Decoding: `greedy_decode` and `beam_search`
+(decoding.py, over the search loops of search.py and the key/value cache of cache.py).
 """
+from .decoding import beam_search, greedy_decode
 from .model import Generator, Transformer
 
-__all__ = ["Transformer", "Generator"]
+__all__ = ["Transformer", "Generator", "greedy_decode", "beam_search"]

@@ -72,10 +72,20 @@ class MultiHeadAttention(nn.Module):
         Returns:
             output ``(B, Q, d_model)``, and the weights ``(B, H, Q, K)`` (before dropout) or ``None``.
         """
+        k, v = self.keys_values(memory)
+        return self.attend(query_in, k, v, mask, return_weights)
+
+    def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head keys and values of ``memory (B, K, d_model)``, each ``(B, H, K, d_k)``: what a
+        decoding cache (`torch_impl.cache`) keeps instead of recomputing."""
+        return self._heads(self.key(memory)), self._heads(self.value(memory))
+
+    def attend(self, query_in: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+               return_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward` with the keys and values given (``(B, H, K, d_k)``, from `keys_values` or a
+        cache); the other arguments and the result are those of `forward`."""
         b, q_len, d = query_in.shape
         q = self._heads(self.query(query_in))  # (B, H, Q, d_k)
-        k = self._heads(self.key(memory))  # (B, H, K, d_k)
-        v = self._heads(self.value(memory))  # (B, H, K, d_k)
         p = self.dropout if self.training else 0.0
         weights = None
         if return_weights:
@@ -90,3 +100,21 @@ class MultiHeadAttention(nn.Module):
             context = context * has_key  # rows with no allowed key: zero context
         context = context.transpose(1, 2).reshape(b, q_len, d)  # (B, Q, d)
         return self.output(context), weights
+
+    def extend(self, query_in: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+               position: int) -> tuple[torch.Tensor, None]:
+        """Self-attention of one new position over itself and every earlier one, with a cache.
+
+        The new key and value (projections of ``query_in``) are written in place at ``position`` of
+        the preallocated ``key_cache``/``value_cache`` ``(N, H, capacity, d_k)``; the query attends
+        to positions ``0 .. position``. No mask: in decoding pad is never generated and a finished
+        row's output is ignored, so every earlier position of a live row is a real token, and the
+        padding-AND-subsequent target mask of the full pass reduces to "all previous positions".
+
+        Shape: query_in ``(N, 1, d_model)`` -> output ``(N, 1, d_model)``.
+        """
+        k, v = self.keys_values(query_in)  # (N, H, 1, d_k)
+        key_cache[:, :, position] = k[:, :, 0]
+        value_cache[:, :, position] = v[:, :, 0]
+        end = position + 1
+        return self.attend(query_in, key_cache[:, :, :end], value_cache[:, :, :end], None)

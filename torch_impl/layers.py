@@ -19,6 +19,7 @@ from torch import nn
 from shared import TransformerConfig
 
 from .attention import MultiHeadAttention
+from .cache import LayerCache
 from .feed_forward import FeedForward
 from .norm import LayerNorm
 
@@ -111,3 +112,24 @@ class DecoderLayer(nn.Module):
                                 f"{prefix}.cross_attn")
         return sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm,
                                    self.dropout, self.norm_first, trace, f"{prefix}.ffn")
+
+    def step(self, x: torch.Tensor, cache: LayerCache, position: int,
+             src_mask: torch.Tensor) -> torch.Tensor:
+        """`forward` for one new target position, with cached keys and values: self-attention writes
+        its key/value at ``position`` and attends to positions ``0 .. position`` (see
+        `MultiHeadAttention.extend`); cross-attention uses the cached source keys/values.
+
+        Shape: x ``(N, 1, d)``, src_mask bool broadcastable to ``(N, H, 1, S)`` -> ``(N, 1, d)``.
+        """
+        def self_attn(h: torch.Tensor):
+            return self.self_attn.extend(h, cache.self_key, cache.self_value, position)
+
+        def cross_attn(h: torch.Tensor):
+            return self.cross_attn.attend(h, cache.cross_key, cache.cross_value, src_mask)
+
+        x = sublayer_connection(x, self_attn, self.self_attn_norm, self.dropout, self.norm_first,
+                                None, "self_attn")
+        x = sublayer_connection(x, cross_attn, self.cross_attn_norm, self.dropout, self.norm_first,
+                                None, "cross_attn")
+        return sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, self.dropout,
+                                   self.norm_first, None, "ffn")

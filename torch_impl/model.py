@@ -9,11 +9,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from shared import TransformerConfig
-from shared.checks import check_same_batch
+from shared.checks import check_ids_range, check_same_batch
+from shared.decoding import check_max_len
 
 from . import weights_io
+from .cache import DecoderCache
 from .embedding import PositionalEncoding, TokenEmbedding
-from .inputs import check_ids, check_mask, make_src_mask, make_tgt_mask
+from .inputs import _is_integer, check_ids, check_mask, make_src_mask, make_tgt_mask
 from .layers import Trace, record
 from .stacks import Decoder, Encoder
 
@@ -162,6 +164,76 @@ class Transformer(nn.Module):
                              "padding was); use torch_impl.inputs.make_src_mask(src, pad_id)")
         check_mask("src_mask", src_mask, tgt.shape[0], c.n_heads, tgt.shape[1], memory.shape[1])
         return self._decode(tgt, memory, src_mask, self._tgt_mask(tgt, tgt_mask), None)
+
+    # -- incremental decoding (the cache of torch_impl.cache) -------------------------------------
+    def init_cache(self, memory: torch.Tensor, src_mask: torch.Tensor, max_len: int,
+                   beams: int = 1) -> DecoderCache:
+        """An empty decoding cache for up to ``max_len`` target positions (BOS included).
+
+        Cross-attention keys and values are computed here, once per source, and repeated for
+        ``beams`` rows per item (rows ``item * beams + beam``, the order of `shared.decoding`).
+
+        Args:
+            memory: ``(B, S, d_model)`` from `encode`.
+            src_mask: bool, True = may attend, broadcastable to ``(B, H, 1, S)``.
+            max_len: positions the self-attention buffers hold, ``1 <= max_len <= config.max_len``.
+            beams: rows per item (beam size; 1 for greedy).
+
+        Returns:
+            a `DecoderCache` of ``N = B * beams`` rows with ``length == 0``.
+        """
+        c = self.config
+        if not isinstance(memory, torch.Tensor) or memory.dim() != 3 or memory.shape[2] != c.d_model:
+            got = tuple(memory.shape) if isinstance(memory, torch.Tensor) else type(memory).__name__
+            raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {c.d_model}), got {got}")
+        check_mask("src_mask", src_mask, memory.shape[0], c.n_heads, 1, memory.shape[1])
+        check_max_len(max_len, c.max_len)
+        if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
+            raise ValueError(f"beams: expected an int >= 1, got {beams!r}")
+        return self.decoder.init_cache(memory, src_mask, max_len, beams)
+
+    def decode_step(self, tokens: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
+        """Logits for the next position of every row, from its newest token and the cache.
+
+        Feeding a target sequence token by token (BOS first) gives, at step ``t``, the logits that
+        `forward` gives at position ``t`` for that sequence, provided it holds no pad (decoding never
+        generates pad; the cached path has no padding mask, see `MultiHeadAttention.extend`).
+
+        Args:
+            tokens: ``(N,)`` integer ids in ``[0, tgt_vocab)``, one per cache row: the token at
+                position ``cache.length``.
+            cache: from `init_cache`; filled at position ``cache.length``, which then advances.
+
+        Returns:
+            ``(logits (N, tgt_vocab), cache)``. The cache is updated in place and returned, so that
+            code written as ``logits, cache = model.decode_step(tokens, cache)`` also fits tf_impl,
+            whose tensors are immutable.
+        """
+        if not isinstance(cache, DecoderCache):
+            raise TypeError(f"cache: expected a torch_impl.cache.DecoderCache from init_cache, "
+                            f"got {type(cache).__name__}")
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or tokens.shape[0] != cache.rows:
+            got = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens: expected a tensor of shape ({cache.rows},) (one id per cache "
+                             f"row), got {got}")
+        if not _is_integer(tokens.dtype):
+            raise TypeError(f"tokens: expected integer token ids, got dtype {str(tokens.dtype)[6:]}")
+        lo, hi = torch.stack(torch.aminmax(tokens.long())).tolist()
+        check_ids_range("tokens", self.config.tgt_vocab, lo, hi)
+        if cache.length >= cache.capacity:
+            raise ValueError(f"cache: expected a free position, got a full cache "
+                             f"({cache.capacity} positions; init_cache(max_len=...) sets it)")
+        return self._decode_step(tokens, cache), cache
+
+    def _decode_step(self, tokens: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+        """`decode_step` without the checks (the search loops call it): ``(N,)`` -> logits ``(N, V)``."""
+        t = cache.length
+        x = self.tgt_embed(tokens[:, None])  # (N, 1, d)
+        # Position t gets PE row t: the same addition the full pass makes for column t of its input.
+        x = self.positional.dropout(x + self.positional.table[t: t + 1])
+        hidden = self.decoder.step(x, cache)  # (N, 1, d)
+        cache.length = t + 1
+        return self.generator(hidden[:, 0])  # (N, V)
 
     # -- canonical weights ------------------------------------------------------------------------
     def import_weights(self, weights: Mapping[str, np.ndarray]) -> None:

@@ -6,6 +6,7 @@ from torch import nn
 
 from shared import TransformerConfig
 
+from .cache import DecoderCache, LayerCache, repeat_rows
 from .layers import DecoderLayer, EncoderLayer, Trace, record
 from .norm import LayerNorm
 
@@ -56,4 +57,30 @@ class Decoder(nn.Module):
         if self.final_norm is not None:
             x = self.final_norm(x)
             record(trace, "decoder.final_norm", x)
+        return x
+
+    def init_cache(self, memory: torch.Tensor, src_mask: torch.Tensor, capacity: int,
+                   beams: int = 1) -> DecoderCache:
+        """An empty cache for ``capacity`` positions: cross-attention keys/values of ``memory``
+        computed once, then repeated for ``beams`` rows per item.
+
+        Shape: memory ``(B, S, d)``, src_mask ``(B|1, 1|H, 1, S)`` -> a cache of ``N = B * beams`` rows.
+        """
+        n = memory.shape[0] * beams
+        layers = []
+        for layer in self.layers:
+            attn = layer.self_attn
+            k, v = layer.cross_attn.keys_values(memory)  # (B, H, S, d_k), once per source
+            empty = memory.new_zeros(n, attn.n_heads, capacity, attn.d_k)  # (N, H, capacity, d_k)
+            layers.append(LayerCache(empty, torch.zeros_like(empty), repeat_rows(k, beams),
+                                     repeat_rows(v, beams)))
+        return DecoderCache(layers, repeat_rows(src_mask, beams), 0)
+
+    def step(self, x: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+        """`forward` for the target position ``cache.length`` only, reading and filling ``cache``
+        (the caller advances ``cache.length``). Shape: x ``(N, 1, d)`` embedded token -> ``(N, 1, d)``."""
+        for layer, layer_cache in zip(self.layers, cache.layers):
+            x = layer.step(x, layer_cache, cache.length, cache.src_mask)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
         return x

@@ -1,0 +1,195 @@
+"""Greedy decoding of 128 new tokens with the key/value cache vs full recomputation, per backend.
+
+Preset ``base`` (float32), `shared.weights.init_weights` (seed 0) with the generator bias of EOS set
+to -1e9, so that every row decodes exactly 128 tokens and all runs do equal work; sources of 32
+tokens with padding (row r keeps 32 - 3r). For each backend, batch (1 and 8) and mode, whole decodes
+are timed (median of the repeats; recompute, quadratic in the output length, gets fewer). Printed:
+tokens/second, the recompute/cached time ratio (target: cached >= 5x faster), and the time of the
+16th, 64th and 128th token (median of the 8 steps ending there; target: flat with the cache, growing
+linearly without it).
+
+Per-token times come from timestamps taken inside the run (a backend's ``step_times``), so that the
+machine's speed drifting between runs (shared CI cores) cannot fake a slope. A backend without it
+(a compiled loop) is timed at max_len 16, 64 and 128 instead, and the marginal cost of the tokens in
+(0,16], (16,64], (64,128] is printed.
+
+    python3 dev.py bench decoding [--backends torch tf] [--batches 1 8] [--repeats 3]
+                                  [--recompute-repeats 1] [--threads N] [--device cpu|cuda]
+
+Adding a backend: write a factory ``(config, weights, args) -> Backend`` and list it in BACKENDS;
+the `tf_backend` slot below is the place for tf_impl.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+
+from shared import TransformerConfig  # noqa: E402
+from shared.decoding import GreedyResult  # noqa: E402
+from shared.weights import init_weights  # noqa: E402
+
+LENGTHS = (16, 64, 128)
+SRC_LEN = 32
+
+
+@dataclass
+class Backend:
+    """One implementation as the benchmark sees it.
+
+    ``decode(src, max_len, use_cache)`` runs greedy decoding of ``src`` (NumPy ids ``(B, S)``) to
+    completion (results on the host, so device work is finished when it returns).
+    ``step_times(src, max_len, use_cache)``, optional, does the same and returns
+    ``(result, per-step seconds (max_len - 1,))``: the time between the ends of consecutive steps.
+    """
+    name: str
+    description: str
+    decode: Callable[[np.ndarray, int, bool], GreedyResult]
+    step_times: Callable[[np.ndarray, int, bool], tuple[GreedyResult, np.ndarray]] | None = None
+
+
+def torch_backend(config: TransformerConfig, weights: dict, args) -> Backend:
+    import torch
+
+    import torch_impl
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda":  # float32 as users run it, but no TF32, as in the parity tests
+        torch.backends.cuda.matmul.allow_tf32 = False
+    model = torch_impl.Transformer(config)
+    model.import_weights(weights)
+    model = model.to(args.device).eval()
+
+    def decode(src: np.ndarray, max_len: int, use_cache: bool) -> GreedyResult:
+        return torch_impl.greedy_decode(model, src, max_len, use_cache=use_cache)
+
+    def step_times(src: np.ndarray, max_len: int, use_cache: bool):
+        stamps = []
+
+        def observe(t, top):  # called once a step, after its token is chosen
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            stamps.append(time.perf_counter())
+
+        result = torch_impl.greedy_decode(model, src, max_len, use_cache=use_cache, observe=observe)
+        return result, np.diff(stamps)
+
+    return Backend("torch", f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} "
+                   f"threads", decode, step_times)
+
+
+def tf_backend(config: TransformerConfig, weights: dict, args) -> Backend:
+    """Slot for tf_impl (to be filled in by the TF side): build ``tf_impl.Transformer(config)``,
+    ``import_weights(weights)``, and return ``Backend("tf", "<TF version, device, compiled how>",
+    decode)`` with ``decode`` calling ``tf_impl.greedy_decode(model, src, max_len,
+    use_cache=use_cache)`` (compiled), returning NumPy results like torch's."""
+    raise NotImplementedError("tf_impl greedy decoding is not wired into this benchmark yet")
+
+
+BACKENDS: dict[str, Callable[[TransformerConfig, dict, argparse.Namespace], Backend]] = {
+    "torch": torch_backend,
+    "tf": tf_backend,
+}
+
+
+def sources(config: TransformerConfig, batch: int) -> np.ndarray:
+    rng = np.random.default_rng(batch)
+    src = rng.integers(3, config.src_vocab, size=(batch, SRC_LEN), dtype=np.int64)
+    for row in range(batch):
+        src[row, SRC_LEN - 3 * row:] = config.pad_id
+    return src
+
+
+def timed(backend: Backend, src: np.ndarray, max_len: int, use_cache: bool,
+          per_step: bool = False) -> tuple[float, np.ndarray | None]:
+    """Seconds of one whole decode (encoder included), and its per-step seconds when asked."""
+    start = time.perf_counter()
+    if per_step:
+        result, steps = backend.step_times(src, max_len, use_cache)
+    else:
+        result, steps = backend.decode(src, max_len, use_cache), None
+    elapsed = time.perf_counter() - start
+    if not (result.lengths == max_len).all():  # the EOS bias must force equal work
+        raise AssertionError(f"{backend.name}: expected {max_len} tokens per row, got {result.lengths}")
+    return elapsed, steps
+
+
+def measure(backend: Backend, src: np.ndarray, use_cache: bool, repeats: int):
+    """(median seconds of a whole decode of LENGTHS[-1] tokens, ms per token at each of LENGTHS,
+    a label saying how the latter was measured)."""
+    top = LENGTHS[-1]
+    if backend.step_times is not None:
+        runs = [timed(backend, src, top, use_cache, per_step=True) for _ in range(repeats)]
+        steps = np.median(np.stack([s for _, s in runs]), axis=0)  # (top - 1,): step 1 .. top - 1
+        at = [float(np.median(steps[n - 9:n - 1])) * 1e3 for n in LENGTHS]  # tokens n-7 .. n
+        return statistics.median(t for t, _ in runs), at, "in-run"
+    totals = {n: statistics.median(timed(backend, src, n, use_cache)[0] for _ in range(repeats))
+              for n in LENGTHS}
+    bounds = (0, *LENGTHS)
+    at = [(totals[b] - (totals[a] if a else 0.0)) / (b - a) * 1e3 for a, b in zip(bounds, bounds[1:])]
+    return totals[top], at, "windows"
+
+
+def report(name: str, batch: int, mode: str, total: float, at: list[float], how: str) -> None:
+    per_token = "  ".join(f"{ms:7.2f}" for ms in at)
+    print(f"{name:6s} {batch:5d}  {mode:9s} {batch * LENGTHS[-1] / total:9.1f}  {total:8.2f}   "
+          f"{per_token}   ({how})", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per length, cached")
+    parser.add_argument("--recompute-repeats", type=int, default=1,
+                        help="timed runs per length, recompute")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
+    args = parser.parse_args(argv)
+
+    config = TransformerConfig.preset("base")
+    weights = init_weights(config, 0)
+    weights["generator.bias"] = weights["generator.bias"].copy()
+    weights["generator.bias"][config.eos_id] = -1e9  # never chosen: every row decodes max_len tokens
+    print(f"preset base float32 ({config.n_encoder_layers}+{config.n_decoder_layers} layers, "
+          f"vocab {config.tgt_vocab}), greedy, EOS suppressed, sources of {SRC_LEN} tokens with padding; "
+          f"lengths {LENGTHS}; repeats {args.repeats} cached / {args.recompute_repeats} recompute "
+          "(median)")
+    header = ("backend batch  mode          tok/s   s/decode   ms per token at 16 / 64 / 128")
+    ratios = []
+    for name in args.backends:
+        try:
+            backend = BACKENDS[name](config, weights, args)
+        except NotImplementedError as exc:
+            print(f"{name}: skipped ({exc})")
+            continue
+        print(f"{name}: {backend.description}")
+        print(header)
+        for batch in args.batches:
+            src = sources(config, batch)
+            for use_cache in (True, False):  # warm-up: first-call allocations, compilation
+                backend.decode(src, 4, use_cache)
+            cached = measure(backend, src, True, args.repeats)
+            report(name, batch, "cached", *cached)
+            recompute = measure(backend, src, False, args.recompute_repeats)
+            report(name, batch, "recompute", *recompute)
+            ratios.append((name, batch, recompute[0] / cached[0], cached[1][-1] / cached[1][0]))
+    for name, batch, ratio, flat in ratios:
+        print(f"{name} batch {batch}: cached {ratio:.1f}x faster than recompute at {LENGTHS[-1]} tokens "
+              f"(target >= 5x); cached per-token time at {LENGTHS[-1]} / at {LENGTHS[0]} = {flat:.2f} "
+              "(flat = 1)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Greedy decoding and beam search with a `torch_impl.Transformer`: the model-level API.
+
+Same signatures, checks and results as `shared.reference.greedy_decode` / `.beam_search` (the
+float64 oracle), plus ``use_cache``. The search is `torch_impl.search` (the algorithm of
+`shared.decoding`, on tensors); here it is driven by the model through one of two step functions:
+
+* cached (default): the source is encoded once, cross-attention keys/values are computed once per
+  source (`Transformer.init_cache`), and each step feeds only the newest token
+  (`Transformer.decode_step`), reading and extending the self-attention cache; beam search gathers
+  the cache rows by source beam after each selection;
+* recompute (``use_cache=False``): each step runs the whole decoder on the prefix, with the
+  padding-AND-subsequent target mask, exactly as the oracle does.
+
+Both give the same tokens; their log-probs agree to rounding (the cache test measures it).
+Decoding runs on the model's device and dtype, in eval mode (restored afterwards) and without
+gradients. Results are NumPy arrays, as the oracle's, so the three implementations compare directly;
+scores are in the model's dtype (float32 by default; the oracle's are float64).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from shared.decoding import BeamResult, GreedyResult, check_search_args
+
+from . import search
+from .cache import repeat_rows
+from .inputs import check_ids, make_tgt_mask
+from .model import Transformer
+
+
+@contextmanager
+def _inference(model: Transformer):
+    """Eval mode (no dropout) and no autograd while decoding; the caller's mode comes back after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def _device(model: Transformer) -> torch.device:
+    return model.generator.bias.device
+
+
+def _tensor(value, device: torch.device):
+    """NumPy arrays are accepted like tensors (results are NumPy too); anything else is left for
+    the checks to name."""
+    if isinstance(value, np.ndarray):
+        value = torch.as_tensor(value)
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0):
+    """Checks in the order `shared.decoding` fixes: model, src, search arguments, then the mask."""
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model: expected a torch_impl.Transformer, got {type(model).__name__}")
+    c, device = model.config, _device(model)
+    src = _tensor(src, device)
+    check_ids("src", src, c.src_vocab, c.max_len)
+    check_search_args(c, max_len, beam_size, length_penalty)
+    return src, model._src_mask(src, _tensor(src_mask, device))
+
+
+class RecomputeStep:
+    """Each step runs the whole decoder on the prefix: ``(N, t+1) -> log_probs (N, V)``."""
+
+    def __init__(self, model: Transformer, memory: torch.Tensor, src_mask: torch.Tensor, beams: int):
+        self.model = model
+        self.memory = repeat_rows(memory, beams)  # (N, S, d), row item * beams + beam
+        self.src_mask = repeat_rows(src_mask, beams)  # (N|1, 1|H, 1, S)
+
+    def __call__(self, prefixes: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        tgt_mask = make_tgt_mask(prefixes, m.config.pad_id)  # (N, 1, t+1, t+1)
+        hidden = m._decode(prefixes, self.memory, self.src_mask, tgt_mask, None)  # (N, t+1, d)
+        return torch.log_softmax(m.generator(hidden[:, -1]), dim=-1)  # (N, V), model dtype
+
+    reorder = None  # the prefixes carry all the state
+
+
+class CachedStep:
+    """Each step feeds the newest token and the key/value cache: ``(N, t+1) -> log_probs (N, V)``."""
+
+    def __init__(self, model: Transformer, memory: torch.Tensor, src_mask: torch.Tensor, beams: int,
+                 max_len: int):
+        self.model = model
+        self.cache = model.decoder.init_cache(memory, src_mask, max_len, beams)
+
+    def __call__(self, prefixes: torch.Tensor) -> torch.Tensor:
+        if prefixes.shape[1] != self.cache.length + 1:  # the search and the cache must stay in step
+            raise AssertionError(f"CachedStep: prefix of {prefixes.shape[1]} tokens, cache of "
+                                 f"{self.cache.length}")
+        logits = self.model._decode_step(prefixes[:, -1], self.cache)  # (N, V)
+        return torch.log_softmax(logits, dim=-1)
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        self.cache.reorder_beams(rows)
+
+
+def _step(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, beams: int, max_len: int,
+          use_cache: bool):
+    memory = model._encode(src, src_mask, None)  # (B, S, d), once per source
+    if use_cache:
+        return CachedStep(model, memory, src_mask, beams, max_len)
+    return RecomputeStep(model, memory, src_mask, beams)
+
+
+def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cache: bool = True,
+                  observe: search.Observe | None = None) -> GreedyResult:
+    """Greedy decoding (algorithm: `shared.decoding`); mirrors `shared.reference.greedy_decode`.
+
+    Args:
+        model: a `torch_impl.Transformer`; BOS, EOS and PAD ids come from its config.
+        src: source ids ``(B, S)``, an integer tensor (or NumPy array), padding allowed (an
+            all-padding row decodes too, from the decoder alone).
+        max_len: new tokens to generate at most, EOS included (1 <= max_len <= config.max_len).
+        src_mask: bool, True = may attend, broadcastable to ``(B, H, 1, S)``; default ``src != pad_id``.
+        use_cache: decode incrementally with the key/value cache (default) or recompute the whole
+            decoder on the prefix at every step.
+        observe: diagnostics hook, see `torch_impl.search`.
+
+    Shape:
+        tokens ``(B, max_len)`` int64 without BOS, pad after EOS; log_probs ``(B, max_len)`` in the
+        model's dtype, 0 after EOS; lengths ``(B,)`` generated tokens including EOS. NumPy arrays.
+    """
+    src, src_mask = _decode_inputs(model, src, max_len, src_mask)
+    c = model.config
+    with _inference(model):
+        step = _step(model, src, src_mask, 1, max_len, use_cache)
+        return search.greedy_search(step, src.shape[0], max_len, c.bos_id, c.eos_id, c.pad_id,
+                                    _device(model), observe)
+
+
+def beam_search(model: Transformer, src, max_len: int, beam_size: int = 4, length_penalty: float = 0.0,
+                return_all: bool = False, src_mask=None, use_cache: bool = True,
+                observe: search.Observe | None = None) -> BeamResult:
+    """Beam search (algorithm: `shared.decoding`); mirrors `shared.reference.beam_search`.
+
+    Args:
+        model, src, max_len, src_mask, use_cache, observe: as `greedy_decode`.
+        beam_size: hypotheses kept per item, 1 <= beam_size <= tgt_vocab - 1 (pad is never generated).
+        length_penalty: GNMT alpha >= 0; hypotheses are ranked by ``raw / ((5 + len) / 6) ** alpha``.
+        return_all: also return every kept beam, best first.
+
+    Shape:
+        tokens ``(B, max_len)``, scores ``(B,)`` ranking scores, step_scores ``(B, max_len)``
+        per-token log-probs (0 after EOS), lengths ``(B,)``; with return_all all_tokens
+        ``(B, K, max_len)``, all_scores ``(B, K)``, all_lengths ``(B, K)``. NumPy arrays, scores in
+        the model's dtype.
+    """
+    src, src_mask = _decode_inputs(model, src, max_len, src_mask, beam_size, length_penalty)
+    c = model.config
+    with _inference(model):
+        step = _step(model, src, src_mask, beam_size, max_len, use_cache)
+        return search.beam_search(step, src.shape[0], max_len, beam_size, c.bos_id, c.eos_id,
+                                  c.pad_id, length_penalty, return_all, step.reorder, _device(model),
+                                  observe)
