@@ -10,6 +10,7 @@ import numpy as np
 from parity_tests.inputs import src_tgt
 from parity_tests.tolerances import bound_for, max_abs_diff, max_rel_diff
 from shared import TransformerConfig
+from shared import reference
 from shared.weights import load_checkpoint, random_weights
 
 from .runners import IMPLEMENTATIONS, Unavailable, make_runner
@@ -27,6 +28,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backends", default="torch,tf",
                         help="comma-separated implementations to compare with the reference")
+    parser.add_argument("--decode", action="store_true",
+                        help="also decode greedily in every implementation and compare the tokens")
+    parser.add_argument("--max-new", type=int, default=10, help="tokens to decode with --decode (default 10)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
 
 
@@ -93,10 +97,15 @@ def run(args) -> int:
     timings = {name: r.time_forward(src, tgt) for name, r in runners.items()}
 
     _print_table(config, args, rows, pairs, skipped, first_parting, timings)
+    decoding = None
+    if args.decode:
+        decoding = compare_decoding(config, weights, runners, src, args.max_new)
+        ok = ok and all(d["pass"] for d in decoding.values())
     if args.json:
         result = {"config": config.to_dict(), "batch": args.batch, "src_len": args.src_len,
                   "tgt_len": args.tgt_len, "rows": rows, "skipped": skipped,
-                  "first_parting": first_parting, "forward_seconds": timings, "pass": ok}
+                  "first_parting": first_parting, "forward_seconds": timings, "decoding": decoding,
+                  "pass": ok}
         text = json.dumps(result, indent=2)
         if args.json == "-":
             print(text)
@@ -142,3 +151,45 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings) -> 
             print(f"PASS: all {len(rows)} intermediates agree for {', '.join(a + ' vs ' + b for a, b in pairs)}",
                   file=out)
     print("forward time (median of 5): " + ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in timings.items()), file=out)
+
+
+def compare_decoding(config, weights, runners, src: np.ndarray, max_new: int) -> dict:
+    """Greedy-decode ``src`` in every implementation and compare each with the float64 oracle.
+
+    Identical tokens pass. Where a backend parts from the oracle, the report gives the item, the
+    step, both candidate tokens and the oracle's log-prob margin between them: a margin inside the
+    float32 error bound (``decode-margin``) is a near-tie, which float32 may break either way, and is
+    reported as such; a larger margin is a failure.
+    """
+    from shared.decoding import first_divergence
+    from shared.loss import log_softmax
+
+    results, report = {}, {}
+    for name, runner in runners.items():
+        try:
+            results[name] = runner.greedy(src, max_new)
+        except Unavailable as err:
+            print(f"decode: skipped {name}: {err}")
+    ref = results["reference"]
+    # The oracle's step log-probs along its own tokens (teacher forcing): margins for divergences.
+    tgt_in = np.concatenate([np.full((src.shape[0], 1), config.bos_id), ref.tokens[:, :-1]], axis=1)
+    tgt_in = np.where(tgt_in == config.pad_id, config.eos_id, tgt_in)  # after EOS: any non-pad id
+    log_probs = log_softmax(reference.forward(weights, config, src, tgt_in))
+    margin_bound = bound_for(config.dtype, "decode-margin").rtol
+    print(f"decode: greedy, {max_new} new tokens, batch {src.shape[0]}; oracle tokens:")
+    for row in ref.tokens:
+        print("   ", " ".join(str(t) for t in row))
+    for name, result in results.items():
+        if name == "reference":
+            continue
+        parts = first_divergence(ref.tokens, result.tokens, log_probs)
+        near_ties = [d for d in parts if abs(d.margin) <= margin_bound]
+        passed = len(parts) == len(near_ties)
+        report[name] = {"identical": not parts, "pass": passed,
+                        "divergences": [d._asdict() for d in parts]}
+        if not parts:
+            print(f"decode: {name} vs reference: identical tokens")
+        for d in parts:
+            kind = "near-tie (within the float32 bound)" if d in near_ties else "FAIL"
+            print(f"decode: {name} vs reference: {d}; {kind}")
+    return report

@@ -21,12 +21,18 @@ class Unavailable(RuntimeError):
 
 
 class Runner:
-    """``trace(src, tgt)`` -> ordered dict of NumPy intermediates; ``logits(src, tgt)`` -> NumPy."""
+    """``trace(src, tgt)`` -> ordered dict of NumPy intermediates; ``logits(src, tgt)`` -> NumPy;
+    ``greedy(src, max_len)`` -> `shared.decoding.GreedyResult` (None when the backend has none)."""
 
     name: str
 
-    def __init__(self, name: str, trace_fn: Callable, logits_fn: Callable):
-        self.name, self._trace, self._logits = name, trace_fn, logits_fn
+    def __init__(self, name: str, trace_fn: Callable, logits_fn: Callable, greedy_fn: Callable | None = None):
+        self.name, self._trace, self._logits, self._greedy = name, trace_fn, logits_fn, greedy_fn
+
+    def greedy(self, src: np.ndarray, max_len: int):
+        if self._greedy is None:
+            raise Unavailable(f"{self.name} has no greedy_decode")
+        return self._greedy(src, max_len)
 
     def trace(self, src: np.ndarray, tgt: np.ndarray) -> dict[str, np.ndarray]:
         return self._trace(src, tgt)
@@ -49,7 +55,9 @@ def _reference(config: TransformerConfig, weights: dict) -> Runner:
     def trace(src, tgt):
         return reference.forward(weights, config, src, tgt, return_trace=True)[1]
 
-    return Runner("reference", trace, lambda src, tgt: reference.forward(weights, config, src, tgt))
+    model = reference.Model(weights, config)
+    return Runner("reference", trace, lambda src, tgt: reference.forward(weights, config, src, tgt),
+                  lambda src, max_len: reference.greedy_decode(model, src, max_len))
 
 
 def _torch(config: TransformerConfig, weights: dict) -> Runner:
@@ -71,7 +79,10 @@ def _torch(config: TransformerConfig, weights: dict) -> Runner:
         with torch.no_grad():
             return model(torch.from_numpy(src), torch.from_numpy(tgt)).cpu().numpy()
 
-    return Runner("torch", trace, logits)
+    def greedy(src, max_len):
+        return torch_impl.greedy_decode(model, torch.from_numpy(src), max_len)
+
+    return Runner("torch", trace, logits, greedy if hasattr(torch_impl, "greedy_decode") else None)
 
 
 def _tf(config: TransformerConfig, weights: dict) -> Runner:
@@ -86,7 +97,9 @@ def _tf(config: TransformerConfig, weights: dict) -> Runner:
         _, out = model(src, tgt, return_trace=True)
         return {k: np.asarray(v) for k, v in out.items()}
 
-    return Runner("tf", trace, lambda src, tgt: np.asarray(model(src, tgt)))
+    greedy = getattr(tf_impl, "greedy_decode", None)
+    return Runner("tf", trace, lambda src, tgt: np.asarray(model(src, tgt)),
+                  None if greedy is None else lambda src, max_len: greedy(model, src, max_len))
 
 
 def make_runner(name: str, config: TransformerConfig, weights: dict) -> Runner:
