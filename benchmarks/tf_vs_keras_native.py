@@ -12,6 +12,11 @@ Each model is wrapped the same way, ``tf.function(jit_compile=True)`` (XLA) and 
 speed hits both, and the medians and their ratio are printed. If ``torch_impl`` imports, it runs on
 the same weights and inputs (``torch.inference_mode``) and is timed in the same rounds.
 
+Under XLA the two models compile to the same program (the same 133 dots and 359 fusions in the
+optimised HLO, TF 2.21 CPU): the ratio there is about 1.0 by construction, and what is left to
+compare is the layer norms' fusions and noise. Without XLA, graph-mode kernels differ (Keras' MHA
+runs einsums and an additive-mask ``Softmax`` layer, ours a boolean ``where`` around ``softmax``).
+
     python3 dev.py bench tf_vs_keras_native [--repeats N] [--warmup N]
 """
 from __future__ import annotations
@@ -233,8 +238,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:36s} median {med[name] * 1e3:8.1f} ms  (min {min(times[name]) * 1e3:.1f}, "
               f"max {max(times[name]) * 1e3:.1f})")
     for label in ("xla", "tf.function"):
-        ratio = med[f"tf_impl [{label}]"] / med[f"keras-native [{label}]"]
-        print(f"ratio tf_impl / keras-native [{label}] = {ratio:.3f} (target <= 1.0)")
+        ours, theirs = f"tf_impl [{label}]", f"keras-native [{label}]"
+        print(f"ratio tf_impl / keras-native [{label}] = {med[ours] / med[theirs]:.3f} (target <= 1.0); "
+              f"of the minima {min(times[ours]) / min(times[theirs]):.3f} (steadier on a busy machine)")
     if torch_fn is not None:
         for label in ("xla", "tf.function"):
             print(f"ratio torch_impl / tf_impl [{label}] = "
