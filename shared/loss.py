@@ -8,6 +8,8 @@ excluding the true class and padding, and sums; that is a different number.)
 """
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 
@@ -29,13 +31,8 @@ def label_smoothed_cross_entropy(logits: np.ndarray, targets: np.ndarray, pad_id
     """
     logits = np.asarray(logits, dtype=np.float64)
     targets = np.asarray(targets)
-    if logits.ndim != 3 or targets.shape != logits.shape[:2]:
-        raise ValueError(f"label_smoothed_cross_entropy: expected logits (B, T, V) and targets (B, T), "
-                         f"got {logits.shape} and {targets.shape}")
-    if targets.dtype.kind not in "iu":
-        raise TypeError(f"targets: expected integer ids, got dtype {targets.dtype}")
-    if not 0.0 <= smoothing < 1.0:
-        raise ValueError(f"smoothing: expected a value in [0, 1), got {smoothing}")
+    check_loss_args("label_smoothed_cross_entropy", logits.shape, targets.shape, str(targets.dtype),
+                    targets.dtype.kind in "iu", smoothing)
     vocab = logits.shape[-1]
     keep = targets != pad_id
     if not keep.any():
@@ -44,3 +41,23 @@ def label_smoothed_cross_entropy(logits: np.ndarray, targets: np.ndarray, pad_id
     picked = logp[np.arange(logp.shape[0]), targets[keep]]
     per_token = -(1.0 - smoothing) * picked - smoothing / vocab * logp.sum(axis=-1)
     return float(per_token.mean())
+
+
+def check_loss_args(caller: str, logits_shape, targets_shape, targets_dtype: str,
+                    targets_is_integer: bool, smoothing: float) -> None:
+    """The loss's argument checks on metadata only, so the NumPy reference and both backends' built-in
+    losses reject a bad call with the same message (a flattened framework loss would otherwise accept
+    targets of the wrong shape whenever the element counts happen to match)."""
+    logits_shape, targets_shape = tuple(logits_shape), tuple(targets_shape)
+    if len(logits_shape) != 3 or targets_shape != logits_shape[:2]:
+        raise ValueError(f"{caller}: expected logits (B, T, V) and targets (B, T), "
+                         f"got {logits_shape} and {targets_shape}")
+    if not targets_is_integer:
+        raise TypeError(f"targets: expected integer ids, got dtype {targets_dtype}")
+    check_smoothing(smoothing)
+
+
+def check_smoothing(smoothing: float) -> None:
+    """Label smoothing eps must be a number in [0, 1)."""
+    if isinstance(smoothing, bool) or not isinstance(smoothing, numbers.Real) or not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing: expected a value in [0, 1), got {smoothing}")

@@ -23,6 +23,15 @@ def noam_lr(step, d_model: int, warmup: int, factor: float = 1.0):
         raise ValueError(f"noam_lr: step expected an int counted from 1, got {step!r}")
     if steps.size and steps.min() < 1:
         raise ValueError(f"noam_lr: step expected an int >= 1 (steps are counted from 1), got {step!r}")
-    s = steps.astype(np.float64)
-    lr = factor * d_model ** -0.5 * np.minimum(s ** -0.5, s * float(warmup) ** -1.5)
+    lr = noam_formula(steps.astype(np.float64), d_model, warmup, factor)
     return float(lr) if lr.ndim == 0 else lr
+
+
+def noam_formula(step, d_model: int, warmup: int, factor: float = 1.0, xp=np):
+    """The formula alone, unchecked, for float ``step`` (>= 1) in the array library ``xp`` (NumPy, or
+    ``tensorflow``: anything with ``minimum`` and ``sqrt``). Written once here so that a backend which
+    computes the rate in its own graph (a Keras ``LearningRateSchedule`` inside ``tf.function``)
+    evaluates the very same expression as `noam_lr`. ``step^-0.5`` is spelled ``1 / sqrt(step)``:
+    IEEE square root and division are correctly rounded in every library, where ``pow`` is not, so
+    both give the same float64 rate to the last bit."""
+    return factor * d_model ** -0.5 * xp.minimum(1.0 / xp.sqrt(step), step * float(warmup) ** -1.5)

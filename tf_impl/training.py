@@ -1,0 +1,257 @@
+"""Training with Keras' own tools: the built-in ``CategoricalCrossentropy(label_smoothing=...)``, a
+Keras Adam and a Noam ``LearningRateSchedule``; mirrored name for name by `torch_impl.training`.
+
+    model = Transformer(config)
+    optimizer = make_optimizer(model, warmup=400)       # Adam(0.9, 0.98, 1e-9) + Noam, lr(1) first
+    for batch in batches:                               # (src, tgt_in, tgt_out), see shared.tasks
+        loss, lr = train_step(model, optimizer, batch, smoothing=0.1)
+
+Where epsilon enters Adam. Keras' ``Adam`` adds its epsilon to ``sqrt(v)`` before bias correction
+("epsilon hat" of Kingma & Ba, section 2): ``var -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) +
+eps)``, while ``torch.optim.Adam`` follows Algorithm 1: ``var -= lr / (1 - b1^t) * m / (sqrt(v) /
+sqrt(1 - b2^t) + eps)``. Keras' update is torch's with ``eps`` replaced by ``eps / sqrt(1 - b2^t)``
+(7x larger at step 1 with b2 = 0.98, decaying to eps): a relative difference of order
+``eps / sqrt(v_hat)`` in each update, negligible for training but not for parity (7e-4 apart after 30
+steps with gradients down to 1e-12, where float64 parity reaches 1e-17). Stock Keras Adam also casts
+the Python floats beta_1 and beta_2 through float32 on float64 variables (1 - 0.98 off by 5e-7).
+`KingmaBaAdam` is Keras' Adam with the update written as torch writes it, so both backends take the
+same steps.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import ops
+
+from shared.loss import check_loss_args, check_smoothing
+from shared.schedule import noam_formula, noam_lr
+
+from .inputs import check_ids
+from .model import Transformer
+from .weights_io import variable_table
+
+# The paper's Adam (section 5.3); eps is added to the bias-corrected sqrt(v), Kingma & Ba Algorithm 1.
+BETAS = (0.9, 0.98)
+EPS = 1e-9
+
+Batch = Sequence  # (src (B, S), tgt_in (B, T), tgt_out (B, T)): integer ids, NumPy or tf
+
+
+class StepResult(NamedTuple):
+    """What `train_step` reports: the batch's loss (before the update) and the learning rate it used."""
+    loss: float
+    lr: float
+
+
+def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
+                        smoothing: float = 0.0) -> tf.Tensor:
+    """Mean label-smoothed cross-entropy over the non-padding targets (DESIGN convention 14).
+
+    ``keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=eps)`` on one-hot
+    targets: the target distribution is ``(1 - eps) * onehot + eps / V``. Padding targets get sample
+    weight 0 and the weighted sum is divided by the number of non-padding targets. (Keras'
+    ``"sum_over_batch_size"`` would divide by B * T, padding included; the loss runs in the logits'
+    dtype, not Keras' float32 default.) A batch with no non-padding target gives NaN (0 / 0), as in
+    torch; `train_step` refuses one. Targets must lie in ``[0, V)``: ``tf.one_hot`` maps any other id
+    to an all-zero row (`train_step` checks them).
+
+    Shape: logits ``(B, T, V)``, targets ``(B, T)`` integer -> a scalar tensor.
+    """
+    logits, targets = tf.convert_to_tensor(logits), tf.convert_to_tensor(targets)
+    logits_shape, targets_shape = logits.shape.as_list(), targets.shape.as_list()
+    if len(logits_shape) == 3 and len(targets_shape) == 2:  # sizes unknown at trace time match anything
+        targets_shape = [t if t is not None else l for t, l in zip(targets_shape, logits_shape)]
+        logits_shape[:2] = [l if l is not None else t for l, t in zip(logits_shape[:2], targets_shape)]
+    check_loss_args("label_smoothed_loss", logits_shape, targets_shape, targets.dtype.name,
+                    targets.dtype.is_integer, smoothing)
+    keep = tf.cast(targets != pad_id, logits.dtype)  # (B, T): 1 = a real target
+    loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=float(smoothing),
+                                                reduction="sum", dtype=logits.dtype.name)
+    total = loss(tf.one_hot(targets, logits.shape[-1], dtype=logits.dtype), logits, sample_weight=keep)
+    return total / tf.reduce_sum(keep)
+
+
+@keras.saving.register_keras_serializable(package="tf_impl")
+class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """The rate of optimizer step ``n`` (counted from 1) is ``shared.noam_lr(start_step + n, d_model,
+    warmup, factor)``. Keras calls the schedule with ``optimizer.iterations``, which is 0 at the first
+    step, so ``__call__(i)`` evaluates Noam at ``start_step + i + 1``: the expression of
+    `shared.schedule.noam_formula`, in float64 TF ops (it runs inside ``tf.function``).
+    ``start_step``: steps already taken (to resume a run); Adam's moments still start from zero.
+    """
+
+    def __init__(self, d_model: int, warmup: int, factor: float = 1.0, start_step: int = 0):
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise ValueError(f"start_step: expected an int >= 0, got {start_step!r}")
+        noam_lr(start_step + 1, d_model, warmup, factor)  # the shared argument checks, before anything
+        self.d_model, self.warmup, self.factor, self.start_step = d_model, warmup, factor, start_step
+
+    def __call__(self, step) -> tf.Tensor:
+        noam_step = tf.cast(step, tf.float64) + float(self.start_step + 1)  # exact below 2**53
+        return noam_formula(noam_step, self.d_model, self.warmup, self.factor, xp=tf)
+
+    def get_config(self) -> dict:
+        return {"d_model": self.d_model, "warmup": self.warmup, "factor": self.factor,
+                "start_step": self.start_step}
+
+
+def noam_schedule(d_model: int, warmup: int, factor: float = 1.0, start_step: int = 0) -> NoamSchedule:
+    """The Noam `NoamSchedule`, for a Keras optimizer's ``learning_rate``."""
+    return NoamSchedule(d_model, warmup, factor, start_step)
+
+
+@keras.saving.register_keras_serializable(package="tf_impl")
+class KingmaBaAdam(keras.optimizers.Adam):
+    """``keras.optimizers.Adam`` with epsilon added to the bias-corrected ``sqrt(v_hat)`` (Kingma & Ba
+    Algorithm 1, as ``torch.optim.Adam``) instead of to ``sqrt(v)`` (see the module docstring).
+
+    The update is written in torch's order: ``m = m + (1 - b1) * (g - m)``, ``v = v * b2 + (1 - b2) *
+    g * g``, ``var -= lr / (1 - b1^t) * (m / (sqrt(v) / sqrt(1 - b2^t) + eps))``, with the scalar
+    factors in float64 and cast to the variable's dtype where they meet it, as torch's Python floats
+    are. ``amsgrad`` is not supported.
+    """
+
+    def __init__(self, *args, amsgrad: bool = False, **kwargs):
+        if amsgrad:
+            raise ValueError("amsgrad: not supported by KingmaBaAdam, got True")
+        super().__init__(*args, **kwargs)
+
+    def apply(self, grads, trainable_variables=None):
+        # The bias corrections once per update, not once per variable: tf.function traces every op.
+        # (Set past Keras' attribute tracking: a plain, temporary value.)
+        object.__setattr__(self, "_corrections", self._bias_corrections())
+        try:
+            return super().apply(grads, trainable_variables)
+        finally:
+            object.__setattr__(self, "_corrections", None)
+
+    def _bias_corrections(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(1 - b1^t, sqrt(1 - b2^t))`` in float64 for this update's step ``t`` (from 1)."""
+        # Python floats become tensors directly in the dtype they are used in: ``ops.cast(0.98, d)``
+        # would round through float32 first (a 5e-7 relative error in 1 - beta_2, stock Adam's).
+        step = ops.cast(self.iterations + 1, "float64")
+        return (1.0 - ops.power(_constant(self.beta_1, "float64"), step),
+                ops.sqrt(1.0 - ops.power(_constant(self.beta_2, "float64"), step)))
+
+    def update_step(self, gradient, variable, learning_rate):
+        dtype = variable.dtype
+        gradient = ops.cast(gradient, dtype)
+        bias_correction1, bias_correction2_sqrt = (getattr(self, "_corrections", None)
+                                                   or self._bias_corrections())
+        step_size = ops.cast(ops.cast(learning_rate, "float64") / bias_correction1, dtype)
+        m = self._momentums[self._get_variable_index(variable)]
+        v = self._velocities[self._get_variable_index(variable)]
+        beta_1, beta_2 = self.beta_1, self.beta_2
+        self.assign(m, m + _constant(1.0 - beta_1, dtype) * (gradient - m))  # torch: lerp
+        self.assign(v, v * _constant(beta_2, dtype) + _constant(1.0 - beta_2, dtype) * gradient * gradient)
+        denom = ops.sqrt(v) / ops.cast(bias_correction2_sqrt, dtype) + _constant(self.epsilon, dtype)
+        self.assign_sub(variable, step_size * (m / denom))
+
+
+def _constant(value: float, dtype) -> tf.Tensor:
+    return tf.constant(value, dtype=dtype)
+
+
+def make_optimizer(model: Transformer, d_model: int | None = None, warmup: int = 4000,
+                   factor: float = 1.0, start_step: int = 0) -> KingmaBaAdam:
+    """`KingmaBaAdam` ``(beta_1=0.9, beta_2=0.98, epsilon=1e-9)`` with the Noam `NoamSchedule` as its
+    learning rate, built on the model's variables (tied ones once).
+
+    Args:
+        d_model: the schedule's ``d_model`` (default ``model.config.d_model``).
+        warmup, factor: the Noam schedule's (DESIGN convention 13); the paper uses 4000 and 1.0.
+        start_step: optimizer steps already taken, to resume the schedule where a run stopped.
+    """
+    d_model = model.config.d_model if d_model is None else d_model
+    optimizer = KingmaBaAdam(learning_rate=noam_schedule(d_model, warmup, factor, start_step),
+                             beta_1=BETAS[0], beta_2=BETAS[1], epsilon=EPS)
+    optimizer.build(model.trainable_variables)  # slots created eagerly, not inside the first trace
+    return optimizer
+
+
+def _batch(model: Transformer, batch: Batch) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """``(src, tgt_in, tgt_out)`` as checked int64 tensors; tgt_out shaped like tgt_in, its ids in
+    range and at least one of them not padding (else the mean loss is 0 / 0)."""
+    if not isinstance(batch, (tuple, list)) or len(batch) != 3:
+        raise ValueError(f"batch: expected (src, tgt_in, tgt_out), got {type(batch).__name__}"
+                         + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
+    c = model.config
+    src = check_ids("src", batch[0], c.src_vocab, c.max_len)
+    tgt_in = check_ids("tgt", batch[1], c.tgt_vocab, c.max_len)
+    tgt_out = tf.convert_to_tensor(batch[2])
+    if tgt_out.shape != tgt_in.shape:
+        raise ValueError(f"tgt_out: expected the shape of tgt_in {tuple(tgt_in.shape)}, "
+                         f"got {tuple(tgt_out.shape)}")
+    tgt_out = check_ids("tgt_out", tgt_out, c.tgt_vocab, c.max_len)
+    if not bool(tf.reduce_any(tgt_out != c.pad_id)):
+        raise ValueError(f"tgt_out: expected at least one non-padding target, got only pad_id={c.pad_id}")
+    return tuple(tf.cast(x, tf.int64) for x in (src, tgt_in, tgt_out))
+
+
+def _loss(model: Transformer, src, tgt_in, tgt_out, smoothing: float, training: bool) -> tf.Tensor:
+    logits = model(src, tgt_in, training=training)  # (B, T, V)
+    return label_smoothed_loss(logits, tgt_out, model.config.pad_id, smoothing)
+
+
+_IDS = tf.TensorSpec([None, None], tf.int64)
+
+
+def _compiled_step(model: Transformer, optimizer: keras.optimizers.Optimizer, smoothing: float):
+    """One ``tf.function`` per (model, optimizer, smoothing), traced once for every batch shape.
+
+    Cached on the optimizer (in its ``__dict__``, past Keras' attribute tracking), so it lives and
+    dies with it; the step holds the model, so the ``id`` in the key stays that model's."""
+    steps = optimizer.__dict__.setdefault("_tf_impl_train_steps", {})
+    key = (id(model), float(smoothing))
+    if key not in steps:
+        # No tensor-dependent Python control flow here or in the model: AutoGraph's conversion would
+        # only add tracing time (the trace, ~6000 ops, is the slow part of a short run).
+        @tf.function(input_signature=[_IDS, _IDS, _IDS], autograph=False)
+        def step(src, tgt_in, tgt_out):
+            variables = model.trainable_variables
+            with tf.GradientTape() as tape:
+                loss = _loss(model, src, tgt_in, tgt_out, smoothing, training=True)
+            # Dense gradients (embedding lookups give IndexedSlices), as torch's are.
+            grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+            lr = tf.cast(optimizer.learning_rate, tf.float64)  # read before apply advances iterations
+            optimizer.apply_gradients(zip(grads, variables))
+            return loss, lr
+        steps[key] = step
+    return steps[key]
+
+
+def train_step(model: Transformer, optimizer: keras.optimizers.Optimizer, batch: Batch,
+               smoothing: float = 0.0) -> StepResult:
+    """One update: loss of ``batch`` with dropout active (``training=True``), gradients, Adam step;
+    compiled with ``tf.function`` (traced once per model, optimizer and smoothing, any batch shape).
+
+    Args:
+        batch: ``(src (B, S), tgt_in (B, T), tgt_out (B, T))`` integer ids (NumPy or tf), as
+            `shared.tasks.batch_sequences` makes them; ``pad_id`` targets carry no loss.
+        smoothing: label smoothing eps in [0, 1).
+
+    Returns:
+        ``StepResult(loss, lr)``: the loss before the update and the learning rate of this step.
+    """
+    check_smoothing(smoothing)  # before tracing: it is a Python constant of the compiled step
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    loss, lr = _compiled_step(model, optimizer, smoothing)(*_batch(model, batch))
+    return StepResult(float(loss.numpy()), float(lr.numpy()))
+
+
+def gradients(model: Transformer, batch: Batch, smoothing: float = 0.0,
+              training: bool = True) -> dict[str, np.ndarray]:
+    """The gradient of `label_smoothed_loss` on ``batch`` for every canonical weight (eagerly):
+    ``{name: ndarray}`` in the canonical layout (kernels ``(in, out)``, as Keras stores them); a
+    tied weight appears once, with the sum over its uses. ``training``: dropout on (as in
+    `train_step`) or off."""
+    table = variable_table(model)
+    src, tgt_in, tgt_out = _batch(model, batch)
+    with tf.GradientTape() as tape:
+        loss = _loss(model, src, tgt_in, tgt_out, smoothing, training)
+    grads = tape.gradient(loss, list(table.values()))
+    return {name: np.asarray(tf.convert_to_tensor(g)) for name, g in zip(table, grads)}

@@ -1,0 +1,160 @@
+"""Training with PyTorch's own tools: the built-in label-smoothed cross-entropy, ``torch.optim.Adam``
+and a ``LambdaLR`` Noam schedule; mirrored name for name by `tf_impl.training`.
+
+    model = Transformer(config)
+    optimizer = make_optimizer(model, warmup=400)       # Adam(0.9, 0.98, 1e-9) + Noam, lr(1) first
+    for batch in batches:                               # (src, tgt_in, tgt_out), see shared.tasks
+        loss, lr = train_step(model, optimizer, batch, smoothing=0.1)
+
+The returned optimizer advances its own schedule: a step post-hook calls ``LambdaLR.step()`` after
+every ``optimizer.step()``, as a Keras optimizer advances its ``LearningRateSchedule`` through
+``optimizer.iterations``. So a training step needs only the model, the optimizer and the batch, in
+both backends. (tf_impl.training adds two classes this file does not need: ``NoamSchedule``, as Keras
+takes a schedule object, and ``KingmaBaAdam``, as Keras' Adam adds epsilon where torch's does not.)
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from shared.loss import check_loss_args
+from shared.schedule import noam_lr
+
+from .inputs import check_ids
+from .model import Transformer
+from .weights_io import parameter_table
+
+# The paper's Adam (section 5.3); eps is added to the bias-corrected sqrt(v), Kingma & Ba Algorithm 1.
+BETAS = (0.9, 0.98)
+EPS = 1e-9
+
+Batch = Sequence  # (src (B, S), tgt_in (B, T), tgt_out (B, T)): integer ids, NumPy or torch
+
+
+class StepResult(NamedTuple):
+    """What `train_step` reports: the batch's loss (before the update) and the learning rate it used."""
+    loss: float
+    lr: float
+
+
+def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int,
+                        smoothing: float = 0.0) -> torch.Tensor:
+    """Mean label-smoothed cross-entropy over the non-padding targets (DESIGN convention 14).
+
+    ``F.cross_entropy(label_smoothing=eps, ignore_index=pad_id)``: the target distribution is
+    ``(1 - eps) * onehot + eps / V``, positions whose target is ``pad_id`` carry no loss and the mean
+    divides by the number of the others (`shared.loss.label_smoothed_cross_entropy` is the float64
+    reference). A batch with no non-padding target gives NaN (0 / 0); `train_step` refuses one.
+
+    Shape: logits ``(B, T, V)``, targets ``(B, T)`` integer -> a scalar tensor.
+    """
+    check_loss_args("label_smoothed_loss", logits.shape, targets.shape, str(targets.dtype),
+                    not targets.dtype.is_floating_point and targets.dtype != torch.bool, smoothing)
+    vocab = logits.shape[-1]
+    return F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1).long(), ignore_index=pad_id,
+                           label_smoothing=float(smoothing), reduction="mean")
+
+
+def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup: int, factor: float = 1.0,
+                  start_step: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` that sets the rate of optimizer step ``n`` (counted from 1) to
+    ``shared.noam_lr(start_step + n, d_model, warmup, factor)``.
+
+    ``LambdaLR`` multiplies each group's initial ``lr`` by the lambda, so that ``lr`` must be 1.0; and
+    it calls the lambda with 0 at construction (the rate of the first step), so scheduler step ``s``
+    maps to Noam step ``s + 1`` and Noam's step 0 (undefined) is never asked for. Call
+    ``scheduler.step()`` after each ``optimizer.step()`` (`make_optimizer` does it with a hook).
+    ``start_step``: steps already taken (to resume a run); Adam's moments still start from zero.
+    """
+    if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+        raise ValueError(f"start_step: expected an int >= 0, got {start_step!r}")
+    noam_lr(start_step + 1, d_model, warmup, factor)  # the shared argument checks, before anything
+    for group in optimizer.param_groups:
+        if group["lr"] != 1.0:
+            raise ValueError(f"optimizer: expected lr=1.0 in every param group (LambdaLR multiplies it "
+                             f"by the Noam rate), got {group['lr']}")
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: noam_lr(start_step + s + 1, d_model, warmup, factor))
+
+
+def make_optimizer(model: Transformer, d_model: int | None = None, warmup: int = 4000,
+                   factor: float = 1.0, start_step: int = 0) -> torch.optim.Adam:
+    """``torch.optim.Adam(betas=(0.9, 0.98), eps=1e-9)`` over the model's parameters (tied ones once),
+    with the Noam schedule of `noam_schedule` attached: every ``optimizer.step()`` advances it.
+
+    Args:
+        d_model: the schedule's ``d_model`` (default ``model.config.d_model``).
+        warmup, factor: the Noam schedule's (DESIGN convention 13); the paper uses 4000 and 1.0.
+        start_step: optimizer steps already taken, to resume the schedule where a run stopped.
+    """
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=BETAS, eps=EPS)
+    d_model = model.config.d_model if d_model is None else d_model
+    scheduler = noam_schedule(optimizer, d_model, warmup, factor, start_step)
+    optimizer.register_step_post_hook(lambda opt, args, kwargs: scheduler.step())
+    return optimizer
+
+
+def _batch(model: Transformer, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(src, tgt_in, tgt_out)`` as tensors on the model's device; tgt_out shaped like tgt_in and
+    holding at least one non-padding target (else the mean loss is 0 / 0)."""
+    if not isinstance(batch, (tuple, list)) or len(batch) != 3:
+        raise ValueError(f"batch: expected (src, tgt_in, tgt_out), got {type(batch).__name__}"
+                         + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
+    device = next(model.parameters()).device
+    src, tgt_in, tgt_out = (torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x,
+                                            device=device) for x in batch)
+    if tgt_out.shape != tgt_in.shape:
+        raise ValueError(f"tgt_out: expected the shape of tgt_in {tuple(tgt_in.shape)}, "
+                         f"got {tuple(tgt_out.shape)}")
+    check_ids("tgt_out", tgt_out, model.config.tgt_vocab, model.config.max_len)
+    if not bool((tgt_out != model.config.pad_id).any()):
+        raise ValueError(f"tgt_out: expected at least one non-padding target, got only pad_id="
+                         f"{model.config.pad_id}")
+    return src, tgt_in, tgt_out
+
+
+def _loss(model: Transformer, batch: Batch, smoothing: float, training: bool) -> torch.Tensor:
+    src, tgt_in, tgt_out = _batch(model, batch)
+    was_training = model.training
+    model.train(training)  # dropout on for the step only: the caller's mode is left as it was
+    try:
+        logits = model(src, tgt_in)  # (B, T, V)
+    finally:
+        model.train(was_training)
+    return label_smoothed_loss(logits, tgt_out, model.config.pad_id, smoothing)
+
+
+def train_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: Batch,
+               smoothing: float = 0.0) -> StepResult:
+    """One update: loss of ``batch`` with dropout active, backward, ``optimizer.step()``.
+
+    Args:
+        batch: ``(src (B, S), tgt_in (B, T), tgt_out (B, T))`` integer ids (NumPy or torch), as
+            `shared.tasks.batch_sequences` makes them; ``pad_id`` targets carry no loss.
+        smoothing: label smoothing eps in [0, 1).
+
+    Returns:
+        ``StepResult(loss, lr)``: the loss before the update and the learning rate of this step.
+    """
+    loss = _loss(model, batch, smoothing, training=True)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    lr = float(optimizer.param_groups[0]["lr"])
+    optimizer.step()
+    return StepResult(float(loss.item()), lr)
+
+
+def gradients(model: Transformer, batch: Batch, smoothing: float = 0.0,
+              training: bool = True) -> dict[str, np.ndarray]:
+    """The gradient of `label_smoothed_loss` on ``batch`` for every canonical weight, without touching
+    ``.grad``: ``{name: ndarray}`` in the canonical layout (kernels ``(in, out)``, transposed from
+    ``nn.Linear``'s ``(out, in)``); a tied weight appears once, with the sum over its uses.
+    ``training``: dropout on (as in `train_step`) or off."""
+    table = parameter_table(model)
+    loss = _loss(model, batch, smoothing, training)
+    grads = torch.autograd.grad(loss, [param for param, _ in table.values()])
+    return {name: np.ascontiguousarray((g.T if transposed else g).detach().cpu().numpy())
+            for (name, (_, transposed)), g in zip(table.items(), grads)}
