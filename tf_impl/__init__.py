@@ -3,7 +3,10 @@
 ``Transformer(config)`` is a ``keras.Model`` built from small layers that torch_impl mirrors file for
 file: embedding, norm, attention, feed_forward, layers, stacks, model; inputs holds the input checks
 and default masks, weights_io maps the canonical weight names of `shared.weights` onto its variables.
+Decoding: `greedy_decode` and `beam_search` (decoding.py, over the search loops of search.py and the
+key/value cache of cache.py), compiled into one tf.function by default.
 """
+from .decoding import beam_search, greedy_decode
 from .model import Generator, Transformer
 
-__all__ = ["Transformer", "Generator"]
+__all__ = ["Transformer", "Generator", "greedy_decode", "beam_search"]

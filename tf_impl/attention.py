@@ -18,6 +18,7 @@ import math
 import keras
 import tensorflow as tf
 
+from .cache import filled_mask, write_position
 from .inputs import dims
 
 
@@ -86,16 +87,47 @@ class MultiHeadAttention(keras.layers.Layer):
         Returns:
             output ``(B, Q, d_model)``, and the weights ``(B, H, Q, K)`` or ``None``.
         """
+        k, v = self.keys_values(memory)
+        return self.attend(query_in, k, v, mask, return_weights, training)
+
+    def keys_values(self, memory: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """Per-head keys and values of ``memory (B, K, d_model)``, each ``(B, H, K, d_k)``: what a
+        decoding cache (`tf_impl.cache`) keeps instead of recomputing."""
+        return self._heads(self.key(memory)), self._heads(self.value(memory))
+
+    def attend(self, query_in: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor | None,
+               return_weights: bool = False, training: bool = False) -> tuple[tf.Tensor, tf.Tensor | None]:
+        """`call` with the keys and values given (``(B, H, K, d_k)``, from `keys_values` or a
+        cache); the other arguments and the result are those of `call`."""
         b, q_len = dims(query_in, 2)
         # Scaling q (B, H, Q, d_k) rather than the scores (B, H, Q, K) is the same product, cheaper.
         q = self._heads(self.query(query_in)) * tf.constant(1.0 / math.sqrt(self.d_k), query_in.dtype)
-        k = self._heads(self.key(memory))  # (B, H, K, d_k)
-        v = self._heads(self.value(memory))  # (B, H, K, d_k)
         scores = tf.matmul(q, k, transpose_b=True)  # (B, H, Q, K)
         weights = masked_softmax(scores, mask)
         context = tf.matmul(self.dropout(weights, training=training), v)  # (B, H, Q, d_k)
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [b, q_len, self.d_model])
         return self.output(context), (weights if return_weights else None)  # (B, Q, d)
+
+    def extend(self, query_in: tf.Tensor, key_cache: tf.Tensor, value_cache: tf.Tensor,
+               position: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Self-attention of one new position over itself and every earlier one, with a cache.
+
+        The new key and value (projections of ``query_in``) are written at ``position`` of the
+        preallocated ``key_cache``/``value_cache`` ``(N, H, capacity, d_k)``, and the query attends
+        to positions ``0 .. position`` of the whole buffer (a fixed shape, also under XLA). No
+        padding mask: in decoding pad is never generated and a finished row's output is ignored,
+        so every earlier position of a live row is a real token, and the padding-AND-subsequent
+        target mask of the full pass reduces to "all previous positions".
+
+        Shape: query_in ``(N, 1, d_model)``, position int32 scalar -> ``(output (N, 1, d_model),
+        key_cache, value_cache)``, the caches updated (tensors are immutable: new ones returned).
+        """
+        k, v = self.keys_values(query_in)  # (N, H, 1, d_k)
+        key_cache = write_position(key_cache, k[:, :, 0], position)
+        value_cache = write_position(value_cache, v[:, :, 0], position)
+        mask = filled_mask(key_cache.shape[2], position)  # (1, 1, 1, capacity)
+        output, _ = self.attend(query_in, key_cache, value_cache, mask)
+        return output, key_cache, value_cache
 
     def get_config(self) -> dict:
         return {**super().get_config(), "d_model": self.d_model, "n_heads": self.n_heads,

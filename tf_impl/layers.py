@@ -20,6 +20,7 @@ import tensorflow as tf
 from shared import TransformerConfig
 
 from .attention import MultiHeadAttention
+from .cache import LayerCache
 from .feed_forward import FeedForward
 from .norm import LayerNorm
 
@@ -136,3 +137,31 @@ class DecoderLayer(_TracingLayer):
         return sublayer_connection(
             x, lambda h: (self.ffn(h, training=training), None), self.ffn_norm, self.dropout,
             self.norm_first, trace, f"{prefix}.ffn", training)
+
+    def step(self, x: tf.Tensor, cache: LayerCache, position: tf.Tensor,
+             src_mask: tf.Tensor) -> tuple[tf.Tensor, LayerCache]:
+        """`call` for one new target position, with cached keys and values (inference only: no
+        dropout): self-attention writes its key/value at ``position`` and attends to positions
+        ``0 .. position`` (see `MultiHeadAttention.extend`); cross-attention uses the cached source
+        keys/values.
+
+        Shape: x ``(N, 1, d)``, src_mask bool broadcastable to ``(N, H, 1, S)`` -> ``((N, 1, d),
+        the layer's cache with its self-attention keys/values updated)``.
+        """
+        kept = {}
+
+        def self_attn(h: tf.Tensor):
+            out, kept["key"], kept["value"] = self.self_attn.extend(h, cache.self_key, cache.self_value,
+                                                                    position)
+            return out, None
+
+        def cross_attn(h: tf.Tensor):
+            return self.cross_attn.attend(h, cache.cross_key, cache.cross_value, src_mask)
+
+        x = sublayer_connection(x, self_attn, self.self_attn_norm, self.dropout, self.norm_first,
+                                None, "self_attn", False)
+        x = sublayer_connection(x, cross_attn, self.cross_attn_norm, self.dropout, self.norm_first,
+                                None, "cross_attn", False)
+        x = sublayer_connection(x, lambda h: (self.ffn(h, training=False), None), self.ffn_norm,
+                                self.dropout, self.norm_first, None, "ffn", False)
+        return x, cache._replace(self_key=kept["key"], self_value=kept["value"])

@@ -8,9 +8,11 @@ import numpy as np
 import tensorflow as tf
 
 from shared import TransformerConfig
-from shared.checks import check_same_batch
+from shared.checks import check_ids_range, check_same_batch
+from shared.decoding import check_max_len
 
 from . import weights_io
+from .cache import DecoderCache
 from .embedding import PositionalEncoding, TokenEmbedding
 from .inputs import check_ids, check_mask, dims, make_src_mask, make_tgt_mask, to_tensor
 from .layers import Trace, record
@@ -185,6 +187,79 @@ class Transformer(keras.Model):
                              "padding was); use tf_impl.inputs.make_src_mask(src, pad_id)")
         src_mask = check_mask("src_mask", src_mask, tgt.shape[0], c.n_heads, tgt.shape[1], memory.shape[1])
         return self._decode(tgt, memory, src_mask, self._tgt_mask(tgt, tgt_mask), None, training)
+
+    # -- incremental decoding (the cache of tf_impl.cache) ----------------------------------------
+    def init_cache(self, memory, src_mask, max_len: int, beams: int = 1) -> DecoderCache:
+        """An empty decoding cache for up to ``max_len`` target positions (BOS included).
+
+        Cross-attention keys and values are computed here, once per source, and repeated for
+        ``beams`` rows per item (rows ``item * beams + beam``, the order of `shared.decoding`).
+
+        Args:
+            memory: ``(B, S, d_model)`` from `encode`.
+            src_mask: bool, True = may attend, broadcastable to ``(B, H, 1, S)``.
+            max_len: positions the self-attention buffers hold, ``1 <= max_len <= config.max_len``.
+            beams: rows per item (beam size; 1 for greedy).
+
+        Returns:
+            a `DecoderCache` of ``N = B * beams`` rows with ``length == 0``.
+        """
+        c = self.config
+        memory = to_tensor("memory", memory)
+        if memory.shape.rank != 3 or memory.shape[2] != c.d_model:
+            raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {c.d_model}), "
+                             f"got {tuple(memory.shape)}")
+        src_mask = check_mask("src_mask", src_mask, memory.shape[0], c.n_heads, 1, memory.shape[1])
+        check_max_len(max_len, c.max_len)
+        if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
+            raise ValueError(f"beams: expected an int >= 1, got {beams!r}")
+        return self.decoder.init_cache(memory, src_mask, max_len, beams)
+
+    def decode_step(self, tokens, cache: DecoderCache) -> tuple[tf.Tensor, DecoderCache]:
+        """Logits for the next position of every row, from its newest token and the cache.
+
+        Feeding a target sequence token by token (BOS first) gives, at step ``t``, the logits that
+        `call` gives at position ``t`` for that sequence, provided it holds no pad (decoding never
+        generates pad; the cached path has no padding mask, see `MultiHeadAttention.extend`).
+
+        Args:
+            tokens: ``(N,)`` integer ids in ``[0, tgt_vocab)``, one per cache row: the token at
+                position ``cache.length``.
+            cache: from `init_cache`; filled at position ``cache.length``.
+
+        Returns:
+            ``(logits (N, tgt_vocab), cache)``: a new cache (tensors are immutable), ``length``
+            advanced by one. Works eagerly and inside ``tf.function`` / XLA; the id range and the
+            free position are checked eagerly (in a compiled loop they are the caller's).
+        """
+        if not isinstance(cache, DecoderCache):
+            raise TypeError(f"cache: expected a tf_impl.cache.DecoderCache from init_cache, "
+                            f"got {type(cache).__name__}")
+        tokens = to_tensor("tokens", tokens)
+        rows = cache.rows
+        known = None not in (rows, tokens.shape[0]) if tokens.shape.rank == 1 else False
+        if tokens.shape.rank != 1 or (known and tokens.shape[0] != rows):
+            raise ValueError(f"tokens: expected a tensor of shape ({rows},) (one id per cache row), "
+                             f"got {tuple(tokens.shape)}")
+        if not tokens.dtype.is_integer:
+            raise TypeError(f"tokens: expected integer token ids, got dtype {tokens.dtype.name}")
+        if tf.executing_eagerly():
+            lo, hi = (int(v) for v in tf.stack([tf.reduce_min(tokens), tf.reduce_max(tokens)]).numpy())
+            check_ids_range("tokens", self.config.tgt_vocab, lo, hi)
+            if int(cache.length) >= cache.capacity:
+                raise ValueError(f"cache: expected a free position, got a full cache "
+                                 f"({cache.capacity} positions; init_cache(max_len=...) sets it)")
+        return self._decode_step(tokens, cache)
+
+    def _decode_step(self, tokens: tf.Tensor, cache: DecoderCache) -> tuple[tf.Tensor, DecoderCache]:
+        """`decode_step` without the checks (the search loops call it): ``(N,)`` -> ``(logits (N, V),
+        cache)``."""
+        t = cache.length
+        x = self.tgt_embed(tokens[:, None])  # (N, 1, d)
+        # Position t gets PE row t: the same addition the full pass makes for column t of its input.
+        x = self.positional.dropout(x + tf.gather(self.positional.table, t), training=False)
+        hidden, cache = self.decoder.step(x, cache)  # (N, 1, d)
+        return self.generator(hidden)[:, 0], cache._replace(length=t + 1)  # (N, V)
 
     def predict(self, x, *args, **kwargs):
         """``keras.Model.predict`` with the ids of array inputs checked eagerly first: under XLA

@@ -5,6 +5,8 @@ import tensorflow as tf
 
 from shared import TransformerConfig
 
+from .cache import DecoderCache, LayerCache, repeat_rows
+from .inputs import dims
 from .layers import DecoderLayer, EncoderLayer, Trace, _TracingLayer, norm_layer, record
 from .norm import LayerNorm
 
@@ -58,3 +60,31 @@ class Decoder(_TracingLayer):
             x = self.final_norm(x)
             record(trace, "decoder.final_norm", x)
         return x
+
+    def init_cache(self, memory: tf.Tensor, src_mask: tf.Tensor, capacity: int,
+                   beams: int = 1) -> DecoderCache:
+        """An empty cache for ``capacity`` positions: cross-attention keys/values of ``memory``
+        computed once, then repeated for ``beams`` rows per item.
+
+        Shape: memory ``(B, S, d)``, src_mask ``(B|1, 1|H, 1, S)`` -> a cache of ``N = B * beams`` rows.
+        """
+        n = dims(memory, 1)[0] * beams
+        layers = []
+        for layer in self.layers:
+            attn = layer.self_attn
+            k, v = layer.cross_attn.keys_values(memory)  # (B, H, S, d_k), once per source
+            empty = tf.zeros([n, attn.n_heads, capacity, attn.d_k], memory.dtype)  # (N, H, capacity, d_k)
+            layers.append(LayerCache(empty, empty, repeat_rows(k, beams), repeat_rows(v, beams)))
+        return DecoderCache(tuple(layers), repeat_rows(src_mask, beams), tf.constant(0, tf.int32))
+
+    def step(self, x: tf.Tensor, cache: DecoderCache) -> tuple[tf.Tensor, DecoderCache]:
+        """`call` for the target position ``cache.length`` only, reading and filling ``cache``
+        (the caller advances ``cache.length``). Shape: x ``(N, 1, d)`` embedded token ->
+        ``((N, 1, d), the cache with every layer's self-attention keys/values updated)``."""
+        layers = []
+        for layer, layer_cache in zip(self.layers, cache.layers):
+            x, layer_cache = layer.step(x, layer_cache, cache.length, cache.src_mask)
+            layers.append(layer_cache)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, cache._replace(layers=tuple(layers))

@@ -1,0 +1,104 @@
+"""The key/value cache of incremental decoding: what one decoding step keeps for the next.
+
+Per decoder layer, cross-attention keys and values are computed once per source (they depend only
+on the encoder memory) and self-attention keys and values grow by one position a step. Rows are
+``n = item * beams + beam`` (``beams = 1`` for greedy), the row order of `shared.decoding`.
+
+The layout and names are torch_impl.cache's: buffers ``(N, H, capacity, d_k)`` preallocated for
+``capacity`` positions. What differs is what TensorFlow needs: tensors are immutable and a
+compiled loop (``tf.while_loop``, XLA) carries its state as a nested structure of fixed-shape
+tensors. So a cache is a ``NamedTuple`` of tensors, ``length`` is a scalar int32 tensor, and every
+update returns a new cache (`Transformer.decode_step` returns ``(logits, cache)``;
+`DecoderCache.reorder_beams` returns the reordered cache) instead of changing it in place.
+
+Fixed shapes throughout, eagerly as compiled, so both run the same ops:
+
+* the new key/value goes to position ``length`` with ``tf.tensor_scatter_nd_update`` (`write_position`);
+* self-attention reads the whole buffer, masked to positions ``<= length`` (`filled_mask`);
+* beam reordering gathers whole rows (scratch positions included: a slice ``:length`` would have a
+  shape that changes every step, which XLA cannot compile).
+
+Used through `tf_impl.Transformer.init_cache` and `.decode_step`; `tf_impl.search` gives the loops
+that drive them.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+
+class LayerCache(NamedTuple):
+    """One decoder layer's cached keys and values, per head.
+
+    Shape:
+        self_key, self_value: ``(N, H, capacity, d_k)``; positions ``0 .. length - 1`` of the owning
+            `DecoderCache` are filled, the rest is scratch.
+        cross_key, cross_value: ``(N, H, S, d_k)``, from the encoder memory, never changed.
+    """
+    self_key: tf.Tensor
+    self_value: tf.Tensor
+    cross_key: tf.Tensor
+    cross_value: tf.Tensor
+
+
+class DecoderCache(NamedTuple):
+    """The state of incremental decoding for ``N`` rows (a nested structure ``tf.while_loop`` carries).
+
+    Attributes:
+        layers: one `LayerCache` per decoder layer (a tuple).
+        src_mask: bool, True = may attend, ``(N|1, 1|H, 1, S)``: the source padding, for
+            cross-attention.
+        length: int32 scalar tensor, positions already decoded; the next token goes to position
+            ``length`` (and gets row ``length`` of the positional table).
+    """
+    layers: tuple[LayerCache, ...]
+    src_mask: tf.Tensor
+    length: tf.Tensor
+
+    @property
+    def capacity(self) -> int:
+        """The most positions the self-attention buffers hold (``max_len`` of `init_cache`)."""
+        return int(self.layers[0].self_key.shape[2]) if self.layers else 0
+
+    @property
+    def rows(self) -> int | None:
+        """``N``, where known statically (always, eagerly)."""
+        return (self.layers[0].self_key if self.layers else self.src_mask).shape[0]
+
+    def reorder_beams(self, rows: tf.Tensor) -> "DecoderCache":
+        """The cache in which row ``n`` continues from row ``rows[n]`` (beam search's source beam).
+
+        ``rows[n]`` must belong to the same source item as ``n`` (``rows[n] // beams == n // beams``),
+        as beam search's are: cross-attention keys/values and the source mask are the same for every
+        beam of an item, so they are kept as they are rather than gathered every step.
+
+        Shape: rows ``(N,)`` int32/int64.
+        """
+        layers = tuple(layer._replace(self_key=tf.gather(layer.self_key, rows),
+                                      self_value=tf.gather(layer.self_value, rows))
+                       for layer in self.layers)
+        return self._replace(layers=layers)
+
+
+def write_position(buf: tf.Tensor, values: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
+    """``buf`` with ``buf[:, :, position] = values``: one scatter, not a one-hot blend of the whole
+    buffer (TF forwards the input buffer where it can; XLA updates it in place in a loop).
+
+    Shape: buf ``(N, H, C, d_k)``, values ``(N, H, d_k)``, position int32 scalar in ``[0, C)``.
+    """
+    n, h = tf.shape(buf)[0], tf.shape(buf)[1]
+    rows, heads = tf.meshgrid(tf.range(n), tf.range(h), indexing="ij")  # (N, H) each
+    at = tf.fill([n, h], tf.cast(position, tf.int32))
+    return tf.tensor_scatter_nd_update(buf, tf.stack([rows, heads, at], axis=-1), values)
+
+
+def filled_mask(capacity: int, position: tf.Tensor) -> tf.Tensor:
+    """Bool ``(1, 1, 1, capacity)``, True = may attend: positions ``0 .. position``."""
+    return (tf.range(capacity) <= tf.cast(position, tf.int32))[None, None, None, :]
+
+
+def repeat_rows(x: tf.Tensor, beams: int) -> tf.Tensor:
+    """Repeat each row ``beams`` times along axis 0: row ``b`` -> rows ``b * beams`` to
+    ``b * beams + beams - 1``. A tensor with a batch axis of 1 broadcasts and is returned as is."""
+    return x if beams == 1 or x.shape[0] == 1 else tf.repeat(x, beams, axis=0)
