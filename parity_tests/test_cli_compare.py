@@ -1,0 +1,107 @@
+"""`twins compare`, the main job: the table, the JSON, the exit status, and where backends part."""
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("tensorflow")
+
+from shared import TransformerConfig  # noqa: E402
+from shared import reference as R  # noqa: E402
+from twins import runners  # noqa: E402
+from twins.cli import main  # noqa: E402
+
+ARGS = ["compare", "--preset", "tiny", "--batch", "2", "--src-len", "6", "--tgt-len", "5"]
+
+
+def test_passes_and_writes_every_intermediate_to_json(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(ARGS + ["--decode", "--max-new", "4", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "PASS: all" in text and "torch vs tf" in text
+    assert "decode: torch vs reference: identical tokens" in text
+    assert "decode: tf vs reference: identical tokens" in text
+    result = json.loads(out.read_text())
+    assert result["pass"] is True and result["first_parting"] is None
+    assert [r["name"] for r in result["rows"]] == R.trace_names(TransformerConfig.preset("tiny"))
+    for row in result["rows"]:
+        assert set(row["pairs"]) == {"torch:reference", "tf:reference", "torch:tf"}
+        assert all(p["pass"] and p["max_rel"] <= p["bound"] for p in row["pairs"].values())
+    assert set(result["forward_seconds"]) == {"reference", "torch", "tf"}
+
+
+def test_float64_agrees_to_1e12(tmp_path):
+    out = tmp_path / "r.json"
+    assert main(ARGS + ["--dtype", "float64", "--backends", "torch", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert max(r["pairs"]["torch:reference"]["max_rel"] for r in rows) < 1e-12
+
+
+def _perturbed(make, name_to_break):
+    def build(name, config, weights):
+        runner = make(name, config, weights)
+        if name == "torch":
+            trace = runner._trace
+
+            def broken(src, tgt):
+                out = trace(src, tgt)
+                out[name_to_break] = out[name_to_break] + 1e-3
+                return out
+            runner._trace = broken
+        return runner
+    return build
+
+
+def test_reports_where_the_backends_part_and_fails(monkeypatch, capsys):
+    target = "decoder.layers.1.cross_attn.output"
+    monkeypatch.setattr("twins.compare.make_runner", _perturbed(runners.make_runner, target))
+    assert main(ARGS) == 1
+    text = capsys.readouterr().out
+    assert f"FAIL: the implementations first part at {target} (torch:reference)" in text
+
+
+def test_decode_divergence_is_reported_with_step_tokens_and_margin(monkeypatch, capsys):
+    make = runners.make_runner
+
+    def build(name, config, weights):
+        runner = make(name, config, weights)
+        if name == "tf":
+            greedy = runner._greedy
+
+            def changed(src, max_len):
+                result = greedy(src, max_len)
+                tokens = result.tokens.copy()
+                tokens[1, 2] = 3 if tokens[1, 2] != 3 else 4
+                return result._replace(tokens=tokens)
+            runner._greedy = changed
+        return runner
+
+    monkeypatch.setattr("twins.compare.make_runner", build)
+    assert main(ARGS + ["--decode", "--max-new", "4"]) == 1
+    text = capsys.readouterr().out
+    assert "decode: torch vs reference: identical tokens" in text
+    line = next(l for l in text.splitlines() if l.startswith("decode: tf vs reference"))
+    assert "item 1: first differs at step 2" in line and "margin" in line and line.endswith("FAIL")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--batch", "0"], "--batch: expected a positive int, got 0"),
+    (["--backends", "jax"], "--backends: expected names from"),
+])
+def test_bad_arguments(args, needle, capsys):
+    with pytest.raises(SystemExit) as err:
+        main(ARGS + args)
+    assert needle in str(err.value)
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
+    assert main(["compare", "--checkpoint", str(tmp_path / "nope")]) == 2
+    assert "no checkpoint at" in capsys.readouterr().err
+
+
+def test_runs_from_a_checkpoint(tmp_path, capsys):
+    from shared.weights import random_weights, save_checkpoint
+    config = TransformerConfig.preset("tiny", norm_first=False, norm_style="standard")
+    save_checkpoint(tmp_path / "c", config, random_weights(config, 5))
+    assert main(["compare", "--checkpoint", str(tmp_path / "c"), "--backends", "tf"]) == 0
+    assert "norm_first=False" in capsys.readouterr().out
