@@ -16,8 +16,10 @@ machine's speed drifting between runs (shared CI cores) cannot fake a slope. A b
     python3 dev.py bench decoding [--backends torch tf] [--batches 1 8] [--repeats 3]
                                   [--recompute-repeats 1] [--threads N] [--device cpu|cuda]
 
-Adding a backend: write a factory ``(config, weights, args) -> Backend`` and list it in BACKENDS;
-the `tf_backend` slot below is the place for tf_impl.
+Adding a backend: write a factory ``(config, weights, args) -> Backend`` and list it in BACKENDS.
+tf_impl runs as users get it by default: compiled, one ``tf.function`` per (batch, max_len, mode),
+with XLA for the cached loop (`tf_impl.decoding.JIT_COMPILE`); it is warmed up at every timed
+length, so that no tracing or compilation is timed.
 """
 from __future__ import annotations
 
@@ -49,11 +51,14 @@ class Backend:
     completion (results on the host, so device work is finished when it returns).
     ``step_times(src, max_len, use_cache)``, optional, does the same and returns
     ``(result, per-step seconds (max_len - 1,))``: the time between the ends of consecutive steps.
+    ``warm_up_lengths``: the max_len values decoded once, untimed, before timing (a compiled loop
+    is traced and compiled per max_len).
     """
     name: str
     description: str
     decode: Callable[[np.ndarray, int, bool], GreedyResult]
     step_times: Callable[[np.ndarray, int, bool], tuple[GreedyResult, np.ndarray]] | None = None
+    warm_up_lengths: tuple[int, ...] = (4,)
 
 
 def torch_backend(config: TransformerConfig, weights: dict, args) -> Backend:
@@ -88,11 +93,32 @@ def torch_backend(config: TransformerConfig, weights: dict, args) -> Backend:
 
 
 def tf_backend(config: TransformerConfig, weights: dict, args) -> Backend:
-    """Slot for tf_impl (to be filled in by the TF side): build ``tf_impl.Transformer(config)``,
-    ``import_weights(weights)``, and return ``Backend("tf", "<TF version, device, compiled how>",
-    decode)`` with ``decode`` calling ``tf_impl.greedy_decode(model, src, max_len,
-    use_cache=use_cache)`` (compiled), returning NumPy results like torch's."""
-    raise NotImplementedError("tf_impl greedy decoding is not wired into this benchmark yet")
+    """tf_impl with its defaults (compiled; XLA where `tf_impl.decoding.JIT_COMPILE` says). TF
+    places ops on its first GPU when it sees one, else on the CPU; TF32 off, as in the parity tests."""
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    import tf_impl
+    from tf_impl.decoding import JIT_COMPILE
+
+    if args.threads:  # before TF starts its thread pools (nothing has run yet)
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    tf.get_logger().setLevel("ERROR")  # the retracing notice: a trace per max_len is by design here
+    model = tf_impl.Transformer(config)
+    model.import_weights(weights)
+
+    def decode(src: np.ndarray, max_len: int, use_cache: bool) -> GreedyResult:
+        return tf_impl.greedy_decode(model, src, max_len, use_cache=use_cache)
+
+    where = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+    threads = tf.config.threading.get_intra_op_parallelism_threads() or "TF's default"
+    xla = {True: "XLA", False: "tf.function, no XLA"}
+    return Backend("tf", f"tf {tf.__version__}, {where}, intra-op threads {threads}; compiled: cached "
+                   f"{xla[JIT_COMPILE[True]]}, recompute {xla[JIT_COMPILE[False]]}", decode,
+                   warm_up_lengths=LENGTHS)
 
 
 BACKENDS: dict[str, Callable[[TransformerConfig, dict, argparse.Namespace], Backend]] = {
@@ -153,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recompute-repeats", type=int, default=1,
                         help="timed runs per length, recompute")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch.set_num_threads (default: torch's)")
+                        help="threads per backend: torch.set_num_threads, TF intra-op threads "
+                             "(default: each framework's)")
     parser.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
     args = parser.parse_args(argv)
 
@@ -178,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         for batch in args.batches:
             src = sources(config, batch)
             for use_cache in (True, False):  # warm-up: first-call allocations, compilation
-                backend.decode(src, 4, use_cache)
+                for n in backend.warm_up_lengths:
+                    backend.decode(src, n, use_cache)
             cached = measure(backend, src, True, args.repeats)
             report(name, batch, "cached", *cached)
             recompute = measure(backend, src, False, args.recompute_repeats)

@@ -15,10 +15,17 @@ by the model through one of two steps:
   rest), so every step costs as much as the last.
 
 Compiled (default): encoding, cache initialisation, the ``tf.while_loop`` over the steps and the
-beam reordering (``tf.gather``) run as one ``tf.function`` per model, traced once per source shape,
-``max_len``, beam size and mode, and reused afterwards (alpha is a tensor argument: one trace serves
-every length penalty). ``compiled=False`` runs the very same function eagerly, op by op, and gives
-identical results. Source ids are checked eagerly before any of it (an XLA program cannot raise).
+beam reordering (``tf.gather``) run as one ``tf.function`` per model, with XLA for the cached path
+(`JIT_COMPILE`, measured), traced once per source shape, ``max_len``, beam size and mode and
+reused afterwards (alpha is a tensor argument: one trace serves every length penalty). Each new
+source shape or ``max_len`` traces and compiles anew (about a second; tens of seconds with XLA for
+``base``): pad sources to a few fixed lengths when decoding many batches. Source ids are checked
+eagerly before any of it (an XLA program cannot raise).
+
+``compiled=False`` runs the very same function eagerly, op by op: identical tokens and lengths,
+scores equal to rounding, not bit for bit (inside a tf.function TF's graph optimizer turns the
+divisions by constants of the layer norm and the length penalty into multiplications by rounded
+reciprocals, as it does for the model's forward pass; XLA has its own kernels).
 
 Results are NumPy arrays, as the oracle's, so the three implementations compare directly; scores
 are in the model's dtype (float32 by default; the oracle's are float64).
@@ -37,12 +44,12 @@ from .inputs import check_ids, in_xla_context, make_tgt_mask
 from .model import Transformer
 
 # use_cache -> the default jit_compile: XLA where it helps. Measured (base float32, greedy decoding
-# of 128 tokens from 32-token sources, TF 2.21 CPU, 2 cores, best of 2 after a warm-up):
-#   cached:    tf.function 3.10 s (batch 1), 11.45 s (batch 8); XLA 1.89 s, 5.89 s (1.6-1.9x faster:
-#              XLA fuses the per-step small ops, and its dot is 3.4x faster than TF's MatMul for
-#              the tied (8, 512) x (512, 37000)^T projection, 12 ms vs 42 ms);
-#   recompute: tf.function 7.0 s, 42.6 s; XLA 17.2 s, 66.3 s (static shapes make every step run
-#              all max_len positions, where tf.function runs the t + 1 of the prefix).
+# of 128 tokens from 32-token sources, TF 2.21 CPU, 2 shared cores, after a warm-up):
+#   cached:    tf.function 1.43 s (batch 1), 7.04 s (batch 8); XLA 1.12 s, 3.01 s (medians of 3,
+#              interleaved): XLA fuses the many small per-step ops, and its dot is 3.4x faster
+#              than TF's MatMul for the tied (8, 512) x (512, 37000)^T projection (12 vs 42 ms);
+#   recompute: tf.function 7.0 s, 42.6 s; XLA 17.2 s, 66.3 s (best of 2): static shapes make every
+#              XLA step run all max_len positions, where tf.function runs the t + 1 of the prefix.
 JIT_COMPILE = {True: True, False: False}
 
 
