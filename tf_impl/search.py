@@ -10,8 +10,10 @@ all(finished)``, and one loop body serves both ways of running it:
 * eagerly, where ``tf.while_loop`` is a Python loop over the same ops;
 * inside ``tf.function`` (optionally ``jit_compile=True``), where it is one graph loop.
 
-Eager and ``tf.function`` run the same kernels on the same shapes, so they give identical results;
-XLA compiles its own kernels (identical tokens, scores within float rounding).
+Both run the same ops on the same shapes. The search itself is exact (sums, selections, gathers):
+on the same log-probs, every mode gives the same tokens and, with alpha = 0, the same scores; the
+one float formula, the length penalty, may differ by an ulp (grappler turns ``/ 6`` into
+``* (1/6)`` inside a tf.function; TF's ``pow`` is Eigen's, not libm's).
 
 Because the loop state must exist before the first step, a TF step declares what torch's search
 learns from its first output, and carries its own state (a key/value cache) through the loop::
