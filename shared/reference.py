@@ -29,8 +29,11 @@ from typing import Mapping
 
 import numpy as np
 
+from . import decoding as _decoding
 from .checks import check_ids, check_ids_range, check_mask, check_same_batch
 from .config import TransformerConfig
+from .decoding import BeamResult, GreedyResult
+from .loss import log_softmax
 from .masks import make_src_mask, make_tgt_mask
 from .positional import positional_encoding
 from .weights import PROJECTIONS, check_weights, tgt_embedding_name
@@ -100,8 +103,11 @@ def embed(ids: np.ndarray, table: np.ndarray, pe: np.ndarray) -> np.ndarray:
 
 
 # -- the model ------------------------------------------------------------------------------------
-class _Model:
-    """Weights cast to float64 once, plus the config: what every function below needs."""
+class Model:
+    """The reference model: weights checked once and cast to float64 once, plus the config.
+
+    ``Model(weights, config)`` is what `greedy_decode` and `beam_search` take, so the weights are
+    checked and cast once per model, not once per decoding step."""
 
     def __init__(self, weights: Weights, config: TransformerConfig):
         if not isinstance(config, TransformerConfig):
@@ -232,7 +238,7 @@ def encode(weights: Weights, config: TransformerConfig, src, src_mask=None,
     ``src_mask`` (bool, True = may attend) broadcastable to (B, H, 1|S, S); derived from ``pad_id``
     when omitted. Pass a dict as ``trace`` to collect the encoder's intermediates.
     """
-    model = _Model(weights, config)
+    model = Model(weights, config)
     src = _check_tokens("src", src, config.src_vocab, config)
     b, s = src.shape
     src_mask = _check_or_make_mask("src_mask", src_mask, make_src_mask(src, config.pad_id), config, b, 1, s)
@@ -251,7 +257,7 @@ def forward(weights: Weights, config: TransformerConfig, src, tgt, src_mask=None
             and (B, H, 1|T, S) for cross-attention, so give it a query axis of 1; default ``src != pad_id``.
         tgt_mask: bool, broadcastable to (B, H, T, T); default padding AND subsequent.
     """
-    model = _Model(weights, config)
+    model = Model(weights, config)
     src = _check_tokens("src", src, config.src_vocab, config)
     tgt = _check_tokens("tgt", tgt, config.tgt_vocab, config)
     check_same_batch(src.shape, tgt.shape)
@@ -270,22 +276,7 @@ def forward(weights: Weights, config: TransformerConfig, src, tgt, src_mask=None
 
 # -- decoding -------------------------------------------------------------------------------------
 # The search itself is `shared.decoding` (framework-free, one spec for every backend); here it is
-# driven by the reference model. Imported here, not at the top, to keep this section self-contained.
-from . import decoding as _decoding  # noqa: E402
-from .decoding import BeamResult, GreedyResult  # noqa: E402
-
-Model = _Model
-Model.__doc__ = """The reference model: weights checked once and cast to float64 once, plus the config.
-
-    ``Model(weights, config)`` is what `greedy_decode` and `beam_search` take, so the weights are
-    checked and cast once per model, not once per decoding step."""
-
-
-def log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """``x - logsumexp(x)`` over ``axis``, shifted by the maximum so nothing overflows (finite ``x``)."""
-    shifted = x - x.max(axis=axis, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
-
+# driven by the reference model.
 
 def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0):
     """Checks in the order `shared.decoding` fixes: model, src, search arguments, then the mask."""
