@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import compare, convert
+from . import compare, convert, decode, figures, train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,18 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(--verify: exit 1 when parity fails)")
     convert.add_arguments(p)
     p.set_defaults(run=convert.run)
+    p = sub.add_parser("train", help="train the copy or dates demo in torch or tf (resumable, in "
+                                     "either backend); a neutral checkpoint at the end")
+    train.add_arguments(p)
+    p.set_defaults(run=train.run)
+    p = sub.add_parser("decode", help="decode inputs or the held-out set with a demo checkpoint, in "
+                                      "either backend")
+    decode.add_arguments(p)
+    p.set_defaults(run=decode.run)
+    p = sub.add_parser("figures", help="write PNG figures: positional encoding, masks, Noam curves, "
+                                       "training curves and attention of trained demo models")
+    figures.add_arguments(p)
+    p.set_defaults(run=figures.run)
     return parser
 
 

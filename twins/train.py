@@ -1,0 +1,304 @@
+"""`twins train`: the copy and dates demos, trained in either backend, resumable in either.
+
+A run lives in one directory (``--checkpoint DIR``), which is a neutral checkpoint that every
+command reads (``twins decode``, ``twins convert``, ``twins compare --checkpoint``,
+``from_checkpoint`` in both backends), with two more files::
+
+    DIR/config.json           the model config           } the neutral checkpoint
+    DIR/model.safetensors     the weights                }   (shared.weights)
+    DIR/optimizer.safetensors Adam's moments by canonical weight name (m.<name>, v.<name>)
+    DIR/train_log.json        task, seed, settings, step count, per-step loss and learning rate,
+                              every evaluation, and one entry per invocation (backend, steps, time)
+
+The directory is written once, at the end (or on Ctrl-C), into a temporary sibling that then
+replaces DIR, so DIR always holds one consistent (weights, moments, log) triple.
+
+Resuming: ``--checkpoint DIR`` naming an existing run continues it: the weights, Adam's moments and
+the step count are loaded, ``--steps N`` runs N more steps, and the Noam schedule and the data
+stream carry on from the step reached (the batch of step k is a function of (seed, k) alone), in
+either backend. Training settings not given on the command line come from the log.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from shared import TransformerConfig
+from shared import weights as neutral
+
+from . import demo_tasks as tasks
+from .demo_backends import BACKENDS, make_backend, moment_names
+
+LOG_FILE = "train_log.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+LOG_FORMAT = "twins-train-log"
+LOG_VERSION = 1
+SETTINGS = ("batch", "warmup", "factor", "smoothing")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--task", required=True, choices=tasks.TASKS, help="copy or dates")
+    parser.add_argument("--backend", required=True, choices=BACKENDS, help="torch or tf")
+    parser.add_argument("--steps", type=int, required=True,
+                        help="optimizer steps to run now (on a resumed run: more steps)")
+    parser.add_argument("--checkpoint", required=True, metavar="DIR",
+                        help="the run directory: created, or resumed when it holds a run")
+    parser.add_argument("--seed", type=int, help="data, initial weights and dropout (default 0; a "
+                        "resumed run keeps its own)")
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument("--preset", help="architecture of a named config (tiny, small, base, big); "
+                       "the task sets vocabulary and special ids (default: the task's model)")
+    model.add_argument("--config", metavar="FILE.json", help="a TransformerConfig as JSON, with the "
+                       "task's vocabulary and special ids")
+    parser.add_argument("--batch", type=int, help="examples per step (task default)")
+    parser.add_argument("--warmup", type=int, help="Noam warmup steps (task default)")
+    parser.add_argument("--factor", type=float, help="Noam factor (task default)")
+    parser.add_argument("--smoothing", type=float, help="label smoothing eps (task default)")
+    parser.add_argument("--eval-every", type=int, help="evaluate every K steps (task default; 0: "
+                        "only at the end)")
+    parser.add_argument("--heldout", type=int, help="held-out examples per evaluation (copy 100, "
+                        "dates 1000)")
+    parser.add_argument("--stop-at", type=float, metavar="ACC", help="stop once an evaluation "
+                        "reaches this exact-match accuracy (0..1)")
+    parser.add_argument("--threads", type=int, help="CPU threads of the framework (default: its own)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (it is off anyway when stderr is not a terminal)")
+
+
+# -- the run directory ----------------------------------------------------------------------------
+def read_log(path: str | os.PathLike) -> dict | None:
+    """The train log of a run directory, or None when it has none."""
+    file = Path(path) / LOG_FILE
+    return read_log_file(file) if file.is_file() else None
+
+
+def read_log_file(file: str | os.PathLike) -> dict:
+    """A train_log.json, checked to be one."""
+    file = Path(file)
+    try:
+        log = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{str(file)!r}: not valid JSON ({err})") from None
+    if not isinstance(log, dict) or log.get("format") != LOG_FORMAT:
+        raise ValueError(f"{str(file)!r}: not a twins train log (expected format {LOG_FORMAT!r})")
+    if log.get("version") != LOG_VERSION:
+        raise ValueError(f"{str(file)!r}: unknown version {log.get('version')!r}, this reads {LOG_VERSION}")
+    return log
+
+
+def read_moments(path: Path, config: TransformerConfig) -> dict[str, np.ndarray] | None:
+    """Adam's moments of a run, checked against the config; None (with a note) when absent or unfit."""
+    file = path / OPTIMIZER_FILE
+    if not file.is_file():
+        return None
+    from safetensors.numpy import load_file
+    try:
+        moments = load_file(str(file))
+    except Exception as err:  # noqa: BLE001  (safetensors raises several kinds)
+        print(f"note: {file} unreadable ({err}); Adam's moments restart from zero", file=sys.stderr)
+        return None
+    schema = neutral.weight_schema(config)
+    expected = {f"{k}.{n}": shape for k in ("m", "v") for n, shape in schema.items()}
+    if set(moments) != set(expected) or any(tuple(moments[n].shape) != s for n, s in expected.items()):
+        print(f"note: {file} does not fit the model; Adam's moments restart from zero", file=sys.stderr)
+        return None
+    return moments
+
+
+def save_run(path: Path, config: TransformerConfig, weights: dict, moments: dict, log: dict) -> None:
+    """Write the run directory atomically: a temporary sibling, then renamed over ``path``."""
+    from safetensors.numpy import save_file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        new = staging / "run"
+        neutral.save_checkpoint(new, config, weights)
+        save_file({n: np.ascontiguousarray(moments[n]) for n in moment_names(config)},
+                  str(new / OPTIMIZER_FILE), metadata={"step": str(log["step"])})
+        with open(new / LOG_FILE, "w", encoding="utf-8") as f:
+            json.dump(log, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        mode = 0o666 & ~_umask()
+        for name in (neutral.WEIGHTS_FILE, OPTIMIZER_FILE):  # safetensors writes 0600 files
+            os.chmod(new / name, mode)
+        if path.exists():
+            os.replace(path, staging / "old")
+        os.replace(new, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# -- evaluation -----------------------------------------------------------------------------------
+def evaluate(backend, task: str, examples) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy-decode the held-out sources: ``(tokens (N, target_len + 1), exact (N,) bool)``."""
+    src = tasks.pad(examples.sources)
+    max_len = max(len(t) for t in examples.targets) + 1
+    tokens = backend.greedy(src, max_len)
+    return tokens, tasks.exact(tokens, examples.targets)
+
+
+# -- the command ----------------------------------------------------------------------------------
+def _positive(name: str, value, allow_zero: bool = False) -> None:
+    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+        raise ValueError(f"--{name}: expected {'an int >= 0' if allow_zero else 'a positive number'}, "
+                         f"got {value}")
+
+
+def _check_args(args) -> None:
+    if args.steps < 1:
+        raise ValueError(f"--steps: expected an int >= 1, got {args.steps}")
+    for name in ("batch", "warmup", "factor", "heldout", "threads"):
+        _positive(name, getattr(args, name))
+    _positive("eval-every", args.eval_every, allow_zero=True)
+    if args.seed is not None and args.seed < 0:
+        raise ValueError(f"--seed: expected an int >= 0, got {args.seed}")
+    if args.smoothing is not None and not 0.0 <= args.smoothing < 1.0:
+        raise ValueError(f"--smoothing: expected a value in [0, 1), got {args.smoothing}")
+    if args.stop_at is not None and not 0.0 < args.stop_at <= 1.0:
+        raise ValueError(f"--stop-at: expected an accuracy in (0, 1], got {args.stop_at}")
+
+
+def _start_or_resume(args, path: Path):
+    """``(config, weights, moments, log)`` of a new run or of the run in ``path``."""
+    spec = tasks.spec(args.task)
+    log = read_log(path) if path.is_dir() else None
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--checkpoint {str(path)!r}: exists and is not a directory")
+    if log is None and path.is_dir() and any(path.iterdir()):
+        what = ("a checkpoint without a train log (not a `twins train` run)"
+                if (path / neutral.CONFIG_FILE).exists() else "other files")
+        raise ValueError(f"--checkpoint {str(path)!r}: holds {what}; give a new or empty "
+                         "directory, or a run directory to resume")
+    if log is None:  # a new run
+        config = tasks.task_config(args.task, args.preset, args.config)
+        seed = 0 if args.seed is None else args.seed
+        settings = {k: getattr(args, k) if getattr(args, k) is not None else getattr(spec, k)
+                    for k in SETTINGS}
+        log = {"format": LOG_FORMAT, "version": LOG_VERSION, "task": args.task, "seed": seed,
+               "step": 0, "settings": settings, "config": config.to_dict(), "segments": [],
+               "history": {"step": [], "loss": [], "lr": []}, "evals": []}
+        return config, neutral.init_weights(config, seed), None, log
+    if log.get("task") != args.task:
+        raise ValueError(f"--checkpoint {str(path)!r}: a run of the {log.get('task')} task, "
+                         f"not {args.task}")
+    if args.seed is not None and args.seed != log["seed"]:
+        raise ValueError(f"--seed {args.seed}: the run in {str(path)!r} has seed {log['seed']}; a "
+                         "resumed run keeps its seed (its data stream)")
+    config, weights = neutral.load_checkpoint(path)
+    if args.preset or args.config:
+        wanted = tasks.task_config(args.task, args.preset, args.config)
+        if wanted != config:
+            raise ValueError(f"--preset/--config: the run in {str(path)!r} has another model "
+                             f"({neutral.config_differences(wanted, config)}); drop the option to resume")
+    tasks.check_config(args.task, config)
+    for k in SETTINGS:
+        if getattr(args, k) is not None:
+            log["settings"][k] = getattr(args, k)
+    return config, weights, read_moments(path, config), log
+
+
+def run(args) -> int:
+    started = time.perf_counter()
+    _check_args(args)
+    path = Path(args.checkpoint)
+    config, weights, moments, log = _start_or_resume(args, path)
+    spec = tasks.spec(args.task)
+    s = log["settings"]
+    eval_every = spec.eval_every if args.eval_every is None else args.eval_every
+    n_heldout = spec.heldout if args.heldout is None else args.heldout
+    first = log["step"] + 1
+    last = log["step"] + args.steps
+
+    backend = make_backend(args.backend, config, weights, seed=log["seed"] + log["step"],
+                           threads=args.threads)
+    backend.make_optimizer(s["warmup"], s["factor"], log["step"], moments)
+    data = tasks.TrainingData(args.task, log["seed"], s["batch"])
+    examples = tasks.heldout(args.task, n_heldout)
+    resumed = f"resuming at step {log['step']}, " if log["step"] else ""
+    adam = "" if not log["step"] else ("Adam's moments restored; " if moments is not None
+                                       else "Adam's moments restart from zero; ")
+    print(f"twins train: {args.task} on {args.backend}, {resumed}{adam}steps {first}..{last}; "
+          f"d_model={config.d_model} heads={config.n_heads} d_ff={config.d_ff} layers="
+          f"{config.n_encoder_layers}+{config.n_decoder_layers} dropout={config.dropout} "
+          f"({neutral.parameter_count(config):,} parameters); batch={s['batch']} warmup={s['warmup']} "
+          f"factor={s['factor']} smoothing={s['smoothing']} seed={log['seed']}", flush=True)
+
+    from tqdm import tqdm
+    bar = tqdm(total=args.steps, desc=f"{args.task}/{args.backend}", unit="step", dynamic_ncols=True,
+               disable=True if args.no_progress else None, file=sys.stderr, leave=False)
+    history = log["history"]
+    segment = {"backend": args.backend, "first_step": first, "last_step": first - 1,
+               "settings": dict(s), "threads": args.threads, "seconds": 0.0}
+    log["segments"].append(segment)
+    train_start = time.perf_counter()
+    step, status, loss = log["step"], 0, float("nan")
+
+    def do_eval() -> float:
+        t0 = time.perf_counter()
+        _, ok = evaluate(backend, args.task, examples)
+        accuracy = float(ok.mean())
+        log["evals"].append({"step": step, "backend": args.backend, "accuracy": accuracy,
+                             "correct": int(ok.sum()), "n": int(ok.size),
+                             "seconds": round(time.perf_counter() - train_start, 3),
+                             "eval_seconds": round(time.perf_counter() - t0, 3)})
+        bar.write(f"step {step}: loss {loss:.4f}, held-out exact match {int(ok.sum())}/{ok.size} "
+                  f"= {accuracy:.1%} ({time.perf_counter() - train_start:.1f} s)", file=sys.stdout)
+        sys.stdout.flush()
+        return accuracy
+
+    try:
+        accuracy = None
+        while step < last:
+            batch = data.batch(step + 1)
+            loss, lr = backend.train_step(batch, s["smoothing"])
+            step += 1
+            if not np.isfinite(loss):
+                raise ValueError(f"the loss became {loss} at step {step}; try a smaller --factor")
+            history["step"].append(step)
+            history["loss"].append(round(loss, 6))
+            history["lr"].append(lr)
+            bar.update(1)
+            if step % 10 == 0 or step == last:
+                bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+            accuracy = None
+            if eval_every and step % eval_every == 0 and step != last:
+                accuracy = do_eval()
+                if args.stop_at is not None and accuracy >= args.stop_at:
+                    bar.write(f"stopping: {accuracy:.1%} >= --stop-at {args.stop_at:.1%}", file=sys.stdout)
+                    break
+        if accuracy is None:
+            accuracy = do_eval()
+    except KeyboardInterrupt:
+        status = 130
+        bar.write(f"interrupted at step {step}: saving the run", file=sys.stderr)
+    finally:
+        bar.close()
+    segment["last_step"] = step
+    segment["seconds"] = round(time.perf_counter() - train_start, 3)
+    segment["wall_seconds"] = round(time.perf_counter() - started, 3)
+    log["step"] = step
+    log["config"] = config.to_dict()
+    if log["evals"] and log["evals"][-1]["step"] == step:
+        log["final"] = log["evals"][-1]
+    save_run(path, config, backend.export_weights(), backend.export_moments(), log)
+    final = log.get("final")
+    done = (f"final held-out exact match {final['correct']}/{final['n']} = {final['accuracy']:.1%}; "
+            if final and final["step"] == step else "")
+    print(f"twins train: step {step}, {done}training {segment['seconds']:.1f} s, total "
+          f"{time.perf_counter() - started:.1f} s; saved {path}", flush=True)
+    return status
