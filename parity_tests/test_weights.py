@@ -215,5 +215,7 @@ def test_checkpoints_get_ordinary_permissions(tmp_path):
     finally:
         os.umask(mask)
     assert (path.stat().st_mode & 0o777) == 0o755
+    assert ((path / "model.safetensors").stat().st_mode & 0o777) == 0o644
+    assert ((path / "config.json").stat().st_mode & 0o777) == 0o644
     assert ((tmp_path / "f.bin").stat().st_mode & 0o777) == 0o644
     assert (tmp_path / "f.bin").read_bytes() == b"x"

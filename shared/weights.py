@@ -247,6 +247,7 @@ def save_checkpoint(path: str | os.PathLike, config: TransformerConfig,
             os.fsync(f.fileno())
         ordered = {n: np.ascontiguousarray(weights[n]) for n in weight_schema(config)}
         save_file(ordered, str(tmp / WEIGHTS_FILE), metadata={"format_version": str(FORMAT_VERSION)})
+        os.chmod(tmp / WEIGHTS_FILE, 0o666 & ~_umask())  # safetensors writes it owner-only
         with open(tmp / WEIGHTS_FILE, "rb") as f:
             os.fsync(f.fileno())
         if path.exists():

@@ -40,6 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, TypeError, FileNotFoundError) as err:
+    except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
         print(f"twins {args.command}: error: {err}", file=sys.stderr)
         return 2
