@@ -150,7 +150,8 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings) -> 
         else:
             print(f"PASS: all {len(rows)} intermediates agree for {', '.join(a + ' vs ' + b for a, b in pairs)}",
                   file=out)
-    print("forward time (median of 5): " + ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in timings.items()), file=out)
+    print("forward time (median of 5; torch eval + no_grad, tf under tf.function): "
+          + ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in timings.items()), file=out)
 
 
 def compare_decoding(config, weights, runners, src: np.ndarray, max_new: int) -> dict:
