@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parity_tests.inputs import src_tgt
+from shared.batches import src_tgt
 from shared import TransformerConfig
 
 TINY = TransformerConfig.preset("tiny")

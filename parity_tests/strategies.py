@@ -1,7 +1,7 @@
 """Hypothesis strategies shared by the backends' property tests (one definition, both backends)."""
 from hypothesis import strategies as st
 
-from parity_tests.inputs import src_tgt
+from shared.batches import src_tgt
 from shared import TransformerConfig
 
 

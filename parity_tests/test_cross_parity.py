@@ -11,7 +11,7 @@ pytest.importorskip("tensorflow")
 
 import tf_impl  # noqa: E402
 from parity_tests.matrix import CASES, case  # noqa: E402
-from parity_tests.tolerances import assert_trace_close, bound_for  # noqa: E402
+from shared.tolerances import assert_trace_close, bound_for  # noqa: E402
 from parity_tests.torch_support import build, run_trace  # noqa: E402
 from shared import reference as R  # noqa: E402
 from shared.weights import random_weights  # noqa: E402

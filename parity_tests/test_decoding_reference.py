@@ -4,8 +4,8 @@ against each other, and on bad input."""
 import numpy as np
 import pytest
 
-from parity_tests.inputs import token_batch
-from parity_tests.tolerances import SELF_FLOAT64, assert_close
+from shared.batches import token_batch
+from shared.tolerances import SELF_FLOAT64, assert_close
 from shared import TransformerConfig, make_src_mask
 from shared import reference as R
 from shared.weights import random_weights

@@ -6,8 +6,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from parity_tests import source_models as S  # noqa: E402
-from parity_tests.inputs import src_tgt  # noqa: E402
-from parity_tests.tolerances import FLOAT64, assert_close, bound_for, max_rel_diff  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
+from shared.tolerances import FLOAT64, assert_close, bound_for, max_rel_diff  # noqa: E402
 from shared import reference as R  # noqa: E402
 from shared.importers import ImporterError, from_annotated, from_nn_transformer  # noqa: E402
 from shared.positional import positional_encoding  # noqa: E402

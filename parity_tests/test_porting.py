@@ -124,8 +124,8 @@ def test_h5_is_a_keras_weights_file_with_the_config_inside(tmp_path):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_neutral_checkpoint_from_either_backend_computes_the_same(tmp_path, backend):
-    from parity_tests.inputs import src_tgt
-    from parity_tests.tolerances import assert_close, bound_for
+    from shared.batches import src_tgt
+    from shared.tolerances import assert_close, bound_for
     from shared import reference
 
     config, weights = TINY, random_weights(TINY, 3)

@@ -11,8 +11,8 @@ tf = pytest.importorskip("tensorflow")
 import tf_impl  # noqa: E402
 import torch_impl  # noqa: E402
 from parity_tests import source_models as S  # noqa: E402
-from parity_tests.inputs import src_tgt  # noqa: E402
-from parity_tests.tolerances import FLOAT64, Bound, assert_close  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
+from shared.tolerances import FLOAT64, Bound, assert_close  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
 from shared.weights import random_weights, save_checkpoint  # noqa: E402
 from twins import convert  # noqa: E402

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from parity_tests.inputs import src_tgt
-from parity_tests.tolerances import SELF_FLOAT64, assert_close
+from shared.batches import src_tgt
+from shared.tolerances import SELF_FLOAT64, assert_close
 from shared import TransformerConfig, make_src_mask, make_tgt_mask, positional_encoding
 from shared import reference as R
 from shared.weights import random_weights, tgt_embedding_name

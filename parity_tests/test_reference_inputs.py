@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from parity_tests.inputs import src_tgt
+from shared.batches import src_tgt
 from shared import TransformerConfig
 from shared import reference as R
 from shared.weights import WeightsError, random_weights

@@ -6,7 +6,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from parity_tests.tf_support import DEVICES  # noqa: E402
-from parity_tests.tolerances import FLOAT64, assert_close, bound_for  # noqa: E402
+from shared.tolerances import FLOAT64, assert_close, bound_for  # noqa: E402
 from shared import make_src_mask, make_tgt_mask  # noqa: E402
 from shared import reference as R  # noqa: E402
 from tf_impl.attention import MultiHeadAttention, masked_softmax  # noqa: E402

@@ -15,10 +15,10 @@ tf = pytest.importorskip("tensorflow")
 
 import tf_impl  # noqa: E402
 from parity_tests import test_decoding_stub as stub  # noqa: E402
-from parity_tests.inputs import token_batch  # noqa: E402
+from shared.batches import token_batch  # noqa: E402
 from parity_tests.matrix import VARIANTS  # noqa: E402
 from parity_tests.tf_support import DEVICES  # noqa: E402  (importing it switches TF32 off)
-from parity_tests.tolerances import assert_close, bound_for  # noqa: E402
+from shared.tolerances import assert_close, bound_for  # noqa: E402
 from shared import decoding as D  # noqa: E402
 from shared import reference as R  # noqa: E402
 from shared.weights import random_weights  # noqa: E402

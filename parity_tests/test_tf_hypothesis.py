@@ -9,7 +9,7 @@ from hypothesis import given, settings  # noqa: E402
 
 from parity_tests.strategies import cases  # noqa: E402
 from parity_tests.tf_support import build, run_logits, run_trace  # noqa: E402
-from parity_tests.tolerances import assert_close, assert_trace_close, bound_for  # noqa: E402
+from shared.tolerances import assert_close, assert_trace_close, bound_for  # noqa: E402
 from shared import reference as R  # noqa: E402
 from shared.weights import random_weights  # noqa: E402
 

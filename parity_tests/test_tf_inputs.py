@@ -9,9 +9,9 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from parity_tests.inputs import src_tgt  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
 from parity_tests.tf_support import build, run_logits  # noqa: E402
-from parity_tests.tolerances import assert_close, bound_for  # noqa: E402
+from shared.tolerances import assert_close, bound_for  # noqa: E402
 from shared import TransformerConfig, make_src_mask  # noqa: E402
 from shared import reference as R  # noqa: E402
 from shared.weights import random_weights  # noqa: E402

@@ -9,10 +9,10 @@ tf = pytest.importorskip("tensorflow")
 import keras  # noqa: E402
 
 import tf_impl  # noqa: E402
-from parity_tests.inputs import src_tgt  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
 from parity_tests.matrix import case  # noqa: E402
 from parity_tests.tf_support import DEVICES, build, cached, run_logits, run_trace  # noqa: E402
-from parity_tests.tolerances import assert_close, assert_trace_close, bound_for  # noqa: E402
+from shared.tolerances import assert_close, assert_trace_close, bound_for  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
 from shared import make_src_mask as np_src_mask, make_tgt_mask as np_tgt_mask  # noqa: E402
 from shared import reference as R  # noqa: E402

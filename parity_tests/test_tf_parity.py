@@ -10,7 +10,7 @@ pytest.importorskip("tensorflow")
 
 from parity_tests.matrix import CASES, case  # noqa: E402
 from parity_tests.tf_support import DEVICES, build, run_logits, run_trace  # noqa: E402
-from parity_tests.tolerances import assert_close, assert_trace_close, bound_for  # noqa: E402
+from shared.tolerances import assert_close, assert_trace_close, bound_for  # noqa: E402
 from shared import reference as R  # noqa: E402
 from shared.weights import random_weights  # noqa: E402
 

@@ -5,7 +5,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import tf_impl  # noqa: E402
-from parity_tests.inputs import src_tgt  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
 from parity_tests.matrix import VARIANTS  # noqa: E402
 from parity_tests.tf_support import run_logits  # noqa: E402
 from shared import TransformerConfig  # noqa: E402

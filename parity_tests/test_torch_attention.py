@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from parity_tests.tolerances import FLOAT64, assert_close, bound_for  # noqa: E402
+from shared.tolerances import FLOAT64, assert_close, bound_for  # noqa: E402
 from parity_tests.torch_support import DEVICES, disable_tf32, to_numpy  # noqa: E402
 from shared import make_src_mask, make_tgt_mask  # noqa: E402
 from shared import reference as R  # noqa: E402

@@ -8,9 +8,9 @@ torch = pytest.importorskip("torch")
 
 import torch_impl  # noqa: E402
 from parity_tests import test_decoding_stub as stub  # noqa: E402
-from parity_tests.inputs import token_batch  # noqa: E402
+from shared.batches import token_batch  # noqa: E402
 from parity_tests.matrix import VARIANTS  # noqa: E402
-from parity_tests.tolerances import assert_close, bound_for  # noqa: E402
+from shared.tolerances import assert_close, bound_for  # noqa: E402
 from parity_tests.torch_support import DEVICES, build, ids, to_numpy  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
 from shared import decoding as D  # noqa: E402

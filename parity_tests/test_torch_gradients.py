@@ -6,8 +6,8 @@ torch = pytest.importorskip("torch")
 
 from torch.func import functional_call  # noqa: E402
 
-from parity_tests.inputs import src_tgt  # noqa: E402
-from parity_tests.tolerances import FLOAT64, assert_close  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
+from shared.tolerances import FLOAT64, assert_close  # noqa: E402
 from parity_tests.torch_support import build  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
 from shared.weights import random_weights  # noqa: E402

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 from hypothesis import given  # noqa: E402
 
 from parity_tests.strategies import cases  # noqa: E402
-from parity_tests.tolerances import assert_close, assert_trace_close, bound_for  # noqa: E402
+from shared.tolerances import assert_close, assert_trace_close, bound_for  # noqa: E402
 from parity_tests.torch_support import build, run_logits, run_trace  # noqa: E402
 from shared import reference as R  # noqa: E402
 from shared.weights import random_weights  # noqa: E402

@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from parity_tests.inputs import src_tgt  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
 from parity_tests.torch_support import build, run_logits  # noqa: E402
 from shared import TransformerConfig, make_src_mask  # noqa: E402
 from shared import reference as R  # noqa: E402

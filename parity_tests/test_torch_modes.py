@@ -4,8 +4,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from parity_tests.inputs import src_tgt  # noqa: E402
-from parity_tests.tolerances import assert_close, bound_for  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
+from shared.tolerances import assert_close, bound_for  # noqa: E402
 from parity_tests.torch_support import DEVICES, build, ids, run_logits, to_numpy  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
 from shared import reference as R  # noqa: E402

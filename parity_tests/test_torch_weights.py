@@ -5,7 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch_impl  # noqa: E402
-from parity_tests.inputs import src_tgt  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
 from parity_tests.matrix import VARIANTS  # noqa: E402
 from parity_tests.torch_support import build, run_logits  # noqa: E402
 from shared import TransformerConfig  # noqa: E402

@@ -16,9 +16,9 @@ tf = pytest.importorskip("tensorflow")
 
 import keras  # noqa: E402
 import tf_impl  # noqa: E402
-from parity_tests.inputs import src_tgt  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
 from parity_tests.matrix import VARIANTS  # noqa: E402
-from parity_tests.tolerances import FLOAT64, assert_close, bound_for  # noqa: E402
+from shared.tolerances import FLOAT64, assert_close, bound_for  # noqa: E402
 from parity_tests.torch_support import DEVICES, build  # noqa: E402
 from shared import noam_lr, tasks  # noqa: E402
 from shared import reference as R  # noqa: E402

@@ -9,7 +9,7 @@ tf = pytest.importorskip("tensorflow")
 import keras  # noqa: E402
 import tf_impl  # noqa: E402
 from parity_tests.tf_support import build  # noqa: E402
-from parity_tests.tolerances import FLOAT64, assert_close, bound_for  # noqa: E402
+from shared.tolerances import FLOAT64, assert_close, bound_for  # noqa: E402
 from shared import TransformerConfig, noam_lr, tasks  # noqa: E402
 from shared.loss import label_smoothed_cross_entropy  # noqa: E402
 from shared.weights import random_weights  # noqa: E402

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch_impl  # noqa: E402
-from parity_tests.tolerances import FLOAT64, assert_close, bound_for  # noqa: E402
+from shared.tolerances import FLOAT64, assert_close, bound_for  # noqa: E402
 from parity_tests.torch_support import DEVICES, build  # noqa: E402
 from shared import TransformerConfig, noam_lr, tasks  # noqa: E402
 from shared.loss import label_smoothed_cross_entropy  # noqa: E402

@@ -7,8 +7,8 @@ from itertools import combinations
 
 import numpy as np
 
-from parity_tests.inputs import src_tgt
-from parity_tests.tolerances import bound_for, max_abs_diff, max_rel_diff
+from shared.batches import src_tgt
+from shared.tolerances import bound_for, max_abs_diff, max_rel_diff
 from shared import TransformerConfig
 from shared import reference
 from shared.weights import load_checkpoint, random_weights
@@ -143,7 +143,7 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings) -> 
         print(line, file=out)
     if pairs:
         print("(each cell: max abs diff, max diff relative to the tensor's scale, verdict against "
-              "parity_tests/tolerances.py)", file=out)
+              "shared/tolerances.py)", file=out)
         if first_parting:
             print(f"FAIL: the implementations first part at {first_parting['name']} "
                   f"({first_parting['pair']})", file=out)

@@ -16,7 +16,7 @@ Every source is read into ``(config, canonical weights)`` and fully checked befo
 written; the result is written atomically. ``--verify`` then loads the result in the target's
 implementation (torch_impl, tf_impl, or the NumPy reference for a neutral directory) and the source
 in its own, runs one batch through both, and prints a parity table for the logits against the
-bounds of `parity_tests.tolerances` (exit status 1 when it fails). An nn.Transformer or Annotated
+bounds of `shared.tolerances` (exit status 1 when it fails). An nn.Transformer or Annotated
 state dict cannot be rebuilt into its model without that model's code, so for those sources the
 imported weights are run in the reference and in both backends instead (the target's backend from
 the converted file), and the output says so.
@@ -215,7 +215,7 @@ def _load(impl: str, path: str | None, config: TransformerConfig, weights: dict 
 
 
 def _bound(config: TransformerConfig, a: str, b: str):
-    from parity_tests.tolerances import Bound, bound_for
+    from shared.tolerances import Bound, bound_for
     if a == b:
         return Bound(rtol=0.0, reason="one implementation, the same weights: identical logits")
     try:
@@ -227,8 +227,8 @@ def _bound(config: TransformerConfig, a: str, b: str):
 def verify(src_fmt: str, src: str, dst_fmt: str, dst: str, config: TransformerConfig,
            weights: dict, seed: int = 0) -> bool:
     """Print the logits parity table of source and result; True when every row passes."""
-    from parity_tests.inputs import src_tgt
-    from parity_tests.tolerances import max_abs_diff, max_rel_diff
+    from shared.batches import src_tgt
+    from shared.tolerances import max_abs_diff, max_rel_diff
 
     batch = src_tgt(config, batch=2, src_len=min(9, config.max_len), tgt_len=min(7, config.max_len),
                     seed=seed)
@@ -278,7 +278,7 @@ def verify(src_fmt: str, src: str, dst_fmt: str, dst: str, config: TransformerCo
         ok &= passed
         print(f"{'logits':<8} {a + ' vs ' + b:<{width}}  {max_abs_diff(x, y):>9.2e}  "
               f"{max_rel_diff(x, y):>9.2e}  {bound.rtol:>7.0e}  {'pass' if passed else 'FAIL'}")
-    print("(max rel: the difference relative to the logits' scale, which parity_tests/tolerances.py "
+    print("(max rel: the difference relative to the logits' scale, which shared/tolerances.py "
           "bounds; an implementation against itself must match exactly)")
     print("PASS" if ok else "FAIL")
     return ok

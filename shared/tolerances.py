@@ -1,4 +1,7 @@
-"""Every numeric bound of the parity suite, in one place, each with the measured reason for its size.
+"""Every numeric bound of the project, in one place, each with the measured reason for its size.
+
+The bounds are part of the product, not of the tests alone: `twins compare` and `twins convert
+--verify` report against them, and the parity suite (`parity_tests`) asserts them. NumPy only.
 
 A comparison passes when ``max|actual - expected| <= rtol * max(max|expected|, 1)``: the difference
 is measured against the scale of the tensor (attention weights are <= 1; embeddings are O(sqrt(d))),
@@ -73,7 +76,7 @@ def bound_for(dtype: str, pair: str) -> Bound:
         return BOUNDS[(dtype, pair)]
     except KeyError:
         raise KeyError(f"no parity bound for dtype={dtype!r}, pair={pair!r}; measure one and add it "
-                       "to parity_tests/tolerances.py") from None
+                       "to shared/tolerances.py") from None
 
 
 def assert_close(actual, expected, bound: Bound, name: str = "tensor") -> None:

@@ -1,4 +1,8 @@
-"""Test inputs: token batches with chosen padding patterns, drawn deterministically."""
+"""Token batches with chosen padding patterns, drawn deterministically (NumPy only).
+
+The inputs every comparison runs on: the parity suite's cases, `twins compare` and `twins convert
+--verify` all draw their batches here, so a figure in the command line and a test's are made on the
+same kind of input."""
 from __future__ import annotations
 
 import numpy as np
