@@ -57,6 +57,14 @@ def setup() -> None:
     stamp.touch()
 
 
+def _workers(args: list[str]) -> list[str]:
+    """``-n N`` for pytest-xdist: one worker per core (at most 4: each holds both frameworks, about
+    1 GB), unless the caller chose (``-n``, ``--numprocesses``, ``-p no:xdist``) or runs one core."""
+    chosen = any(a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in args)
+    cores = min(os.cpu_count() or 1, 4)
+    return [] if chosen or cores < 2 else ["-n", str(cores)]
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(__doc__)
@@ -77,7 +85,7 @@ def main(argv: list[str]) -> int:
             print(f"dev.py bench: expected a benchmark name, one of {names}", file=sys.stderr)
             return 2
         return _run([PYTHON, ROOT / "benchmarks" / f"{args[0]}.py", *args[1:]], env=env)
-    code = _run([PYTHON, "-m", "pytest", *args], env=env)
+    code = _run([PYTHON, "-m", "pytest", *_workers(args), *args], env=env)
     if code == 5:  # pytest: no tests were collected; never a pass
         print("dev.py test: pytest collected no tests; failing", file=sys.stderr)
         return 1
