@@ -125,7 +125,7 @@ def masks_figure(path: Path, dpi: int) -> Path:
     fig.legend(handles=[Patch(color="#2ca02c", label="True: may attend"),
                         Patch(color="#d9d9d9", label="False: blocked (weight exactly 0)")],
                loc="lower center", ncol=2, frameon=False, bbox_to_anchor=(0.5, -0.04))
-    fig.suptitle("Masks are boolean, True = may attend (DESIGN convention 2)", y=1.0)
+    fig.suptitle("Masks are boolean, True = may attend (docs/design.md, convention 2)", y=1.0)
     return _save(fig, path, dpi)
 
 
