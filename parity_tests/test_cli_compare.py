@@ -1,6 +1,7 @@
 """`twins compare`, the main job: the table, the JSON, the exit status, and where backends part."""
 import json
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -8,7 +9,7 @@ pytest.importorskip("tensorflow")
 
 from shared import TransformerConfig  # noqa: E402
 from shared import reference as R  # noqa: E402
-from twins import runners  # noqa: E402
+from twins import backends  # noqa: E402
 from twins.cli import main  # noqa: E402
 
 ARGS = ["compare", "--preset", "tiny", "--batch", "2", "--src-len", "6", "--tgt-len", "5"]
@@ -39,44 +40,44 @@ def test_float64_agrees_to_1e12(tmp_path):
 
 def _perturbed(make, name_to_break):
     def build(name, config, weights):
-        runner = make(name, config, weights)
+        adapter = make(name, config, weights)
         if name == "torch":
-            trace = runner._trace
+            trace = adapter.trace
 
             def broken(src, tgt):
                 out = trace(src, tgt)
                 out[name_to_break] = out[name_to_break] + 1e-3
                 return out
-            runner._trace = broken
-        return runner
+            adapter.trace = broken
+        return adapter
     return build
 
 
 def test_reports_where_the_backends_part_and_fails(monkeypatch, capsys):
     target = "decoder.layers.1.cross_attn.output"
-    monkeypatch.setattr("twins.compare.make_runner", _perturbed(runners.make_runner, target))
+    monkeypatch.setattr("twins.compare.make_adapter", _perturbed(backends.make_adapter, target))
     assert main(ARGS) == 1
     text = capsys.readouterr().out
     assert f"FAIL: the implementations first part at {target} (torch:reference)" in text
 
 
 def test_decode_divergence_is_reported_with_step_tokens_and_margin(monkeypatch, capsys):
-    make = runners.make_runner
+    make = backends.make_adapter
 
     def build(name, config, weights):
-        runner = make(name, config, weights)
+        adapter = make(name, config, weights)
         if name == "tf":
-            greedy = runner._greedy
+            greedy = adapter.greedy
 
             def changed(src, max_len):
                 result = greedy(src, max_len)
                 tokens = result.tokens.copy()
                 tokens[1, 2] = 3 if tokens[1, 2] != 3 else 4
                 return result._replace(tokens=tokens)
-            runner._greedy = changed
-        return runner
+            adapter.greedy = changed
+        return adapter
 
-    monkeypatch.setattr("twins.compare.make_runner", build)
+    monkeypatch.setattr("twins.compare.make_adapter", build)
     assert main(ARGS + ["--decode", "--max-new", "4"]) == 1
     text = capsys.readouterr().out
     assert "decode: torch vs reference: identical tokens" in text
@@ -105,3 +106,51 @@ def test_runs_from_a_checkpoint(tmp_path, capsys):
     save_checkpoint(tmp_path / "c", config, random_weights(config, 5))
     assert main(["compare", "--checkpoint", str(tmp_path / "c"), "--backends", "tf"]) == 0
     assert "norm_first=False" in capsys.readouterr().out
+
+
+def test_a_missing_framework_is_skipped_and_named(monkeypatch, capsys):
+    """A backend whose package cannot be imported raises `backends.Unavailable` (an ImportError);
+    `twins compare` reports it as skipped and compares the rest."""
+    import sys
+    monkeypatch.setitem(sys.modules, "tf_impl", None)  # `import tf_impl` now raises ImportError
+    with pytest.raises(backends.Unavailable, match=r"the tf backend is not installed .*'tf-cpu' extra"):
+        backends.make_adapter("tf", TransformerConfig.preset("tiny"), {})
+    assert issubclass(backends.Unavailable, ImportError)
+    assert main(ARGS) == 0
+    text = capsys.readouterr().out
+    assert "skipped tf: the tf backend is not installed" in text
+    assert "torch vs reference" in text and "tf vs reference" not in text
+
+
+def test_unknown_implementation_is_refused():
+    with pytest.raises(ValueError, match=r"implementation: expected one of \('reference', 'torch', "
+                                         r"'tf'\), got 'jax'"):
+        backends.make_adapter("jax", TransformerConfig.preset("tiny"), {})
+
+
+def test_adapters_share_one_interface_and_agree(tmp_path):
+    """Every adapter, built from weights or loaded from a checkpoint, answers the same calls with
+    NumPy results that agree within the float32 bounds (beam included)."""
+    from shared.batches import src_tgt
+    from shared.tolerances import bound_for
+    from shared.weights import random_weights, save_checkpoint
+    config = TransformerConfig.preset("tiny")
+    weights = random_weights(config, 1)
+    save_checkpoint(tmp_path / "c", config, weights)
+    src, tgt = src_tgt(config, 2, 6, 5, seed=1)
+    ref = backends.make_adapter("reference", config, weights)
+    want = ref.beam(src, 4, beam_size=2)
+    for name in backends.IMPLEMENTATIONS:
+        for adapter in (backends.make_adapter(name, config, weights),
+                        backends.load_adapter(name, tmp_path / "c")):
+            assert adapter.name == name and adapter.config == config
+            exported = adapter.export_weights()
+            assert all(np.array_equal(exported[k], weights[k]) for k in weights)
+            bound = bound_for(config.dtype, f"{name}:reference") if name != "reference" else None
+            logits = adapter.logits(src, tgt)
+            assert isinstance(logits, np.ndarray) and logits.shape == (2, 5, config.tgt_vocab)
+            assert bound is None or bound.allows(logits, ref.logits(src, tgt))
+            assert set(adapter.trace(src, tgt)) == set(R.trace_names(config))
+            assert adapter.time_forward(src, tgt, repeats=1) > 0
+            np.testing.assert_array_equal(adapter.greedy(src, 4).tokens, ref.greedy(src, 4).tokens)
+            np.testing.assert_array_equal(adapter.beam(src, 4, beam_size=2).tokens, want.tokens)

@@ -154,6 +154,62 @@ def test_figures_written(runs, tmp_path, capsys):
                                                       "training_copy.png", "attention_copy.png")]
 
 
+# -- one adapter module, each framework imported only when its adapter is built -------------------
+def _fresh_python(code: str) -> None:
+    import subprocess
+    import sys
+    import textwrap
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("backend, other", [("torch", ("tensorflow", "keras", "tf_impl")),
+                                            ("tf", ("torch", "torch_impl"))])
+def test_a_backend_never_imports_the_other_framework(tmp_path, backend, other):
+    """`twins train` and `twins decode` in one backend, in a fresh interpreter, leave the other
+    framework unimported; with its package unimportable its adapter raises `Unavailable`. (The
+    check reads sys.modules instead of blocking the import: torch's optimizer probes for
+    TensorFlow with find_spec without importing it.)"""
+    run = str(tmp_path / "r")
+    name = "tf" if backend == "torch" else "torch"
+    _fresh_python(f"""
+        import sys
+        import pytest
+        from shared import TransformerConfig
+        from twins import backends
+        from twins.cli import main
+        assert main(["train", "--task", "copy", "--backend", "{backend}", "--steps", "2", "--preset",
+                     "tiny", "--eval-every", "0", "--heldout", "2", "--checkpoint", {run!r},
+                     "--no-progress", "--threads", "1"]) == 0
+        assert main(["decode", "--checkpoint", {run!r}, "--backend", "{backend}", "4 5 6"]) == 0
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in {other!r})
+        assert not heavy, heavy
+        sys.modules["{name}_impl"] = None  # as if its framework were not installed
+        with pytest.raises(backends.Unavailable, match="the {name} backend is not installed"):
+            backends.make_adapter("{name}", TransformerConfig.preset("tiny"), {{}})
+    """)
+
+
+def test_the_reference_adapter_imports_no_framework():
+    _fresh_python("""
+        import sys
+        from shared import TransformerConfig
+        from shared.batches import src_tgt
+        from shared.weights import random_weights
+        from twins import backends, cli
+        config = TransformerConfig.preset("tiny")
+        adapter = backends.make_adapter("reference", config, random_weights(config, 0))
+        src, tgt = src_tgt(config, 2, 5, 4, seed=0)
+        assert adapter.logits(src, tgt).shape == (2, 4, config.tgt_vocab)
+        assert adapter.greedy(src, 3).tokens.shape == (2, 3)
+        assert adapter.beam(src, 3, 2).tokens.shape == (2, 3)
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in
+                       {"torch", "tensorflow", "keras", "torch_impl", "tf_impl"})
+        assert not heavy, heavy
+    """)
+
+
 # -- data -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("task", ["copy", "dates"])
 def test_training_data_is_a_function_of_seed_and_step(task):

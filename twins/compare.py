@@ -13,7 +13,7 @@ from shared import TransformerConfig
 from shared import reference
 from shared.weights import load_checkpoint, random_weights
 
-from .runners import IMPLEMENTATIONS, Unavailable, make_runner
+from .backends import IMPLEMENTATIONS, Unavailable, make_adapter
 
 
 def add_arguments(parser) -> None:
@@ -63,16 +63,16 @@ def run(args) -> int:
         raise SystemExit(f"--backends: expected names from {IMPLEMENTATIONS[1:]}, got {unknown}")
     src, tgt = src_tgt(config, args.batch, args.src_len, args.tgt_len, seed=args.seed)
 
-    runners, skipped = {"reference": make_runner("reference", config, weights)}, {}
+    adapters, skipped = {"reference": make_adapter("reference", config, weights)}, {}
     for name in backends:
         try:
-            runners[name] = make_runner(name, config, weights)
+            adapters[name] = make_adapter(name, config, weights)
         except Unavailable as err:
             skipped[name] = str(err)
-    traces = {name: r.trace(src, tgt) for name, r in runners.items()}
+    traces = {name: a.trace(src, tgt) for name, a in adapters.items()}
     names = list(traces["reference"])
     # Pairs read "torch:reference", "tf:reference", "torch:tf", as the tolerance table names them.
-    pairs = [(b, a) if a == "reference" else (a, b) for a, b in combinations(runners, 2)]
+    pairs = [(b, a) if a == "reference" else (a, b) for a, b in combinations(adapters, 2)]
 
     rows, first_parting, ok = [], None, True
     for name in names:
@@ -94,12 +94,12 @@ def run(args) -> int:
                 ok = False
                 first_parting = first_parting or {"name": name, "pair": f"{a}:{b}"}
         rows.append(row)
-    timings = {name: r.time_forward(src, tgt) for name, r in runners.items()}
+    timings = {name: a.time_forward(src, tgt) for name, a in adapters.items()}
 
     _print_table(config, args, rows, pairs, skipped, first_parting, timings)
     decoding = None
     if args.decode:
-        decoding = compare_decoding(config, weights, runners, src, args.max_new)
+        decoding = compare_decoding(config, weights, adapters, src, args.max_new)
         ok = ok and all(d["pass"] for d in decoding.values())
     if args.json:
         result = {"config": config.to_dict(), "batch": args.batch, "src_len": args.src_len,
@@ -154,7 +154,7 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings) -> 
           + ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in timings.items()), file=out)
 
 
-def compare_decoding(config, weights, runners, src: np.ndarray, max_new: int) -> dict:
+def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int) -> dict:
     """Greedy-decode ``src`` in every implementation and compare each with the float64 oracle.
 
     Identical tokens pass. Where a backend parts from the oracle, the report gives the item, the
@@ -165,12 +165,8 @@ def compare_decoding(config, weights, runners, src: np.ndarray, max_new: int) ->
     from shared.decoding import first_divergence
     from shared.loss import log_softmax
 
-    results, report = {}, {}
-    for name, runner in runners.items():
-        try:
-            results[name] = runner.greedy(src, max_new)
-        except Unavailable as err:
-            print(f"decode: skipped {name}: {err}")
+    results = {name: adapter.greedy(src, max_new) for name, adapter in adapters.items()}
+    report = {}
     ref = results["reference"]
     # The oracle's step log-probs along its own tokens (teacher forcing): margins for divergences.
     tgt_in = np.concatenate([np.full((src.shape[0], 1), config.bos_id), ref.tokens[:, :-1]], axis=1)

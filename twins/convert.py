@@ -185,33 +185,12 @@ def run(args) -> int:
 
 # -- --verify -------------------------------------------------------------------------------------
 def _load(impl: str, path: str | None, config: TransformerConfig, weights: dict | None):
-    """``(weights as loaded, logits function)`` of one implementation, from a file when ``path``."""
-    if impl == "reference":
-        from shared import reference
-        if path is not None:
-            config, weights = neutral.load_checkpoint(path)
-        return weights, lambda src, tgt: reference.forward(weights, config, src, tgt)
-    if impl == "torch":
-        import torch
-        from torch_impl import Transformer
-        if path is not None:
-            model = Transformer.from_checkpoint(path, config)  # = the file's, or for one without
-        else:
-            model = Transformer(config)
-            model.import_weights(weights)
-        model.eval()
-
-        def logits(src, tgt):
-            with torch.no_grad():
-                return model(torch.from_numpy(src), torch.from_numpy(tgt)).numpy()
-        return model.export_weights(), logits
-    from tf_impl import Transformer
-    if path is not None:
-        model = Transformer.from_checkpoint(path, config)  # = the file's, or for one without
-    else:
-        model = Transformer(config)
-        model.import_weights(weights)
-    return model.export_weights(), lambda src, tgt: np.asarray(model(src, tgt, training=False))
+    """The `twins.backends` adapter of one implementation: loaded by that implementation from the
+    file at ``path``, or holding ``weights`` when ``path`` is None."""
+    from .backends import load_adapter, make_adapter
+    if path is None:
+        return make_adapter(impl, config, weights)
+    return load_adapter(impl, path, config)  # config = the file's, or the given one for a file without
 
 
 def _bound(config: TransformerConfig, a: str, b: str):
@@ -232,7 +211,7 @@ def verify(src_fmt: str, src: str, dst_fmt: str, dst: str, config: TransformerCo
 
     batch = src_tgt(config, batch=2, src_len=min(9, config.max_len), tgt_len=min(7, config.max_len),
                     seed=seed)
-    runs: dict[str, tuple[dict, object]] = {}  # label -> (weights as loaded, logits fn)
+    runs = {}  # label -> adapter (twins.backends)
     if src_fmt in IMPORTERS:
         print(f"verify: the {src_fmt} state dict cannot be rebuilt into its source model here; "
               "comparing the imported weights in the reference and in both backends instead, "
@@ -245,7 +224,7 @@ def verify(src_fmt: str, src: str, dst_fmt: str, dst: str, config: TransformerCo
             except ImportError as err:
                 if path is not None:
                     raise
-                print(f"verify: skipped {impl}: not installed ({err})")
+                print(f"verify: skipped {impl}: {err}")
             if path is not None:
                 result = label
         labels = list(runs)
@@ -258,7 +237,7 @@ def verify(src_fmt: str, src: str, dst_fmt: str, dst: str, config: TransformerCo
         pairs, result = [(a, b)], b
 
     ok = True
-    result_weights = runs[result][0]
+    result_weights = runs[result].export_weights()
     same = sorted(result_weights) == sorted(weights) and all(
         result_weights[k].dtype == weights[k].dtype and result_weights[k].tobytes() == weights[k].tobytes()
         for k in weights)
@@ -266,7 +245,7 @@ def verify(src_fmt: str, src: str, dst_fmt: str, dst: str, config: TransformerCo
     print(f"weights: {len(weights)} tensors in DST "
           f"{'bit-identical to the source' if same else 'DIFFER from the source'}")
 
-    logits = {label: fn(*batch) for label, (_, fn) in runs.items()}
+    logits = {label: adapter.logits(*batch) for label, adapter in runs.items()}
     width = max(len("compared"), *(len(f"{a} vs {b}") for a, b in pairs))
     print(f"one batch: {batch[0].shape[0]} x {batch[0].shape[1]} source and {batch[1].shape[0]} x "
           f"{batch[1].shape[1]} target tokens (seed {seed}), {config.dtype}")

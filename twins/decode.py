@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import demo_tasks as tasks
-from .demo_backends import BACKENDS, make_backend
+from .backends import BACKENDS, make_adapter
 
 
 def add_arguments(parser) -> None:
@@ -84,10 +84,11 @@ def run(args) -> int:
                          f"{config.max_len}")
     max_len = args.max_len or (longest + 1 if task == "copy" else spec.target_len + 1)
     max_len = min(max_len, config.max_len)
-    backend = make_backend(args.backend, config, weights, threads=args.threads)
+    backend = make_adapter(args.backend, config, weights, threads=args.threads)
     src = tasks.pad(sources)
-    tokens = (backend.greedy(src, max_len) if args.beam_size == 1
+    result = (backend.greedy(src, max_len) if args.beam_size == 1
               else backend.beam(src, max_len, args.beam_size))
+    tokens = result.tokens
     outputs = [tasks.format_output(task, row) for row in tokens]
     if targets is None:
         for out in outputs:

@@ -125,7 +125,7 @@ def masks_figure(path: Path, dpi: int) -> Path:
     fig.legend(handles=[Patch(color="#2ca02c", label="True: may attend"),
                         Patch(color="#d9d9d9", label="False: blocked (weight exactly 0)")],
                loc="lower center", ncol=2, frameon=False, bbox_to_anchor=(0.5, -0.04))
-    fig.suptitle("Masks are boolean, True = may attend (DESIGN convention 2)", y=1.0)
+    fig.suptitle("Masks are boolean, True = may attend (docs/design.md, convention 2)", y=1.0)
     return _save(fig, path, dpi)
 
 
@@ -219,15 +219,15 @@ def _copy_token(t: int) -> str:
 
 def attention_figure(path: Path, dpi: int, task: str, checkpoint: str, text: str | None) -> Path:
     from .decode import load, resolve_task
-    from .demo_backends import make_backend
+    from .backends import make_adapter
     plt = _pyplot()
     config, weights, log = load(checkpoint)
     resolve_task(task, log, config)
     spec = tasks.spec(task)
     text = text or spec.example[0]
     src = tasks.pad([tasks.parse_input(task, text)])
-    backends = {name: make_backend(name, config, weights) for name in ("torch", "tf")}
-    tokens = backends["torch"].greedy(src, spec.target_len + 1)[0]
+    backends = {name: make_adapter(name, config, weights) for name in ("torch", "tf")}
+    tokens = backends["torch"].greedy(src, spec.target_len + 1).tokens[0]
     out = tasks.strip(tokens)
     tgt = np.array([[data.BOS_ID, *out]], dtype=np.int64)  # the decoder input that produced `out`
     traces = {name: b.trace(src, tgt) for name, b in backends.items()}

@@ -34,7 +34,7 @@ from shared import TransformerConfig
 from shared import weights as neutral
 
 from . import demo_tasks as tasks
-from .demo_backends import BACKENDS, make_backend, moment_names
+from .backends import BACKENDS, make_adapter, moment_names
 
 LOG_FILE = "train_log.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -148,7 +148,7 @@ def evaluate(backend, task: str, examples) -> tuple[np.ndarray, np.ndarray]:
     """Greedy-decode the held-out sources: ``(tokens (N, target_len + 1), exact (N,) bool)``."""
     src = tasks.pad(examples.sources)
     max_len = max(len(t) for t in examples.targets) + 1
-    tokens = backend.greedy(src, max_len)
+    tokens = backend.greedy(src, max_len).tokens
     return tokens, tasks.exact(tokens, examples.targets)
 
 
@@ -224,7 +224,7 @@ def run(args) -> int:
     first = log["step"] + 1
     last = log["step"] + args.steps
 
-    backend = make_backend(args.backend, config, weights, seed=log["seed"] + log["step"],
+    backend = make_adapter(args.backend, config, weights, seed=log["seed"] + log["step"],
                            threads=args.threads)
     backend.make_optimizer(s["warmup"], s["factor"], log["step"], moments)
     data = tasks.TrainingData(args.task, log["seed"], s["batch"])

@@ -1,0 +1,369 @@
+"""One adapter per implementation, the only way `twins` commands reach a model.
+
+=============  ==================================  ==========================================
+adapter        implementation                      imports, when built
+=============  ==================================  ==========================================
+`Reference`    the float64 NumPy oracle            `shared.reference` only (no framework)
+`Torch`        torch_impl                          torch and torch_impl, never TensorFlow
+`TF`           tf_impl                             TensorFlow, Keras and tf_impl, never torch
+=============  ==================================  ==========================================
+
+Every adapter takes and returns NumPy: token ids ``(B, S)`` / ``(B, T)`` integer arrays, results as
+arrays. One interface (`Adapter`): ``trace``, ``logits``, ``time_forward``, ``greedy``, ``beam``,
+``export_weights``; the two frameworks add training (``make_optimizer``, ``train_step``,
+``export_moments``). Build one with `make_adapter` (a config and canonical weights) or
+`load_adapter` (a checkpoint path). A framework is imported only when its adapter is built, so
+``twins train --backend torch`` never imports TensorFlow; a framework that is not installed raises
+`Unavailable` (an ``ImportError``, which the command line reports as an error).
+
+Adam's moments travel in the canonical layout: ``m.<name>`` (first moment) and ``v.<name>`` (second
+moment) for every canonical weight name, kernels ``(in, out)``, plus the optimizer's step count.
+``torch.optim.Adam`` and tf_impl's Adam keep exactly these two moments with the same bias
+corrections, so a run saved from one backend resumes in the other.
+"""
+from __future__ import annotations
+
+import time
+from typing import Mapping
+
+import numpy as np
+
+from shared import TransformerConfig
+from shared.decoding import BeamResult, GreedyResult
+
+IMPLEMENTATIONS = ("reference", "torch", "tf")
+BACKENDS = ("torch", "tf")  # the implementations that train
+_EXTRAS = {"torch": "torch", "tf": "tf-cpu"}  # pyproject extra that installs each framework
+
+Weights = Mapping[str, np.ndarray]
+
+
+class Unavailable(ImportError):
+    """The implementation cannot run here: its framework is not installed."""
+
+    def __init__(self, name: str, err: ImportError):
+        super().__init__(f"the {name} backend is not installed ({err}); install the "
+                         f"'{_EXTRAS[name]}' extra")
+
+
+def moment_names(config: TransformerConfig) -> list[str]:
+    """Names of Adam's stored moments, ``m.<weight>`` then ``v.<weight>``, in schema order."""
+    from shared.weights import weight_schema
+    return [f"{kind}.{name}" for kind in ("m", "v") for name in weight_schema(config)]
+
+
+class Adapter:
+    """The interface every command uses. All arrays are NumPy; every call runs in eval mode
+    (dropout off), whatever training did before."""
+
+    name: str
+    config: TransformerConfig
+
+    def trace(self, src: np.ndarray, tgt: np.ndarray) -> dict[str, np.ndarray]:
+        """Every named intermediate of a forward pass (`shared.reference.trace_names` order)."""
+        raise NotImplementedError
+
+    def logits(self, src: np.ndarray, tgt: np.ndarray) -> np.ndarray:
+        """``(B, T, tgt_vocab)`` logits of a forward pass, default masks."""
+        raise NotImplementedError
+
+    def greedy(self, src: np.ndarray, max_len: int) -> GreedyResult:
+        """Greedy decoding (`shared.decoding`) of ``src (B, S)``, at most ``max_len`` new tokens."""
+        raise NotImplementedError
+
+    def beam(self, src: np.ndarray, max_len: int, beam_size: int,
+             length_penalty: float = 0.0) -> BeamResult:
+        """Beam search (`shared.decoding`) with ``beam_size`` beams and GNMT ``length_penalty``."""
+        raise NotImplementedError
+
+    def export_weights(self) -> dict[str, np.ndarray]:
+        """The canonical weights the adapter holds now."""
+        raise NotImplementedError
+
+    def _timed_forward(self, src: np.ndarray, tgt: np.ndarray) -> None:
+        self.logits(src, tgt)
+
+    def time_forward(self, src: np.ndarray, tgt: np.ndarray, repeats: int = 5) -> float:
+        """Median seconds of a forward pass (no trace), after one warm-up call."""
+        self._timed_forward(src, tgt)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            self._timed_forward(src, tgt)
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
+
+
+# -- the oracle -----------------------------------------------------------------------------------
+class Reference(Adapter):
+    """`shared.reference` in float64 arithmetic; it has no training."""
+
+    name = "reference"
+
+    def __init__(self, config: TransformerConfig, weights: Weights):
+        from shared import reference
+        self._reference = reference
+        self.config, self._weights = config, dict(weights)
+        self._model = reference.Model(self._weights, config)
+
+    @classmethod
+    def from_weights(cls, config: TransformerConfig, weights: Weights, seed: int | None = None,
+                     threads: int | None = None) -> "Reference":
+        return cls(config, weights)  # NumPy: nothing random to seed, no thread pool to size
+
+    @classmethod
+    def from_checkpoint(cls, path, config: TransformerConfig | None = None, seed: int | None = None,
+                        threads: int | None = None) -> "Reference":
+        """From a neutral checkpoint directory (the only format that needs no framework); a
+        ``config``, when given, must be the one the directory holds."""
+        from shared.weights import config_differences, load_checkpoint
+        held, weights = load_checkpoint(path)
+        if config is not None and config != held:
+            raise ValueError(f"config: expected the config of {str(path)!r}, got another "
+                             f"({config_differences(config, held)})")
+        return cls(held, weights)
+
+    def trace(self, src, tgt):
+        return self._reference.forward(self._weights, self.config, src, tgt, return_trace=True)[1]
+
+    def logits(self, src, tgt):
+        return self._reference.forward(self._weights, self.config, src, tgt)
+
+    def greedy(self, src, max_len):
+        return self._reference.greedy_decode(self._model, src, max_len)
+
+    def beam(self, src, max_len, beam_size, length_penalty=0.0):
+        return self._reference.beam_search(self._model, src, max_len, beam_size=beam_size,
+                                           length_penalty=length_penalty)
+
+    def export_weights(self):
+        return dict(self._weights)
+
+
+# -- the two frameworks ---------------------------------------------------------------------------
+class _Framework(Adapter):
+    """What the torch and TF adapters share: a model of the backend ``impl`` (torch_impl or
+    tf_impl), built from weights or loaded from a file, with decoding and training."""
+
+    def __init__(self, impl, model, training):
+        """``impl``: the backend package; ``model``: its Transformer; ``training``: its training
+        module (make_optimizer, train_step)."""
+        self._impl, self._training, self.model, self.config = impl, training, model, model.config
+        self.optimizer = None
+
+    @classmethod
+    def _setup(cls, seed: int | None, threads: int | None):
+        """Import the framework (`Unavailable` if missing), size its thread pool and seed its
+        dropout; returns the backend package. Runs before any model is built: TensorFlow fixes its
+        thread pools when its runtime starts."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_weights(cls, config: TransformerConfig, weights: Weights, seed: int | None = None,
+                     threads: int | None = None):
+        """A model of ``config`` holding the canonical ``weights``. ``seed`` seeds dropout (None:
+        leave the framework's generator as it is); ``threads`` sizes the CPU thread pool."""
+        impl = cls._setup(seed, threads)
+        model = impl.Transformer(config)
+        model.import_weights(weights)
+        return cls(impl, model)
+
+    @classmethod
+    def from_checkpoint(cls, path, config: TransformerConfig | None = None, seed: int | None = None,
+                        threads: int | None = None):
+        """A model loaded by the backend's own `load_checkpoint` (a neutral directory or its native
+        file); ``config`` only for a native file that holds none."""
+        impl = cls._setup(seed, threads)
+        return cls(impl, impl.load_checkpoint(path, config))
+
+    def greedy(self, src, max_len):
+        return self._impl.greedy_decode(self.model, self._ids(src), max_len)
+
+    def beam(self, src, max_len, beam_size, length_penalty=0.0):
+        return self._impl.beam_search(self.model, self._ids(src), max_len, beam_size=beam_size,
+                                      length_penalty=length_penalty)
+
+    def export_weights(self):
+        return self.model.export_weights()
+
+    def _ids(self, ids: np.ndarray):
+        return ids
+
+    # training: the backend's own `training` module
+    def make_optimizer(self, warmup: int, factor: float, step: int,
+                       moments: Mapping[str, np.ndarray] | None = None) -> None:
+        """Adam on the Noam schedule (``warmup``, ``factor``), continuing at ``step``; with
+        ``moments`` (canonical layout, `moment_names`) Adam resumes exactly where it stopped,
+        without them it starts from zero moments."""
+        raise NotImplementedError
+
+    def train_step(self, batch, smoothing: float) -> tuple[float, float]:
+        """One update on ``batch = (src, tgt_in, tgt_out)``: ``(loss before it, learning rate)``."""
+        result = self._training.train_step(self.model, self.optimizer, batch, smoothing)
+        return result.loss, result.lr
+
+    def export_moments(self) -> dict[str, np.ndarray]:
+        """Adam's moments in the canonical layout; zeros for a weight that has none yet."""
+        raise NotImplementedError
+
+
+class Torch(_Framework):
+    name = "torch"
+
+    @classmethod
+    def _setup(cls, seed, threads):
+        try:
+            import torch
+            import torch_impl
+        except ImportError as err:
+            raise Unavailable("torch", err) from None
+        if threads:
+            torch.set_num_threads(threads)
+        if seed is not None:
+            torch.manual_seed(seed)  # dropout
+        return torch_impl
+
+    def __init__(self, impl, model):
+        import torch
+        from torch_impl import training
+        super().__init__(impl, model, training)
+        self._torch = torch
+        model.eval()
+
+    def _ids(self, ids):
+        return self._torch.from_numpy(ids)
+
+    def trace(self, src, tgt):
+        self.model.eval()  # training leaves the model in train mode
+        with self._torch.no_grad():
+            _, out = self.model(self._ids(src), self._ids(tgt), return_trace=True)
+        return {k: v.cpu().numpy() for k, v in out.items()}
+
+    def logits(self, src, tgt):
+        self.model.eval()
+        with self._torch.no_grad():
+            return self.model(self._ids(src), self._ids(tgt)).cpu().numpy()
+
+    def make_optimizer(self, warmup, factor, step, moments=None):
+        from torch_impl.weights_io import parameter_table
+        torch = self._torch
+        self.optimizer = self._training.make_optimizer(self.model, warmup=warmup, factor=factor,
+                                                 start_step=step)
+        if moments is None:
+            return
+        for name, (param, transposed) in parameter_table(self.model).items():
+            m, v = (np.asarray(moments[f"{k}.{name}"]) for k in ("m", "v"))
+            as_param = (lambda a: torch.from_numpy(np.ascontiguousarray(a.T if transposed else a).copy())
+                        .to(param.device, param.dtype))
+            self.optimizer.state[param] = {"step": torch.tensor(float(step)), "exp_avg": as_param(m),
+                                           "exp_avg_sq": as_param(v)}
+
+    def export_moments(self):
+        from torch_impl.weights_io import parameter_table
+        out = {}
+        table = parameter_table(self.model)
+        for kind, key in (("m", "exp_avg"), ("v", "exp_avg_sq")):
+            for name, (param, transposed) in table.items():
+                state = self.optimizer.state.get(param) if self.optimizer is not None else None
+                if state and key in state:
+                    a = state[key].detach().cpu().numpy()
+                    out[f"{kind}.{name}"] = np.ascontiguousarray(a.T if transposed else a)
+                else:
+                    out[f"{kind}.{name}"] = np.zeros(tuple(reversed(param.shape)) if transposed
+                                                     else tuple(param.shape), dtype=self.config.dtype)
+        return out
+
+
+class TF(_Framework):
+    name = "tf"
+
+    @classmethod
+    def _setup(cls, seed, threads):
+        import os
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        try:
+            import keras
+            import tensorflow as tf
+            import tf_impl
+        except ImportError as err:
+            raise Unavailable("tf", err) from None
+        if threads:
+            try:  # only before TensorFlow's runtime starts (a second run in one process keeps the first)
+                tf.config.threading.set_intra_op_parallelism_threads(threads)
+                tf.config.threading.set_inter_op_parallelism_threads(threads)
+            except RuntimeError:
+                pass
+        if seed is not None:
+            keras.utils.set_random_seed(seed)  # dropout
+        return tf_impl
+
+    def __init__(self, impl, model):
+        import tensorflow as tf
+        from tf_impl import training
+        super().__init__(impl, model, training)
+        self._tf, self._compiled = tf, None
+
+    def trace(self, src, tgt):
+        _, out = self.model(src, tgt, return_trace=True, training=False)
+        return {k: np.asarray(v) for k, v in out.items()}
+
+    def logits(self, src, tgt):
+        return np.asarray(self.model(src, tgt, training=False))
+
+    def _timed_forward(self, src, tgt):
+        # Timed under tf.function, as TF users run a model: eager Keras pays a per-layer Python
+        # overhead that dwarfs a small model's arithmetic. (`logits` stays eager, like `trace`.)
+        tf = self._tf
+        if self._compiled is None:
+            self._compiled = tf.function(lambda s, t: self.model(s, t, training=False))
+        self._compiled(tf.constant(src), tf.constant(tgt)).numpy()
+
+    def make_optimizer(self, warmup, factor, step, moments=None):
+        from tf_impl.weights_io import variable_table
+        # With moments the optimizer's own step count carries the position (Adam's bias corrections
+        # and the schedule both read it); without, only the schedule is offset and Adam starts fresh.
+        self.optimizer = opt = self._training.make_optimizer(
+            self.model, warmup=warmup, factor=factor, start_step=0 if moments is not None else step)
+        if moments is None:
+            return
+        opt.iterations.assign(step)
+        for name, variable in variable_table(self.model).items():
+            index = opt._get_variable_index(variable)
+            opt._momentums[index].assign(np.asarray(moments[f"m.{name}"], dtype=self.config.dtype))
+            opt._velocities[index].assign(np.asarray(moments[f"v.{name}"], dtype=self.config.dtype))
+
+    def export_moments(self):
+        from tf_impl.weights_io import variable_table
+        out = {}
+        table = variable_table(self.model)
+        opt = self.optimizer
+        for kind in ("m", "v"):
+            for name, variable in table.items():
+                if opt is None:
+                    out[f"{kind}.{name}"] = np.zeros(tuple(variable.shape), dtype=self.config.dtype)
+                    continue
+                slots = opt._momentums if kind == "m" else opt._velocities
+                out[f"{kind}.{name}"] = np.asarray(slots[opt._get_variable_index(variable)].numpy())
+        return out
+
+
+_ADAPTERS = {"reference": Reference, "torch": Torch, "tf": TF}
+
+
+def _adapter_class(name: str):
+    if name not in _ADAPTERS:
+        raise ValueError(f"implementation: expected one of {IMPLEMENTATIONS}, got {name!r}")
+    return _ADAPTERS[name]
+
+
+def make_adapter(name: str, config: TransformerConfig, weights: Weights, seed: int | None = None,
+                 threads: int | None = None) -> Adapter:
+    """The adapter of implementation ``name`` (one of `IMPLEMENTATIONS`) holding ``weights``."""
+    return _adapter_class(name).from_weights(config, weights, seed, threads)
+
+
+def load_adapter(name: str, path, config: TransformerConfig | None = None, seed: int | None = None,
+                 threads: int | None = None) -> Adapter:
+    """The adapter of implementation ``name`` loaded from the checkpoint at ``path`` by that
+    implementation itself (the reference reads neutral directories only)."""
+    return _adapter_class(name).from_checkpoint(path, config, seed, threads)
