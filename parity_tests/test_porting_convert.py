@@ -71,7 +71,7 @@ def test_convert_without_verify_prints_what_it_converted(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "n"), str(tmp_path / "out.weights.h5")]) == 0
     out = capsys.readouterr().out
     assert "(neutral) -> " in out and "(tf): 11,969 parameters" in out and "logits" not in out
-    assert tf_impl.Transformer.from_checkpoint(tmp_path / "out.weights.h5").config == TINY
+    assert tf_impl.load_checkpoint(tmp_path / "out.weights.h5").config == TINY
 
 
 def test_same_implementation_must_match_exactly(tmp_path, capsys):
@@ -125,7 +125,7 @@ def test_nn_transformer_checkpoint_converts_and_verifies(tmp_path, capsys, norm_
     assert_passing_table(out, rows=3)  # reference, torch, tf: every pair
     assert f"DST = {dst}" in out
     # The converted file, in its backend, computes what the source model computes.
-    net = (tf_impl.Transformer if target == "tf" else torch_impl.Transformer).from_checkpoint(dst)
+    net = (tf_impl if target == "tf" else torch_impl).load_checkpoint(dst)
     assert net.config.final_norm and net.config.norm_first == norm_first and net.config.norm_eps == 1e-5
     src, tgt = batch(net.config)
     expected = S.nn_transformer_logits(source, src, tgt, pad_id=1)
@@ -144,7 +144,7 @@ def test_annotated_checkpoint_converts_and_verifies(tmp_path, capsys, target):
     out = capsys.readouterr().out
     assert "annotated state dict cannot be rebuilt" in out
     assert_passing_table(out, rows=3)
-    net = (torch_impl.Transformer if target == "torch" else tf_impl.Transformer).from_checkpoint(dst)
+    net = (torch_impl if target == "torch" else tf_impl).load_checkpoint(dst)
     assert (net.config.norm_style, net.config.norm_eps, net.config.dtype) == ("annotated", 1e-6, "float64")
     src, tgt = batch(net.config)
     expected = S.annotated_logits(source, src, tgt, pad_id=0)[0]
@@ -212,3 +212,41 @@ def test_importer_source_that_would_run_code_is_refused(tmp_path, capsys):
     err = run_error(capsys, [str(tmp_path / "evil.pt"), str(tmp_path / "n"), "--from", "nn-transformer",
                              "--norm-first", "false", *NN])
     assert "evil.pt" in err and "refused" in err and not marker.exists()
+
+
+# -- the formats come from shared.checkpoints ----------------------------------------------------
+def test_convert_formats_are_the_backends_formats():
+    """`twins convert` tells formats apart without importing a framework, so it declares their
+    suffixes itself: they must be the backends' own, and reading/writing goes to the backends."""
+    from tf_impl import checkpoints as tf_ckpt
+    from torch_impl import checkpoints as torch_ckpt
+    assert convert.FORMATS == tuple(convert.FORMAT_OF)
+    for fmt in (torch_ckpt.PT, tf_ckpt.H5):
+        declared = convert.FORMAT_OF[fmt.name]
+        assert (declared.name, declared.suffixes, declared.describe) == (fmt.name, fmt.suffixes, fmt.describe)
+    assert convert.FORMAT_OF["neutral"].suffixes == ()
+
+
+def test_detect_imports_no_framework():
+    import subprocess
+    import sys
+    code = ("import sys; from twins import convert; "
+            "print(convert.detect('m.pt', 'source'), convert.detect('m.weights.h5', 'destination'), "
+            "convert.detect('out', 'destination')); "
+            "print(sorted(m for m in ('torch', 'tensorflow', 'keras') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:2] == ["torch tf neutral", "[]"], out
+
+
+def test_forced_formats_ignore_the_path(tmp_path, capsys):
+    save_checkpoint(tmp_path / "n", TINY, random_weights(TINY, 0))
+    assert main(["convert", str(tmp_path / "n"), str(tmp_path / "weights.bin"), "--to", "torch"]) == 0
+    assert main(["convert", str(tmp_path / "weights.bin"), str(tmp_path / "m.weights.h5"),
+                 "--from", "torch"]) == 0
+    capsys.readouterr()
+    assert tf_impl.load_checkpoint(tmp_path / "m.weights.h5").config == TINY
+    # A neutral destination is a directory: an existing file there is refused, and kept.
+    before = (tmp_path / "weights.bin").read_bytes()
+    err = run_error(capsys, [str(tmp_path / "m.weights.h5"), str(tmp_path / "weights.bin"), "--to", "neutral"])
+    assert "weights.bin" in err and "not a checkpoint" in err
+    assert (tmp_path / "weights.bin").read_bytes() == before

@@ -1,101 +1,29 @@
-"""torch_impl canonical weights: bit-exact round trip, all-or-nothing import, tied parameters."""
-import numpy as np
+"""What only torch_impl has in its weights and files: a dtype round trip through ``.double()``, the
+``.pt`` as a plain PyTorch state-dict file (bare state dicts too, both keys of a tied parameter),
+and pickles that are not plain state dicts: refused, never executed.
+
+The contracts both backends share are in test_backend_weights.py and test_checkpoints.py.
+"""
+import pickle
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import torch_impl  # noqa: E402
-from shared.batches import src_tgt  # noqa: E402
-from parity_tests.matrix import VARIANTS  # noqa: E402
-from parity_tests.torch_support import build, run_logits  # noqa: E402
+from parity_tests.checkpoint_backends import TIED, TINY, assert_same_bytes, write_native  # noqa: E402
+from parity_tests.torch_support import build  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
-from shared.weights import WeightsError, parameter_count, random_weights, weight_schema  # noqa: E402
+from shared.weights import WeightsError, random_weights  # noqa: E402
+from torch_impl import checkpoints  # noqa: E402
 
-TINY_VARIANTS = sorted(v for v in VARIANTS if v != "base")
+pytestmark = pytest.mark.torch
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("variant", TINY_VARIANTS)
-def test_export_after_import_is_bit_exact(variant, dtype):
-    config = VARIANTS[variant].replace(dtype=dtype, final_norm=VARIANTS[variant].final_norm)
-    w = random_weights(config, 3)
+def model_with(config, weights):
     model = torch_impl.Transformer(config)
-    model.import_weights(w)
-    out = model.export_weights()
-    assert list(out) == list(weight_schema(config))
-    for name, value in w.items():
-        assert out[name].dtype == value.dtype and out[name].flags.c_contiguous, name
-        assert out[name].tobytes() == value.tobytes(), name  # bit for bit, -0.0 and all
-    out["src_embed.embeddings"][0, 0] += 1  # exported arrays own their memory
-    assert model.export_weights()["src_embed.embeddings"][0, 0] == w["src_embed.embeddings"][0, 0]
-
-
-def test_bad_import_reports_everything_and_changes_nothing():
-    config = TransformerConfig.preset("tiny")
-    model = torch_impl.Transformer(config)
-    before = model.export_weights()
-    bad = dict(random_weights(config, 1))
-    del bad["generator.bias"]
-    bad["extra.weight"] = np.zeros(3, np.float32)
-    bad["encoder.layers.0.self_attn.query.kernel"] = np.zeros((16, 8), np.float32)
-    bad["decoder.layers.1.ffn_norm.gamma"] = bad["decoder.layers.1.ffn_norm.gamma"].astype(np.float64)
-    bad["src_embed.embeddings"] = bad["src_embed.embeddings"].copy()
-    bad["src_embed.embeddings"][0, 0] = np.nan
-    with pytest.raises(WeightsError) as err:
-        model.import_weights(bad)
-    assert len(err.value.problems) == 5, err.value.problems
-    message = str(err.value)
-    assert message.startswith("import_weights: 5 problem(s)")
-    for needle in ("missing: ['generator.bias']", "unexpected: ['extra.weight']",
-                   "query.kernel: expected shape (16, 16), got (16, 8)",
-                   "ffn_norm.gamma: expected dtype float32, got float64",
-                   "src_embed.embeddings: contains NaN or Inf"):
-        assert needle in message
-    after = model.export_weights()
-    assert all(np.array_equal(after[k], before[k]) for k in before)
-
-
-def test_import_refuses_a_transposed_kernel():
-    config = TransformerConfig.preset("tiny")
-    w = random_weights(config, 1)
-    w["encoder.layers.0.ffn.inner.kernel"] = w["encoder.layers.0.ffn.inner.kernel"].T.copy()
-    with pytest.raises(WeightsError, match=r"ffn.inner.kernel: expected shape \(16, 32\), got \(32, 16\)"):
-        torch_impl.Transformer(config).import_weights(w)
-
-
-@pytest.mark.parametrize("share, tie", [(False, False), (True, False), (False, True), (True, True)])
-def test_tied_parameters_are_one_tensor(share, tie):
-    tiny = TransformerConfig.preset("tiny", dtype="float64")
-    config = tiny.replace(tgt_vocab=tiny.src_vocab, share_embeddings=share, tie_output=tie)
-    model = torch_impl.Transformer(config)
-    assert (model.tgt_embed is model.src_embed) == share
-    assert sum(p.numel() for p in model.parameters()) == parameter_count(config)
-    assert all(p.dtype == torch.float64 for p in model.parameters())
-    assert (model.generator.kernel is None) == tie
-    # The tie is live: changing the embedding table changes the logits through the generator.
-    src, tgt = src_tgt(config)
-    model.eval()
-    before = run_logits(model, src, tgt)
-    with torch.no_grad():
-        model.tgt_embed.table.weight[5:].mul_(2.0)
-    assert not np.allclose(run_logits(model, src, tgt)[..., 5:], before[..., 5:])
-
-
-def test_positional_table_is_a_buffer_not_a_weight():
-    config = TransformerConfig.preset("tiny")
-    model = torch_impl.Transformer(config)
-    assert "positional.table" not in model.state_dict()
-    assert model.positional.table.dtype == torch.float32
-    assert model.positional.table.shape == (config.max_len, config.d_model)
-
-
-def test_fresh_model_has_the_training_initialisation():
-    config = TransformerConfig.preset("tiny")
-    w = torch_impl.Transformer(config).export_weights()
-    k = w["encoder.layers.0.ffn.inner.kernel"]
-    assert np.abs(k).max() <= np.sqrt(6 / (16 + 32)) and k.std() > 0
-    assert (w["encoder.layers.0.ffn_norm.gamma"] == 1).all() and (w["generator.bias"] == 0).all()
-    assert (w["encoder.layers.0.self_attn.query.bias"] == 0).all()
+    model.import_weights(weights)
+    return model
 
 
 def test_import_then_move_to_float64_and_back_keeps_weights():
@@ -104,3 +32,96 @@ def test_import_then_move_to_float64_and_back_keeps_weights():
     model = build(config, w)
     model.double().float()
     assert all(model.export_weights()[k].tobytes() == v.tobytes() for k, v in w.items())
+
+
+# -- the .pt is what PyTorch users expect ---------------------------------------------------------
+def test_pt_is_a_plain_state_dict_file(tmp_path):
+    weights = random_weights(TIED, 1)
+    torch_impl.save_checkpoint(model_with(TIED, weights), tmp_path / "m.pt")
+    obj = torch.load(tmp_path / "m.pt", weights_only=True, map_location="cpu")
+    assert sorted(obj) == ["config", "format", "format_version", "state_dict"]
+    assert obj["format_version"] == 1 and TransformerConfig.from_json(obj["config"]) == TIED
+    plain = torch_impl.Transformer(TIED)
+    assert list(obj["state_dict"]) == list(plain.state_dict())  # both names of the shared table
+    plain.load_state_dict(obj["state_dict"])  # plain PyTorch, strict
+    assert_same_bytes(plain.export_weights(), weights)
+    # A bare state dict (torch.save(model.state_dict())) is read given the config, refused without.
+    torch.save(plain.state_dict(), tmp_path / "bare.pt")
+    with pytest.raises(ValueError, match="bare.pt.*holds a bare state dict and no config.*"
+                                         "--from nn-transformer"):
+        torch_impl.load_checkpoint(tmp_path / "bare.pt")
+    loaded = torch_impl.load_checkpoint(tmp_path / "bare.pt", config=TIED)
+    assert_same_bytes(loaded.export_weights(), weights)
+    with pytest.raises(ValueError, match="config given .* differs from the one in the file in "
+                                         "d_ff: 64 vs 32"):
+        torch_impl.load_checkpoint(tmp_path / "m.pt", config=TIED.replace(d_ff=64))
+    torch_impl.save_checkpoint(loaded, tmp_path / "m.pth")  # PyTorch's other suffix is the same format
+    assert (tmp_path / "m.pth").read_bytes() == (tmp_path / "m.pt").read_bytes()
+
+
+def test_tied_keys_that_disagree_are_refused(tmp_path):
+    path = write_native(tmp_path, "torch", TIED)
+    obj = torch.load(path, weights_only=True)
+    obj["state_dict"]["tgt_embed.table.weight"] = obj["state_dict"]["tgt_embed.table.weight"].clone() + 1
+    torch.save(obj, path)
+    with pytest.raises(WeightsError, match="tgt_embed.table.weight: expected the same values as "
+                                           "src_embed.table.weight"):
+        torch_impl.load_checkpoint(path)
+
+
+# -- pickles that are not plain state dicts: refused, never executed ------------------------------
+class _Payload:
+    """Unpickling this calls ``open(marker, "w")``: it creates the marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("where", ["whole_file", "inside_state_dict"])
+def test_pickle_that_would_run_code_is_refused_not_executed(tmp_path, where):
+    marker = tmp_path / "marker"
+    path = tmp_path / "evil.pt"
+    payload = _Payload(marker)
+    if where == "inside_state_dict":
+        obj = {"format": checkpoints.PT_FORMAT, "format_version": 1, "config": TINY.to_json(),
+               "state_dict": {"src_embed.table.weight": payload}}
+    else:
+        obj = payload
+    torch.save(obj, path)  # a genuine torch.save zip archive
+    for load in (lambda: torch_impl.load_checkpoint(path),
+                 lambda: checkpoints.read_foreign_state_dict(path)):
+        with pytest.raises(ValueError, match=r"evil.pt'?: refused: the pickle holds more than tensors "
+                                             r"and plain containers \(Unsupported global: GLOBAL io.open"):
+            load()
+        assert not marker.exists(), "the pickle's code ran"
+    # Sanity: the file really does run code when unpickled without weights_only.
+    torch.load(path, weights_only=False)
+    assert marker.exists()
+
+
+def test_raw_pickle_and_pickled_module_are_refused(tmp_path):
+    marker = tmp_path / "marker"
+    with open(tmp_path / "raw.pt", "wb") as f:
+        pickle.dump(_Payload(marker), f)  # not a torch.save file at all
+    with pytest.raises(ValueError, match="raw.pt'?: not a PyTorch file"):
+        torch_impl.load_checkpoint(tmp_path / "raw.pt")
+    torch.save(torch_impl.Transformer(TINY), tmp_path / "module.pt")  # a whole pickled nn.Module
+    with pytest.raises(ValueError, match="module.pt'?: refused: .*torch_impl.model.Transformer"):
+        torch_impl.load_checkpoint(tmp_path / "module.pt")
+    assert not marker.exists()
+
+
+def test_loading_goes_through_weights_only(tmp_path, monkeypatch):
+    calls = []
+    real = torch.load
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(torch, "load", spy)
+    path = write_native(tmp_path, "torch")
+    torch_impl.load_checkpoint(path)
+    assert calls and all(c.get("weights_only") is True and c.get("map_location") == "cpu" for c in calls)

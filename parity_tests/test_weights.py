@@ -82,6 +82,23 @@ def test_check_weights_reports_every_problem_at_once():
                   allow_nonfinite=True)
 
 
+def test_one_rule_for_shape_and_dtype_and_where_nonfinite_is_looked_for():
+    """`tensor_problems` is the rule of check_weights and of both native readers; a tensor of the
+    wrong dtype is not looked into for NaN/Inf, a mis-shaped one still is."""
+    assert W.tensor_problems("k", (2, 3), "float32", (2, 3), "float32") == []
+    assert W.tensor_problems("k", (2, 3), "float32", (3, 2), "float64", (" (from the config)", " (x)")) == [
+        "k: expected shape (2, 3) (from the config), got (3, 2)", "k: expected dtype float32 (x), got float64"]
+    w = random_weights(TINY, 0)
+    w["generator.bias"] = np.full(5, np.nan, np.float32)  # mis-shaped and NaN: both reported
+    embed = weight_schema(TINY)["src_embed.embeddings"]
+    w["src_embed.embeddings"] = np.full(embed, np.nan, np.float64)  # wrong dtype: that alone
+    with pytest.raises(WeightsError) as err:
+        check_weights(TINY, w)
+    assert err.value.problems == ["src_embed.embeddings: expected dtype float32, got float64",
+                                  f"generator.bias: expected shape ({TINY.tgt_vocab},), got (5,)",
+                                  "generator.bias: contains NaN or Inf"]
+
+
 def test_checkpoint_round_trip_is_bit_exact(tmp_path):
     for config in (TINY, TINY.replace(dtype="float64", share_embeddings=True, tgt_vocab=13)):
         w = random_weights(config, 3)

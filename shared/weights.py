@@ -152,6 +152,19 @@ class WeightsError(ValueError):
         super().__init__(f"{source}: {len(problems)} problem(s) with the weights:\n  {listed}")
 
 
+def tensor_problems(label: str, shape: tuple, dtype: str, got_shape: tuple, got_dtype: str,
+              why: tuple[str, str] = ("", "")) -> list[str]:
+    """The shape and dtype problems of one tensor: the one rule of `check_weights` and of every
+    native checkpoint reader (`shared.checkpoints.read_stored`); ``why`` suffixes the expected
+    shape and dtype (the native readers say where they come from)."""
+    problems = []
+    if tuple(got_shape) != tuple(shape):
+        problems.append(f"{label}: expected shape {tuple(shape)}{why[0]}, got {tuple(got_shape)}")
+    if got_dtype != dtype:
+        problems.append(f"{label}: expected dtype {dtype}{why[1]}, got {got_dtype}")
+    return problems
+
+
 def check_weights(config: TransformerConfig, weights: Mapping[str, object], source: str = "weights",
                   allow_nonfinite: bool = False) -> None:
     """Raise one `WeightsError` listing every missing, unexpected, mis-shaped, mis-typed or
@@ -174,11 +187,9 @@ def check_weights(config: TransformerConfig, weights: Mapping[str, object], sour
         if not isinstance(value, np.ndarray):
             problems.append(f"{name}: expected a numpy array, got {type(value).__name__}")
             continue
-        if value.shape != shape:
-            problems.append(f"{name}: expected shape {shape}, got {value.shape}")
-        if value.dtype != np.dtype(config.dtype):
-            problems.append(f"{name}: expected dtype {config.dtype}, got {value.dtype}")
-        elif not allow_nonfinite and not np.isfinite(value).all():
+        problems += tensor_problems(name, shape, config.dtype, value.shape, str(value.dtype))
+        # Only a tensor of the right dtype is looked into (a mis-shaped one still is).
+        if value.dtype == np.dtype(config.dtype) and not allow_nonfinite and not np.isfinite(value).all():
             problems.append(f"{name}: contains NaN or Inf")
     if problems:
         raise WeightsError(source, problems)

@@ -2,11 +2,15 @@
 
 ``Transformer(config)`` is a ``keras.Model`` built from small layers that torch_impl mirrors file for
 file: embedding, norm, attention, feed_forward, layers, stacks, model; inputs holds the input checks
-and default masks, weights_io maps the canonical weight names of `shared.weights` onto its variables.
+and default masks, weights_io maps the canonical weight names of `shared.weights` onto its variables;
+checkpoints reads and writes files (`load_checkpoint`, `save_checkpoint`: a neutral directory or a
+``.weights.h5``), above the model.
 Decoding: `greedy_decode` and `beam_search` (decoding.py, over the search loops of search.py and the
 key/value cache of cache.py), compiled into one tf.function by default.
 """
+from .checkpoints import load_checkpoint, save_checkpoint
 from .decoding import beam_search, greedy_decode
 from .model import Generator, Transformer
 
-__all__ = ["Transformer", "Generator", "greedy_decode", "beam_search"]
+__all__ = ["Transformer", "Generator", "greedy_decode", "beam_search", "load_checkpoint",
+           "save_checkpoint"]

@@ -26,6 +26,12 @@ and a model being loaded into keeps its weights. NaN/Inf weights are refused unl
 ``allow_nonfinite=True``; saving always refuses them.
 
 Saving is atomic: written under a temporary name in the same folder, fsynced, then ``os.replace``.
+
+This module provides only the ``.weights.h5`` half (`H5`, registered beside
+`shared.checkpoints.NEUTRAL` in `FORMATS`); choosing the format from the path, refusing other files
+and the per-tensor checks are `shared.checkpoints`'. The model-level functions have the same names
+and signatures in torch_impl: `load_checkpoint`, `save_checkpoint`, `load_into`,
+`read_checkpoint`, `write_checkpoint`.
 """
 from __future__ import annotations
 
@@ -33,19 +39,18 @@ import functools
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import h5py
 import numpy as np
 
 from shared import TransformerConfig
-from shared import weights as neutral
-from shared.weights import WeightsError, check_weights, config_differences, write_atomically
+from shared import checkpoints as dispatch
+from shared.checkpoints import NEUTRAL, CheckpointFormat, Slot, Stored, read_stored
+from shared.weights import check_weights, config_differences, write_atomically
 
 from . import weights_io
-
-if TYPE_CHECKING:
-    from .model import Transformer
+from .model import Transformer
 
 H5_SUFFIX = ".weights.h5"
 H5_FORMAT = "twin-transformer/tf_impl"
@@ -54,16 +59,16 @@ ATTR_FORMAT = "twin_transformer.format"
 ATTR_VERSION = "twin_transformer.format_version"
 ATTR_CONFIG = "twin_transformer.config"
 _MARKER = 2.0 ** 20  # marker values 2^20 + i are exact in float32 and float64
-_LISTED = 30
+OWNER = "tf_impl"
 
 
 # -- the Keras file layout ------------------------------------------------------------------------
 @functools.lru_cache(maxsize=8)
-def h5_layout(config: TransformerConfig) -> dict[str, tuple[str | None, tuple[int, ...], str]]:
-    """``{dataset path: (canonical name or None, shape, dtype)}`` of what ``save_weights`` writes
-    for ``Transformer(config)``. ``None`` marks a dataset that is not a weight (none today; Keras
-    state such as seed generators would be one): it must be present, its value is not used."""
-    from .model import Transformer
+def h5_layout(config: TransformerConfig) -> dict[str, Slot]:
+    """``{dataset path: Slot(canonical name or None, shape, dtype)}`` of what ``save_weights``
+    writes for ``Transformer(config)``. A name of ``None`` marks a dataset that is not a weight
+    (none today; Keras state such as seed generators would be one): it must be present, its value
+    is not used. Cached per config: treat the result as read-only."""
     model = Transformer(config)
     table = weights_io.variable_table(model)
     for i, variable in enumerate(table.values()):
@@ -81,8 +86,8 @@ def h5_layout(config: TransformerConfig) -> dict[str, tuple[str | None, tuple[in
                     index = float(value.flat[0]) - _MARKER
                     if index == int(index) and 0 <= index < len(names):
                         name = names[int(index)]
-                layout[path] = (name, tuple(ds.shape), ds.dtype.name)
-    found = {name for name, _, _ in layout.values()} - {None}
+                layout[path] = Slot(name, tuple(ds.shape), ds.dtype.name)
+    found = {slot.name for slot in layout.values()} - {None}
     if found != set(names):  # every canonical weight must be somewhere in the file
         raise AssertionError(f"tf_impl.checkpoints: weights not found in the Keras file: "
                              f"{sorted(set(names) - found)}")
@@ -117,14 +122,13 @@ def read_h5(path: str | os.PathLike, config: TransformerConfig | None = None,
     with handle:
         try:
             config = _config_of(handle, where, config)
-            problems: list[str] = []
-            arrays = _read_datasets(handle, h5_layout(config), problems, allow_nonfinite)
+            layout = h5_layout(config)
+            stored = {p: Stored(tuple(ds.shape), ds.dtype.name, lambda ds=ds: ds[...])
+                      for p, ds in _datasets(handle).items()}
+            return config, read_stored(config, layout, stored, where, allow_nonfinite,
+                                       what="datasets", label=lambda p: _labelled(p, layout))
         except (OSError, RuntimeError, KeyError) as err:  # h5py on damaged data
             raise ValueError(f"{where!r}: a damaged HDF5 file ({type(err).__name__}: {err})") from None
-    if problems:
-        raise WeightsError(where, problems)
-    check_weights(config, arrays, source=where, allow_nonfinite=allow_nonfinite)  # invariant
-    return config, {name: arrays[name] for name in neutral.weight_schema(config)}  # schema order
 
 
 def _attr(handle: h5py.File, name: str):
@@ -167,55 +171,13 @@ def _config_of(handle: h5py.File, where: str, config: TransformerConfig | None) 
     return stored
 
 
-def _read_datasets(handle: h5py.File, layout, problems: list[str], allow_nonfinite: bool
-                   ) -> dict[str, np.ndarray]:
-    present = _datasets(handle)
-    missing = [p for p in layout if p not in present]
-    unexpected = sorted(p for p in present if p not in layout)
-    if missing:
-        problems.append(f"missing datasets: {_names(_labelled(p, layout) for p in missing)}")
-    if unexpected:
-        problems.append(f"unexpected datasets: {_names(unexpected)}")
-    arrays: dict[str, np.ndarray] = {}
-    firsts: dict[str, str] = {}
-    for p, (name, shape, dtype) in layout.items():
-        if p not in present:
-            continue
-        ds, label, ok = present[p], _labelled(p, layout), True
-        if tuple(ds.shape) != shape:
-            problems.append(f"{label}: expected shape {shape} (from the config), got {tuple(ds.shape)}")
-            ok = False
-        if ds.dtype.name != dtype:
-            problems.append(f"{label}: expected dtype {dtype} (the config's), got {ds.dtype}")
-            ok = False
-        if not ok or name is None:
-            continue
-        array = np.array(ds[...], dtype=dtype, order="C", copy=True)
-        if not allow_nonfinite and not np.isfinite(array).all():
-            problems.append(f"{label}: contains NaN or Inf")
-        if name in arrays:  # one weight written twice (a tied layer): both copies must agree
-            if arrays[name].tobytes() != array.tobytes():
-                problems.append(f"{label}: expected the same values as {firsts[name]} (one tied weight), "
-                                "got different ones")
-            continue
-        arrays[name], firsts[name] = array, p
-    return arrays
-
-
 def _labelled(path: str, layout) -> str:
-    name = layout[path][0]
+    name = layout[path].name
     return f"{path} ({name})" if name else path
-
-
-def _names(items) -> str:
-    items = list(items)
-    more = f" ... and {len(items) - _LISTED} more" if len(items) > _LISTED else ""
-    return f"{items[:_LISTED]}{more}"
 
 
 def save_h5(path: str | os.PathLike, config: TransformerConfig, weights: Mapping[str, np.ndarray]) -> Path:
     """Write canonical weights as a ``.weights.h5`` (Keras layout + the config), atomically."""
-    from .model import Transformer
     check_weights(config, weights, source="save_h5: weights")
     model = Transformer(config)
     model.import_weights(weights)
@@ -237,78 +199,52 @@ def _save_model_h5(model: "Transformer", path: Path) -> Path:
     return path
 
 
-# -- both formats ---------------------------------------------------------------------------------
-def is_h5(path: str | os.PathLike) -> bool:
-    return Path(path).name.endswith(H5_SUFFIX)
+H5 = CheckpointFormat("tf", (H5_SUFFIX,), read_h5, save_h5, f"a {H5_SUFFIX} file")
+FORMATS = (NEUTRAL, H5)  # what tf_impl reads and writes; the path chooses (shared.checkpoints)
 
 
+# -- the model-level functions (the same names and signatures in torch_impl) ----------------------
 def read_checkpoint(path: str | os.PathLike, config: TransformerConfig | None = None,
                     allow_nonfinite: bool = False) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """``(config, canonical weights)`` from a ``.weights.h5`` file or a neutral checkpoint
     directory, fully validated (``config`` only for a ``.weights.h5`` written by plain Keras)."""
-    if is_h5(path):
-        return read_h5(path, config, allow_nonfinite)
-    _refuse_other_files(path)
-    if config is not None:
-        raise ValueError(f"{str(path)!r}: a neutral checkpoint holds its config; do not pass one")
-    return neutral.load_checkpoint(path, allow_nonfinite=allow_nonfinite)
+    return dispatch.read_checkpoint(path, FORMATS, config, allow_nonfinite, owner=OWNER)
 
 
 def write_checkpoint(path: str | os.PathLike, config: TransformerConfig,
                      weights: Mapping[str, np.ndarray]) -> Path:
     """Write a ``.weights.h5`` file or (any other path) a neutral checkpoint directory, atomically."""
-    if is_h5(path):
-        return save_h5(path, config, weights)
-    _refuse_other_files(path)
-    return neutral.save_checkpoint(path, config, weights)
+    return dispatch.write_checkpoint(path, config, weights, FORMATS, owner=OWNER)
 
 
-def load_model(path: str | os.PathLike, config: TransformerConfig | None = None,
-               allow_nonfinite: bool = False) -> "Transformer":
-    """A new `Transformer` with the weights of a ``.weights.h5`` or a neutral directory."""
-    from .model import Transformer
+def load_checkpoint(path: str | os.PathLike, config: TransformerConfig | None = None,
+                    allow_nonfinite: bool = False) -> Transformer:
+    """A new `Transformer` from a neutral checkpoint directory or a ``.weights.h5`` file, fully
+    checked first (one error naming the file lists every problem). ``config`` only for a
+    ``.weights.h5`` written by plain Keras ``save_weights``; ``allow_nonfinite`` accepts NaN/Inf
+    weights (refused by default)."""
     config, weights = read_checkpoint(path, config, allow_nonfinite)
     model = Transformer(config)
-    _import(model, weights, allow_nonfinite)
+    weights_io.import_weights(model, weights, allow_nonfinite=allow_nonfinite)
     return model
 
 
-def load_into(model: "Transformer", path: str | os.PathLike, allow_nonfinite: bool = False) -> None:
-    """Load a checkpoint into an existing model. The file is read and checked completely, and its
-    config must equal ``model.config``, before any variable is written: on error the model keeps
-    its weights. (A plain-Keras ``.weights.h5`` is read with ``model.config``.)"""
-    if is_h5(path):
-        config, weights = read_h5(path, model.config, allow_nonfinite)
-    else:
-        config, weights = read_checkpoint(path, None, allow_nonfinite)
-    if config != model.config:
-        raise ValueError(f"{str(path)!r}: the checkpoint's config differs from the model's in "
-                         f"{config_differences(model.config, config)}")
-    _import(model, weights, allow_nonfinite)
-
-
-def save_model(model: "Transformer", path: str | os.PathLike) -> Path:
-    """``model``'s weights and config as a ``.weights.h5`` or (any other path) a neutral directory."""
-    if is_h5(path):
+def save_checkpoint(model: Transformer, path: str | os.PathLike) -> Path:
+    """``model``'s weights and config, atomically: ``path`` ending in ``.weights.h5`` -> Keras'
+    ``save_weights`` file with the config inside it, any other -> a neutral directory."""
+    if dispatch.format_of(path, FORMATS, OWNER) is H5:  # the model's own variables: no second model
         check_weights(model.config, model.export_weights(), source="save_checkpoint: weights")
         return _save_model_h5(model, Path(path))
     return write_checkpoint(path, model.config, model.export_weights())
 
 
-
-# -- helpers --------------------------------------------------------------------------------------
-def _import(model: "Transformer", weights: Mapping[str, np.ndarray], allow_nonfinite: bool) -> None:
+def load_into(model: Transformer, path: str | os.PathLike, allow_nonfinite: bool = False) -> None:
+    """Load a checkpoint into an existing model. The file is read and checked completely, and its
+    config must equal ``model.config``, before any variable is written: on error the model keeps
+    its weights. (A plain-Keras ``.weights.h5`` is read with ``model.config``.)"""
+    weights = dispatch.read_for(path, model.config, FORMATS, allow_nonfinite, owner=OWNER)
     weights_io.import_weights(model, weights, allow_nonfinite=allow_nonfinite)
 
 
-def _refuse_other_files(path) -> None:
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{str(path)!r}: tf_impl reads and writes a neutral checkpoint directory "
-                         f"or a {H5_SUFFIX} file; this is neither (a torch_impl .pt converts with "
-                         "`twins convert`)")
-
-
-
-__all__ = ["read_checkpoint", "write_checkpoint", "load_model", "load_into", "save_model", "read_h5",
-           "save_h5", "h5_layout", "H5_FORMAT", "H5_FORMAT_VERSION"]
+__all__ = ["load_checkpoint", "save_checkpoint", "load_into", "read_checkpoint", "write_checkpoint",
+           "H5", "FORMATS", "read_h5", "save_h5", "h5_layout", "H5_FORMAT", "H5_FORMAT_VERSION"]

@@ -283,23 +283,6 @@ class Transformer(keras.Model):
         ``export_weights()`` after ``import_weights(w)`` equals ``w`` bit for bit."""
         return weights_io.export_weights(self)
 
-    # -- checkpoint files (tf_impl.checkpoints) ---------------------------------------------------
-    @classmethod
-    def from_checkpoint(cls, path, config: TransformerConfig | None = None,
-                        allow_nonfinite: bool = False) -> "Transformer":
-        """A model from a neutral checkpoint directory or a ``.weights.h5`` file, fully checked
-        first (one error naming the file lists every problem). ``config`` only for a
-        ``.weights.h5`` written by plain Keras ``save_weights``; ``allow_nonfinite`` accepts NaN/Inf
-        weights (refused by default)."""
-        from . import checkpoints
-        return checkpoints.load_model(path, config, allow_nonfinite)
-
-    def save_checkpoint(self, path):
-        """Save weights and config, atomically: ``path`` ending in ``.weights.h5`` -> Keras'
-        ``save_weights`` file with the config inside it, any other -> a neutral directory."""
-        from . import checkpoints
-        return checkpoints.save_model(self, path)
-
     # -- Keras serialisation ----------------------------------------------------------------------
     def get_config(self) -> dict:
         return {"name": self.name, "trainable": self.trainable, "config": self.config.to_dict()}

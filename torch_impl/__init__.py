@@ -2,10 +2,14 @@
 
 ``Transformer(config)`` is an ``nn.Module`` built from small modules that tf_impl mirrors file for
 file: embedding, norm, attention, feed_forward, layers, stacks, model; weights_io maps the canonical
-weight names of `shared.weights` onto its parameters. Decoding: `greedy_decode` and `beam_search`
-(decoding.py, over the search loops of search.py and the key/value cache of cache.py).
+weight names of `shared.weights` onto its parameters; checkpoints reads and writes files
+(`load_checkpoint`, `save_checkpoint`: a neutral directory or a ``.pt``), above the model.
+Decoding: `greedy_decode` and `beam_search` (decoding.py, over the search loops of search.py and
+the key/value cache of cache.py).
 """
+from .checkpoints import load_checkpoint, save_checkpoint
 from .decoding import beam_search, greedy_decode
 from .model import Generator, Transformer
 
-__all__ = ["Transformer", "Generator", "greedy_decode", "beam_search"]
+__all__ = ["Transformer", "Generator", "greedy_decode", "beam_search", "load_checkpoint",
+           "save_checkpoint"]

@@ -25,6 +25,11 @@ and a model being loaded into keeps its weights. NaN/Inf weights are refused unl
 
 Saving is atomic: the file (or directory) is written under a temporary name in the same folder,
 fsynced, and renamed into place with ``os.replace``; a failure leaves the old file or none.
+
+This module provides only the ``.pt`` half (`PT`, registered beside `shared.checkpoints.NEUTRAL` in
+`FORMATS`); choosing the format from the path, refusing other files and the per-tensor checks are
+`shared.checkpoints`'. The model-level functions have the same names and signatures in tf_impl:
+`load_checkpoint`, `save_checkpoint`, `load_into`, `read_checkpoint`, `write_checkpoint`.
 """
 from __future__ import annotations
 
@@ -34,19 +39,18 @@ import pickle
 import re
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import numpy as np
 import torch
 
 from shared import TransformerConfig
-from shared import weights as neutral
+from shared import checkpoints as dispatch
+from shared.checkpoints import NEUTRAL, CheckpointFormat, Slot, Stored, read_stored
 from shared.weights import WeightsError, check_weights, config_differences, write_atomically
 
 from . import weights_io
-
-if TYPE_CHECKING:
-    from .model import Transformer
+from .model import Transformer
 
 PT_SUFFIX = ".pt"
 PT_SUFFIXES = (".pt", ".pth")  # both are PyTorch's conventions
@@ -54,17 +58,18 @@ PT_FORMAT = "twin-transformer/torch_impl"
 PT_FORMAT_VERSION = 1
 PT_KEYS = ("format", "format_version", "config", "state_dict")
 _LISTED = 30  # names listed per problem
+OWNER = "torch_impl"
 
 
 # -- the state-dict layout ------------------------------------------------------------------------
 @functools.lru_cache(maxsize=8)
-def state_dict_layout(config: TransformerConfig) -> dict[str, tuple[str, bool, tuple[int, ...]]]:
-    """``{torch state_dict key: (canonical name, transposed?, torch shape)}`` in state_dict order.
+def state_dict_layout(config: TransformerConfig) -> dict[str, Slot]:
+    """``{torch state_dict key: Slot(canonical name, torch shape, dtype, transposed?)}`` in
+    state_dict order.
 
     Derived from a model built on the ``meta`` device (no memory, no compute). Tied parameters
     appear under every key that ``state_dict()`` lists (e.g. both embeddings when shared).
     Cached per config: treat the result as read-only."""
-    from .model import Transformer
     try:
         with torch.device("meta"):
             model = Transformer(config)
@@ -77,7 +82,7 @@ def state_dict_layout(config: TransformerConfig) -> dict[str, tuple[str, bool, t
         if id(value) not in canonical:  # the module tree and the schema must never drift
             raise AssertionError(f"torch_impl.checkpoints: state_dict key {key!r} has no canonical name")
         name, transposed = canonical[id(value)]
-        layout[key] = (name, transposed, tuple(value.shape))
+        layout[key] = Slot(name, tuple(value.shape), config.dtype, transposed)
     return layout
 
 
@@ -87,11 +92,12 @@ def to_state_dict(config: TransformerConfig, weights: Mapping[str, np.ndarray]) 
     check_weights(config, weights, source="to_state_dict: weights")
     tensors: dict[str, torch.Tensor] = {}
     out = {}
-    for key, (name, transposed, _) in state_dict_layout(config).items():
-        if name not in tensors:
-            value = np.asarray(weights[name])
-            tensors[name] = torch.from_numpy(np.ascontiguousarray(value.T if transposed else value).copy())
-        out[key] = tensors[name]
+    for key, slot in state_dict_layout(config).items():
+        if slot.name not in tensors:
+            value = np.asarray(weights[slot.name])
+            tensors[slot.name] = torch.from_numpy(
+                np.ascontiguousarray(value.T if slot.transposed else value).copy())
+        out[key] = tensors[slot.name]
     return out
 
 
@@ -99,64 +105,28 @@ def from_state_dict(config: TransformerConfig, state_dict: Mapping, source: str 
                     allow_nonfinite: bool = False) -> dict[str, np.ndarray]:
     """A torch_impl state dict -> canonical weights, everything checked first: one `WeightsError`
     (naming ``source``) lists every missing, unexpected, non-tensor, mis-shaped, mis-typed or
-    non-finite entry, and tied keys that disagree. Returns copies (never views of the tensors)."""
+    non-finite entry, and tied keys that disagree (`shared.checkpoints.read_stored`; what only
+    torch can get wrong, a non-tensor or a sparse one, is found here). Returns copies."""
     if not isinstance(state_dict, Mapping):
         raise WeightsError(source, ["expected a state dict (name -> tensor), "
                                     f"got {type(state_dict).__name__}"])
-    layout = state_dict_layout(config)
     problems: list[str] = []
     odd = [k for k in state_dict if not isinstance(k, str)]
     if odd:
         problems.append(f"keys expected str, got {odd[:_LISTED]!r}")
-    missing = [k for k in layout if k not in state_dict]
-    unexpected = sorted(k for k in state_dict if isinstance(k, str) and k not in layout)
-    if missing:
-        problems.append(f"missing keys: {_names(missing)}")
-    if unexpected:
-        problems.append(f"unexpected keys: {_names(unexpected)}")
-    dtype = getattr(torch, config.dtype)
-    arrays: dict[str, np.ndarray] = {}
-    for key, (name, transposed, shape) in layout.items():
-        if key not in state_dict:
-            continue
-        value = state_dict[key]
-        if not isinstance(value, torch.Tensor):
-            problems.append(f"{key}: expected a tensor, got {type(value).__name__}")
-            continue
-        if value.layout != torch.strided or value.is_quantized:
-            problems.append(f"{key}: expected a dense tensor, got layout {value.layout}")
-            continue
-        ok = True
-        if tuple(value.shape) != shape:
-            problems.append(f"{key}: expected shape {shape} (from the config), got {tuple(value.shape)}")
-            ok = False
-        if value.dtype != dtype:
-            problems.append(f"{key}: expected dtype {config.dtype} (the config's), "
-                            f"got {str(value.dtype).removeprefix('torch.')}")
-            ok = False
-        if not ok:
-            continue
-        array = value.detach().cpu().numpy()
-        if not allow_nonfinite and not np.isfinite(array).all():
-            problems.append(f"{key}: contains NaN or Inf")
-        array = np.array(array.T if transposed else array, order="C", copy=True)
-        if name in arrays:  # a tied parameter listed twice: both keys must hold the same tensor
-            if arrays[name].tobytes() != array.tobytes():
-                first = next(k for k, v in layout.items() if v[0] == name)
-                problems.append(f"{key}: expected the same values as {first} (one tied parameter), "
-                                "got different ones")
-            continue
-        arrays[name] = array
-    if problems:
-        raise WeightsError(source, problems)
-    check_weights(config, arrays, source=source, allow_nonfinite=allow_nonfinite)  # invariant
-    return {name: arrays[name] for name in neutral.weight_schema(config)}  # schema order
+    stored = {key: _stored(value) for key, value in state_dict.items() if isinstance(key, str)}
+    return read_stored(config, state_dict_layout(config), stored, source, allow_nonfinite,
+                       what="keys", problems=problems)
 
 
-def _names(keys) -> str:
-    keys = list(keys)
-    more = f" ... and {len(keys) - _LISTED} more" if len(keys) > _LISTED else ""
-    return f"{keys[:_LISTED]}{more}"
+def _stored(value) -> Stored | str:
+    """One state-dict entry as `read_stored` checks it, or why it cannot be one."""
+    if not isinstance(value, torch.Tensor):
+        return f"expected a tensor, got {type(value).__name__}"
+    if value.layout != torch.strided or value.is_quantized:
+        return f"expected a dense tensor, got layout {value.layout}"
+    return Stored(tuple(value.shape), str(value.dtype).removeprefix("torch."),
+                  lambda: value.detach().cpu().numpy())
 
 
 # -- .pt files ------------------------------------------------------------------------------------
@@ -268,76 +238,49 @@ def read_foreign_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in obj.items()}
 
 
-# -- both formats ---------------------------------------------------------------------------------
-def is_pt(path: str | os.PathLike) -> bool:
-    return Path(path).suffix in PT_SUFFIXES
+PT = CheckpointFormat("torch", PT_SUFFIXES, read_pt, save_pt, f"a {PT_SUFFIX} file")
+FORMATS = (NEUTRAL, PT)  # what torch_impl reads and writes; the path chooses (shared.checkpoints)
 
 
+# -- the model-level functions (the same names and signatures in tf_impl) -------------------------
 def read_checkpoint(path: str | os.PathLike, config: TransformerConfig | None = None,
                     allow_nonfinite: bool = False) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """``(config, canonical weights)`` from a ``.pt`` file or a neutral checkpoint directory,
     fully validated (``config`` only for a ``.pt`` holding a bare state dict)."""
-    if is_pt(path):
-        return read_pt(path, config, allow_nonfinite)
-    _refuse_other_files(path)
-    if config is not None:
-        raise ValueError(f"{str(path)!r}: a neutral checkpoint holds its config; do not pass one")
-    return neutral.load_checkpoint(path, allow_nonfinite=allow_nonfinite)
+    return dispatch.read_checkpoint(path, FORMATS, config, allow_nonfinite, owner=OWNER)
 
 
 def write_checkpoint(path: str | os.PathLike, config: TransformerConfig,
                      weights: Mapping[str, np.ndarray]) -> Path:
     """Write a ``.pt``/``.pth`` file or (any other path) a neutral checkpoint directory, atomically."""
-    if is_pt(path):
-        return save_pt(path, config, weights)
-    _refuse_other_files(path)
-    return neutral.save_checkpoint(path, config, weights)
+    return dispatch.write_checkpoint(path, config, weights, FORMATS, owner=OWNER)
 
 
-def load_model(path: str | os.PathLike, config: TransformerConfig | None = None,
-               allow_nonfinite: bool = False) -> "Transformer":
-    """A new `Transformer` (eval mode) with the weights of a ``.pt`` or a neutral directory."""
-    from .model import Transformer
+def load_checkpoint(path: str | os.PathLike, config: TransformerConfig | None = None,
+                    allow_nonfinite: bool = False) -> Transformer:
+    """A new `Transformer` (eval mode) from a neutral checkpoint directory or a ``.pt`` file, fully
+    checked first (one error naming the file lists every problem). ``config`` only for a ``.pt``
+    that holds a bare state dict; ``allow_nonfinite`` accepts NaN/Inf weights (refused by default)."""
     config, weights = read_checkpoint(path, config, allow_nonfinite)
     model = Transformer(config)
-    _import(model, weights, allow_nonfinite)
+    weights_io.import_weights(model, weights, allow_nonfinite=allow_nonfinite)
     return model.eval()
 
 
-def load_into(model: "Transformer", path: str | os.PathLike, allow_nonfinite: bool = False) -> None:
-    """Load a checkpoint into an existing model. The file is read and checked completely, and its
-    config must equal ``model.config``, before any parameter is written: on error the model keeps
-    its weights. (A ``.pt`` holding a bare state dict is read with ``model.config``.)"""
-    if is_pt(path):
-        config, weights = read_pt(path, model.config, allow_nonfinite)
-    else:
-        config, weights = read_checkpoint(path, None, allow_nonfinite)
-    if config != model.config:
-        raise ValueError(f"{str(path)!r}: the checkpoint's config differs from the model's in "
-                         f"{config_differences(model.config, config)}")
-    _import(model, weights, allow_nonfinite)
-
-
-def save_model(model: "Transformer", path: str | os.PathLike) -> Path:
-    """``model``'s weights and config as a ``.pt`` or (any other path) a neutral directory."""
+def save_checkpoint(model: Transformer, path: str | os.PathLike) -> Path:
+    """``model``'s weights and config, atomically: ``path`` ending in ``.pt`` -> a ``torch.save``
+    file (``torch.load(weights_only=True)`` reads it), any other -> a neutral directory."""
     return write_checkpoint(path, model.config, model.export_weights())
 
 
-
-# -- helpers --------------------------------------------------------------------------------------
-def _import(model: "Transformer", weights: Mapping[str, np.ndarray], allow_nonfinite: bool) -> None:
+def load_into(model: Transformer, path: str | os.PathLike, allow_nonfinite: bool = False) -> None:
+    """Load a checkpoint into an existing model. The file is read and checked completely, and its
+    config must equal ``model.config``, before any parameter is written: on error the model keeps
+    its weights. (A ``.pt`` holding a bare state dict is read with ``model.config``.)"""
+    weights = dispatch.read_for(path, model.config, FORMATS, allow_nonfinite, owner=OWNER)
     weights_io.import_weights(model, weights, allow_nonfinite=allow_nonfinite)
 
 
-def _refuse_other_files(path) -> None:
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{str(path)!r}: torch_impl reads and writes a neutral checkpoint directory "
-                         f"or a {PT_SUFFIX} file; this is neither (a tf_impl .weights.h5 converts with "
-                         "`twins convert`)")
-
-
-
-__all__ = ["read_checkpoint", "write_checkpoint", "load_model", "load_into", "save_model", "read_pt",
-           "save_pt", "torch_load", "read_foreign_state_dict", "state_dict_layout", "to_state_dict",
-           "from_state_dict", "PT_FORMAT", "PT_FORMAT_VERSION"]
+__all__ = ["load_checkpoint", "save_checkpoint", "load_into", "read_checkpoint", "write_checkpoint",
+           "PT", "FORMATS", "read_pt", "save_pt", "torch_load", "read_foreign_state_dict",
+           "state_dict_layout", "to_state_dict", "from_state_dict", "PT_FORMAT", "PT_FORMAT_VERSION"]

@@ -246,19 +246,3 @@ class Transformer(nn.Module):
         """The canonical ``{name: ndarray}`` (kernels ``(in, out)``, tied weights once, config dtype);
         ``export_weights()`` after ``import_weights(w)`` equals ``w`` bit for bit."""
         return weights_io.export_weights(self)
-
-    # -- checkpoint files (torch_impl.checkpoints) ------------------------------------------------
-    @classmethod
-    def from_checkpoint(cls, path, config: TransformerConfig | None = None,
-                        allow_nonfinite: bool = False) -> "Transformer":
-        """A model (eval mode) from a neutral checkpoint directory or a ``.pt`` file, fully checked
-        first (one error naming the file lists every problem). ``config`` only for a ``.pt`` that
-        holds a bare state dict; ``allow_nonfinite`` accepts NaN/Inf weights (refused by default)."""
-        from . import checkpoints
-        return checkpoints.load_model(path, config, allow_nonfinite)
-
-    def save_checkpoint(self, path):
-        """Save weights and config, atomically: ``path`` ending in ``.pt`` -> a ``torch.save``
-        file (``torch.load(weights_only=True)`` reads it), any other -> a neutral directory."""
-        from . import checkpoints
-        return checkpoints.save_model(self, path)

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from shared import TransformerConfig
+from shared import checkpoints
 from shared import weights as neutral
 
 FORMATS = ("neutral", "torch", "tf")
@@ -80,40 +81,41 @@ def _bool(text: str) -> bool:
 
 
 # -- formats --------------------------------------------------------------------------------------
+def _torch_format() -> checkpoints.CheckpointFormat:
+    from torch_impl import checkpoints as torch_checkpoints
+    return torch_checkpoints.PT
+
+
+def _tf_format() -> checkpoints.CheckpointFormat:
+    from tf_impl import checkpoints as tf_checkpoints
+    return tf_checkpoints.H5
+
+
+# The project's formats, in `shared.checkpoints` terms; a backend's are looked up (and its framework
+# imported) only when a file of it is read or written, never to tell a path's format. The suffixes
+# are the backends' own (PT_SUFFIXES, H5_SUFFIX); test_porting_convert.py checks they agree.
+FORMAT_OF = {
+    "neutral": checkpoints.NEUTRAL,
+    "torch": checkpoints.deferred("torch", (".pt", ".pth"), "a .pt file", _torch_format),
+    "tf": checkpoints.deferred("tf", (".weights.h5",), "a .weights.h5 file", _tf_format),
+}
+
+
 def detect(path: str, role: str) -> str:
     """``neutral`` for a directory (or, as a destination, a path without a file suffix), ``torch``
-    for ``*.pt`` / ``*.pth``, ``tf`` for ``*.weights.h5``; anything else needs ``--from`` / ``--to``."""
-    p = Path(path)
-    if p.name.endswith(".weights.h5"):
-        return "tf"
-    if p.suffix in (".pt", ".pth"):
-        return "torch"
-    if p.is_dir() or (role == "destination" and not p.exists() and not p.suffix):
-        return "neutral"
-    flag = "--from" if role == "source" else "--to"
-    raise ValueError(f"{path!r}: cannot tell the {role} format from the path (a directory is "
-                     f"neutral, *.pt torch, *.weights.h5 tf); pass {flag}")
+    for ``*.pt`` / ``*.pth``, ``tf`` for ``*.weights.h5``; anything else needs ``--from`` / ``--to``
+    (`shared.checkpoints.detect`)."""
+    return checkpoints.detect(path, role, tuple(FORMAT_OF.values()))
 
 
 def read(fmt: str, path: str, config: TransformerConfig | None = None, importer: dict | None = None
          ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """``(config, canonical weights)`` from ``path`` in format ``fmt``, fully checked."""
-    if fmt == "neutral":
-        if config is not None:
-            raise ValueError("--config: a neutral checkpoint holds its config; do not pass one")
-        if Path(path).exists() and not Path(path).is_dir():
-            raise ValueError(f"{path!r}: a neutral checkpoint is a directory (config.json + "
-                             "model.safetensors); this is a file")
-        return neutral.load_checkpoint(path)
-    if fmt == "torch":
-        from torch_impl import checkpoints
-        return checkpoints.read_pt(path, config)
-    if fmt == "tf":
-        from tf_impl import checkpoints
-        return checkpoints.read_h5(path, config)
+    if fmt in FORMAT_OF:
+        return FORMAT_OF[fmt].read(path, config)
     from shared import importers
-    from torch_impl import checkpoints
-    state_dict = checkpoints.read_foreign_state_dict(path)
+    from torch_impl import checkpoints as torch_checkpoints
+    state_dict = torch_checkpoints.read_foreign_state_dict(path)
     importer = {k: v for k, v in (importer or {}).items() if v is not None}
     fn = importers.from_nn_transformer if fmt == "nn-transformer" else importers.from_annotated
     try:
@@ -123,16 +125,8 @@ def read(fmt: str, path: str, config: TransformerConfig | None = None, importer:
 
 
 def write(fmt: str, path: str, config: TransformerConfig, weights: dict) -> None:
-    if fmt == "neutral":
-        if Path(path).exists() and not Path(path).is_dir():
-            raise ValueError(f"{path!r}: a neutral checkpoint is a directory; this is a file")
-        neutral.save_checkpoint(path, config, weights)
-    elif fmt == "torch":
-        from torch_impl import checkpoints
-        checkpoints.save_pt(path, config, weights)
-    else:
-        from tf_impl import checkpoints
-        checkpoints.save_h5(path, config, weights)
+    """Write ``weights`` to ``path`` in format ``fmt``, atomically."""
+    FORMAT_OF[fmt].write(path, config, weights)
 
 
 def _importer_options(args, fmt: str) -> dict | None:

@@ -2,7 +2,7 @@
 
 A run lives in one directory (``--checkpoint DIR``), which is a neutral checkpoint that every
 command reads (``twins decode``, ``twins convert``, ``twins compare --checkpoint``,
-``from_checkpoint`` in both backends), with two more files::
+``load_checkpoint`` in both backends), with two more files::
 
     DIR/config.json           the model config           } the neutral checkpoint
     DIR/model.safetensors     the weights                }   (shared.weights)
