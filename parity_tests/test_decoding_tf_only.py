@@ -7,8 +7,9 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import tf_impl  # noqa: E402
-from parity_tests.decoding_backends import (ALPHAS, BEAM, MAX_LEN, TF_MODES, beams, config64,  # noqa: E402
-                                            greedy, model_for, reference_decodes, sources, weights_for)
+from parity_tests.decoding_backends import TF_MODES  # noqa: E402
+from parity_tests.decoding_cases import (ALPHAS, BEAM, MAX_LEN, beams, config64, greedy,  # noqa: E402
+                                         model_for, reference_decodes, sources, weights_for)
 from parity_tests.test_decoding import MODEL64, SRC, W64, assert_same_beams, assert_same_greedy  # noqa: E402
 from parity_tests.tf_support import DEVICES  # noqa: E402  (importing it switches TF32 off)
 from shared import reference as R  # noqa: E402

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch_impl  # noqa: E402
-from parity_tests.decoding_backends import MAX_LEN, model_for, sources, tiny_configs, weights_for  # noqa: E402
+from parity_tests.decoding_cases import MAX_LEN, model_for, sources, tiny_configs, weights_for  # noqa: E402
 from parity_tests.torch_support import build  # noqa: E402
 
 
