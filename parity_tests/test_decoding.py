@@ -261,7 +261,7 @@ def test_float32_near_tie_is_reported_not_failed(model_backend):
     w64["generator.bias"][lo], w64["generator.bias"][hi] = 4.0, 4.0 + 1e-8  # both on top, 1e-8 apart
     src = sources(c64, 0)
     want = R.greedy_decode(R.Model(w64, c64), src, MAX_LEN)
-    model = model_backend.build(c64.replace(dtype="float32"), {k: v.astype(np.float32) for k, v in w64.items()})
+    model = model_backend.build(c64.replace(dtype="float32"), w64)  # cast to float32 by build
     got = model_backend.greedy_decode(model, src, MAX_LEN)
     divergences = D.first_divergence(want.tokens, got.tokens,
                                      teacher_forced_log_probs(w64, c64, src, want.tokens))
@@ -385,12 +385,12 @@ def test_bad_input_raises_the_reference_error(model_backend, kind, kwargs):
     inside an XLA loop), with the reference's type and message, in every mode."""
     args = dict(src=SRC, max_len=5) | kwargs
     errors = {}
-    runs = {"ref": lambda: (R.greedy_decode if kind == "greedy" else R.beam_search)(R.Model(W64, MODEL64), **args),
-            "backend": lambda: (model_backend.greedy_decode if kind == "greedy" else model_backend.beam_search)(
-                model_backend.build(MODEL64, W64), **args)}
-    for impl, run in runs.items():
+    be = model_backend
+    calls = {"ref": (R.Model(W64, MODEL64), R.greedy_decode, R.beam_search),
+             "backend": (be.build(MODEL64, W64), be.greedy_decode, be.beam_search)}
+    for impl, (model, greedy_fn, beam_fn) in calls.items():
         with pytest.raises((TypeError, ValueError)) as info:
-            run()
+            (greedy_fn if kind == "greedy" else beam_fn)(model, **args)
         errors[impl] = (type(info.value), str(info.value))
     assert errors["backend"] == errors["ref"]
 

@@ -32,9 +32,12 @@ def test_one_host_sync_per_step(kind, monkeypatch):
     config = model.config
     src = torch.from_numpy(sources(config, 0))
     reads = []
-    for name in ("tolist", "item"):
+    def counted(name):
         original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, _f=original, _n=name: reads.append(_n) or _f(self))
+        return lambda self: reads.append(name) or original(self)
+
+    for name in ("tolist", "item"):
+        monkeypatch.setattr(torch.Tensor, name, counted(name))
     if kind == "greedy":
         result = torch_impl.greedy_decode(model, src, MAX_LEN)
         steps = int(result.lengths.max())

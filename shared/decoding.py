@@ -45,14 +45,14 @@ Definitions (B = batch, K = beam_size, V = vocabulary, T = max_len)
 Greedy (`greedy_search`)
 ------------------------
 State: ``prefixes (B, 1+T)`` (column 0 = BOS, the rest pad), ``finished (B,)``, outputs, the step's
-state. For ``t = 0 .. T-1``: ``lp, state = step(prefixes, t, state)``; ``lp[:, pad] = -inf``; the row of a finished
-item becomes ``-inf`` everywhere except ``0`` at ``pad`` (its step output is ignored); ``tok`` = the
-lowest id with ``lp == max(lp)`` (so a finished row takes pad with log-prob 0); write ``tok`` to
-``prefixes[:, t+1]`` and its log-prob to ``log_probs[:, t]``; a row that was live gets
-``lengths += 1`` and becomes finished if ``tok == eos``. Stop after the step where every row is
-finished, or after T steps; ``tokens = prefixes[:, 1:]``. Beam search with ``beam_size = 1`` gives
-the same tokens (with ``alpha = 0`` also the same score, ``sum(log_probs)``; with ``alpha > 0`` a
-rounding tie after the division could in principle differ).
+state. For ``t = 0 .. T-1``: ``lp, state = step(prefixes, t, state)``; ``lp[:, pad] = -inf``; the
+row of a finished item becomes ``-inf`` everywhere except ``0`` at ``pad`` (its step output is
+ignored); ``tok`` = the lowest id with ``lp == max(lp)`` (so a finished row takes pad with log-prob
+0); write ``tok`` to ``prefixes[:, t+1]`` and its log-prob to ``log_probs[:, t]``; a row that was
+live gets ``lengths += 1`` and becomes finished if ``tok == eos``. Stop after the step where every
+row is finished, or after T steps; ``tokens = prefixes[:, 1:]``. Beam search with ``beam_size = 1``
+gives the same tokens (with ``alpha = 0`` also the same score, ``sum(log_probs)``; with
+``alpha > 0`` a rounding tie after the division could in principle differ).
 
 Beam search (`beam_search`)
 ---------------------------

@@ -72,7 +72,7 @@ class RecomputeStep:
 
     def __init__(self, model: Transformer, memory: torch.Tensor, src_mask: torch.Tensor, beams: int,
                  max_len: int):
-        self.model, self.max_len = model, max_len
+        self.model, self.max_len = model, max_len  # unused here; TF's XLA path needs it
         self.memory = repeat_rows(memory, beams)  # (N, S, d), row item * beams + beam
         self.src_mask = repeat_rows(src_mask, beams)  # (N|1, 1|H, 1, S)
         self.vocab, self.dtype = model.config.tgt_vocab, getattr(torch, model.config.dtype)
