@@ -14,7 +14,8 @@ machine's speed drifting between runs (shared CI cores) cannot fake a slope. A b
 (0,16], (16,64], (64,128] is printed.
 
     python3 dev.py bench decoding [--backends torch tf] [--batches 1 8] [--repeats 3]
-                                  [--recompute-repeats 1] [--threads N] [--device cpu|cuda]
+                                  [--recompute-repeats 1] [--modes cached recompute]
+                                  [--threads N] [--device cpu|cuda]
 
 Adding a backend: write a factory ``(config, weights, args) -> Backend`` and list it in BACKENDS.
 tf_impl runs as users get it by default: compiled, one ``tf.function`` per (batch, max_len, mode),
@@ -182,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="threads per backend: torch.set_num_threads, TF intra-op threads "
                              "(default: each framework's)")
     parser.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
+    parser.add_argument("--modes", nargs="+", default=["cached", "recompute"],
+                        choices=["cached", "recompute"],
+                        help="decoding modes to time (recompute, quadratic, is the slow one)")
     args = parser.parse_args(argv)
 
     config = TransformerConfig.preset("base")
@@ -204,14 +208,19 @@ def main(argv: list[str] | None = None) -> int:
         print(header)
         for batch in args.batches:
             src = sources(config, batch)
-            for use_cache in (True, False):  # warm-up: first-call allocations, compilation
+            modes = [mode == "cached" for mode in args.modes]  # use_cache per mode
+            for use_cache in modes:  # warm-up: first-call allocations, compilation
                 for n in backend.warm_up_lengths:
                     backend.decode(src, n, use_cache)
-            cached = measure(backend, src, True, args.repeats)
-            report(name, batch, "cached", *cached)
-            recompute = measure(backend, src, False, args.recompute_repeats)
-            report(name, batch, "recompute", *recompute)
-            ratios.append((name, batch, recompute[0] / cached[0], cached[1][-1] / cached[1][0]))
+            timings = {}
+            for use_cache in modes:
+                mode = "cached" if use_cache else "recompute"
+                repeats = args.repeats if use_cache else args.recompute_repeats
+                timings[mode] = measure(backend, src, use_cache, repeats)
+                report(name, batch, mode, *timings[mode])
+            if len(timings) == 2:
+                cached, recompute = timings["cached"], timings["recompute"]
+                ratios.append((name, batch, recompute[0] / cached[0], cached[1][-1] / cached[1][0]))
     for name, batch, ratio, flat in ratios:
         print(f"{name} batch {batch}: cached {ratio:.1f}x faster than recompute at {LENGTHS[-1]} tokens "
               f"(target >= 5x); cached per-token time at {LENGTHS[-1]} / at {LENGTHS[0]} = {flat:.2f} "

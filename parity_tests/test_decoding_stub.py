@@ -1,17 +1,26 @@
 """The search logic of `shared.decoding`, tested apart from any network (as fairseq's
-``test_sequence_generator`` does): the step function reads fixed tables of next-token
-probabilities, and every expected token and score is worked out here by hand from those tables."""
+``test_sequence_generator`` does): the step reads fixed tables of next-token probabilities, and
+every expected token and score is worked out here by hand from those tables.
+
+Every test that runs a search takes the ``search_backend`` fixture (`parity_tests.decoding_backends`):
+the same tables and the same hand-derived answers for the NumPy spec, the torch loops and the TF
+loops, eagerly and inside ``tf.function`` (XLA where the step is written in TF ops: the markov
+tables). The tables are NumPy steps of the one `shared.decoding.Step` contract; each backend adapts
+them to its tensors."""
 import numpy as np
 import pytest
 
-from shared.decoding import beam_search, greedy_search, length_penalty
+from parity_tests.decoding_backends import (NATIVE_SEARCH_BACKENDS, SEARCH_BACKENDS, MarkovStep,  # noqa: F401
+                                            SearchBackend, search_backend)
+from shared import decoding as D
+from shared.decoding import StatelessStep, length_penalty, stateless_step
 
 PAD, BOS, EOS, A, B, C = range(6)
 V = 6
 
 
-class TableStep:
-    """``step(prefixes)`` from tables: ``tables[item][generated tokens] = {token: probability}``.
+class TableStep(StatelessStep):
+    """A step from tables: ``tables[item][generated tokens] = {token: probability}``.
 
     Tokens missing from an entry have probability 0 (log-prob -inf). Rows whose prefix holds EOS
     belong to finished hypotheses; the search must ignore them, so they get ``finished_row``
@@ -20,6 +29,7 @@ class TableStep:
     """
 
     def __init__(self, tables, beams=1, finished_row=np.nan):
+        super().__init__(self.table_log_probs, V, np.float64)
         self.tables, self.beams, self.finished_row = tables, beams, finished_row
         self.calls = 0
 
@@ -34,7 +44,7 @@ class TableStep:
         """The table's log-prob of ``token`` after ``prefix``: what the expected sums are made of."""
         return float(self.log_probs(item, prefix)[token])
 
-    def __call__(self, prefixes: np.ndarray) -> np.ndarray:  # (N, t) -> (N, V)
+    def table_log_probs(self, prefixes: np.ndarray) -> np.ndarray:  # (N, t+1) -> (N, V)
         self.calls += 1
         assert prefixes.dtype == np.int64 and (prefixes[:, 0] == BOS).all()
         out = np.empty((len(prefixes), V))
@@ -49,14 +59,15 @@ class TableStep:
         return out
 
 
-def run_greedy(tables, max_len):
+def run_greedy(backend: SearchBackend, tables, max_len):
     step = TableStep(tables)
-    return greedy_search(step, len(tables), max_len, BOS, EOS, PAD), step
+    return backend.greedy_search(step, len(tables), max_len, BOS, EOS, PAD), step
 
 
-def run_beam(tables, max_len, beam_size, alpha=0.0):
+def run_beam(backend: SearchBackend, tables, max_len, beam_size, alpha=0.0):
     step = TableStep(tables, beams=beam_size)
-    result = beam_search(step, len(tables), max_len, beam_size, BOS, EOS, PAD, alpha, return_all=True)
+    result = backend.beam_search(step, len(tables), max_len, beam_size, BOS, EOS, PAD, alpha,
+                                 return_all=True)
     return result, step
 
 
@@ -70,13 +81,13 @@ def path_log_probs(step, item, tokens):
 
 
 # -- greedy ---------------------------------------------------------------------------------------
-def test_greedy_items_stop_at_their_own_eos():
+def test_greedy_items_stop_at_their_own_eos(search_backend):
     tables = [
         {(): {A: .6, B: .3, EOS: .1}, (A,): {EOS: .7, B: .2, A: .1}},
         {(): {B: .5, A: .4, EOS: .1}, (B,): {B: .6, EOS: .4}, (B, B): {A: .5, EOS: .3, B: .2},
          (B, B, A): {EOS: .9, A: .1}},
     ]
-    result, step = run_greedy(tables, max_len=5)
+    result, step = run_greedy(search_backend, tables, max_len=5)
     np.testing.assert_array_equal(result.tokens, [padded([A, EOS], 5), padded([B, B, A, EOS], 5)])
     np.testing.assert_array_equal(result.lengths, [2, 4])
     want = [padded(path_log_probs(step, 0, [A, EOS]), 5), padded(path_log_probs(step, 1, [B, B, A, EOS]), 5)]
@@ -85,29 +96,29 @@ def test_greedy_items_stop_at_their_own_eos():
     assert step.calls == 4  # stops after the step where the last item finished
 
 
-def test_greedy_never_generates_pad_and_breaks_ties_to_lowest_id():
+def test_greedy_never_generates_pad_and_breaks_ties_to_lowest_id(search_backend):
     tables = [{(): {PAD: .4, B: .25, A: .25, EOS: .1},  # pad is likeliest; A and B tie -> A
                (A,): {C: .45, B: .45, EOS: .1},          # B and C tie -> B
                (A, B): {A: .5, EOS: .5}}]                # EOS (2) and A (3) tie -> EOS
-    result, step = run_greedy(tables, max_len=4)
+    result, step = run_greedy(search_backend, tables, max_len=4)
     np.testing.assert_array_equal(result.tokens, [[A, B, EOS, PAD]])
     np.testing.assert_array_equal(result.log_probs, [padded(path_log_probs(step, 0, [A, B, EOS]), 4)])
 
 
-def test_greedy_max_len_without_eos():
+def test_greedy_max_len_without_eos(search_backend):
     tables = [{(): {A: .9, EOS: .1}, (A,): {B: .8, EOS: .2}, (A, B): {A: .7, EOS: .3}}]
-    result, step = run_greedy(tables, max_len=3)
+    result, step = run_greedy(search_backend, tables, max_len=3)
     np.testing.assert_array_equal(result.tokens, [[A, B, A]])
     np.testing.assert_array_equal(result.lengths, [3])
     np.testing.assert_array_equal(result.log_probs, [path_log_probs(step, 0, [A, B, A])])
 
 
 # -- beam search ----------------------------------------------------------------------------------
-def test_beam_finds_a_better_hypothesis_than_greedy():
+def test_beam_finds_a_better_hypothesis_than_greedy(search_backend):
     tables = [{(): {A: .6, B: .4}, (A,): {EOS: .4, A: .3, B: .3}, (B,): {EOS: .9, A: .05, B: .05}}]
-    greedy, _ = run_greedy(tables, max_len=4)
+    greedy, _ = run_greedy(search_backend, tables, max_len=4)
     np.testing.assert_array_equal(greedy.tokens, [[A, EOS, PAD, PAD]])
-    result, step = run_beam(tables, max_len=4, beam_size=2)
+    result, step = run_beam(search_backend, tables, max_len=4, beam_size=2)
     b_eos = step.lp(0, (), B) + step.lp(0, (B,), EOS)  # log .4 + log .9 = -1.02
     a_eos = step.lp(0, (), A) + step.lp(0, (A,), EOS)  # log .6 + log .4 = -1.43
     np.testing.assert_array_equal(result.tokens, [[B, EOS, PAD, PAD]])
@@ -127,8 +138,8 @@ PENALTY_TABLES = [{(): {A: .6, EOS: .35, B: .05},
                    (A,) * 6: {EOS: .75, A: .25}}]
 
 
-def test_length_penalty_off_prefers_the_short_hypothesis():
-    result, step = run_beam(PENALTY_TABLES, max_len=8, beam_size=2, alpha=0.0)
+def test_length_penalty_off_prefers_the_short_hypothesis(search_backend):
+    result, step = run_beam(search_backend, PENALTY_TABLES, max_len=8, beam_size=2, alpha=0.0)
     short = step.lp(0, (), EOS)                     # log .35 = -1.05
     long = sum(path_log_probs(step, 0, LONG))       # log .6 + 5 log .85 + log .75 = -1.61
     np.testing.assert_array_equal(result.tokens, [padded([EOS], 8)])
@@ -139,8 +150,8 @@ def test_length_penalty_off_prefers_the_short_hypothesis():
     assert step.calls == 7
 
 
-def test_length_penalty_changes_the_winner():
-    result, step = run_beam(PENALTY_TABLES, max_len=8, beam_size=2, alpha=1.0)
+def test_length_penalty_changes_the_winner(search_backend):
+    result, step = run_beam(search_backend, PENALTY_TABLES, max_len=8, beam_size=2, alpha=1.0)
     short = step.lp(0, (), EOS) / ((5 + 1) / 6) ** 1.0     # penalty 1: -1.05
     long = sum(path_log_probs(step, 0, LONG)) / ((5 + 7) / 6) ** 1.0  # penalty 2: -0.81 wins
     np.testing.assert_array_equal(result.tokens, [padded(LONG, 8)])
@@ -161,8 +172,8 @@ STAGGERED_TABLES = [
 ]
 
 
-def test_eos_at_different_steps_for_beams_and_items():
-    result, step = run_beam(STAGGERED_TABLES, max_len=5, beam_size=2)
+def test_eos_at_different_steps_for_beams_and_items(search_backend):
+    result, step = run_beam(search_backend, STAGGERED_TABLES, max_len=5, beam_size=2)
     s0 = [step.lp(0, (), EOS), step.lp(0, (), A) + step.lp(0, (A,), EOS)]
     s1 = [step.lp(1, (), B) + step.lp(1, (B,), EOS),  # log .4 + log .8 = -1.139
           step.lp(1, (), A) + step.lp(1, (A,), A) + step.lp(1, (A, A), EOS)]  # -1.155
@@ -178,22 +189,22 @@ def test_eos_at_different_steps_for_beams_and_items():
     assert step.calls == 3
 
 
-def test_finished_items_are_frozen_while_others_run():
+def test_finished_items_are_frozen_while_others_run(search_backend):
     """Item 0 finishes a step before item 1; decoding each alone gives the same answers, so the
     extra step leaves a finished item's state unchanged (as a fixed-length loop requires)."""
-    together, _ = run_beam(STAGGERED_TABLES, max_len=5, beam_size=2)
+    together, _ = run_beam(search_backend, STAGGERED_TABLES, max_len=5, beam_size=2)
     for item in range(2):
-        alone, _ = run_beam(STAGGERED_TABLES[item:item + 1], max_len=5, beam_size=2)
+        alone, _ = run_beam(search_backend, STAGGERED_TABLES[item:item + 1], max_len=5, beam_size=2)
         for got, want in zip(alone, together):
             np.testing.assert_array_equal(got[0], want[item])
 
 
-def test_exact_ties_go_to_lowest_token_then_lowest_beam():
+def test_exact_ties_go_to_lowest_token_then_lowest_beam(search_backend):
     tables = [{(): {A: .3, B: .3, C: .3, EOS: .1},  # A, B, C tie: keep A, B (C has the highest id)
                (A,): {C: .5, EOS: .5},              # step 1: four candidates with one raw score;
                (B,): {A: .5, EOS: .5},              # flat ids A>EOS 2, A>C 5, B>EOS 8, B>A 9
                (A, C): {EOS: 1.0}}]                 # step 2: A C EOS ties the frozen A EOS
-    result, step = run_beam(tables, max_len=3, beam_size=2)
+    result, step = run_beam(search_backend, tables, max_len=3, beam_size=2)
     tie = step.lp(0, (), A) + step.lp(0, (A,), EOS)
     assert tie == step.lp(0, (), B) + step.lp(0, (B,), A)  # really a tie, bit for bit
     np.testing.assert_array_equal(result.all_tokens, [[[A, EOS, PAD], [A, C, EOS]]])
@@ -202,12 +213,12 @@ def test_exact_ties_go_to_lowest_token_then_lowest_beam():
     np.testing.assert_array_equal(result.tokens, [[A, EOS, PAD]])  # lower beam wins the tie
 
 
-def test_many_exact_ties_keep_flat_index_order():
+def test_many_exact_ties_keep_flat_index_order(search_backend):
     """A uniform table: every step is one big tie (24 candidates, more than a sort's small-input
     path), so only a stable descending order by flat index gives this answer."""
     uniform = {EOS: .25, A: .25, B: .25, C: .25}
     tables = [{prefix: uniform for prefix in [(), (A,), (B,), (C,), (A, A), (A, B)]}] * 2
-    result, step = run_beam(tables, max_len=3, beam_size=4)
+    result, step = run_beam(search_backend, tables, max_len=3, beam_size=4)
     q = step.lp(0, (), A)  # log .25
     want = [[EOS, PAD, PAD], [A, EOS, PAD], [A, A, EOS], [A, A, A]]
     np.testing.assert_array_equal(result.all_tokens, [want, want])
@@ -215,48 +226,49 @@ def test_many_exact_ties_keep_flat_index_order():
     np.testing.assert_array_equal(result.all_lengths, [[1, 2, 3, 3]] * 2)
 
 
-def test_beam_max_len_reached_without_eos():
+def test_beam_max_len_reached_without_eos(search_backend):
     tables = [{(): {A: .6, B: .3, EOS: .1}, (A,): {B: .7, A: .2, EOS: .1}, (B,): {A: .8, B: .1, EOS: .1}}]
-    result, step = run_beam(tables, max_len=2, beam_size=2)
+    result, step = run_beam(search_backend, tables, max_len=2, beam_size=2)
     ab = step.lp(0, (), A) + step.lp(0, (A,), B)  # -0.87
     ba = step.lp(0, (), B) + step.lp(0, (B,), A)  # -1.43
     np.testing.assert_array_equal(result.all_tokens, [[[A, B], [B, A]]])
     np.testing.assert_array_equal(result.all_scores, [[ab, ba]])
     np.testing.assert_array_equal(result.all_lengths, [[2, 2]])
     np.testing.assert_array_equal(result.step_scores, [path_log_probs(step, 0, [A, B])])
-    greedy, _ = run_greedy(tables, max_len=2)
+    greedy, _ = run_greedy(search_backend, tables, max_len=2)
     np.testing.assert_array_equal(greedy.tokens, result.tokens)
 
 
-def test_return_all_is_off_by_default():
+def test_return_all_is_off_by_default(search_backend):
     step = TableStep(STAGGERED_TABLES, beams=2)
-    result = beam_search(step, 2, 5, 2, BOS, EOS, PAD)
+    result = search_backend.beam_search(step, 2, 5, 2, BOS, EOS, PAD)
     assert result.all_tokens is None and result.all_scores is None and result.all_lengths is None
 
 
 # -- properties on random tables ------------------------------------------------------------------
-class RandomStep:
+class RandomStep(StatelessStep):
     """Next-token probabilities drawn from a generator seeded by (seed, item, prefix): a fixed,
     prefix-dependent table without writing it out. EOS grows likelier with the prefix length."""
 
-    def __init__(self, seed, beams):
+    def __init__(self, seed, beams, dtype=np.float64):
+        super().__init__(self.random_log_probs, V, dtype)
         self.seed, self.beams = seed, beams
 
-    def __call__(self, prefixes):
+    def random_log_probs(self, prefixes):  # (N, t+1) -> (N, V)
         out = np.empty((len(prefixes), V))
         for n, row in enumerate(prefixes):
             rng = np.random.default_rng([self.seed, n // self.beams, *row.tolist()])
             probs = rng.dirichlet(np.full(V, 0.7))
             probs[EOS] += 0.08 * len(row)
             out[n] = np.log(probs / probs.sum())
-        return out
+        return out.astype(self.dtype)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.7])
 @pytest.mark.parametrize("seed", range(6))
-def test_beam_size_one_equals_greedy(seed, alpha):
-    greedy = greedy_search(RandomStep(seed, 1), 3, 9, BOS, EOS, PAD)
-    beam = beam_search(RandomStep(seed, 1), 3, 9, 1, BOS, EOS, PAD, alpha)
+def test_beam_size_one_equals_greedy(search_backend, seed, alpha):
+    greedy = search_backend.greedy_search(RandomStep(seed, 1), 3, 9, BOS, EOS, PAD)
+    beam = search_backend.beam_search(RandomStep(seed, 1), 3, 9, 1, BOS, EOS, PAD, alpha)
     np.testing.assert_array_equal(beam.tokens, greedy.tokens)
     np.testing.assert_array_equal(beam.lengths, greedy.lengths)
     np.testing.assert_array_equal(beam.step_scores, greedy.log_probs)
@@ -269,9 +281,10 @@ def test_beam_size_one_equals_greedy(seed, alpha):
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
 @pytest.mark.parametrize("seed", range(6))
-def test_beam_result_invariants(seed, alpha):
+def test_beam_result_invariants(search_backend, seed, alpha):
     k, max_len = 3, 7
-    r = beam_search(RandomStep(seed, k), 4, max_len, k, BOS, EOS, PAD, alpha, return_all=True)
+    r = search_backend.beam_search(RandomStep(seed, k), 4, max_len, k, BOS, EOS, PAD, alpha,
+                                   return_all=True)
     np.testing.assert_array_equal(r.tokens, r.all_tokens[:, 0])  # best first
     np.testing.assert_array_equal(r.scores, r.all_scores[:, 0])
     assert (np.diff(r.all_scores, axis=1) <= 0).all()
@@ -299,11 +312,12 @@ def test_length_penalty_closed_forms():
     np.testing.assert_allclose(length_penalty(7, 0.5), np.sqrt(2.0), rtol=1e-15)
 
 
-def test_finished_rows_are_never_read():
+def test_finished_rows_are_never_read(search_backend):
     """The stub gives finished rows NaN by default; a uniform row must give the same answer."""
-    a = beam_search(TableStep(STAGGERED_TABLES, 2), 2, 5, 2, BOS, EOS, PAD, return_all=True)
-    b = beam_search(TableStep(STAGGERED_TABLES, 2, finished_row=0.0), 2, 5, 2, BOS, EOS, PAD,
-                    return_all=True)
+    a = search_backend.beam_search(TableStep(STAGGERED_TABLES, 2), 2, 5, 2, BOS, EOS, PAD,
+                                   return_all=True)
+    b = search_backend.beam_search(TableStep(STAGGERED_TABLES, 2, finished_row=0.0), 2, 5, 2, BOS, EOS,
+                                   PAD, return_all=True)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
 
@@ -318,24 +332,126 @@ def test_finished_rows_are_never_read():
     (dict(alpha=float("nan")), r"length_penalty: expected a finite float >= 0"),
     (dict(batch=0), r"batch: expected an int >= 1, got 0"),
     (dict(eos=V), r"eos_id: expected an int in \[0, 6\), got 6"),
+    (dict(vocab=1), r"step.vocab: expected an int >= 2 \(the width of the log-probs\), got 1"),
 ])
-def test_bad_arguments(kwargs, needle):
-    args = dict(batch=1, max_len=3, beam_size=2, alpha=0.0, eos=EOS) | kwargs
+def test_bad_arguments(search_backend, kwargs, needle):
+    """The spec's checks (`shared.decoding.check_beam_args`), before the first step, in every backend."""
+    args = dict(batch=1, max_len=3, beam_size=2, alpha=0.0, eos=EOS, vocab=V) | kwargs
     step = RandomStep(0, args["beam_size"] if isinstance(args["beam_size"], int) else 1)
+    step.vocab = args["vocab"]
     with pytest.raises(ValueError, match=needle):
-        beam_search(step, args["batch"], args["max_len"], args["beam_size"], BOS, args["eos"], PAD,
-                    args["alpha"])
+        search_backend.beam_search(step, args["batch"], args["max_len"], args["beam_size"], BOS,
+                                   args["eos"], PAD, args["alpha"])
 
 
-def test_bad_step_output():
-    with pytest.raises(ValueError, match=r"step: expected log-probs of shape \(2, vocab >= 2\), got shape"):
-        greedy_search(lambda p: np.zeros(len(p)), 2, 3, BOS, EOS, PAD)
+def test_bad_step_output(search_backend):
+    """A step's output is checked at every step: NaN or +inf in a live row, the shape (N, vocab);
+    a bad shape inside a compiled TF loop fails its ``ensure_shape`` (a TF error: the loop cannot
+    raise the spec's ValueError there). The ids are checked against ``step.vocab`` first."""
+    def run(fn, vocab=V, beam=None):
+        step = stateless_step(fn, vocab)
+        if beam is None:
+            return search_backend.greedy_search(step, 2, 3, BOS, EOS, PAD)
+        return search_backend.beam_search(step, 1, 3, beam, BOS, EOS, PAD)
+
     with pytest.raises(ValueError, match=r"step: expected log-probs without NaN or \+inf \(step 0\)"):
-        greedy_search(lambda p: np.full((len(p), V), np.nan), 2, 3, BOS, EOS, PAD)
-    calls = []
+        run(lambda p: np.full((len(p), V), np.nan))
+    with pytest.raises(ValueError, match=r"step: expected log-probs without NaN or \+inf \(step 1\)"):
+        run(lambda p: np.full((len(p), V), np.inf if p.shape[1] == 2 else -1.0))
+    if search_backend.name != "tf-function":
+        with pytest.raises(ValueError, match=r"step: expected log-probs of shape \(2, 6\), got shape \(2,\)"):
+            run(lambda p: np.zeros(len(p)))
+        calls = []
 
-    def shrinking(prefixes):  # the vocabulary may not change between steps
-        calls.append(1)
-        return np.log(np.full((len(prefixes), V - len(calls) + 1), 0.1))
-    with pytest.raises(ValueError, match=r"step: expected log-probs of shape \(2, 6\), got shape \(2, 5\)"):
-        beam_search(shrinking, 1, 3, 2, BOS, EOS, PAD)
+        def shrinking(prefixes):  # the vocabulary may not change between steps
+            calls.append(1)
+            return np.log(np.full((len(prefixes), V - len(calls) + 1), 0.1))
+        with pytest.raises(ValueError, match=r"expected log-probs of shape \(2, 6\), got shape \(2, 5\)"):
+            run(shrinking, beam=2)
+    else:
+        import tensorflow as tf
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            run(lambda p: np.zeros(len(p)))
+    with pytest.raises(ValueError, match=r"eos_id: expected an int in \[0, 2\), got 2"):
+        run(lambda p: np.zeros((len(p), 2)), vocab=2)  # the ids are checked against step.vocab first
+
+
+@pytest.mark.parametrize("search_backend", ["torch", "tf-eager"], indirect=True)
+def test_step_output_of_another_dtype_is_refused(search_backend):
+    """A backend runs in ``step.dtype``; a step returning another dtype is refused by name (the
+    NumPy spec computes in float64 whatever the step says)."""
+    step = stateless_step(lambda p: np.full((len(p), V), -1.0), V, np.float32)  # returns float64
+    with pytest.raises(TypeError, match=r"step: expected log-probs of dtype float32, got float64"):
+        search_backend.greedy_search(step, 2, 3, BOS, EOS, PAD)
+
+
+def test_search_runs_in_the_dtype_of_the_step(search_backend):
+    r = search_backend.beam_search(RandomStep(0, 2, np.float32), 2, 5, 2, BOS, EOS, PAD, 0.6, True)
+    want = np.float64 if search_backend.name == "reference" else np.float32  # the spec is float64
+    assert r.scores.dtype == want and r.all_tokens.dtype == np.int64
+
+
+def test_every_search_backend_runs_this_suite():
+    """The stub tables meet every loop: the spec, torch, TF eager and TF compiled."""
+    assert SEARCH_BACKENDS == ["reference", "torch", "tf-eager", "tf-function"]
+    assert NATIVE_SEARCH_BACKENDS == SEARCH_BACKENDS + ["tf-xla"]
+
+
+# -- every backend's loops against the spec, on random and on markov tables -----------------------
+def assert_same_result(got, want, exact_scores: bool, where: str) -> None:
+    """Identical tokens and lengths; scores identical, or within an ulp where ``exact_scores`` is
+    False (a length penalty in TF: its pow is Eigen's, not libm's, and a graph turns ``/ 6`` into
+    ``* (1/6)``)."""
+    for name, x, y in zip(type(want)._fields, got, want):
+        if exact_scores or "scores" not in name:
+            np.testing.assert_array_equal(x, y, err_msg=f"{name} {where}")
+        else:
+            np.testing.assert_allclose(x, y, rtol=1e-15, atol=0, err_msg=f"{name} {where}")
+
+
+@pytest.mark.parametrize("beam_size, alpha", [(1, 0.0), (2, 0.0), (3, 0.7), (5, 1.0)])
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("search_backend", ["torch", "tf-eager"], indirect=True)
+def test_loops_equal_the_spec(search_backend, seed, beam_size, alpha):
+    """On random prefix-dependent tables (float64), a backend's loops return the spec's arrays:
+    bit for bit in torch, and in TF but for the ulp a length penalty may move. (The compiled TF
+    loop meets the spec on the markov tables below, where every step is one big tie.)"""
+    exact = alpha == 0.0 or search_backend.exact_penalty
+    want = D.beam_search(RandomStep(seed, beam_size), 3, 8, beam_size, BOS, EOS, PAD, alpha, return_all=True)
+    got = search_backend.beam_search(RandomStep(seed, beam_size), 3, 8, beam_size, BOS, EOS, PAD, alpha,
+                                     True)
+    assert_same_result(got, want, exact, "beam")
+    want = D.greedy_search(RandomStep(seed, 1), 3, 8, BOS, EOS, PAD)
+    assert_same_result(search_backend.greedy_search(RandomStep(seed, 1), 3, 8, BOS, EOS, PAD), want,
+                       True, "greedy")
+
+
+def markov_table(seed: int, batch: int, max_len: int) -> np.ndarray:
+    """``table[item, t, last token]`` = next-token log-probs ``(B, T, V, V)``, drawn from a few
+    probabilities (exact ties everywhere, some impossible tokens); after EOS it is NaN, which the
+    loops must never read."""
+    rng = np.random.default_rng(seed)
+    probs = rng.choice([0.0, 0.05, 0.1, 0.2, 0.3], size=(batch, max_len, V, V))
+    probs[..., EOS] += 0.05 * np.arange(max_len)[:, None]  # rows end, at different steps
+    with np.errstate(divide="ignore"):
+        table = np.log(probs)
+    table[..., EOS, :] = np.nan
+    return table
+
+
+@pytest.mark.parametrize("search_backend", NATIVE_SEARCH_BACKENDS, indirect=True)
+def test_markov_tables_in_every_mode(search_backend):
+    """Every backend (TF eager, tf.function and XLA included) against the spec, on tables full of
+    exact ties and read one column at a time (as a cached step reads): identical tokens and
+    lengths everywhere, and identical scores whenever alpha = 0 (sums of the same numbers in the
+    same order)."""
+    batch, max_len, ids = 3, 7, (BOS, EOS, PAD)
+    for seed, beam_size, alpha in [(0, 0, 0.0), (1, 1, 0.0), (2, 4, 0.0), (3, 4, 0.7), (4, 4, 1.0)]:
+        table = markov_table(seed, batch, max_len)
+        spec = MarkovStep(table, max(beam_size, 1))
+        if beam_size == 0:
+            want = D.greedy_search(spec, batch, max_len, *ids)
+        else:
+            want = D.beam_search(spec, batch, max_len, beam_size, *ids, alpha, return_all=True)
+        got = search_backend.markov(table, beam_size, alpha, ids)
+        assert_same_result(got, want, alpha == 0.0 or search_backend.exact_penalty, f"seed {seed}")

@@ -1,14 +1,28 @@
 """Greedy decoding and beam search over a step function: the one specification every backend mirrors.
 
-The search is framework-free NumPy and knows nothing of the network. It drives a *step function*::
+The search is framework-free NumPy and knows nothing of the network. It drives a *step* (`Step`),
+the one contract of this spec, torch_impl.search and tf_impl.search alike::
 
-    step(prefixes: int64 (N, t)) -> log_probs float (N, V)
+    step.vocab: int                       V, the width of the log-probs (it sizes the loop state)
+    step.dtype                            the log-probs' dtype (NumPy, torch or TF dtype)
+    step.initial_state() -> state         what the step carries from one call to the next; ()
+                                          for a stateless step
+    step(prefixes, t, state) -> (log_probs (N, V), state)
+    step.reorder(state, rows) -> state    after each beam selection: row n continues row rows[n]
 
-``prefixes`` are the target prefixes so far, BOS first (row ``n = item * beams + beam``; beams = 1 for
-greedy); the result is the log-probability of every next token. The float64 oracle wraps the reference
-model in such a function (`shared.reference.greedy_decode`, `.beam_search`); tests wrap fixed tables
-(as fairseq's ``test_sequence_generator`` does), so the search logic is tested apart from the network.
-torch_impl and tf_impl implement the same algorithm on tensors, step for step, as written here.
+``prefixes`` is the whole fixed buffer ``(N, 1 + T)`` int64: BOS in column 0, the tokens chosen so
+far in columns ``1 .. t``, pad after; ``t`` is the step index (a Python int in NumPy and torch, an
+int32 scalar tensor in TF). Rows are ``n = item * beams + beam`` (beams = 1 for greedy). A step
+reads what it needs: ``prefixes[:, :t+1]`` to recompute the decoder on the prefix (the oracle,
+`stateless_step`), column ``t`` alone with a key/value cache (its state). ``reorder`` gets
+``rows (N,)``, each in the same item as its row. The state is opaque to the loops: they pass it
+from the step's output to its next input, through ``reorder``, and never look inside, so a
+compiled loop (tf_impl's ``tf.while_loop``) can carry it as a nested structure of tensors.
+
+The float64 oracle wraps the reference model in such a step (`shared.reference.greedy_decode`,
+`.beam_search`); tests wrap fixed tables with `stateless_step` (as fairseq's
+``test_sequence_generator`` does), so the search logic is tested apart from the network. torch_impl
+and tf_impl implement the same algorithm on tensors, step for step, as written here.
 
 Definitions (B = batch, K = beam_size, V = vocabulary, T = max_len)
 -------------------------------------------------------------------
@@ -30,23 +44,24 @@ Definitions (B = batch, K = beam_size, V = vocabulary, T = max_len)
 
 Greedy (`greedy_search`)
 ------------------------
-State: ``prefixes (B, 1+T)`` (column 0 = BOS, the rest pad), ``finished (B,)``, outputs. For
-``t = 0 .. T-1``: ``lp = step(prefixes[:, :t+1])``; ``lp[:, pad] = -inf``; the row of a finished
-item becomes ``-inf`` everywhere except ``0`` at ``pad`` (its step output is ignored); ``tok`` = the
-lowest id with ``lp == max(lp)`` (so a finished row takes pad with log-prob 0); write ``tok`` to
-``prefixes[:, t+1]`` and its log-prob to ``log_probs[:, t]``; a row that was live gets
-``lengths += 1`` and becomes finished if ``tok == eos``. Stop after the step where every row is
-finished, or after T steps; ``tokens = prefixes[:, 1:]``. Beam search with ``beam_size = 1`` gives
-the same tokens (with ``alpha = 0`` also the same score, ``sum(log_probs)``; with ``alpha > 0`` a
-rounding tie after the division could in principle differ).
+State: ``prefixes (B, 1+T)`` (column 0 = BOS, the rest pad), ``finished (B,)``, outputs, the step's
+state. For ``t = 0 .. T-1``: ``lp, state = step(prefixes, t, state)``; ``lp[:, pad] = -inf``; the
+row of a finished item becomes ``-inf`` everywhere except ``0`` at ``pad`` (its step output is
+ignored); ``tok`` = the lowest id with ``lp == max(lp)`` (so a finished row takes pad with log-prob
+0); write ``tok`` to ``prefixes[:, t+1]`` and its log-prob to ``log_probs[:, t]``; a row that was
+live gets ``lengths += 1`` and becomes finished if ``tok == eos``. Stop after the step where every
+row is finished, or after T steps; ``tokens = prefixes[:, 1:]``. Beam search with ``beam_size = 1``
+gives the same tokens (with ``alpha = 0`` also the same score, ``sum(log_probs)``; with
+``alpha > 0`` a rounding tie after the division could in principle differ).
 
 Beam search (`beam_search`)
 ---------------------------
 State, per item ``b`` and beam ``k``: ``raw (B, K)`` = ``[0, -inf, ..., -inf]`` (one live beam, so
 the first step has no duplicates), ``lengths (B, K) = 0``, ``finished (B, K) = False``, ``prefixes
-(B*K, 1+T)`` (BOS then pad), ``step_scores (B, K, T) = 0``, ``rank (B, K)``. For ``t = 0 .. T-1``:
+(B*K, 1+T)`` (BOS then pad), ``step_scores (B, K, T) = 0``, ``rank (B, K)``, the step's state.
+For ``t = 0 .. T-1``:
 
-1. ``lp = step(prefixes[:, :t+1]).reshape(B, K, V)``; ``lp[..., pad] = -inf``.
+1. ``lp, state = step(prefixes, t, state)``; ``lp = lp.reshape(B, K, V)``; ``lp[..., pad] = -inf``.
 2. A finished beam proposes exactly one candidate, itself extended by pad at +0: its row of ``lp``
    becomes ``-inf`` everywhere except ``0`` at ``pad`` (its step output is ignored).
 3. ``cand_raw = raw[..., None] + lp`` (B, K, V); ``cand_len = lengths + (not finished)`` (B, K);
@@ -56,7 +71,7 @@ the first step has no duplicates), ``lengths (B, K) = 0``, ``finished (B, K) = F
 5. Gather by ``src_beam``: ``prefixes``, ``step_scores``, ``lengths = cand_len``, ``finished``; then
    ``raw``, ``rank`` = the kept candidates' values; ``prefixes[:, t+1] = tok``;
    ``step_scores[..., t] = lp[src_beam, tok]`` (0 for a finished beam);
-   ``finished |= (tok == eos)``.
+   ``finished |= (tok == eos)``; ``state = step.reorder(state, item * K + src_beam)``.
 6. Stop when every beam of every item is finished (or after T steps).
 
 The kept beams are in ranking order (best first, ties by flat index), so the result for an item
@@ -82,16 +97,18 @@ finished slots, drawing 2K candidates a step; adopting it would change this spec
 Fixed-shape loop: the state above is the loop state; ``cond = t < T and not all(finished)``. Once
 every beam is finished a step is the identity on the state (each beam keeps itself, in order), so
 running all T steps gives the same result as stopping early. Outputs keep T columns whatever step
-the loop stops at: pad tokens and zero scores after EOS. A recomputing step feeds
-``prefixes[:, :t+1]``; a cached step feeds ``prefixes[:, t]`` and reorders its cache by ``src_beam``.
+the loop stops at: pad tokens and zero scores after EOS. A recomputing step reads
+``prefixes[:, :t+1]``; a cached step reads ``prefixes[:, t]`` and reorders its cache by ``src_beam``.
 
 Inputs and edge cases
 ---------------------
-* The search runs in the dtype of the log-probs: float64 in the oracle, the model's dtype in a
-  backend (float32 ties and near-ties are what the parity tests report).
+* The search runs in the dtype of the log-probs: float64 here (the oracle, whatever ``step.dtype``
+  says), ``step.dtype`` in a backend (float32 ties and near-ties are what the parity tests report).
 * ``max_len`` counts new tokens, EOS included; the longest prefix fed is BOS + ``max_len - 1``
   tokens, so a model needs ``max_len <= config.max_len``.
-* Step output must be (N, V), V the same at every step, without NaN or +inf in the rows of live
+* ``step.vocab`` is an int >= 2; the ids and the beam size are checked against it before the first
+  step (`check_greedy_args`, `check_beam_args`, shared by the backends).
+* Step output must be (N, step.vocab) at every step, without NaN or +inf in the rows of live
   beams (``-inf`` means impossible). If fewer than K candidates are finite (a table with ``-inf``
   entries), ``-inf`` candidates fill the beam by the same tie rule; they never win unless all do.
 * Bad arguments raise the errors of `check_max_len`, `check_beam_size`, `check_length_penalty`
@@ -103,13 +120,48 @@ Inputs and edge cases
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 
 from .config import TransformerConfig
 
-StepFn = Callable[[np.ndarray], np.ndarray]
+
+class Step(Protocol):
+    """The step contract of the module docstring, shared by the NumPy spec and both backends."""
+    vocab: int
+    dtype: Any
+
+    def initial_state(self) -> Any: ...
+
+    def __call__(self, prefixes, t, state) -> tuple[Any, Any]: ...
+
+    def reorder(self, state, rows) -> Any: ...
+
+
+class StatelessStep:
+    """A `Step` without state of its own, from ``fn(prefix) -> log_probs``: each call passes
+    ``fn`` the prefix so far, ``prefixes[:, :t+1]`` ``(N, t+1)`` (BOS first), and ``fn`` returns
+    ``(N, vocab)`` log-probs in ``dtype``; ``reorder`` has nothing to move. The oracle's step
+    (`shared.reference`) and the tests' fixed tables are such steps; it also works as a torch step
+    (``fn`` then takes and returns tensors; ``t`` is a Python int there too)."""
+
+    def __init__(self, fn: Callable, vocab: int, dtype: Any = np.float64):
+        self.fn, self.vocab, self.dtype = fn, vocab, dtype
+
+    def initial_state(self):
+        return ()
+
+    def __call__(self, prefixes, t, state):
+        return self.fn(prefixes[:, : t + 1]), state
+
+    def reorder(self, state, rows):
+        return state
+
+
+def stateless_step(fn: Callable, vocab: int, dtype: Any = np.float64) -> StatelessStep:
+    """``StatelessStep(fn, vocab, dtype)``: the step of ``fn(prefix (N, t+1)) -> log_probs (N, V)``."""
+    return StatelessStep(fn, vocab, dtype)
 
 
 class GreedyResult(NamedTuple):
@@ -195,18 +247,18 @@ def _top_k_lowest(x: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-x, axis=-1, kind="stable")[..., :k]
 
 
-def _call_step(step: StepFn, prefixes: np.ndarray, live: np.ndarray, vocab: int | None) -> np.ndarray:
-    """Run ``step`` and check its output: (N, V) with V fixed, no NaN or +inf in live rows."""
-    out = np.asarray(step(prefixes.copy()), dtype=np.float64)
-    n = prefixes.shape[0]
-    wrong_vocab = out.ndim == 2 and (out.shape[1] < 2 or (vocab is not None and out.shape[1] != vocab))
-    if out.ndim != 2 or out.shape[0] != n or wrong_vocab:
-        want = f"({n}, {vocab})" if vocab is not None else f"({n}, vocab >= 2)"
-        raise ValueError(f"step: expected log-probs of shape {want}, got shape {out.shape}")
+def _call_step(step: Step, prefixes: np.ndarray, t: int, state, live: np.ndarray):
+    """Run ``step`` on a copy of the buffer (a step cannot change the loop's prefixes) and check its
+    output: ``(N, step.vocab)``, no NaN or +inf in live rows. Returns (float64 log-probs, state)."""
+    out, state = step(prefixes.copy(), t, state)
+    out = np.asarray(out, dtype=np.float64)
+    n, vocab = prefixes.shape[0], step.vocab
+    if out.shape != (n, vocab):
+        raise ValueError(f"step: expected log-probs of shape ({n}, {vocab}), got shape {out.shape}")
     rows = out[live]
     if np.isnan(rows).any() or np.isposinf(rows).any():
-        raise ValueError(f"step: expected log-probs without NaN or +inf (step {prefixes.shape[1] - 1})")
-    return out
+        raise ValueError(f"step: expected log-probs without NaN or +inf (step {t})")
+    return out, state
 
 
 def _frozen_row(vocab: int, pad_id: int) -> np.ndarray:
@@ -229,23 +281,47 @@ def _check_batch(batch) -> None:
         raise ValueError(f"batch: expected an int >= 1, got {batch!r}")
 
 
-# -- the searches ---------------------------------------------------------------------------------
-def greedy_search(step: StepFn, batch: int, max_len: int, bos_id: int, eos_id: int,
-                  pad_id: int) -> GreedyResult:
-    """Greedy decoding over ``step``; see the module docstring for the exact algorithm."""
+def _check_vocab(step) -> int:
+    vocab = getattr(step, "vocab", None)
+    if not _is_int(vocab) or vocab < 2:
+        raise ValueError(f"step.vocab: expected an int >= 2 (the width of the log-probs), got {vocab!r}")
+    return int(vocab)
+
+
+def check_greedy_args(step: Step, batch, max_len, bos_id, eos_id, pad_id) -> None:
+    """The arguments of a greedy search, all before the first step (V is ``step.vocab``); the
+    backends call this same function, so the errors are identical."""
     _check_batch(batch)
     check_max_len(max_len)
+    _check_ids(_check_vocab(step), bos_id, eos_id, pad_id)
+
+
+def check_beam_args(step: Step, batch, max_len, beam_size, bos_id, eos_id, pad_id,
+                    length_penalty) -> None:
+    """The arguments of a beam search, in this order, all before the first step."""
+    _check_batch(batch)
+    check_max_len(max_len)
+    check_beam_size(beam_size)
+    check_length_penalty(length_penalty)
+    vocab = _check_vocab(step)
+    _check_ids(vocab, bos_id, eos_id, pad_id)
+    check_beam_size(beam_size, vocab)
+
+
+# -- the searches ---------------------------------------------------------------------------------
+def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int,
+                  pad_id: int) -> GreedyResult:
+    """Greedy decoding over ``step`` (a `Step`); see the module docstring for the exact algorithm."""
+    check_greedy_args(step, batch, max_len, bos_id, eos_id, pad_id)
+    vocab = step.vocab
     prefixes = np.full((batch, max_len + 1), pad_id, dtype=np.int64)  # (B, 1+T)
     prefixes[:, 0] = bos_id
     log_probs = np.zeros((batch, max_len))
     lengths = np.zeros(batch, dtype=np.int64)
     finished = np.zeros(batch, dtype=bool)
-    vocab = None
+    state = step.initial_state()
     for t in range(max_len):
-        lp = _call_step(step, prefixes[:, : t + 1], ~finished, vocab)  # (B, V)
-        if vocab is None:
-            vocab = lp.shape[1]
-            _check_ids(vocab, bos_id, eos_id, pad_id)
+        lp, state = _call_step(step, prefixes, t, state, ~finished)  # (B, V)
         lp[:, pad_id] = -np.inf
         lp[finished] = _frozen_row(vocab, pad_id)  # a finished row can only take pad, at +0
         tok = _argmax_lowest(lp)
@@ -258,14 +334,12 @@ def greedy_search(step: StepFn, batch: int, max_len: int, bos_id: int, eos_id: i
     return GreedyResult(prefixes[:, 1:], log_probs, lengths)
 
 
-def beam_search(step: StepFn, batch: int, max_len: int, beam_size: int, bos_id: int, eos_id: int,
+def beam_search(step: Step, batch: int, max_len: int, beam_size: int, bos_id: int, eos_id: int,
                 pad_id: int, length_penalty: float = 0.0, return_all: bool = False) -> BeamResult:
-    """Beam search over ``step`` (rows ``item * beam_size + beam``); see the module docstring."""
-    _check_batch(batch)
-    check_max_len(max_len)
-    check_beam_size(beam_size)
-    check_length_penalty(length_penalty)
-    alpha = length_penalty
+    """Beam search over ``step`` (a `Step`; rows ``item * beam_size + beam``); see the module
+    docstring."""
+    check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id, length_penalty)
+    alpha, vocab = length_penalty, step.vocab
     b_, k_ = batch, beam_size
     items = np.arange(b_)[:, None]  # (B, 1), for gathers
     prefixes = np.full((b_, k_, max_len + 1), pad_id, dtype=np.int64)  # (B, K, 1+T)
@@ -276,14 +350,10 @@ def beam_search(step: StepFn, batch: int, max_len: int, beam_size: int, bos_id: 
     lengths = np.zeros((b_, k_), dtype=np.int64)
     finished = np.zeros((b_, k_), dtype=bool)
     step_scores = np.zeros((b_, k_, max_len))
-    vocab = None
+    state = step.initial_state()
     for t in range(max_len):
-        flat_prefixes = prefixes[..., : t + 1].reshape(b_ * k_, t + 1)  # (B*K, t+1)
-        out = _call_step(step, flat_prefixes, ~finished.reshape(-1), vocab)  # (B*K, V)
-        if vocab is None:
-            vocab = out.shape[1]
-            _check_ids(vocab, bos_id, eos_id, pad_id)
-            check_beam_size(beam_size, vocab)
+        flat_prefixes = prefixes.reshape(b_ * k_, max_len + 1)  # (B*K, 1+T)
+        out, state = _call_step(step, flat_prefixes, t, state, ~finished.reshape(-1))  # (B*K, V)
         lp = out.reshape(b_, k_, vocab)  # (B, K, V)
         lp[..., pad_id] = -np.inf
         lp[finished] = _frozen_row(vocab, pad_id)  # a finished beam proposes only itself + pad, at +0
@@ -300,6 +370,7 @@ def beam_search(step: StepFn, batch: int, max_len: int, beam_size: int, bos_id: 
         finished = finished[items, src_beam] | (tok == eos_id)
         raw = cand_raw[items, src_beam, tok]
         rank = cand_rank[items, src_beam, tok]
+        state = step.reorder(state, (items * k_ + src_beam).reshape(-1))  # (B*K,) source rows
         if finished.all():
             break
     best = _argmax_lowest(rank)  # always 0: the beams are kept in ranking order

@@ -292,20 +292,21 @@ def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty
     return src, src_mask
 
 
-def _step_function(model: Model, src: np.ndarray, src_mask: np.ndarray, beams: int):
+def _step_function(model: Model, src: np.ndarray, src_mask: np.ndarray, beams: int) -> _decoding.Step:
     """Encode the source once; each step runs the whole decoder on the prefix (no cache in the
-    oracle) and returns the float64 log-softmax of the last position's logits, (B*beams, V)."""
+    oracle: a `shared.decoding.stateless_step`) and returns the float64 log-softmax of the last
+    position's logits, (B*beams, V)."""
     config = model.config
     memory = np.repeat(model.encode(src, src_mask, None), beams, axis=0)  # (B*K, S, d), row b*K + k
     if src_mask.shape[0] > 1:
         src_mask = np.repeat(src_mask, beams, axis=0)  # (B*K, 1|H, 1, S)
 
-    def step(prefixes: np.ndarray) -> np.ndarray:  # (B*K, t) -> (B*K, V)
-        tgt_mask = make_tgt_mask(prefixes, config.pad_id)
-        hidden = model.decode(prefixes, memory, src_mask, tgt_mask, None)  # (B*K, t, d)
+    def log_probs(prefix: np.ndarray) -> np.ndarray:  # (B*K, t+1) -> (B*K, V)
+        tgt_mask = make_tgt_mask(prefix, config.pad_id)
+        hidden = model.decode(prefix, memory, src_mask, tgt_mask, None)  # (B*K, t+1, d)
         return log_softmax(model.project(hidden[:, -1]))
 
-    return step
+    return _decoding.stateless_step(log_probs, config.tgt_vocab, np.float64)
 
 
 def greedy_decode(model: Model, src, max_len: int, src_mask=None) -> GreedyResult:

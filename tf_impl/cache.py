@@ -8,8 +8,10 @@ The layout and names are torch_impl.cache's: buffers ``(N, H, capacity, d_k)`` p
 ``capacity`` positions. What differs is what TensorFlow needs: tensors are immutable and a
 compiled loop (``tf.while_loop``, XLA) carries its state as a nested structure of fixed-shape
 tensors. So a cache is a ``NamedTuple`` of tensors, ``length`` is a scalar int32 tensor, and every
-update returns a new cache (`Transformer.decode_step` returns ``(logits, cache)``;
-`DecoderCache.reorder_beams` returns the reordered cache) instead of changing it in place.
+update returns a new cache (`MultiHeadAttention.extend` returns the new buffers, `DecoderLayer.step`
+the layer cache, `Transformer.decode_step` ``(logits, cache)``, `DecoderCache.reorder_beams` the
+reordered cache) instead of changing it in place; torch_impl returns its caches the same way, so
+the calling code is the same in both.
 
 Fixed shapes throughout, eagerly as compiled, so both run the same ops:
 
@@ -41,6 +43,11 @@ class LayerCache(NamedTuple):
     cross_key: tf.Tensor
     cross_value: tf.Tensor
 
+    def updated(self, self_key: tf.Tensor, self_value: tf.Tensor) -> "LayerCache":
+        """This layer's cache holding the self-attention buffers of a step (those
+        `MultiHeadAttention.extend` returns): a new cache (torch_impl updates its own in place)."""
+        return self._replace(self_key=self_key, self_value=self_value)
+
 
 class DecoderCache(NamedTuple):
     """The state of incremental decoding for ``N`` rows (a nested structure ``tf.while_loop`` carries).
@@ -65,6 +72,11 @@ class DecoderCache(NamedTuple):
     def rows(self) -> int | None:
         """``N``, where known statically (always, eagerly)."""
         return (self.layers[0].self_key if self.layers else self.src_mask).shape[0]
+
+    def advanced(self, layers) -> "DecoderCache":
+        """The cache after one decoding step: ``layers`` (from each `DecoderLayer.step`) and one
+        more position filled; a new cache (torch_impl updates its own in place)."""
+        return self._replace(layers=tuple(layers), length=self.length + 1)
 
     def reorder_beams(self, rows: tf.Tensor) -> "DecoderCache":
         """The cache in which row ``n`` continues from row ``rows[n]`` (beam search's source beam).

@@ -164,4 +164,4 @@ class DecoderLayer(_TracingLayer):
                                 None, "cross_attn", False)
         x = sublayer_connection(x, lambda h: (self.ffn(h, training=False), None), self.ffn_norm,
                                 self.dropout, self.norm_first, None, "ffn", False)
-        return x, cache._replace(self_key=kept["key"], self_value=kept["value"])
+        return x, cache.updated(kept["key"], kept["value"])

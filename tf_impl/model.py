@@ -258,8 +258,8 @@ class Transformer(keras.Model):
         x = self.tgt_embed(tokens[:, None])  # (N, 1, d)
         # Position t gets PE row t: the same addition the full pass makes for column t of its input.
         x = self.positional.dropout(x + tf.gather(self.positional.table, t), training=False)
-        hidden, cache = self.decoder.step(x, cache)  # (N, 1, d)
-        return self.generator(hidden)[:, 0], cache._replace(length=t + 1)  # (N, V)
+        hidden, cache = self.decoder.step(x, cache)  # (N, 1, d); cache.length is now t + 1
+        return self.generator(hidden)[:, 0], cache  # (N, V)
 
     def predict(self, x, *args, **kwargs):
         """``keras.Model.predict`` with the ids of array inputs checked eagerly first: under XLA

@@ -15,8 +15,7 @@ on the same log-probs, every mode gives the same tokens and, with alpha = 0, the
 one float formula, the length penalty, may differ by an ulp (grappler turns ``/ 6`` into
 ``* (1/6)`` inside a tf.function; TF's ``pow`` is Eigen's, not libm's).
 
-Because the loop state must exist before the first step, a TF step declares what torch's search
-learns from its first output, and carries its own state (a key/value cache) through the loop::
+A step is the `shared.decoding.Step` of the spec, the contract of torch_impl.search too::
 
     step.vocab: int, step.dtype: tf.DType     the log-probs' V and dtype (they size the state)
     step.initial_state() -> nested tensors    () for a stateless step
@@ -28,7 +27,13 @@ columns ``1 .. t``, pad after), ``t`` the int32 step; a step reads what it needs
 recompute, column ``t`` with a cache). Rows are ``n = item * beams + beam``; after a selection, row
 ``n`` continues from row ``rows[n]`` ``(N,)``. The output must be ``(N, V)`` without NaN or +inf in
 live rows: a bad step is recorded in the state (``bad_step``), stops the loop and raises the spec's
-``ValueError`` once the loop is back (nothing can raise inside an XLA program).
+``ValueError`` once the loop is back (nothing can raise inside an XLA program; torch_impl.search
+raises inside its loop instead).
+
+Each search is a loop (`greedy_loop`, `beam_loop`: tensors in, a dict of tensors out, eagerly or
+inside a ``tf.function``), a conversion (`greedy_result`, `beam_result`: NumPy results, raising for
+a bad step) and the two together behind the spec's argument checks (`greedy_search`,
+`beam_search`), as in torch_impl.search.
 
 Ties are broken explicitly (DESIGN convention 11): greedy takes the lowest id among the maxima (not
 ``tf.argmax``, whose tie order is not promised); beam search keeps ``tf.math.top_k`` of the flat
@@ -40,26 +45,14 @@ scores in beam search, as in torch_impl.search. It changes nothing in the search
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Protocol
+from typing import Callable, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from shared.decoding import (BeamResult, GreedyResult, _check_batch, _check_ids, check_beam_size,
-                             check_length_penalty, check_max_len)
+from shared.decoding import BeamResult, GreedyResult, Step, check_beam_args, check_greedy_args
 
 Observe = Callable[[int, tf.Tensor], object]
-
-
-class Step(Protocol):
-    vocab: int
-    dtype: tf.DType
-
-    def initial_state(self): ...
-
-    def __call__(self, prefixes: tf.Tensor, t: tf.Tensor, state) -> tuple[tf.Tensor, object]: ...
-
-    def reorder(self, state, rows: tf.Tensor): ...
 
 
 class GreedyState(NamedTuple):
@@ -152,23 +145,6 @@ def _numpy(outputs: dict) -> dict:
     return {name: value.numpy() for name, value in outputs.items()}
 
 
-# -- argument checks (the spec's, all before the loop: V is step.vocab) ---------------------------
-def check_greedy_args(step: Step, batch, max_len, bos_id, eos_id, pad_id) -> None:
-    _check_batch(batch)
-    check_max_len(max_len)
-    _check_ids(step.vocab, bos_id, eos_id, pad_id)
-
-
-def check_beam_args(step: Step, batch, max_len, beam_size, bos_id, eos_id, pad_id,
-                    length_penalty) -> None:
-    _check_batch(batch)
-    check_max_len(max_len)
-    check_beam_size(beam_size)
-    check_length_penalty(length_penalty)
-    _check_ids(step.vocab, bos_id, eos_id, pad_id)
-    check_beam_size(beam_size, step.vocab)
-
-
 # -- greedy ---------------------------------------------------------------------------------------
 def greedy_loop(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, pad_id: int,
                 observe: Observe | None = None) -> dict[str, tf.Tensor]:
@@ -221,7 +197,7 @@ def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int
                   compiled: bool = False, jit_compile: bool = False,
                   observe: Observe | None = None) -> GreedyResult:
     """Greedy decoding over ``step``; the algorithm of `shared.decoding.greedy_search`, with its
-    argument checks (`check_greedy_args`).
+    argument checks (`shared.decoding.check_greedy_args`).
 
     Args:
         compiled: run the loop inside a ``tf.function``, traced on every call (for a compiled loop
@@ -322,8 +298,8 @@ def beam_search(step: Step, batch: int, max_len: int, beam_size: int, bos_id: in
                 observe: Observe | None = None) -> BeamResult:
     """Beam search over ``step`` (rows ``item * beam_size + beam``); the algorithm of
     `shared.decoding.beam_search`, in the step's dtype, with its argument checks
-    (`check_beam_args`). ``compiled``, ``jit_compile``: as `greedy_search`. Returns NumPy arrays,
-    shapes as `shared.decoding.BeamResult`.
+    (`shared.decoding.check_beam_args`). ``compiled``, ``jit_compile``: as `greedy_search`.
+    Returns NumPy arrays, shapes as `shared.decoding.BeamResult`.
     """
     check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id, length_penalty)
     alpha = float(length_penalty)

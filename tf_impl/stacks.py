@@ -78,13 +78,13 @@ class Decoder(_TracingLayer):
         return DecoderCache(tuple(layers), repeat_rows(src_mask, beams), tf.constant(0, tf.int32))
 
     def step(self, x: tf.Tensor, cache: DecoderCache) -> tuple[tf.Tensor, DecoderCache]:
-        """`call` for the target position ``cache.length`` only, reading and filling ``cache``
-        (the caller advances ``cache.length``). Shape: x ``(N, 1, d)`` embedded token ->
-        ``((N, 1, d), the cache with every layer's self-attention keys/values updated)``."""
+        """`call` for the target position ``cache.length`` only, reading and filling ``cache``.
+        Shape: x ``(N, 1, d)`` embedded token -> ``((N, 1, d), the cache with every layer's
+        self-attention keys/values written and ``length`` advanced)`` (a new cache)."""
         layers = []
         for layer, layer_cache in zip(self.layers, cache.layers):
             x, layer_cache = layer.step(x, layer_cache, cache.length, cache.src_mask)
             layers.append(layer_cache)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return x, cache._replace(layers=tuple(layers))
+        return x, cache.advanced(layers)

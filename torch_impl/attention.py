@@ -102,19 +102,23 @@ class MultiHeadAttention(nn.Module):
         return self.output(context), weights
 
     def extend(self, query_in: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-               position: int) -> tuple[torch.Tensor, None]:
+               position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Self-attention of one new position over itself and every earlier one, with a cache.
 
-        The new key and value (projections of ``query_in``) are written in place at ``position`` of
-        the preallocated ``key_cache``/``value_cache`` ``(N, H, capacity, d_k)``; the query attends
-        to positions ``0 .. position``. No mask: in decoding pad is never generated and a finished
-        row's output is ignored, so every earlier position of a live row is a real token, and the
-        padding-AND-subsequent target mask of the full pass reduces to "all previous positions".
+        The new key and value (projections of ``query_in``) are written at ``position`` of the
+        preallocated ``key_cache``/``value_cache`` ``(N, H, capacity, d_k)``, in place (no copy of
+        the buffers a step), and the query attends to positions ``0 .. position``. No mask: in
+        decoding pad is never generated and a finished row's output is ignored, so every earlier
+        position of a live row is a real token, and the padding-AND-subsequent target mask of the
+        full pass reduces to "all previous positions".
 
-        Shape: query_in ``(N, 1, d_model)`` -> output ``(N, 1, d_model)``.
+        Shape: query_in ``(N, 1, d_model)``, position an int -> ``(output (N, 1, d_model),
+        key_cache, value_cache)``: the buffers written, returned as tf_impl returns its new ones,
+        so that the calling code is the same in both.
         """
         k, v = self.keys_values(query_in)  # (N, H, 1, d_k)
         key_cache[:, :, position] = k[:, :, 0]
         value_cache[:, :, position] = v[:, :, 0]
         end = position + 1
-        return self.attend(query_in, key_cache[:, :, :end], value_cache[:, :, :end], None)
+        output, _ = self.attend(query_in, key_cache[:, :, :end], value_cache[:, :, :end], None)
+        return output, key_cache, value_cache

@@ -13,8 +13,13 @@ the growing cache (up to 2 MB per layer a step at batch 8), attention over a buf
 strided. The buffer wins on the rest: no allocation per step, and it is the fixed-shape state a
 compiled loop (tf_impl's ``tf.while_loop``, XLA) needs, so both backends keep one design.
 
-Used through `torch_impl.Transformer.init_cache` and `.decode_step`; `shared.decoding` gives the
-search that drives them.
+Every update is written in place (torch tensors are mutable) and the updated object is also
+returned (`MultiHeadAttention.extend` returns the buffers, `DecoderLayer.step` the layer cache,
+`Transformer.decode_step` ``(logits, cache)``, `DecoderCache.reorder_beams` the cache), so that the
+code that uses a cache is the same as tf_impl's, whose caches are immutable tuples.
+
+Used through `torch_impl.Transformer.init_cache` and `.decode_step`; `torch_impl.search` gives the
+loops that drive them (the `shared.decoding` spec, with the cache as the step's state).
 """
 from __future__ import annotations
 
@@ -36,6 +41,13 @@ class LayerCache:
     self_value: torch.Tensor
     cross_key: torch.Tensor
     cross_value: torch.Tensor
+
+    def updated(self, self_key: torch.Tensor, self_value: torch.Tensor) -> "LayerCache":
+        """This layer's cache holding the self-attention buffers of a step (those
+        `MultiHeadAttention.extend` returns: here the same tensors, written in place); returns
+        ``self``, updated, where tf_impl returns a new cache."""
+        self.self_key, self.self_value = self_key, self_value
+        return self
 
 
 @dataclass
@@ -61,6 +73,12 @@ class DecoderCache:
     @property
     def rows(self) -> int:
         return self.layers[0].self_key.shape[0] if self.layers else self.src_mask.shape[0]
+
+    def advanced(self, layers: list[LayerCache]) -> "DecoderCache":
+        """The cache after one decoding step: ``layers`` (from each `DecoderLayer.step`) and one
+        more position filled. Updates ``self`` and returns it (tf_impl returns a new cache)."""
+        self.layers, self.length = list(layers), self.length + 1
+        return self
 
     def reorder_beams(self, rows: torch.Tensor) -> "DecoderCache":
         """Let row ``n`` continue from row ``rows[n]`` (beam search's source beam): gathers the

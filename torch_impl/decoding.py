@@ -67,47 +67,58 @@ def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty
 
 
 class RecomputeStep:
-    """Each step runs the whole decoder on the prefix: ``(N, t+1) -> log_probs (N, V)``."""
+    """Each step runs the whole decoder on the prefix: ``prefixes[:, :t+1] -> log_probs (N, V)``
+    (a `shared.decoding.Step` without state: the prefixes carry it all)."""
 
-    def __init__(self, model: Transformer, memory: torch.Tensor, src_mask: torch.Tensor, beams: int):
-        self.model = model
+    def __init__(self, model: Transformer, memory: torch.Tensor, src_mask: torch.Tensor, beams: int,
+                 max_len: int):
+        self.model, self.max_len = model, max_len  # unused here; TF's XLA path needs it
         self.memory = repeat_rows(memory, beams)  # (N, S, d), row item * beams + beam
         self.src_mask = repeat_rows(src_mask, beams)  # (N|1, 1|H, 1, S)
+        self.vocab, self.dtype = model.config.tgt_vocab, getattr(torch, model.config.dtype)
 
-    def __call__(self, prefixes: torch.Tensor) -> torch.Tensor:
+    def initial_state(self):
+        return ()  # the prefixes carry all the state
+
+    def __call__(self, prefixes: torch.Tensor, t: int, state):
         m = self.model
-        tgt_mask = make_tgt_mask(prefixes, m.config.pad_id)  # (N, 1, t+1, t+1)
-        hidden = m._decode(prefixes, self.memory, self.src_mask, tgt_mask, None)  # (N, t+1, d)
-        return torch.log_softmax(m.generator(hidden[:, -1]), dim=-1)  # (N, V), model dtype
+        tgt = prefixes[:, : t + 1]  # (N, t+1)
+        tgt_mask = make_tgt_mask(tgt, m.config.pad_id)  # (N, 1, t+1, t+1)
+        hidden = m._decode(tgt, self.memory, self.src_mask, tgt_mask, None)  # (N, t+1, d)
+        return torch.log_softmax(m.generator(hidden[:, -1]), dim=-1), state  # (N, V), model dtype
 
-    reorder = None  # the prefixes carry all the state
+    def reorder(self, state, rows: torch.Tensor):
+        return state
 
 
 class CachedStep:
-    """Each step feeds the newest token and the key/value cache: ``(N, t+1) -> log_probs (N, V)``."""
+    """Each step feeds the newest token (column ``t``) and the key/value cache -> log_probs (N, V)
+    (a `shared.decoding.Step` whose state is the `DecoderCache`)."""
 
     def __init__(self, model: Transformer, memory: torch.Tensor, src_mask: torch.Tensor, beams: int,
                  max_len: int):
         self.model = model
         self.cache = model.decoder.init_cache(memory, src_mask, max_len, beams)
+        self.vocab, self.dtype = model.config.tgt_vocab, getattr(torch, model.config.dtype)
 
-    def __call__(self, prefixes: torch.Tensor) -> torch.Tensor:
-        if prefixes.shape[1] != self.cache.length + 1:  # the search and the cache must stay in step
-            raise AssertionError(f"CachedStep: prefix of {prefixes.shape[1]} tokens, cache of "
-                                 f"{self.cache.length}")
-        logits = self.model._decode_step(prefixes[:, -1], self.cache)  # (N, V)
-        return torch.log_softmax(logits, dim=-1)
+    def initial_state(self):
+        return self.cache
 
-    def reorder(self, rows: torch.Tensor) -> None:
-        self.cache.reorder_beams(rows)
+    def __call__(self, prefixes: torch.Tensor, t: int, cache):
+        if t != cache.length:  # the search and the cache must stay in step (a Python int: no sync)
+            raise AssertionError(f"CachedStep: step {t}, cache of {cache.length} positions")
+        logits, cache = self.model._decode_step(prefixes[:, t], cache)  # (N, V)
+        return torch.log_softmax(logits, dim=-1), cache
+
+    def reorder(self, cache, rows: torch.Tensor):
+        return cache.reorder_beams(rows)
 
 
 def _step(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, beams: int, max_len: int,
           use_cache: bool):
     memory = model._encode(src, src_mask, None)  # (B, S, d), once per source
-    if use_cache:
-        return CachedStep(model, memory, src_mask, beams, max_len)
-    return RecomputeStep(model, memory, src_mask, beams)
+    kind = CachedStep if use_cache else RecomputeStep
+    return kind(model, memory, src_mask, beams, max_len)
 
 
 def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cache: bool = True,
@@ -158,5 +169,4 @@ def beam_search(model: Transformer, src, max_len: int, beam_size: int = 4, lengt
     with _inference(model):
         step = _step(model, src, src_mask, beam_size, max_len, use_cache)
         return search.beam_search(step, src.shape[0], max_len, beam_size, c.bos_id, c.eos_id,
-                                  c.pad_id, length_penalty, return_all, step.reorder, _device(model),
-                                  observe)
+                                  c.pad_id, length_penalty, return_all, _device(model), observe)

@@ -114,15 +114,20 @@ class DecoderLayer(nn.Module):
                                    self.dropout, self.norm_first, trace, f"{prefix}.ffn")
 
     def step(self, x: torch.Tensor, cache: LayerCache, position: int,
-             src_mask: torch.Tensor) -> torch.Tensor:
+             src_mask: torch.Tensor) -> tuple[torch.Tensor, LayerCache]:
         """`forward` for one new target position, with cached keys and values: self-attention writes
         its key/value at ``position`` and attends to positions ``0 .. position`` (see
         `MultiHeadAttention.extend`); cross-attention uses the cached source keys/values.
 
-        Shape: x ``(N, 1, d)``, src_mask bool broadcastable to ``(N, H, 1, S)`` -> ``(N, 1, d)``.
+        Shape: x ``(N, 1, d)``, src_mask bool broadcastable to ``(N, H, 1, S)`` -> ``((N, 1, d),
+        the layer's cache with its self-attention keys/values updated)`` (in place, and returned).
         """
+        kept = {}
+
         def self_attn(h: torch.Tensor):
-            return self.self_attn.extend(h, cache.self_key, cache.self_value, position)
+            out, kept["key"], kept["value"] = self.self_attn.extend(h, cache.self_key, cache.self_value,
+                                                                    position)
+            return out, None
 
         def cross_attn(h: torch.Tensor):
             return self.cross_attn.attend(h, cache.cross_key, cache.cross_value, src_mask)
@@ -131,5 +136,6 @@ class DecoderLayer(nn.Module):
                                 None, "self_attn")
         x = sublayer_connection(x, cross_attn, self.cross_attn_norm, self.dropout, self.norm_first,
                                 None, "cross_attn")
-        return sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, self.dropout,
-                                   self.norm_first, None, "ffn")
+        x = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, self.dropout,
+                                self.norm_first, None, "ffn")
+        return x, cache.updated(kept["key"], kept["value"])

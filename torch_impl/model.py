@@ -205,9 +205,9 @@ class Transformer(nn.Module):
             cache: from `init_cache`; filled at position ``cache.length``, which then advances.
 
         Returns:
-            ``(logits (N, tgt_vocab), cache)``. The cache is updated in place and returned, so that
-            code written as ``logits, cache = model.decode_step(tokens, cache)`` also fits tf_impl,
-            whose tensors are immutable.
+            ``(logits (N, tgt_vocab), cache)``, ``length`` advanced by one. The cache is updated in
+            place and returned, so that code written as ``logits, cache = model.decode_step(tokens,
+            cache)`` also fits tf_impl, whose tensors are immutable.
         """
         if not isinstance(cache, DecoderCache):
             raise TypeError(f"cache: expected a torch_impl.cache.DecoderCache from init_cache, "
@@ -223,17 +223,17 @@ class Transformer(nn.Module):
         if cache.length >= cache.capacity:
             raise ValueError(f"cache: expected a free position, got a full cache "
                              f"({cache.capacity} positions; init_cache(max_len=...) sets it)")
-        return self._decode_step(tokens, cache), cache
+        return self._decode_step(tokens, cache)
 
-    def _decode_step(self, tokens: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
-        """`decode_step` without the checks (the search loops call it): ``(N,)`` -> logits ``(N, V)``."""
+    def _decode_step(self, tokens: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
+        """`decode_step` without the checks (the search loops call it): ``(N,)`` -> ``(logits (N, V),
+        cache)``, the cache updated in place."""
         t = cache.length
         x = self.tgt_embed(tokens[:, None])  # (N, 1, d)
         # Position t gets PE row t: the same addition the full pass makes for column t of its input.
         x = self.positional.dropout(x + self.positional.table[t: t + 1])
-        hidden = self.decoder.step(x, cache)  # (N, 1, d)
-        cache.length = t + 1
-        return self.generator(hidden[:, 0])  # (N, V)
+        hidden, cache = self.decoder.step(x, cache)  # (N, 1, d); cache.length is now t + 1
+        return self.generator(hidden[:, 0]), cache  # (N, V)
 
     # -- canonical weights ------------------------------------------------------------------------
     def import_weights(self, weights: Mapping[str, np.ndarray]) -> None:

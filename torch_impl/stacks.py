@@ -76,11 +76,14 @@ class Decoder(nn.Module):
                                      repeat_rows(v, beams)))
         return DecoderCache(layers, repeat_rows(src_mask, beams), 0)
 
-    def step(self, x: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
-        """`forward` for the target position ``cache.length`` only, reading and filling ``cache``
-        (the caller advances ``cache.length``). Shape: x ``(N, 1, d)`` embedded token -> ``(N, 1, d)``."""
+    def step(self, x: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
+        """`forward` for the target position ``cache.length`` only, reading and filling ``cache``.
+        Shape: x ``(N, 1, d)`` embedded token -> ``((N, 1, d), the cache with every layer's
+        self-attention keys/values written and ``length`` advanced)`` (in place, and returned)."""
+        layers = []
         for layer, layer_cache in zip(self.layers, cache.layers):
-            x = layer.step(x, layer_cache, cache.length, cache.src_mask)
+            x, layer_cache = layer.step(x, layer_cache, cache.length, cache.src_mask)
+            layers.append(layer_cache)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return x
+        return x, cache.advanced(layers)

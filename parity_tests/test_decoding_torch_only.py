@@ -1,0 +1,48 @@
+"""Decoding behaviour only torch_impl has: decoding switches a module to eval mode and gives the
+caller's mode back (Keras layers take ``training`` per call instead), and the search makes one
+host sync per step. The contract both backends share is test_decoding.py."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch_impl  # noqa: E402
+from parity_tests.decoding_cases import MAX_LEN, model_for, sources, tiny_configs, weights_for  # noqa: E402
+from parity_tests.torch_support import build  # noqa: E402
+
+
+def test_decoding_uses_eval_mode_and_restores_train_mode():
+    config = tiny_configs()["tiny-pre-annotated"]  # dropout 0.1
+    model = build(config, weights_for(config, 1))
+    src = sources(config, 1)
+    a = torch_impl.beam_search(model, src, MAX_LEN, 2)
+    model.train()
+    b = torch_impl.beam_search(model, torch.from_numpy(src), MAX_LEN, 2)
+    assert model.training
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("kind", ["greedy", "beam"])
+def test_one_host_sync_per_step(kind, monkeypatch):
+    """The loop reads the device once a step (the NaN check and "all finished" together, one
+    ``tolist``): counted on ``Tensor.tolist`` and ``Tensor.item``, the host reads the loop could
+    make, with the cache (whose position is a Python int: no read)."""
+    model = model_for("torch", "tiny-post-standard", "float64", 0)
+    config = model.config
+    src = torch.from_numpy(sources(config, 0))
+    reads = []
+    def counted(name):
+        original = getattr(torch.Tensor, name)
+        return lambda self: reads.append(name) or original(self)
+
+    for name in ("tolist", "item"):
+        monkeypatch.setattr(torch.Tensor, name, counted(name))
+    if kind == "greedy":
+        result = torch_impl.greedy_decode(model, src, MAX_LEN)
+        steps = int(result.lengths.max())
+    else:
+        result = torch_impl.beam_search(model, src, MAX_LEN, 3, 0.0, True)
+        steps = int(result.all_lengths.max())
+    # The source check reads the ids' range once, before the loop; then one read a step.
+    assert reads == ["tolist"] * (1 + steps), reads
