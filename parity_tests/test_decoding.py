@@ -16,8 +16,8 @@ import pytest
 from parity_tests.decoding_backends import MODEL_BACKENDS, ModelBackend, model_backend  # noqa: F401
 from parity_tests.decoding_cases import (ALPHAS, BEAM, MAX_LEN, beams, config64, greedy, model_for,
                                          reference_decodes, sources, targets, tiny_configs, weights_for)
-from shared import decoding as D
 from shared import reference as R
+from shared.divergence import first_divergence
 from shared.tolerances import assert_close, bound_for
 from shared.weights import random_weights
 
@@ -227,7 +227,7 @@ def float32_divergences(name: str, seed: int, want, got) -> list:
     c64 = config64(name)
     src = sources(c64, seed)
     lp64 = teacher_forced_log_probs(weights_for(c64, seed), c64, src, want.tokens)
-    return D.first_divergence(want.tokens, got.tokens, lp64)
+    return first_divergence(want.tokens, got.tokens, lp64)
 
 
 TORCH_FLOAT32 = [(name, seed, use_cache) for name in sorted(TINY) for seed in range(3)
@@ -263,7 +263,7 @@ def test_float32_near_tie_is_reported_not_failed(model_backend):
     want = R.greedy_decode(R.Model(w64, c64), src, MAX_LEN)
     model = model_backend.build(c64.replace(dtype="float32"), w64)  # cast to float32 by build
     got = model_backend.greedy_decode(model, src, MAX_LEN)
-    divergences = D.first_divergence(want.tokens, got.tokens,
+    divergences = first_divergence(want.tokens, got.tokens,
                                      teacher_forced_log_probs(w64, c64, src, want.tokens))
     assert [(d.item, d.step, d.token_a, d.token_b) for d in divergences] == [
         (item, 0, hi, lo) for item in range(5)]
@@ -304,7 +304,7 @@ def test_float32_beam_tokens_equal_where_every_gap_exceeds_the_bound(backend, na
         np.testing.assert_array_equal(got.all_tokens[item], want.all_tokens[item],
                                       err_msg=f"alpha {alpha} item {item}: smallest gap "
                                               f"{gaps[item].min():.3g}")
-    for d in D.first_divergence(want.tokens, got.tokens):  # allowed where not clear; said
+    for d in first_divergence(want.tokens, got.tokens):  # allowed where not clear; said
         if not clear[d.item]:
             print(f"near-tie: {d}; smallest gap per (t + 1) {gaps[d.item].min():.3g} at step "
                   f"{int(gaps[d.item].argmin())}")

@@ -162,7 +162,7 @@ def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int) -
     float32 error bound (``decode-margin``) is a near-tie, which float32 may break either way, and is
     reported as such; a larger margin is a failure.
     """
-    from shared.decoding import first_divergence
+    from shared.divergence import first_divergence
     from shared.loss import log_softmax
 
     results = {name: adapter.greedy(src, max_new) for name, adapter in adapters.items()}
