@@ -1,4 +1,4 @@
-"""The dependency rule of DESIGN.md, proved in fresh interpreters."""
+"""The dependency rule of docs/design.md, proved in fresh interpreters."""
 import subprocess
 import sys
 import textwrap

@@ -25,7 +25,8 @@ class TransformerConfig:
         n_heads: attention heads; each head has ``d_k = d_model // n_heads``.
         d_ff: inner width of the position-wise feed-forward network.
         n_encoder_layers, n_decoder_layers: depth of each stack (0 is allowed for neither).
-        dropout: probability in [0, 1), used at the sites DESIGN.md lists; inactive in evaluation.
+        dropout: probability in [0, 1), used at the sites of docs/design.md, convention 9;
+            inactive in evaluation.
         max_len: longest sequence the positional-encoding table covers.
         norm_first: ``True`` is pre-norm (Annotated Transformer), ``False`` the paper's post-norm.
         norm_style: ``"standard"`` = (x - mean) / sqrt(var + eps), biased variance (torch, Keras);

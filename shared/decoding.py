@@ -36,10 +36,10 @@ Definitions (B = batch, K = beam_size, V = vocabulary, T = max_len)
   that order, in the score dtype; ``alpha = 0`` gives exactly 1.0, so the ranking is the raw score.
 * **Ranking score** = ``raw / penalty(length)``; ``raw`` is the sum of the chosen tokens' log-probs,
   accumulated one step at a time (``raw += log_prob``). Reported scores are ranking scores.
-* **Ties** (DESIGN convention 11): the highest score wins; among equal scores the lowest token id,
-  and in beam search the lowest flattened index ``beam * V + token`` (lowest beam, then lowest id).
-  Never rely on a library's argmax or top-k tie order unless it is documented to be this one
-  (``np.argsort(-x, kind="stable")``, ``torch.sort(descending=True, stable=True)`` and
+* **Ties** (docs/design.md, convention 11): the highest score wins; among equal scores the lowest
+  token id, and in beam search the lowest flattened index ``beam * V + token`` (lowest beam, then
+  lowest id). Never rely on a library's argmax or top-k tie order unless it is documented to be this
+  one (``np.argsort(-x, kind="stable")``, ``torch.sort(descending=True, stable=True)`` and
   ``tf.math.top_k`` are; ``torch.topk`` and ``torch.argmax`` do not promise it).
 
 Greedy (`greedy_search`)
@@ -114,9 +114,9 @@ Inputs and edge cases
 * Bad arguments raise the errors of `check_max_len`, `check_beam_size`, `check_length_penalty`
   (the backends call these same functions, so the messages are identical). A model-level API checks,
   in this order: ``src`` (`shared.checks.check_ids`, `check_ids_range`), `check_search_args`, masks.
-* All-padding sources are allowed: the model is well defined on them (DESIGN 3: an attention row with
-  no allowed key is all zeros, so the cross-attention contributes nothing) and they decode
-  deterministically, like any other source, from the decoder's own state.
+* All-padding sources are allowed: the model is well defined on them (docs/design.md, convention 3:
+  an attention row with no allowed key is all zeros, so the cross-attention contributes nothing) and
+  they decode deterministically, like any other source, from the decoder's own state.
 """
 from __future__ import annotations
 

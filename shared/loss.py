@@ -1,4 +1,5 @@
-"""Label-smoothed cross-entropy, the NumPy float64 reference of the training loss (DESIGN 14).
+"""Label-smoothed cross-entropy, the NumPy float64 reference of the training loss
+(docs/design.md, convention 14).
 
 The smoothed target is ``(1 - eps) * onehot + eps / V`` (the convention PyTorch's
 ``cross_entropy(label_smoothing=eps)`` and Keras's ``CategoricalCrossentropy(label_smoothing=eps)``

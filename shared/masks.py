@@ -1,4 +1,4 @@
-"""Attention masks, one convention for every implementation (DESIGN conventions 2 and 3).
+"""Attention masks, one convention for every implementation (docs/design.md, conventions 2 and 3).
 
 A mask is boolean and ``True`` means **may attend**. Masks broadcast to
 ``(batch, heads, q_len, k_len)``:

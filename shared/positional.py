@@ -1,6 +1,7 @@
 """Sinusoidal positional encoding, computed once in float64 for every implementation.
 
-Layout is *interleaved*, as in the paper and the Annotated Transformer (DESIGN convention 4)::
+Layout is *interleaved*, as in the paper and the Annotated Transformer (docs/design.md,
+convention 4)::
 
     PE[p, 2i]     = sin(p / 10000^(2i / d_model))
     PE[p, 2i + 1] = cos(p / 10000^(2i / d_model))        positions p counted from 0

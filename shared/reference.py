@@ -1,8 +1,8 @@
 """The float64 NumPy reference: the oracle every backend is compared with.
 
-Written for clarity, not speed: each function is the formula of DESIGN.md, computed in float64
-whatever ``config.dtype`` says. ``forward(..., return_trace=True)`` also returns a dict of named
-intermediates in computation order; those names are the contract the backends match:
+Written for clarity, not speed: each function is the formula of docs/design.md (the conventions),
+computed in float64 whatever ``config.dtype`` says. ``forward(..., return_trace=True)`` also returns
+a dict of named intermediates in computation order; those names are the contract the backends match:
 
     encoder.embed                          (B, S, d)   embeddings * sqrt(d_model) + PE
     encoder.layers.{i}.self_attn_norm      (B, S, d)   output of that layer norm

@@ -1,14 +1,14 @@
 """Multi-head scaled dot-product attention with a boolean mask.
 
-Masks are boolean, ``True`` = may attend (DESIGN convention 2), broadcastable to
+Masks are boolean, ``True`` = may attend (docs/design.md, convention 2), broadcastable to
 ``(batch, heads, q_len, k_len)``. They are used as they are, with ``tf.where``; never as an additive
 0/-inf mask, and never through Keras' own mask plumbing, which casts any mask to bool (an additive
 mask would be silently inverted).
 
 A masked key gets exactly zero weight and a query with no allowed key (an all-padding sequence) gets
-all-zero weights and a zero context (DESIGN convention 3): masked scores are set to the dtype's
-lowest finite value, so ``exp(lowest - row_max)`` underflows to exactly 0 wherever the row has an
-allowed key; a row with none comes out of the softmax uniform (not NaN) and is zeroed after.
+all-zero weights and a zero context (docs/design.md, convention 3): masked scores are set to the
+dtype's lowest finite value, so ``exp(lowest - row_max)`` underflows to exactly 0 wherever the row
+has an allowed key; a row with none comes out of the softmax uniform (not NaN) and is zeroed after.
 Everything is elementwise or a matmul, so it compiles with XLA and fuses into the softmax.
 """
 from __future__ import annotations

@@ -46,7 +46,7 @@ class TokenEmbedding(keras.layers.Layer):
 
 
 class PositionalEncoding(keras.layers.Layer):
-    """Adds ``PE[:seq]`` (interleaved sin/cos, DESIGN convention 4) and applies dropout.
+    """Adds ``PE[:seq]`` (interleaved sin/cos, docs/design.md, convention 4) and applies dropout.
 
     The table is computed once in float64 by `shared.positional` and cast to the model dtype; it is
     a constant, not a weight, and is never saved.

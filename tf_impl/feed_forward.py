@@ -1,4 +1,5 @@
-"""The position-wise feed-forward network: linear, ReLU, dropout, linear (DESIGN convention 8)."""
+"""The position-wise feed-forward network: linear, ReLU, dropout, linear (docs/design.md,
+convention 8)."""
 from __future__ import annotations
 
 import keras

@@ -1,4 +1,4 @@
-"""Encoder and decoder layers, in either norm placement (DESIGN convention 7).
+"""Encoder and decoder layers, in either norm placement (docs/design.md, convention 7).
 
 Pre-norm (``norm_first=True``, tensor2tensor and the Annotated Transformer) computes
 ``x + dropout(sublayer(norm(x)))``; post-norm (the paper) computes ``norm(x + dropout(sublayer(x)))``.

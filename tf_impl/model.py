@@ -126,7 +126,7 @@ class Transformer(keras.Model):
             src_mask: bool, True = may attend, broadcastable to ``(B, H, 1, S)``; used by encoder
                 self-attention and cross-attention, so its query axis is 1. Default ``src != pad_id``.
             tgt_mask: bool, broadcastable to ``(B, H, T, T)``. Default: padding AND subsequent.
-            training: dropout on (at the sites of DESIGN convention 9).
+            training: dropout on (at the sites of docs/design.md, convention 9).
             return_trace: also return the named intermediates of `shared.reference`.
 
         Returns:

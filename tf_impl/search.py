@@ -35,9 +35,9 @@ inside a ``tf.function``), a conversion (`greedy_result`, `beam_result`: NumPy r
 a bad step) and the two together behind the spec's argument checks (`greedy_search`,
 `beam_search`), as in torch_impl.search.
 
-Ties are broken explicitly (DESIGN convention 11): greedy takes the lowest id among the maxima (not
-``tf.argmax``, whose tie order is not promised); beam search keeps ``tf.math.top_k`` of the flat
-index ``beam * V + token``, documented to put the lower index first among equal values.
+Ties are broken explicitly (docs/design.md, convention 11): greedy takes the lowest id among the
+maxima (not ``tf.argmax``, whose tie order is not promised); beam search keeps ``tf.math.top_k`` of
+the flat index ``beam * V + token``, documented to put the lower index first among equal values.
 
 ``observe(t, top)``, when given (eager only: it is Python, called once a step), sees the best scores
 of each step, sorted descending: ``(B, 2)`` log-probs in greedy, ``(B, K + 1)`` candidate ranking

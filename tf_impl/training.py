@@ -48,7 +48,8 @@ class StepResult(NamedTuple):
 
 def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
                         smoothing: float = 0.0) -> tf.Tensor:
-    """Mean label-smoothed cross-entropy over the non-padding targets (DESIGN convention 14).
+    """Mean label-smoothed cross-entropy over the non-padding targets (docs/design.md,
+    convention 14).
 
     ``keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=eps)`` on one-hot
     targets: the target distribution is ``(1 - eps) * onehot + eps / V``. Padding targets get sample
@@ -162,7 +163,8 @@ def make_optimizer(model: Transformer, d_model: int | None = None, warmup: int =
 
     Args:
         d_model: the schedule's ``d_model`` (default ``model.config.d_model``).
-        warmup, factor: the Noam schedule's (DESIGN convention 13); the paper uses 4000 and 1.0.
+        warmup, factor: the Noam schedule's (docs/design.md, convention 13); the paper uses 4000
+            and 1.0.
         start_step: optimizer steps already taken, to resume the schedule where a run stopped.
     """
     d_model = model.config.d_model if d_model is None else d_model

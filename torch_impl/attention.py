@@ -1,12 +1,13 @@
 """Multi-head scaled dot-product attention, with a fast path and an explicit path.
 
-Masks are boolean, ``True`` = may attend (DESIGN convention 2), broadcastable to
+Masks are boolean, ``True`` = may attend (docs/design.md, convention 2), broadcastable to
 ``(batch, heads, q_len, k_len)``. ``F.scaled_dot_product_attention`` reads a bool ``attn_mask`` the
 same way, so the mask is passed as it is (``nn.MultiheadAttention`` would need it inverted).
 
 Both paths give a masked key exactly zero weight and a query with no allowed key (an all-padding
-sequence) an all-zero context (DESIGN convention 3). SDPA returns NaN for such a row (softmax of
-nothing), so on the fast path those rows are let attend every key and their context is zeroed after.
+sequence) an all-zero context (docs/design.md, convention 3). SDPA returns NaN for such a row
+(softmax of nothing), so on the fast path those rows are let attend every key and their context is
+zeroed after.
 """
 from __future__ import annotations
 

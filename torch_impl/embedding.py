@@ -30,7 +30,7 @@ class TokenEmbedding(nn.Module):
 
 
 class PositionalEncoding(nn.Module):
-    """Adds ``PE[:seq]`` (interleaved sin/cos, DESIGN convention 4) and applies dropout.
+    """Adds ``PE[:seq]`` (interleaved sin/cos, docs/design.md, convention 4) and applies dropout.
 
     The table is computed once in float64 by `shared.positional` and cast to the model dtype; it is
     a non-persistent buffer: it follows ``.to(device)`` but is not a weight and is never saved.

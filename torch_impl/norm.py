@@ -1,4 +1,5 @@
-"""Layer normalisation in the two styles of DESIGN convention 6, with ``eps`` always explicit."""
+"""Layer normalisation in the two styles of docs/design.md, convention 6, with ``eps`` always
+explicit."""
 from __future__ import annotations
 
 import torch

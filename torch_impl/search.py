@@ -20,8 +20,8 @@ framework can do inside its loop: here a bad step output (NaN or +inf in a live 
 spec's ``ValueError`` from within the loop, at the one device sync a step makes (which also reads
 whether every row has finished), where TF records it in its loop state and raises afterwards.
 
-Ties are broken explicitly (DESIGN convention 11): greedy takes the lowest id among the maxima, not
-``torch.argmax``, whose tie order is not promised; beam search keeps the first K of
+Ties are broken explicitly (docs/design.md, convention 11): greedy takes the lowest id among the
+maxima, not ``torch.argmax``, whose tie order is not promised; beam search keeps the first K of
 ``torch.sort(descending=True, stable=True)`` over the flat index ``beam * V + token``.
 
 ``observe(t, top)``, when given, is called after every step with the best scores of that step,

@@ -42,7 +42,8 @@ class StepResult(NamedTuple):
 
 def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int,
                         smoothing: float = 0.0) -> torch.Tensor:
-    """Mean label-smoothed cross-entropy over the non-padding targets (DESIGN convention 14).
+    """Mean label-smoothed cross-entropy over the non-padding targets (docs/design.md,
+    convention 14).
 
     ``F.cross_entropy(label_smoothing=eps, ignore_index=pad_id)``: the target distribution is
     ``(1 - eps) * onehot + eps / V``, positions whose target is ``pad_id`` carry no loss and the mean
@@ -87,7 +88,8 @@ def make_optimizer(model: Transformer, d_model: int | None = None, warmup: int =
 
     Args:
         d_model: the schedule's ``d_model`` (default ``model.config.d_model``).
-        warmup, factor: the Noam schedule's (DESIGN convention 13); the paper uses 4000 and 1.0.
+        warmup, factor: the Noam schedule's (docs/design.md, convention 13); the paper uses 4000
+            and 1.0.
         start_step: optimizer steps already taken, to resume the schedule where a run stopped.
     """
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=BETAS, eps=EPS)
