@@ -263,6 +263,11 @@ def backends(kinds: Iterable[str] = EAGER, cpu_only: bool = False) -> list:
             if b.kind in kinds and (not cpu_only or b.device.lower().strip("/").startswith("cpu"))]
 
 
+def dtype_name(dtype) -> str:
+    """``"float32"`` for a NumPy, torch, TF or Keras dtype (or a dtype's string)."""
+    return str(getattr(dtype, "name", dtype)).removeprefix("torch.")
+
+
 def eager_of(backend: Backend) -> Backend:
     """The eager backend of the same framework and device (what a compiled mode is compared to)."""
     return Backend(backend.framework, "eager", backend.device)
