@@ -233,11 +233,17 @@ class Backend:
         return per_model[key]
 
 
-@functools.lru_cache(maxsize=8)  # base models are 0.25-0.5 GB each: keep a few
+@functools.lru_cache(maxsize=None)
+def cached_weights(config: TransformerConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """``random_weights(config, seed)``, drawn once (the base model's take ~1 s): read only."""
+    return random_weights(config, seed)
+
+
+@functools.lru_cache(maxsize=None)  # a few dozen configs; the base ones 0.25-0.5 GB each, at most 4 per device
 def _cached_model(framework: str, device: str, config: TransformerConfig, seed: int):
     if framework == "torch":
-        return torch_support.build(config, random_weights(config, seed), device)
-    return tf_support.cached(config, seed)
+        return torch_support.build(config, cached_weights(config, seed), device)
+    return tf_support.build(config, cached_weights(config, seed))
 
 
 def _all() -> list[Backend]:

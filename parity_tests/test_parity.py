@@ -11,11 +11,10 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from parity_tests.backends import BACKENDS, COMPILED, EAGER, eager_of
+from parity_tests.backends import BACKENDS, COMPILED, EAGER, cached_weights, eager_of
 from parity_tests.matrix import CASES, case
 from shared import reference as R
 from shared.tolerances import assert_close, assert_trace_close, bound_for
-from shared.weights import random_weights
 
 # Ordered case -> dtype -> backend, so consecutive tests reuse the cached weights, model and reference.
 PARAMS = [pytest.param(v, s, dtype, b, id=f"{v}/{s}-{dtype}-{b.id}")
@@ -30,7 +29,7 @@ MODE_PARAMS = [pytest.param(v, s, dtype, b, id=f"{v}/{s}-{dtype}-{b.id}")
 @lru_cache(maxsize=2)
 def _reference(variant: str, shape: str, dtype: str):
     config, src, tgt = case(variant, shape, dtype)
-    weights = random_weights(config, seed=0)
+    weights = cached_weights(config, 0)
     logits, trace = R.forward(weights, config, src, tgt, return_trace=True)
     return config, src, tgt, logits, trace
 

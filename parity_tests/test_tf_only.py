@@ -13,7 +13,7 @@ import keras  # noqa: E402
 import tf_impl  # noqa: E402
 from parity_tests.backends import Backend  # noqa: E402
 from parity_tests.matrix import case  # noqa: E402
-from parity_tests.tf_support import DEVICES, build, cached, run_logits  # noqa: E402
+from parity_tests.tf_support import DEVICES, build, run_logits  # noqa: E402
 from shared import TransformerConfig, noam_lr  # noqa: E402
 from shared import make_src_mask as np_src_mask, make_tgt_mask as np_tgt_mask  # noqa: E402
 from shared import reference as R  # noqa: E402
@@ -24,6 +24,7 @@ from tf_impl import training  # noqa: E402
 
 TINY = TransformerConfig.preset("tiny")  # dropout 0.1
 SRC, TGT = src_tgt(TINY, batch=2, src_len=5, tgt_len=4)
+TF = Backend("tf", "eager", "/CPU:0")  # its cached models are the other test modules' too
 
 
 def _with(ids, value, row=0):
@@ -35,7 +36,7 @@ def _with(ids, value, row=0):
 # -- bad ids in graph mode and under XLA ----------------------------------------------------------
 def test_out_of_range_id_raises_in_tf_function():
     """Graph mode: the check is an Assert that guards the lookup; InvalidArgumentError, same text."""
-    model = cached(TINY)
+    model = TF.cached(TINY)
     fn = tf.function(lambda s, t: model(s, t))
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"src: expected token ids in \[0, 13\), got values in \[0, 13\]"):
@@ -47,7 +48,7 @@ def test_out_of_range_id_raises_in_tf_function():
 
 
 def test_length_over_max_len_raises_in_tf_function_with_unknown_length():
-    model = cached(TINY)
+    model = TF.cached(TINY)
     fn = tf.function(lambda s, t: model(s, t), input_signature=[tf.TensorSpec([None, None], tf.int64)] * 2)
     with pytest.raises(tf.errors.InvalidArgumentError, match="src: expected at most max_len=64 tokens"):
         fn(np.full((2, 65), 3, np.int64), TGT)
@@ -56,7 +57,7 @@ def test_length_over_max_len_raises_in_tf_function_with_unknown_length():
 def test_out_of_range_id_under_xla_gives_nan_rows_never_a_wrong_answer():
     """XLA compiles every Assert to a no-op and clamps gathers, so nothing can raise inside a
     jit_compile=True program: the rows with a bad id come out NaN, the others are unaffected."""
-    model = cached(TINY)
+    model = TF.cached(TINY)
     fn = tf.function(lambda s, t: model(s, t), jit_compile=True)
     good = fn(tf.constant(SRC), tf.constant(TGT)).numpy()
     for src, tgt in [(_with(SRC, 13), TGT), (_with(SRC, -1), TGT), (SRC, _with(TGT, 1000))]:
@@ -66,7 +67,7 @@ def test_out_of_range_id_under_xla_gives_nan_rows_never_a_wrong_answer():
 
 
 def test_python_lists_and_arrays_are_accepted_as_ids():
-    model = cached(TINY)
+    model = TF.cached(TINY)
     want = run_logits(model, SRC, TGT)
     np.testing.assert_array_equal(np.asarray(model(SRC.tolist(), TGT.tolist())), want)
     np.testing.assert_array_equal(np.asarray(model(SRC, TGT)), want)
@@ -74,11 +75,11 @@ def test_python_lists_and_arrays_are_accepted_as_ids():
 
 def test_call_needs_tgt():
     with pytest.raises(ValueError, match="tgt: required"):
-        cached(TINY)(SRC)
+        TF.cached(TINY)(SRC)
 
 
 def test_decode_checks_the_memory_dtype():
-    model = cached(TINY)
+    model = TF.cached(TINY)
     memory = model.encode(SRC)
     with pytest.raises(TypeError, match="memory: expected dtype float32, got float64"):
         model.decode(TGT, tf.cast(memory, tf.float64), np_src_mask(SRC, TINY.pad_id))
@@ -92,7 +93,7 @@ def test_decode_checks_the_memory_dtype():
 def test_predict_matches_reference_and_eager(variant, shape, dtype, device):
     config, src, tgt = case(variant, shape, dtype)
     ref = R.forward(random_weights(config, 0), config, src, tgt)
-    model = cached(config)
+    model = TF.cached(config)
     bound = bound_for(dtype, "tf:reference")
     predicted = run_logits(model, src, tgt, device, "predict")
     assert predicted.dtype == config.dtype
@@ -103,7 +104,7 @@ def test_predict_matches_reference_and_eager(variant, shape, dtype, device):
 
 def test_predict_accepts_tuple_dict_and_batches():
     config = TINY.replace(dtype="float64")
-    model = cached(config)
+    model = TF.cached(config)
     src, tgt = src_tgt(config, batch=5, src_len=6, tgt_len=4)
     want = run_logits(model, src, tgt)
     bound = bound_for("float64", "tf:reference")
@@ -129,7 +130,7 @@ def test_predict_compiled_with_xla_and_checks_ids_eagerly():
 # -- tf.function and Keras serialisation ----------------------------------------------------------
 def test_variable_lengths_in_one_function_need_no_retrace_per_batch():
     config = TINY.replace(dtype="float64")
-    model = cached(config)
+    model = TF.cached(config)
     fn = tf.function(lambda s, t: model(s, t), input_signature=[tf.TensorSpec([None, None], tf.int64)] * 2)
     for b, s, t in [(1, 3, 2), (3, 7, 5)]:
         src, tgt = src_tgt(config, batch=b, src_len=s, tgt_len=t)

@@ -5,7 +5,7 @@ any update. (torch vs TF: test_training_parity.py; framework-only pieces: test_*
 import numpy as np
 import pytest
 
-from parity_tests.backends import HAVE_TORCH, backends, dtype_name
+from parity_tests.backends import backends, dtype_name
 from shared import TransformerConfig, noam_lr, tasks
 from shared.loss import label_smoothed_cross_entropy
 from shared.tolerances import FLOAT64, assert_close, bound_for
@@ -14,20 +14,6 @@ from shared.weights import random_weights
 CONFIG = TransformerConfig.preset("tiny", src_vocab=tasks.COPY_VOCAB, tgt_vocab=tasks.COPY_VOCAB,
                                   dropout=0.0, dtype="float64")
 CPU = backends(cpu_only=True)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared 2-core machine: one torch intra-op thread is ~20x faster than two
-    spinning."""
-    if not HAVE_TORCH:
-        yield
-        return
-    import torch
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def loss_case(dtype: str, seed: int = 0):
