@@ -1,7 +1,8 @@
 """Behaviour only tf_impl has: bad ids inside tf.function (InvalidArgumentError, same text) and under
 XLA (NaN rows, never a wrong answer), ``keras.Model.predict`` (also compiled with XLA), arrays and
 Python lists as ids, one trace for variable lengths, get_config / from_config, and its training
-pieces (the schedule in a graph and serialised, KingmaBaAdam as Algorithm 1, one train-step trace).
+pieces (the schedule in a graph and serialised, KingmaBaAdam as Algorithm 1). (One train-step
+trace for every batch shape: test_training.test_train_step_learns_and_reports_the_rate_it_used.)
 """
 import numpy as np
 import pytest
@@ -191,12 +192,3 @@ def test_adam_update_is_algorithm_1(dtype):
     bound = FLOAT64 if dtype == "float64" else bound_for(dtype, "tf:reference")
     assert_close(variable.numpy(), w, bound, "variable after 30 Adam steps")
 
-
-def test_train_step_is_traced_once_for_every_batch_shape():
-    from parity_tests.test_training import CONFIG, copy_batch
-    model = build(CONFIG, random_weights(CONFIG, 0))
-    optimizer = training.make_optimizer(model, warmup=10, factor=0.5)
-    for n, length in [(4, 10), (2, 6), (5, 12)]:
-        training.train_step(model, optimizer, copy_batch(n, seed=n, length=length))
-    step = training._compiled_step(model, optimizer, 0.0)
-    assert step.experimental_get_tracing_count() == 1
