@@ -239,7 +239,8 @@ def cached_weights(config: TransformerConfig, seed: int = 0) -> dict[str, np.nda
     return random_weights(config, seed)
 
 
-@functools.lru_cache(maxsize=None)  # a few dozen configs; the base ones 0.25-0.5 GB each, at most 4 per device
+# A few dozen configs; the base ones are 0.25-0.5 GB each, at most 4 (2 dtypes x 2 frameworks) a device.
+@functools.lru_cache(maxsize=None)
 def _cached_model(framework: str, device: str, config: TransformerConfig, seed: int):
     if framework == "torch":
         return torch_support.build(config, cached_weights(config, seed), device)

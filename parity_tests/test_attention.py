@@ -22,7 +22,8 @@ class Layer:
 
     def __init__(self, backend, dtype: str, dropout: float = 0.0, seed: int = 0):
         self.backend, self.dtype = backend, dtype
-        self.layer = backend.impl.attention.MultiHeadAttention(D, H, dropout=dropout, **_dtype(backend, dtype))
+        self.layer = backend.impl.attention.MultiHeadAttention(D, H, dropout=dropout,
+                                                               **_dtype(backend, dtype))
         rng = np.random.default_rng(seed)
         self.canonical = {}
         for name in ("query", "key", "value", "output"):
@@ -53,7 +54,8 @@ class Layer:
             if key not in self._fns:  # one function per path, as the backend's own cache does
                 call = lambda q, m, k: self.layer(q, m, k, return_weights=return_weights,  # noqa: E731
                                                   training=training)
-                self._fns[key] = call if b.mode == "eager" else tf.function(call, jit_compile=(b.mode == "xla"))
+                self._fns[key] = (call if b.mode == "eager"
+                                  else tf.function(call, jit_compile=(b.mode == "xla")))
             with tf.device(b.device):
                 out, weights = self._fns[key](*args)
         return b.numpy(out), (None if weights is None else b.numpy(weights))

@@ -12,7 +12,8 @@ from shared import reference as R  # noqa: E402
 from shared.tolerances import assert_trace_close, bound_for  # noqa: E402
 from shared.weights import random_weights  # noqa: E402
 
-PARAMS = [pytest.param(v, s, dtype, id=f"{v}/{s}-{dtype}") for v, s in CASES for dtype in ("float64", "float32")]
+PARAMS = [pytest.param(v, s, dtype, id=f"{v}/{s}-{dtype}")
+          for v, s in CASES for dtype in ("float64", "float32")]
 TORCH, TF = Backend("torch", "eager", "cpu"), Backend("tf", "eager", "/CPU:0")
 SEED = 0  # test_parity's weights and cached models: in one process, the models are built once
 

@@ -1,7 +1,7 @@
 """Gradients of every backend in float64, on a tiny model with an all-padding row: autodiff against
 central finite differences of the NumPy reference, for every element of a few weights of every kind
-of layer (eager); the compiled modes (tf.function, XLA) against eager; with and without the trace (torch: the explicit and the
-SDPA paths) the same. (torch's own ``gradcheck``: test_torch_only.py.)"""
+of layer (eager); the compiled modes (tf.function, XLA) against eager; with and without the trace
+(torch: the explicit and the SDPA paths) the same. (torch's own ``gradcheck``: test_torch_only.py.)"""
 from functools import lru_cache
 
 import numpy as np

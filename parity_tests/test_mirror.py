@@ -35,10 +35,12 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
         "*:*.call": "keras.Layer's call method; torch spells it forward",
         "*:*.get_config": "Keras serialisation (from_config, .keras files); torch has none",
         "*:*.from_config": "Keras serialisation, the inverse of get_config",
-        "model:Transformer.predict": "keras.Model.predict, overridden to check ids eagerly (XLA drops asserts)",
+        "model:Transformer.predict": "keras.Model.predict, overridden to check ids eagerly (XLA drops "
+                                     "asserts)",
         "attention:MultiHeadAttention.output": "a property over _output: Keras' Layer.output and its "
                                                "saving claim the attribute; torch's is a plain submodule",
-        "inputs:to_tensor": "TF also takes arrays and lists (converted without casting); torch takes tensors only",
+        "inputs:to_tensor": "TF also takes arrays and lists (converted without casting); torch takes "
+                            "tensors only",
         "inputs:dims": "static-or-dynamic sizes for graph mode; torch shapes are always concrete",
         "inputs:in_xla_context": "XLA compiles asserts to no-ops; torch has no such mode",
         "training:KingmaBaAdam": "Keras' Adam adds eps inside the bias correction; torch.optim.Adam is "

@@ -5,7 +5,7 @@ Framework-only behaviour: test_torch_only.py, test_tf_only.py."""
 import numpy as np
 import pytest
 
-from parity_tests.backends import EAGER, backends, dtype_name
+from parity_tests.backends import EAGER, backends, dtype_name, eager_of
 from shared import TransformerConfig
 from shared import make_src_mask as np_src_mask, make_tgt_mask as np_tgt_mask
 from shared import reference as R
@@ -17,8 +17,9 @@ TINY = TransformerConfig.preset("tiny")  # dropout 0.1
 
 
 # Dropout in a graph (tf.function) too; XLA is left to test_parity (compiling costs seconds a case).
-DROPOUT = [pytest.param(False, *p.values, id=f"plain-{p.id}") for p in backends(EAGER + ("tf-function",), True)] \
-    + [pytest.param(True, *p.values, id=f"trace-{p.id}") for p in backends(EAGER, True)]
+DROPOUT = ([pytest.param(False, *p.values, id=f"plain-{p.id}")
+            for p in backends(EAGER + ("tf-function",), cpu_only=True)]
+           + [pytest.param(True, *p.values, id=f"trace-{p.id}") for p in backends(EAGER, cpu_only=True)])
 
 
 @pytest.mark.parametrize("return_trace, backend", DROPOUT)
@@ -32,7 +33,10 @@ def test_dropout_only_in_training(return_trace, backend):
         logits = lambda training: backend.logits(model, src, tgt, training=training)  # noqa: E731
     a, b = logits(False), logits(False)
     np.testing.assert_array_equal(a, b)
-    assert_close(a, R.forward(random_weights(config, 0), config, src, tgt), bound_for("float64", backend.pair))
+    bound = bound_for("float64", backend.pair)
+    assert_close(a, R.forward(random_weights(config, 0), config, src, tgt), bound)
+    if backend.compiled:  # the graph's eval logits against eager's
+        assert_close(a, eager_of(backend).logits(model, src, tgt), bound, "graph vs eager")
     c, d = logits(True), logits(True)
     assert np.isfinite(c).all()
     assert not np.allclose(c, a) and not np.allclose(c, d)

@@ -14,6 +14,7 @@ import keras  # noqa: E402
 import tf_impl  # noqa: E402
 from parity_tests.backends import Backend  # noqa: E402
 from parity_tests.matrix import case  # noqa: E402
+from parity_tests.test_parity import MODE_CASES  # noqa: E402
 from parity_tests.tf_support import DEVICES, build, run_logits  # noqa: E402
 from shared import TransformerConfig, noam_lr  # noqa: E402
 from shared import make_src_mask as np_src_mask, make_tgt_mask as np_tgt_mask  # noqa: E402
@@ -88,9 +89,7 @@ def test_decode_checks_the_memory_dtype():
 
 # -- predict --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("variant, shape, dtype", [("tiny-pre-annotated", "b3-all-padding-row", "float64"),
-                                                   ("tiny-shared-tied-post", "b3-padded-src-longer", "float32"),
-                                                   ("base", "b2-tgt-longer", "float32")])
+@pytest.mark.parametrize("variant, shape, dtype", MODE_CASES)
 def test_predict_matches_reference_and_eager(variant, shape, dtype, device):
     config, src, tgt = case(variant, shape, dtype)
     ref = R.forward(random_weights(config, 0), config, src, tgt)
