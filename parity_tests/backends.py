@@ -131,9 +131,11 @@ class Backend:
         on (torch: ``train()`` for this call, the previous mode restored)."""
         return self._run(model, "logits", src, tgt, training, masks)
 
-    def trace(self, model, src, tgt, **masks) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """``(logits, trace)`` with ``return_trace=True`` (torch: the explicit attention path)."""
-        trace = self._run(model, "trace", src, tgt, False, masks)
+    def trace(self, model, src, tgt, training: bool = False,
+              **masks) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """``(logits, trace)`` with ``return_trace=True`` (torch: the explicit attention path);
+        ``training`` as in `logits`."""
+        trace = self._run(model, "trace", src, tgt, training, masks)
         return trace["logits"], trace
 
     def _run(self, model, kind: str, src, tgt, training: bool, masks: dict):

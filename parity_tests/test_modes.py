@@ -28,7 +28,7 @@ def test_dropout_only_in_training(return_trace, backend):
     model = backend.cached(config)
     src, tgt = src_tgt(config, batch=2, src_len=6, tgt_len=5)
     if return_trace:
-        logits = lambda training: backend._run(model, "trace", src, tgt, training, {})["logits"]  # noqa: E731
+        logits = lambda training: backend.trace(model, src, tgt, training=training)[0]  # noqa: E731
     else:
         logits = lambda training: backend.logits(model, src, tgt, training=training)  # noqa: E731
     a, b = logits(False), logits(False)
