@@ -1,10 +1,10 @@
-"""Shared helpers of the TensorFlow tests: devices, TF32 off, and running a model in each mode.
+"""Shared helpers of the TensorFlow tests: devices, TF32 off, building a model, and its logits in
+each mode (``predict`` included). The backend-neutral interface built on it: `parity_tests.backends`.
 
 Import it only after ``pytest.importorskip("tensorflow")``.
 """
 from __future__ import annotations
 
-import functools
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -16,7 +16,7 @@ from shared import TransformerConfig  # noqa: E402
 from shared.weights import random_weights  # noqa: E402
 
 # TF enables TensorFloat-32 matmuls on Ampere+ GPUs by default: ~1e-3 relative error, which would
-# swamp every float32 comparison. DESIGN: switched off before comparing.
+# swamp every float32 comparison; switched off before comparing (docs/design.md, tolerance policy).
 tf.config.experimental.enable_tensor_float_32_execution(False)
 
 import tf_impl  # noqa: E402
@@ -32,29 +32,6 @@ def build(config: TransformerConfig, weights: dict | None = None, seed: int = 0)
     return model
 
 
-@functools.lru_cache(maxsize=None)
-def cached(config: TransformerConfig, seed: int = 0) -> tf_impl.Transformer:
-    """One model per (config, seed) for tests that only read it (never modify a cached model)."""
-    return build(config, seed=seed)
-
-
-def to_numpy(trace: dict) -> dict[str, np.ndarray]:
-    return {name: np.asarray(value) for name, value in trace.items()}
-
-
-def run_trace(model: tf_impl.Transformer, src: np.ndarray, tgt: np.ndarray, device: str = "/CPU:0",
-              mode: str = "eager", **kwargs) -> dict[str, np.ndarray]:
-    """The model's trace (same names as `shared.reference`) as NumPy, computed on ``device`` in ``mode``:
-    ``eager``, ``function`` (``tf.function``) or ``xla`` (``tf.function(jit_compile=True)``)."""
-    with tf.device(device):
-        if mode == "eager":
-            _, trace = model(src, tgt, return_trace=True, **kwargs)
-        else:
-            fn = tf.function(_traced(model, kwargs), jit_compile=(mode == "xla"))
-            trace = fn(tf.constant(src), tf.constant(tgt))
-    return to_numpy(trace)
-
-
 def run_logits(model: tf_impl.Transformer, src: np.ndarray, tgt: np.ndarray, device: str = "/CPU:0",
                mode: str = "eager") -> np.ndarray:
     """Logits as NumPy in one of `MODES` (``predict`` goes through ``keras.Model.predict``)."""
@@ -65,12 +42,6 @@ def run_logits(model: tf_impl.Transformer, src: np.ndarray, tgt: np.ndarray, dev
             return np.asarray(model(src, tgt))
         fn = tf.function(_logits(model), jit_compile=(mode == "xla"))
         return np.asarray(fn(tf.constant(src), tf.constant(tgt)))
-
-
-def _traced(model, kwargs):
-    def fn(src, tgt):
-        return model(src, tgt, return_trace=True, **kwargs)[1]
-    return fn
 
 
 def _logits(model):

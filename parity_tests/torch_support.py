@@ -1,4 +1,5 @@
-"""Helpers for the torch parity tests: devices, TF32 off, and running a model to NumPy.
+"""Helpers for the torch tests: devices, TF32 off, building a model, and its logits as NumPy. The
+backend-neutral interface built on it: `parity_tests.backends`.
 
 Import only after ``pytest.importorskip("torch")``.
 """
@@ -12,7 +13,7 @@ import torch
 import torch_impl
 from shared import TransformerConfig
 
-# CPU always; CUDA whenever this machine has it (DESIGN: tests are parametrized by device).
+# CPU always; CUDA whenever this machine has it (docs/design.md, tests: parametrized by device).
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -38,14 +39,6 @@ def ids(array: np.ndarray, device: str = "cpu") -> torch.Tensor:
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().cpu().numpy()
-
-
-def run_trace(model: torch_impl.Transformer, src: np.ndarray, tgt: np.ndarray, device: str = "cpu",
-              **masks) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """``(logits, trace)`` as NumPy, computed without gradients (explicit attention path)."""
-    with torch.no_grad():
-        logits, trace = model(ids(src, device), ids(tgt, device), return_trace=True, **masks)
-    return to_numpy(logits), {name: to_numpy(value) for name, value in trace.items()}
 
 
 def run_logits(model: torch_impl.Transformer, src: np.ndarray, tgt: np.ndarray, device: str = "cpu",

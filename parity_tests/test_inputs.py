@@ -1,0 +1,142 @@
+"""Bad input to every eager backend: the same error types and messages as the reference, before any
+compute (ids range-checked before any lookup). TF graph mode, XLA, ``predict`` and Python lists:
+test_tf_only.py; torch's refusal of non-tensor ids: test_torch_only.py.
+
+Keras wraps an error raised inside ``call`` with the call's arguments ("Exception encountered when
+calling Transformer.call() ..."), keeping its type; the reference's message is inside, unchanged.
+torch raises the reference's message as it is.
+"""
+import numpy as np
+import pytest
+
+from parity_tests.backends import backends
+from shared import TransformerConfig
+from shared import reference as R
+from shared.batches import src_tgt
+from shared.tolerances import assert_close, bound_for
+from shared.weights import random_weights
+
+CONFIG = TransformerConfig.preset("tiny")
+W = random_weights(CONFIG, 0)
+SRC, TGT = src_tgt(CONFIG, batch=2, src_len=5, tgt_len=4)
+EAGER = backends()
+
+
+def _with(ids, value, row=0):
+    out = ids.copy()
+    out[row, 1] = value
+    return out
+
+
+def _same_message(backend, ours, theirs):
+    if backend.framework == "torch":
+        assert str(ours.value) == str(theirs.value)
+    else:
+        assert str(theirs.value) in str(ours.value)
+
+
+BAD_IDS = [
+    (SRC[0], TGT, ValueError, r"src: expected token ids of shape \(batch, seq\), got rank 1"),
+    (SRC, TGT[None], ValueError, "tgt: expected token ids of shape"),
+    (SRC.astype(np.float32), TGT, TypeError, "src: expected integer token ids, got dtype float32"),
+    (SRC.astype(np.float64), TGT, TypeError, "src: expected integer token ids, got dtype float64"),
+    (SRC, TGT.astype(bool), TypeError, "tgt: expected integer token ids, got dtype bool"),
+    (_with(SRC, 13), TGT, ValueError, r"src: expected token ids in \[0, 13\), got values in \[0, 13\]"),
+    (SRC, _with(TGT, -1), ValueError, r"tgt: expected token ids in \[0, 17\), got values in \[-1,"),
+    (np.ones((2, 65), np.int64), TGT, ValueError, "src: expected at most max_len=64 tokens, got 65"),
+    (SRC[:, :0], TGT, ValueError, r"src: expected a non-empty \(batch, seq\), got shape \(2, 0\)"),
+    (SRC, TGT[:1], ValueError, "tgt: expected batch size 2 \\(as src\\), got 1"),
+]
+
+
+@pytest.mark.parametrize("backend", EAGER)
+@pytest.mark.parametrize("src, tgt, error, needle", BAD_IDS)
+def test_bad_ids_fail_like_the_reference(src, tgt, error, needle, backend):
+    model = backend.cached(CONFIG)
+    with pytest.raises(error, match=needle) as ours:
+        backend.call(model, src, tgt)
+    with pytest.raises(error) as theirs:
+        R.forward(W, CONFIG, src, tgt)
+    _same_message(backend, ours, theirs)
+    if backend.framework == "tf":  # NumPy ids straight in: the same
+        with pytest.raises(error, match=needle) as ours:
+            model(src, tgt)
+        _same_message(backend, ours, theirs)
+
+
+MASKS = [
+    (dict(src_mask=np.ones((2, 1, 1, 5), np.int64)), TypeError,
+     "src_mask: expected a bool mask .*got dtype int64"),
+    (dict(src_mask=np.ones((2, 5), bool)), ValueError, r"src_mask: expected a rank-4 mask"),
+    (dict(src_mask=np.ones((2, 1, 5, 5), bool)), ValueError, r"src_mask: expected a mask broadcastable"),
+    (dict(tgt_mask=np.ones((2, 1, 4, 5), bool)), ValueError,
+     r"tgt_mask: expected a mask broadcastable to \(batch\|1"),
+    (dict(tgt_mask=np.ones((3, 1, 4, 4), bool)), ValueError, "tgt_mask: expected a mask broadcastable"),
+    (dict(tgt_mask=np.ones((2, 1, 4, 4), np.float32)), TypeError, "tgt_mask: expected a bool mask"),
+]
+
+
+@pytest.mark.parametrize("backend", EAGER)
+@pytest.mark.parametrize("kwargs, error, needle", MASKS)
+def test_bad_masks_fail_like_the_reference(kwargs, error, needle, backend):
+    model = backend.cached(CONFIG)
+    with pytest.raises(error, match=needle) as ours:
+        backend.call(model, SRC, TGT, **kwargs)
+    with pytest.raises(error) as theirs:
+        R.forward(W, CONFIG, SRC, TGT, **kwargs)
+    _same_message(backend, ours, theirs)
+    if backend.framework == "tf":  # NumPy masks straight in: the same
+        with pytest.raises(error, match=needle):
+            model(SRC, TGT, **kwargs)
+
+
+@pytest.mark.parametrize("backend", EAGER)
+def test_masks_must_be_tensors(backend):
+    model = backend.cached(CONFIG)
+    with pytest.raises(TypeError, match=f"tgt_mask: expected a {backend.tensor_word} bool tensor, got list"):
+        model(backend.tensor(SRC), backend.tensor(TGT), tgt_mask=[[True]])
+
+
+@pytest.mark.parametrize("backend", EAGER)
+def test_ids_are_checked_before_any_lookup(backend):
+    """An id out of range must not reach the embedding (torch CPU: IndexError, CUDA: a device
+    assert; TF: zeros on GPU, clamped under XLA)."""
+    with pytest.raises(ValueError, match="src: expected token ids in"):
+        backend.cached(CONFIG).encode(backend.tensor(_with(SRC, 100)))
+
+
+@pytest.mark.parametrize("backend", EAGER)
+def test_broadcast_and_explicit_masks_are_accepted(backend):
+    heads = np.ones((1, CONFIG.n_heads, 4, 4), bool) & np.tril(np.ones((4, 4), bool))
+    want = R.forward(W, CONFIG, SRC, TGT, tgt_mask=heads)
+    got = backend.logits(backend.cached(CONFIG), SRC, TGT, tgt_mask=heads)
+    assert_close(got, want, bound_for("float32", backend.pair))
+
+
+# uint16: torch has the dtype but not the ops (aminmax) on it; TF takes it.
+INT_DTYPES = {"torch": [np.int32, np.int16, np.uint8], "tf": [np.int32, np.int16, np.uint8, np.uint16]}
+
+
+@pytest.mark.parametrize("backend", EAGER)
+def test_other_integer_dtypes_give_the_same_logits(backend):
+    model = backend.cached(CONFIG)
+    want = backend.logits(model, SRC, TGT)
+    for dtype in INT_DTYPES[backend.framework]:
+        got = backend.logits(model, SRC.astype(dtype), TGT.astype(dtype))
+        np.testing.assert_array_equal(got, want, err_msg=np.dtype(dtype).name)
+
+
+@pytest.mark.parametrize("backend", EAGER)
+def test_decode_checks_memory_and_requires_src_mask(backend):
+    model = backend.cached(CONFIG)
+    src, tgt = backend.tensor(SRC), backend.tensor(TGT)
+    memory = model.encode(src)
+    mask = backend.tensor(np.asarray(SRC != CONFIG.pad_id)[:, None, None, :])
+    with pytest.raises(ValueError, match="src_mask: required by decode"):
+        model.decode(tgt, memory, None)
+    with pytest.raises(ValueError, match=r"memory: expected a tensor of shape \(batch, src_len, 16\)"):
+        model.decode(tgt, memory[..., :8], mask)
+    with pytest.raises(ValueError, match="tgt: expected batch size 1"):
+        model.decode(tgt, memory[:1], mask)
+    with pytest.raises(ValueError, match="src_mask: expected a mask broadcastable"):
+        model.decode(tgt, memory, mask[..., :3])

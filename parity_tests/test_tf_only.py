@@ -1,0 +1,193 @@
+"""Behaviour only tf_impl has: bad ids inside tf.function (InvalidArgumentError, same text) and under
+XLA (NaN rows, never a wrong answer), ``keras.Model.predict`` (also compiled with XLA), arrays and
+Python lists as ids, one trace for variable lengths, get_config / from_config, and its training
+pieces (the schedule in a graph and serialised, KingmaBaAdam as Algorithm 1). (One train-step
+trace for every batch shape: test_training.test_train_step_learns_and_reports_the_rate_it_used.)
+"""
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+import keras  # noqa: E402
+
+import tf_impl  # noqa: E402
+from parity_tests.backends import Backend  # noqa: E402
+from parity_tests.matrix import case  # noqa: E402
+from parity_tests.test_parity import MODE_CASES  # noqa: E402
+from parity_tests.tf_support import DEVICES, build, run_logits  # noqa: E402
+from shared import TransformerConfig, noam_lr  # noqa: E402
+from shared import make_src_mask as np_src_mask, make_tgt_mask as np_tgt_mask  # noqa: E402
+from shared import reference as R  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
+from shared.tolerances import FLOAT64, assert_close, bound_for  # noqa: E402
+from shared.weights import random_weights  # noqa: E402
+from tf_impl import training  # noqa: E402
+
+TINY = TransformerConfig.preset("tiny")  # dropout 0.1
+SRC, TGT = src_tgt(TINY, batch=2, src_len=5, tgt_len=4)
+TF = Backend("tf", "eager", "/CPU:0")  # its cached models are the other test modules' too
+
+
+def _with(ids, value, row=0):
+    out = ids.copy()
+    out[row, 1] = value
+    return out
+
+
+# -- bad ids in graph mode and under XLA ----------------------------------------------------------
+def test_out_of_range_id_raises_in_tf_function():
+    """Graph mode: the check is an Assert that guards the lookup; InvalidArgumentError, same text."""
+    model = TF.cached(TINY)
+    fn = tf.function(lambda s, t: model(s, t))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"src: expected token ids in \[0, 13\), got values in \[0, 13\]"):
+        fn(tf.constant(_with(SRC, 13)), tf.constant(TGT))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"tgt: expected token ids in \[0, 17\), got values in \[-5, 16\]"):
+        fn(tf.constant(SRC), tf.constant(_with(TGT, -5)))
+    assert np.isfinite(fn(tf.constant(SRC), tf.constant(TGT)).numpy()).all()  # the same trace, good ids
+
+
+def test_length_over_max_len_raises_in_tf_function_with_unknown_length():
+    model = TF.cached(TINY)
+    fn = tf.function(lambda s, t: model(s, t), input_signature=[tf.TensorSpec([None, None], tf.int64)] * 2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="src: expected at most max_len=64 tokens"):
+        fn(np.full((2, 65), 3, np.int64), TGT)
+
+
+def test_out_of_range_id_under_xla_gives_nan_rows_never_a_wrong_answer():
+    """XLA compiles every Assert to a no-op and clamps gathers, so nothing can raise inside a
+    jit_compile=True program: the rows with a bad id come out NaN, the others are unaffected."""
+    model = TF.cached(TINY)
+    fn = tf.function(lambda s, t: model(s, t), jit_compile=True)
+    good = fn(tf.constant(SRC), tf.constant(TGT)).numpy()
+    for src, tgt in [(_with(SRC, 13), TGT), (_with(SRC, -1), TGT), (SRC, _with(TGT, 1000))]:
+        out = fn(tf.constant(src), tf.constant(tgt)).numpy()
+        assert np.isnan(out[0]).all()
+        np.testing.assert_array_equal(out[1], good[1])
+
+
+def test_python_lists_and_arrays_are_accepted_as_ids():
+    model = TF.cached(TINY)
+    want = run_logits(model, SRC, TGT)
+    np.testing.assert_array_equal(np.asarray(model(SRC.tolist(), TGT.tolist())), want)
+    np.testing.assert_array_equal(np.asarray(model(SRC, TGT)), want)
+
+
+def test_call_needs_tgt():
+    with pytest.raises(ValueError, match="tgt: required"):
+        TF.cached(TINY)(SRC)
+
+
+def test_decode_checks_the_memory_dtype():
+    model = TF.cached(TINY)
+    memory = model.encode(SRC)
+    with pytest.raises(TypeError, match="memory: expected dtype float32, got float64"):
+        model.decode(TGT, tf.cast(memory, tf.float64), np_src_mask(SRC, TINY.pad_id))
+
+
+# -- predict --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant, shape, dtype", MODE_CASES)
+def test_predict_matches_reference_and_eager(variant, shape, dtype, device):
+    config, src, tgt = case(variant, shape, dtype)
+    ref = R.forward(random_weights(config, 0), config, src, tgt)
+    model = TF.cached(config)
+    bound = bound_for(dtype, "tf:reference")
+    predicted = run_logits(model, src, tgt, device, "predict")
+    assert predicted.dtype == config.dtype
+    assert_close(predicted, ref, bound, "predict logits")
+    assert_close(predicted, Backend("tf", "eager", device).logits(model, src, tgt), bound,
+                 "predict vs eager logits")
+
+
+def test_predict_accepts_tuple_dict_and_batches():
+    config = TINY.replace(dtype="float64")
+    model = TF.cached(config)
+    src, tgt = src_tgt(config, batch=5, src_len=6, tgt_len=4)
+    want = run_logits(model, src, tgt)
+    bound = bound_for("float64", "tf:reference")
+    assert_close(model.predict((src, tgt), verbose=0), want, bound, "tuple")
+    assert_close(model.predict({"src": src, "tgt": tgt}, batch_size=2, verbose=0), want, bound, "dict")
+    masks = {"src": src, "tgt": tgt, "src_mask": np_src_mask(src, 0), "tgt_mask": np_tgt_mask(tgt, 0)}
+    assert_close(model.predict(masks, batch_size=2, verbose=0), want, bound, "dict with masks")
+
+
+def test_predict_compiled_with_xla_and_checks_ids_eagerly():
+    model = build(TINY)  # compile() changes the model: a fresh one
+    src, tgt = src_tgt(TINY, batch=3, src_len=6, tgt_len=5)
+    want = run_logits(model, src, tgt)
+    model.compile(jit_compile=True)
+    assert_close(model.predict((src, tgt), verbose=0), want, bound_for("float32", "tf:reference"),
+                 "xla predict")
+    with pytest.raises(ValueError, match=r"src: expected token ids in \[0, 13\), got values in \[0, 13\]"):
+        model.predict((_with(SRC, 13), TGT), verbose=0)
+    with pytest.raises(ValueError, match=r"tgt: expected token ids in \[0, 17\)"):
+        model.predict({"src": SRC, "tgt": _with(TGT, 17)}, verbose=0)
+
+
+# -- tf.function and Keras serialisation ----------------------------------------------------------
+def test_variable_lengths_in_one_function_need_no_retrace_per_batch():
+    config = TINY.replace(dtype="float64")
+    model = TF.cached(config)
+    fn = tf.function(lambda s, t: model(s, t), input_signature=[tf.TensorSpec([None, None], tf.int64)] * 2)
+    for b, s, t in [(1, 3, 2), (3, 7, 5)]:
+        src, tgt = src_tgt(config, batch=b, src_len=s, tgt_len=t)
+        assert_close(fn(src, tgt).numpy(), R.forward(random_weights(config, 0), config, src, tgt),
+                     bound_for("float64", "tf:reference"), f"{(b, s, t)}")
+    assert fn.experimental_get_tracing_count() == 1
+
+
+def test_get_config_from_config_round_trip():
+    config = TINY.replace(dtype="float64", share_embeddings=True, tgt_vocab=TINY.src_vocab, tie_output=True)
+    model = tf_impl.Transformer(config, name="twin")
+    saved = model.get_config()
+    assert saved["config"] == config.to_dict() and saved["name"] == "twin"
+    clone = tf_impl.Transformer.from_config(saved)
+    assert clone.config == config and clone.name == "twin"
+    clone.import_weights(model.export_weights())
+    src, tgt = src_tgt(config)
+    np.testing.assert_array_equal(run_logits(clone, src, tgt), run_logits(model, src, tgt))
+    again = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
+    assert isinstance(again, tf_impl.Transformer) and again.config == config
+
+
+# -- training: Keras' schedule, optimizer and compiled step ---------------------------------------
+def test_schedule_is_exact_in_a_graph_and_serialises():
+    schedule = training.noam_schedule(512, 4000, 1.0)
+    steps = np.arange(0, 20000)
+    rates = tf.function(schedule)(tf.constant(steps)).numpy()
+    assert rates.dtype == np.float64 and (rates == noam_lr(steps + 1, 512, 4000)).all()  # bit for bit
+    again = keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(schedule))
+    assert type(again) is training.NoamSchedule and again.get_config() == schedule.get_config()
+    with pytest.raises(ValueError, match="start_step: expected an int >= 0"):
+        training.noam_schedule(16, 10, start_step=-1)
+
+
+def test_kingma_ba_adam_refuses_amsgrad():
+    with pytest.raises(ValueError, match="amsgrad: not supported"):
+        training.KingmaBaAdam(amsgrad=True)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_adam_update_is_algorithm_1(dtype):
+    """KingmaBaAdam against Kingma & Ba's Algorithm 1 written out in float64 NumPy (eps added to
+    the bias-corrected sqrt(v_hat)), over gradients from large to near eps and zero."""
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=(4, 5))
+    grads = [rng.normal(size=(4, 5)) * 10.0 ** rng.integers(-12, 1, size=(4, 5)) for _ in range(30)]
+    grads[3][0] = 0.0
+    variable = keras.Variable(start.astype(dtype))
+    optimizer = training.KingmaBaAdam(learning_rate=training.noam_schedule(16, 10, 0.1),
+                                      beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    w, m, v = start.copy(), np.zeros_like(start), np.zeros_like(start)
+    for t, g in enumerate(grads, start=1):
+        optimizer.apply_gradients([(tf.constant(g.astype(dtype)), variable)])
+        m = 0.9 * m + 0.1 * g
+        v = 0.98 * v + 0.02 * g * g
+        lr = noam_lr(t, 16, 10, 0.1)
+        w = w - lr * (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.98 ** t)) + 1e-9)
+    bound = FLOAT64 if dtype == "float64" else bound_for(dtype, "tf:reference")
+    assert_close(variable.numpy(), w, bound, "variable after 30 Adam steps")
+

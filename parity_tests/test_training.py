@@ -1,0 +1,190 @@
+"""Each backend's training module on its own: the built-in loss against the float64 NumPy loss, the
+Noam rates the optimizer actually uses, the paper's Adam over each weight once, train steps that
+learn, dropout in training only, gradients in the canonical layout, and bad batches refused before
+any update. (torch vs TF: test_training_parity.py; framework-only pieces: test_*_only.py.)"""
+import numpy as np
+import pytest
+
+from parity_tests.backends import backends, dtype_name
+from shared import TransformerConfig, noam_lr, tasks
+from shared.loss import label_smoothed_cross_entropy
+from shared.tolerances import FLOAT64, assert_close, bound_for
+from shared.weights import random_weights
+
+CONFIG = TransformerConfig.preset("tiny", src_vocab=tasks.COPY_VOCAB, tgt_vocab=tasks.COPY_VOCAB,
+                                  dropout=0.0, dtype="float64")
+CPU = backends(cpu_only=True)
+
+
+def loss_case(dtype: str, seed: int = 0):
+    """Logits (3, 6, 11) and targets with padding: a full row, a padded row, an all-padding row."""
+    rng = np.random.default_rng(seed)
+    logits = (3.0 * rng.normal(size=(3, 6, 11))).astype(dtype)
+    targets = rng.integers(1, 11, size=(3, 6))
+    targets[1, 4:] = 0
+    targets[2, :] = 0
+    return logits, targets
+
+
+def copy_batch(n: int = 4, seed: int = 0, length: int = 10):
+    pairs = tasks.copy_examples(n, seed, length)
+    sources = [s[: length - 2 * i] for i, (s, _) in enumerate(pairs)]  # progressively padded
+    return tasks.batch_sequences(sources, sources)
+
+
+def _loss(backend, logits, targets, pad_id=0, smoothing=0.0):
+    return backend.training.label_smoothed_loss(backend.tensor(logits), backend.tensor(targets), pad_id,
+                                                smoothing)
+
+
+# -- loss -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_loss_matches_the_numpy_reference(dtype, smoothing, backend):
+    logits, targets = loss_case(dtype)
+    expected = label_smoothed_cross_entropy(logits.astype(np.float64), targets, 0, smoothing)
+    got = _loss(backend, logits, targets, 0, smoothing)
+    assert dtype_name(got.dtype) == dtype  # not Keras' float32 default
+    bound = FLOAT64 if dtype == "float64" else bound_for(dtype, backend.pair)
+    assert_close(float(got), expected, bound, f"loss eps={smoothing}")
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_loss_ignores_what_padding_positions_predict(backend):
+    logits, targets = loss_case("float64")
+    changed = logits.copy()
+    changed[targets == 0] = 100.0  # any logits at padding targets
+    assert float(_loss(backend, logits, targets, 0, 0.1)) == float(_loss(backend, changed, targets, 0, 0.1))
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_loss_of_only_padding_is_nan(backend):
+    logits, targets = loss_case("float64")
+    assert np.isnan(float(_loss(backend, logits, np.zeros_like(targets), 0)))
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("logits_shape, targets, smoothing, error, needle", [
+    ((2, 3, 5), np.ones((3, 2), np.int64), 0.0, ValueError,
+     r"expected logits \(B, T, V\) and targets \(B, T\)"),
+    ((2, 3, 5), np.ones((2, 3), np.float32), 0.0, TypeError, "targets: expected integer ids, got dtype"),
+    ((2, 3, 5), np.ones((2, 3), np.int64), 1.0, ValueError,
+     r"smoothing: expected a value in \[0, 1\), got 1.0"),
+])
+def test_loss_bad_arguments(logits_shape, targets, smoothing, error, needle, backend):
+    with pytest.raises(error, match=needle):
+        _loss(backend, np.zeros(logits_shape, np.float32), targets, 0, smoothing)
+
+
+# -- Noam schedule and Adam -----------------------------------------------------------------------
+def _rates_used(backend, optimizer, n: int) -> list[float]:
+    """The rate each of the next ``n`` updates uses, advancing the schedule without gradients."""
+    used = []
+    for _ in range(n):
+        if backend.framework == "torch":
+            used.append(optimizer.param_groups[0]["lr"])  # what this optimizer.step() will use
+            optimizer.step()  # no gradients: parameters unchanged, the schedule advances
+        else:
+            # Keras evaluates the schedule at ``optimizer.iterations`` (0 at the first update,
+            # advanced by each apply); that the update really uses this rate is
+            # test_tf_only.test_adam_update_is_algorithm_1's business.
+            used.append(float(optimizer.learning_rate))
+            optimizer.iterations.assign_add(1)  # as apply does, without 92 eager variable updates
+    return used
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("d_model, warmup, factor, start_step", [(16, 10, 0.1, 0), (512, 4000, 1.0, 0),
+                                                                 (16, 10, 2.0, 7)])
+def test_rates_used_at_steps_1_to_n_are_noam(d_model, warmup, factor, start_step, backend):
+    model = backend.impl.Transformer(CONFIG)
+    optimizer = backend.training.make_optimizer(model, d_model, warmup, factor, start_step)
+    assert _rates_used(backend, optimizer, 40) == noam_lr(np.arange(1, 41) + start_step, d_model, warmup,
+                                                          factor).tolist()
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_optimizer_is_the_papers_adam_over_each_weight_once(backend):
+    config = CONFIG.replace(share_embeddings=True, tie_output=True)
+    model = backend.impl.Transformer(config)
+    optimizer = backend.training.make_optimizer(model)
+    if backend.framework == "torch":
+        import torch
+        assert type(optimizer) is torch.optim.Adam
+        group = optimizer.param_groups[0]
+        assert group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9 and group["weight_decay"] == 0
+        assert not group["amsgrad"]
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+    else:
+        import keras
+        assert isinstance(optimizer, keras.optimizers.Adam) and optimizer.built
+        assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
+        assert not optimizer.amsgrad and optimizer.weight_decay is None
+        params = model.trainable_variables
+    assert len(params) == len({id(p) for p in params}) == len(random_weights(config))
+
+
+# -- steps, gradients and dropout -----------------------------------------------------------------
+@pytest.mark.parametrize("backend", backends())
+def test_train_step_learns_and_reports_the_rate_it_used(backend):
+    """30 steps on one batch: the loss halves, and each step reports, as Python floats, its loss and
+    the Noam rate of its own step (1, 2, ...)."""
+    model = backend.build(CONFIG)
+    optimizer = backend.training.make_optimizer(model, warmup=10, factor=0.5)
+    batch = copy_batch()
+    results = [backend.training.train_step(model, optimizer, batch) for _ in range(30)]
+    assert all(type(r.loss) is float and type(r.lr) is float for r in results)
+    assert [r.lr for r in results] == noam_lr(np.arange(1, 31), CONFIG.d_model, 10, 0.5).tolist()
+    assert results[-1].loss < 0.5 * results[0].loss
+    if backend.framework == "tf":  # TF only: the compiled step takes every batch shape in one trace
+        for n, length in [(2, 6), (5, 12)]:  # (here, not in test_tf_only: a trace costs ~3 s)
+            backend.training.train_step(model, optimizer, copy_batch(n, seed=n, length=length))
+        step = backend.training._compiled_step(model, optimizer, 0.0)
+        assert step.experimental_get_tracing_count() == 1
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_dropout_is_on_in_training_only(backend):
+    config = CONFIG.replace(dropout=0.5)
+    model, batch = backend.build(config), copy_batch()  # eval mode (torch)
+    gradients = backend.training.gradients
+    first, second = (gradients(model, batch) for _ in range(2))
+    assert any(not np.array_equal(first[n], second[n]) for n in first)  # fresh dropout masks
+    plain = gradients(backend.build(CONFIG), batch, training=False)
+    for name, value in gradients(model, batch, training=False).items():
+        np.testing.assert_array_equal(value, plain[name], err_msg=name)  # dropout off: deterministic
+    if backend.framework == "torch":  # gradients() leaves the module's mode as it found it
+        assert not model.training
+        model.train()
+        backend.training.train_step(model, backend.training.make_optimizer(model, warmup=10), batch)
+        assert model.training
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_gradients_use_the_canonical_layout(backend):
+    config = CONFIG.replace(share_embeddings=True, tie_output=True)
+    model = backend.build(config)
+    grads = backend.training.gradients(model, copy_batch(), smoothing=0.1)
+    schema = {name: value.shape for name, value in random_weights(config).items()}
+    assert {name: g.shape for name, g in grads.items()} == schema
+    assert all(type(g) is np.ndarray for g in grads.values())  # TF: embedding IndexedSlices made dense
+    if backend.framework == "torch":  # .grad untouched
+        assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("mutate, error, needle", [
+    (lambda b: b[:2], ValueError, r"batch: expected \(src, tgt_in, tgt_out\)"),
+    (lambda b: (b[0], b[1], b[2][:, :-1]), ValueError, "tgt_out: expected the shape of tgt_in"),
+    (lambda b: (b[0], b[1], np.zeros_like(b[2])), ValueError, "expected at least one non-padding target"),
+    (lambda b: (b[0], b[1], b[2] + 100), ValueError, r"tgt_out: expected token ids in \[0, 14\)"),
+    (lambda b: (b[0].astype(np.float32), b[1], b[2]), TypeError, "src: expected integer token ids"),
+])
+def test_bad_batches_are_refused_before_any_update(mutate, error, needle, backend):
+    weights = random_weights(CONFIG, 0)
+    model = backend.build(CONFIG, weights)
+    with pytest.raises(error, match=needle):
+        backend.training.train_step(model, backend.training.make_optimizer(model), mutate(copy_batch()))
+    for name, value in model.export_weights().items():
+        np.testing.assert_array_equal(value, weights[name], err_msg=name)
