@@ -41,7 +41,7 @@ if HAVE_TORCH:
     from parity_tests import torch_support
     from torch_impl import inputs as torch_inputs
     from torch_impl import training as torch_training
-    from torch_impl.weights_io import parameter_table
+    from torch_impl import weights_io as torch_weights_io
 if HAVE_TF:
     from parity_tests import tf_support  # first: switches TF32 off before any TF computation
     import tensorflow as tf
@@ -49,7 +49,7 @@ if HAVE_TF:
     import tf_impl
     from tf_impl import inputs as tf_inputs
     from tf_impl import training as tf_training
-    from tf_impl.weights_io import variable_table
+    from tf_impl import weights_io as tf_weights_io
 
 # Kinds, for selecting backends: "torch", "tf-eager", "tf-function", "tf-xla".
 EAGER = ("torch", "tf-eager")
@@ -203,13 +203,13 @@ class Backend:
         layout (kernels ``(in, out)``; a tied weight once, summed over its uses), computed in this
         backend's mode. torch: ``return_trace`` picks the explicit attention path."""
         if self.framework == "torch":
-            table = parameter_table(model)
+            table = torch_weights_io.weight_table(model)
             out = model(self.tensor(src), self.tensor(tgt), return_trace=return_trace)
             scalar = ((out[0] if return_trace else out) * self.tensor(probe)).sum()
             grads = torch.autograd.grad(scalar, [p for p, _ in table.values()])
             return {name: self.numpy(g.T if transposed else g)
                     for (name, (_, transposed)), g in zip(table.items(), grads)}
-        table = variable_table(model)
+        table = tf_weights_io.weight_table(model)
 
         def run(s, t, p):
             with tf.GradientTape() as tape:

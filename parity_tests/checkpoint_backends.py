@@ -55,7 +55,7 @@ class TorchSide:
         return list(model.parameters())  # shared parameters once
 
     def table_ids(self, model) -> list[int]:
-        return [id(p) for p, _ in self.weights_io.parameter_table(model).values()]
+        return [id(p) for p, _ in self.weights_io.weight_table(model).values()]
 
     def dtypes(self, model) -> set[str]:
         return {str(p.dtype).removeprefix("torch.") for p in self.trainable(model)}
@@ -72,14 +72,14 @@ class TorchSide:
 
     # -- native files ------------------------------------------------------------------------------
     def rewrite(self, path, change) -> None:
-        """Rewrite a .pt's payload with ``change(obj)`` (not through save_pt, which checks)."""
+        """Rewrite a .pt's payload with ``change(obj)`` (not through write_native, which checks)."""
         obj = self.torch.load(path, weights_only=True)
         change(obj)
         self.torch.save(obj, path)
 
     def label(self, name: str, config=TINY) -> str:
         """The state-dict key of a canonical weight (the first, for a tied one)."""
-        return next(k for k, s in self.checkpoints.state_dict_layout(config).items() if s.name == name)
+        return next(k for k, s in self.checkpoints.native_layout(config).items() if s.name == name)
 
     def set_config(self, path, text: str) -> None:
         self.rewrite(path, lambda obj: obj.__setitem__("config", text))
@@ -157,7 +157,7 @@ class TFSide:
         return list(model.trainable_weights)
 
     def table_ids(self, model) -> list[int]:
-        return [id(v) for v in self.weights_io.variable_table(model).values()]
+        return [id(v) for v in self.weights_io.weight_table(model).values()]
 
     def dtypes(self, model) -> set[str]:
         return {str(v.dtype) for v in model.weights}
@@ -173,7 +173,7 @@ class TFSide:
     # -- native files ------------------------------------------------------------------------------
     def label(self, name: str, config=TINY) -> str:
         """The dataset path of a canonical weight in the Keras file."""
-        return next(p for p, s in self.checkpoints.h5_layout(config).items() if s.name == name)
+        return next(p for p, s in self.checkpoints.native_layout(config).items() if s.name == name)
 
     def set_config(self, path, text: str) -> None:
         with self.h5py.File(path, "r+") as f:

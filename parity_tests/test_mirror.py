@@ -30,6 +30,13 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
         "weights_io:reset_parameters": "torch creates parameters with its own initialisation, so the "
                                        "seeds' Xavier-uniform is applied after construction; Keras takes "
                                        "initializers in add_weight",
+        "checkpoints:to_state_dict": "a .pt holds a torch state dict (plain PyTorch loads it with "
+                                     "load_state_dict); Keras has no state dict",
+        "checkpoints:from_state_dict": "the inverse of to_state_dict",
+        "checkpoints:torch_load": "torch.load(weights_only=True) with errors naming the file: the one "
+                                  "unpickler on torch's load path; h5py needs no such guard",
+        "checkpoints:read_foreign_state_dict": "the importers read state dicts of other PyTorch models "
+                                               "(nn.Transformer, the Annotated Transformer)",
     },
     "tf": {
         "*:*.call": "keras.Layer's call method; torch spells it forward",
@@ -46,6 +53,13 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
         "training:KingmaBaAdam": "Keras' Adam adds eps inside the bias correction; torch.optim.Adam is "
                                  "already Kingma & Ba's Algorithm 1",
         "training:NoamSchedule": "a Keras LearningRateSchedule class; torch uses a LambdaLR",
+        "search:GreedyState": "the state tf.while_loop carries (fixed shapes); torch's loop keeps it in "
+                              "local variables",
+        "search:BeamState": "the same, for beam search",
+        "cache:write_position": "TF tensors are immutable and XLA needs fixed shapes: the new key goes in "
+                                "by a scatter; torch writes the buffer slice in place",
+        "cache:filled_mask": "with fixed shapes attention reads the whole buffer, masked past the current "
+                             "position; torch reads the filled slice [:length]",
     },
 }
 
@@ -54,25 +68,25 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
 FRAMEWORK_ARGS: dict[str, dict[str, dict[str, str]]] = {
     "torch": {
         "*": {"dtype": "torch modules take the dtype as an argument; Keras layers through **kwargs"},
+        "search:greedy_loop": {"device": "torch allocates the loop state on a device; TF places ops "
+                                         "with tf.device scopes"},
+        "search:beam_loop": {"device": "as greedy_loop"},
+        "search:greedy_search": {"device": "as greedy_loop"},
+        "search:beam_search": {"device": "as greedy_loop"},
         "training:noam_schedule": {"optimizer": "a LambdaLR wraps an optimizer; a Keras schedule is "
                                                 "handed to the optimizer instead"},
     },
     "tf": {
         "*": {"training": "Keras passes dropout's mode as an argument; torch reads module.training"},
+        "layers:norm_layer": {"name": "Keras names each layer (the paths of its weights in "
+                                      ".weights.h5); torch names come from the attribute"},
+        "decoding:greedy_decode": {"compiled": "TF runs the whole search as one tf.function; torch "
+                                               "runs eagerly", "jit_compile": "XLA for that function"},
+        "decoding:beam_search": {"compiled": "as greedy_decode", "jit_compile": "as greedy_decode"},
+        "search:greedy_search": {"compiled": "as decoding.greedy_decode", "jit_compile": "as compiled"},
+        "search:beam_search": {"compiled": "as decoding.greedy_decode", "jit_compile": "as compiled"},
     },
 }
-
-# Modules whose differences are known and being reconciled (issue 10): a strict xfail each, so the
-# suite stays green meanwhile and the marker must go as soon as the module is mirrored again.
-KNOWN_DRIFT: dict[str, str] = {
-    "cache": "issue 10 item 2: one decoding contract (cache, decode_step, extend)",
-    "decoding": "issue 10 item 2: one decoding contract (steps, initial_state, reorder, compiled)",
-    "search": "issue 10 item 2: one decoding contract (loop names, state, compiled/jit_compile vs device)",
-    "checkpoints": "issue 10 item 3: the dispatcher moves to shared/, backends keep native read/write",
-    "layers": "norm_layer(config, name) is public in tf_impl, _norm(config) private in torch_impl",
-    "weights_io": "the canonical-name table: parameter_table (torch) vs variable_table (tf)",
-}
-
 
 def _sources(package: str) -> set[str]:
     return {p.stem for p in (ROOT / package).glob("*.py")}
@@ -99,7 +113,12 @@ def api_of(module_name: str) -> dict[str, list[str] | None]:
         if name.startswith("_") or getattr(obj, "__module__", None) != module_name:
             continue
         if inspect.isclass(obj):
-            api[name] = _params(obj.__dict__["__init__"]) if "__init__" in obj.__dict__ else []
+            if "__init__" in obj.__dict__:
+                api[name] = _params(obj.__dict__["__init__"])
+            elif hasattr(obj, "_fields"):  # a NamedTuple: its fields are its constructor
+                api[name] = _params(obj)
+            else:
+                api[name] = []
             for attr, member in obj.__dict__.items():
                 if attr.startswith("_"):
                     continue
@@ -109,7 +128,7 @@ def api_of(module_name: str) -> dict[str, list[str] | None]:
                     api[f"{name}.{attr}"] = _params(member.__func__)
                 elif inspect.isfunction(member):
                     api[f"{name}.{attr}"] = _params(member)
-        elif inspect.isfunction(obj):
+        elif inspect.isfunction(inspect.unwrap(obj)):  # functools wrappers (lru_cache) included
             api[name] = _params(obj)
     return api
 
@@ -153,9 +172,7 @@ def mirror_differences(module: str, torch_api: dict, tf_api: dict) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("module", [
-    pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DRIFT[m])) if m in KNOWN_DRIFT else m
-    for m in MODULES])
+@pytest.mark.parametrize("module", MODULES)
 def test_public_api_is_mirrored(module):
     pytest.importorskip("torch")
     pytest.importorskip("tensorflow")

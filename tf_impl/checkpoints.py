@@ -64,13 +64,13 @@ OWNER = "tf_impl"
 
 # -- the Keras file layout ------------------------------------------------------------------------
 @functools.lru_cache(maxsize=8)
-def h5_layout(config: TransformerConfig) -> dict[str, Slot]:
+def native_layout(config: TransformerConfig) -> dict[str, Slot]:
     """``{dataset path: Slot(canonical name or None, shape, dtype)}`` of what ``save_weights``
     writes for ``Transformer(config)``. A name of ``None`` marks a dataset that is not a weight
     (none today; Keras state such as seed generators would be one): it must be present, its value
     is not used. Cached per config: treat the result as read-only."""
     model = Transformer(config)
-    table = weights_io.variable_table(model)
+    table = weights_io.weight_table(model)
     for i, variable in enumerate(table.values()):
         variable.assign(np.full(variable.shape, _MARKER + i, dtype=config.dtype))
     names = list(table)
@@ -102,7 +102,7 @@ def _datasets(handle: h5py.File) -> dict[str, h5py.Dataset]:
 
 
 # -- .weights.h5 files ----------------------------------------------------------------------------
-def read_h5(path: str | os.PathLike, config: TransformerConfig | None = None,
+def read_native(path: str | os.PathLike, config: TransformerConfig | None = None,
             allow_nonfinite: bool = False) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """Read and fully validate a ``.weights.h5`` file; return ``(config, canonical weights)``.
 
@@ -122,7 +122,7 @@ def read_h5(path: str | os.PathLike, config: TransformerConfig | None = None,
     with handle:
         try:
             config = _config_of(handle, where, config)
-            layout = h5_layout(config)
+            layout = native_layout(config)
             stored = {p: Stored(tuple(ds.shape), ds.dtype.name, lambda ds=ds: ds[...])
                       for p, ds in _datasets(handle).items()}
             return config, read_stored(config, layout, stored, where, allow_nonfinite,
@@ -176,9 +176,9 @@ def _labelled(path: str, layout) -> str:
     return f"{path} ({name})" if name else path
 
 
-def save_h5(path: str | os.PathLike, config: TransformerConfig, weights: Mapping[str, np.ndarray]) -> Path:
+def write_native(path: str | os.PathLike, config: TransformerConfig, weights: Mapping[str, np.ndarray]) -> Path:
     """Write canonical weights as a ``.weights.h5`` (Keras layout + the config), atomically."""
-    check_weights(config, weights, source="save_h5: weights")
+    check_weights(config, weights, source="write_native: weights")
     model = Transformer(config)
     model.import_weights(weights)
     return _save_model_h5(model, Path(path))
@@ -199,7 +199,7 @@ def _save_model_h5(model: "Transformer", path: Path) -> Path:
     return path
 
 
-H5 = CheckpointFormat("tf", (H5_SUFFIX,), read_h5, save_h5, f"a {H5_SUFFIX} file")
+H5 = CheckpointFormat("tf", (H5_SUFFIX,), read_native, write_native, f"a {H5_SUFFIX} file")
 FORMATS = (NEUTRAL, H5)  # what tf_impl reads and writes; the path chooses (shared.checkpoints)
 
 
@@ -247,4 +247,4 @@ def load_into(model: Transformer, path: str | os.PathLike, allow_nonfinite: bool
 
 
 __all__ = ["load_checkpoint", "save_checkpoint", "load_into", "read_checkpoint", "write_checkpoint",
-           "H5", "FORMATS", "read_h5", "save_h5", "h5_layout", "H5_FORMAT", "H5_FORMAT_VERSION"]
+           "H5", "FORMATS", "read_native", "write_native", "native_layout", "H5_FORMAT", "H5_FORMAT_VERSION"]

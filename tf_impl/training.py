@@ -31,7 +31,7 @@ from shared.schedule import noam_formula, noam_lr
 
 from .inputs import check_ids
 from .model import Transformer
-from .weights_io import variable_table
+from .weights_io import weight_table
 
 # The paper's Adam (section 5.3); eps is added to the bias-corrected sqrt(v), Kingma & Ba Algorithm 1.
 BETAS = (0.9, 0.98)
@@ -251,7 +251,7 @@ def gradients(model: Transformer, batch: Batch, smoothing: float = 0.0,
     ``{name: ndarray}`` in the canonical layout (kernels ``(in, out)``, as Keras stores them); a
     tied weight appears once, with the sum over its uses. ``training``: dropout on (as in
     `train_step`) or off."""
-    table = variable_table(model)
+    table = weight_table(model)
     src, tgt_in, tgt_out = _batch(model, batch)
     with tf.GradientTape() as tape:
         loss = _loss(model, src, tgt_in, tgt_out, smoothing, training)

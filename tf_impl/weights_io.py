@@ -40,7 +40,7 @@ def _ffn(table: Table, prefix: str, ffn) -> None:
     _dense(table, f"{prefix}.outer", ffn.outer)
 
 
-def variable_table(model: "Transformer") -> Table:
+def weight_table(model: "Transformer") -> Table:
     """Every canonical name, in `shared.weights.weight_schema` order, with its variable."""
     c = model.config
     table: Table = {"src_embed.embeddings": model.src_embed.embeddings}
@@ -77,11 +77,11 @@ def import_weights(model: "Transformer", weights: Mapping[str, np.ndarray],
     """Check every tensor first (one `WeightsError` listing all problems, model untouched), then assign.
     NaN/Inf are refused unless ``allow_nonfinite`` (to inspect a diverged run, say)."""
     check_weights(model.config, weights, source="import_weights", allow_nonfinite=allow_nonfinite)
-    for name, variable in variable_table(model).items():
+    for name, variable in weight_table(model).items():
         variable.assign(weights[name])  # same dtype and shape, checked above: an exact copy
 
 
 def export_weights(model: "Transformer") -> dict[str, np.ndarray]:
     """Canonical ``{name: ndarray}`` in ``config.dtype``, C-contiguous, owning its memory."""
     return {name: np.array(variable.numpy(), dtype=model.config.dtype, order="C", copy=True)
-            for name, variable in variable_table(model).items()}
+            for name, variable in weight_table(model).items()}

@@ -63,7 +63,7 @@ OWNER = "torch_impl"
 
 # -- the state-dict layout ------------------------------------------------------------------------
 @functools.lru_cache(maxsize=8)
-def state_dict_layout(config: TransformerConfig) -> dict[str, Slot]:
+def native_layout(config: TransformerConfig) -> dict[str, Slot]:
     """``{torch state_dict key: Slot(canonical name, torch shape, dtype, transposed?)}`` in
     state_dict order.
 
@@ -76,7 +76,7 @@ def state_dict_layout(config: TransformerConfig) -> dict[str, Slot]:
     except (RuntimeError, NotImplementedError):  # an op without a meta kernel: build it for real
         model = Transformer(config)
     canonical = {id(param): (name, transposed)
-                 for name, (param, transposed) in weights_io.parameter_table(model).items()}
+                 for name, (param, transposed) in weights_io.weight_table(model).items()}
     layout = {}
     for key, value in model.state_dict(keep_vars=True).items():
         if id(value) not in canonical:  # the module tree and the schema must never drift
@@ -92,7 +92,7 @@ def to_state_dict(config: TransformerConfig, weights: Mapping[str, np.ndarray]) 
     check_weights(config, weights, source="to_state_dict: weights")
     tensors: dict[str, torch.Tensor] = {}
     out = {}
-    for key, slot in state_dict_layout(config).items():
+    for key, slot in native_layout(config).items():
         if slot.name not in tensors:
             value = np.asarray(weights[slot.name])
             tensors[slot.name] = torch.from_numpy(
@@ -115,7 +115,7 @@ def from_state_dict(config: TransformerConfig, state_dict: Mapping, source: str 
     if odd:
         problems.append(f"keys expected str, got {odd[:_LISTED]!r}")
     stored = {key: _stored(value) for key, value in state_dict.items() if isinstance(key, str)}
-    return read_stored(config, state_dict_layout(config), stored, source, allow_nonfinite,
+    return read_stored(config, native_layout(config), stored, source, allow_nonfinite,
                        what="keys", problems=problems)
 
 
@@ -160,11 +160,11 @@ def torch_load(path: str | os.PathLike):
                          f"({type(err).__name__}: {first})") from None
 
 
-def read_pt(path: str | os.PathLike, config: TransformerConfig | None = None,
+def read_native(path: str | os.PathLike, config: TransformerConfig | None = None,
             allow_nonfinite: bool = False) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """Read and fully validate a ``.pt`` file; return ``(config, canonical weights)``.
 
-    The file holds the config (the layout of `save_pt`), or is a bare ``model.state_dict()``, in
+    The file holds the config (the layout of `write_native`), or is a bare ``model.state_dict()``, in
     which case ``config`` is required. A ``config`` given for a file that holds one must equal it.
     """
     obj = torch_load(path)
@@ -206,7 +206,7 @@ def read_pt(path: str | os.PathLike, config: TransformerConfig | None = None,
     return config, from_state_dict(config, state_dict, source=where, allow_nonfinite=allow_nonfinite)
 
 
-def save_pt(path: str | os.PathLike, config: TransformerConfig, weights: Mapping[str, np.ndarray]) -> Path:
+def write_native(path: str | os.PathLike, config: TransformerConfig, weights: Mapping[str, np.ndarray]) -> Path:
     """Write canonical weights as a ``.pt`` (layout in the module docstring), atomically."""
     path = Path(path)
     payload = {"format": PT_FORMAT, "format_version": PT_FORMAT_VERSION, "config": config.to_json(),
@@ -238,7 +238,7 @@ def read_foreign_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in obj.items()}
 
 
-PT = CheckpointFormat("torch", PT_SUFFIXES, read_pt, save_pt, f"a {PT_SUFFIX} file")
+PT = CheckpointFormat("torch", PT_SUFFIXES, read_native, write_native, f"a {PT_SUFFIX} file")
 FORMATS = (NEUTRAL, PT)  # what torch_impl reads and writes; the path chooses (shared.checkpoints)
 
 
@@ -282,5 +282,5 @@ def load_into(model: Transformer, path: str | os.PathLike, allow_nonfinite: bool
 
 
 __all__ = ["load_checkpoint", "save_checkpoint", "load_into", "read_checkpoint", "write_checkpoint",
-           "PT", "FORMATS", "read_pt", "save_pt", "torch_load", "read_foreign_state_dict",
-           "state_dict_layout", "to_state_dict", "from_state_dict", "PT_FORMAT", "PT_FORMAT_VERSION"]
+           "PT", "FORMATS", "read_native", "write_native", "torch_load", "read_foreign_state_dict",
+           "native_layout", "to_state_dict", "from_state_dict", "PT_FORMAT", "PT_FORMAT_VERSION"]

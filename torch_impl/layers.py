@@ -53,7 +53,8 @@ def sublayer_connection(x: torch.Tensor, sublayer: Sublayer, norm: LayerNorm, dr
     return result
 
 
-def _norm(config: TransformerConfig) -> LayerNorm:
+def norm_layer(config: TransformerConfig) -> LayerNorm:
+    """A layer norm of the config's style, eps and dtype (docs/design.md, convention 6)."""
     return LayerNorm(config.d_model, config.norm_style, config.norm_eps, getattr(torch, config.dtype))
 
 
@@ -68,9 +69,9 @@ class EncoderLayer(nn.Module):
         dtype = getattr(torch, config.dtype)
         self.norm_first = config.norm_first
         self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout, dtype)
-        self.self_attn_norm = _norm(config)
+        self.self_attn_norm = norm_layer(config)
         self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout, dtype)
-        self.ffn_norm = _norm(config)
+        self.ffn_norm = norm_layer(config)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, trace: Trace | None = None,
@@ -94,11 +95,11 @@ class DecoderLayer(nn.Module):
         dtype = getattr(torch, config.dtype)
         self.norm_first = config.norm_first
         self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout, dtype)
-        self.self_attn_norm = _norm(config)
+        self.self_attn_norm = norm_layer(config)
         self.cross_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout, dtype)
-        self.cross_attn_norm = _norm(config)
+        self.cross_attn_norm = norm_layer(config)
         self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout, dtype)
-        self.ffn_norm = _norm(config)
+        self.ffn_norm = norm_layer(config)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,

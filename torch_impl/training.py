@@ -25,7 +25,7 @@ from shared.schedule import noam_lr
 
 from .inputs import check_ids
 from .model import Transformer
-from .weights_io import parameter_table
+from .weights_io import weight_table
 
 # The paper's Adam (section 5.3); eps is added to the bias-corrected sqrt(v), Kingma & Ba Algorithm 1.
 BETAS = (0.9, 0.98)
@@ -155,7 +155,7 @@ def gradients(model: Transformer, batch: Batch, smoothing: float = 0.0,
     ``.grad``: ``{name: ndarray}`` in the canonical layout (kernels ``(in, out)``, transposed from
     ``nn.Linear``'s ``(out, in)``); a tied weight appears once, with the sum over its uses.
     ``training``: dropout on (as in `train_step`) or off."""
-    table = parameter_table(model)
+    table = weight_table(model)
     loss = _loss(model, batch, smoothing, training)
     grads = torch.autograd.grad(loss, [param for param, _ in table.values()])
     return {name: np.ascontiguousarray((g.T if transposed else g).detach().cpu().numpy())

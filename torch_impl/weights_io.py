@@ -40,7 +40,7 @@ def _ffn(table: Table, prefix: str, ffn) -> None:
     _linear(table, f"{prefix}.outer", ffn.outer)
 
 
-def parameter_table(model: "Transformer") -> Table:
+def weight_table(model: "Transformer") -> Table:
     """Every canonical name, in `shared.weights.weight_schema` order, with its parameter."""
     c = model.config
     table: Table = {"src_embed.embeddings": (model.src_embed.table.weight, False)}
@@ -78,7 +78,7 @@ def import_weights(model: "Transformer", weights: Mapping[str, np.ndarray],
     NaN/Inf are refused unless ``allow_nonfinite`` (to inspect a diverged run, say)."""
     check_weights(model.config, weights, source="import_weights", allow_nonfinite=allow_nonfinite)
     with torch.no_grad():
-        for name, (param, transposed) in parameter_table(model).items():
+        for name, (param, transposed) in weight_table(model).items():
             value = torch.from_numpy(np.asarray(weights[name]))
             param.copy_(value.T if transposed else value)
 
@@ -86,7 +86,7 @@ def import_weights(model: "Transformer", weights: Mapping[str, np.ndarray],
 def export_weights(model: "Transformer") -> dict[str, np.ndarray]:
     """Canonical ``{name: ndarray}`` in ``config.dtype``, C-contiguous, owning its memory."""
     out: dict[str, np.ndarray] = {}
-    for name, (param, transposed) in parameter_table(model).items():
+    for name, (param, transposed) in weight_table(model).items():
         value = param.detach()
         value = (value.T if transposed else value).cpu().numpy()
         out[name] = np.array(value, dtype=model.config.dtype, order="C", copy=True)
@@ -97,7 +97,7 @@ def reset_parameters(model: "Transformer") -> None:
     """The training initialisation of `shared.weights.init_weights` (Xavier-uniform matrices, zero
     biases and offsets, unit gains), drawn by torch's generator rather than NumPy's."""
     with torch.no_grad():
-        for name, (param, _) in parameter_table(model).items():
+        for name, (param, _) in weight_table(model).items():
             if param.dim() == 2:
                 nn.init.xavier_uniform_(param)  # symmetric in fan_in/fan_out: layout does not matter
             elif name.endswith(".gamma"):

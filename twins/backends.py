@@ -245,13 +245,13 @@ class Torch(_Framework):
             return self.model(self._ids(src), self._ids(tgt)).cpu().numpy()
 
     def make_optimizer(self, warmup, factor, step, moments=None):
-        from torch_impl.weights_io import parameter_table
+        from torch_impl.weights_io import weight_table
         torch = self._torch
         self.optimizer = self._training.make_optimizer(self.model, warmup=warmup, factor=factor,
                                                  start_step=step)
         if moments is None:
             return
-        for name, (param, transposed) in parameter_table(self.model).items():
+        for name, (param, transposed) in weight_table(self.model).items():
             m, v = (np.asarray(moments[f"{k}.{name}"]) for k in ("m", "v"))
             as_param = (lambda a: torch.from_numpy(np.ascontiguousarray(a.T if transposed else a).copy())
                         .to(param.device, param.dtype))
@@ -259,9 +259,9 @@ class Torch(_Framework):
                                            "exp_avg_sq": as_param(v)}
 
     def export_moments(self):
-        from torch_impl.weights_io import parameter_table
+        from torch_impl.weights_io import weight_table
         out = {}
-        table = parameter_table(self.model)
+        table = weight_table(self.model)
         for kind, key in (("m", "exp_avg"), ("v", "exp_avg_sq")):
             for name, (param, transposed) in table.items():
                 state = self.optimizer.state.get(param) if self.optimizer is not None else None
@@ -319,7 +319,7 @@ class TF(_Framework):
         self._compiled(tf.constant(src), tf.constant(tgt)).numpy()
 
     def make_optimizer(self, warmup, factor, step, moments=None):
-        from tf_impl.weights_io import variable_table
+        from tf_impl.weights_io import weight_table
         # With moments the optimizer's own step count carries the position (Adam's bias corrections
         # and the schedule both read it); without, only the schedule is offset and Adam starts fresh.
         self.optimizer = opt = self._training.make_optimizer(
@@ -327,15 +327,15 @@ class TF(_Framework):
         if moments is None:
             return
         opt.iterations.assign(step)
-        for name, variable in variable_table(self.model).items():
+        for name, variable in weight_table(self.model).items():
             index = opt._get_variable_index(variable)
             opt._momentums[index].assign(np.asarray(moments[f"m.{name}"], dtype=self.config.dtype))
             opt._velocities[index].assign(np.asarray(moments[f"v.{name}"], dtype=self.config.dtype))
 
     def export_moments(self):
-        from tf_impl.weights_io import variable_table
+        from tf_impl.weights_io import weight_table
         out = {}
-        table = variable_table(self.model)
+        table = weight_table(self.model)
         opt = self.optimizer
         for kind in ("m", "v"):
             for name, variable in table.items():
