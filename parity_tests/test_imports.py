@@ -1,7 +1,9 @@
-"""The dependency rule of docs/design.md, proved in fresh interpreters."""
+"""The dependency rule of docs/design.md: proved in fresh interpreters, and read off the source."""
+import ast
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +50,97 @@ def test_the_blocker_blocks():
     """Guards the tests above against passing vacuously."""
     result = run("import json; import torch", blocked={"torch"})
     assert result.returncode != 0 and "blocked import of torch" in result.stderr
+
+
+# -- the import graph, read from the source (deferred imports inside functions count too) ----------
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCT = ("shared", "torch_impl", "tf_impl", "twins")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every project module ``path`` imports, anywhere in the file (a function body included)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}  # `from pkg import module`
+    return found
+
+
+def import_graph(packages=PRODUCT + ("parity_tests",)) -> dict[str, set[str]]:
+    """``{module: project modules it imports}`` over the given top-level packages."""
+    files = [p for pkg in packages for p in sorted((ROOT / pkg).rglob("*.py"))]
+    modules = {_module_name(p) for p in files}
+    return {_module_name(p): {m for m in _imports(p) if m in modules and m != _module_name(p)}
+            for p in files}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles_deferred_imports_counted():
+    """A package importing its own submodules in ``__init__`` is the one allowed loop (the package
+    is not a module of its own: it re-exports); every other cycle is a design error."""
+    graph = import_graph()
+    for pkg in {m for m in graph if m in PRODUCT + ("parity_tests",)}:  # drop package -> submodule
+        graph[pkg] = set()
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_deferred_cycle():
+    """Guards the test above against passing vacuously: a cycle only through a function body."""
+    graph = {"a.model": {"a.checkpoints"}, "a.checkpoints": {"a.model"}, "a.other": set()}
+    assert _cycles(graph) == [["a.checkpoints", "a.model"]]
+    assert "torch_impl.model" in import_graph()["torch_impl.checkpoints"]  # relative imports resolved
+
+
+def test_the_product_never_imports_the_test_package():
+    graph = import_graph()
+    offenders = {m: sorted(d for d in deps if d.split(".")[0] == "parity_tests")
+                 for m, deps in graph.items() if m.split(".")[0] in PRODUCT}
+    assert {m: d for m, d in offenders.items() if d} == {}

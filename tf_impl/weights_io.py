@@ -4,18 +4,19 @@ Canonical dense kernels are ``(in, out)`` (``y = x @ kernel + bias``), which is 
 ``keras.layers.Dense.kernel``: nothing is transposed here (torch_impl transposes at its boundary).
 Embedding tables are ``(vocab, d_model)``. Tied weights appear once, under the canonical name of the
 owner (``src_embed.embeddings`` when embeddings are shared; no ``generator.kernel`` when tied).
+
+``model`` is a `tf_impl.Transformer`; it is annotated by its framework base class because model.py
+calls this module (weights_io sits below the model, and the import graph has no cycles).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import keras
 import numpy as np
 
 from shared.weights import PROJECTIONS, check_weights, weight_schema
 
-if TYPE_CHECKING:
-    from .model import Transformer
 
 Table = dict[str, keras.Variable]  # canonical name -> variable
 
@@ -40,7 +41,7 @@ def _ffn(table: Table, prefix: str, ffn) -> None:
     _dense(table, f"{prefix}.outer", ffn.outer)
 
 
-def weight_table(model: "Transformer") -> Table:
+def weight_table(model: keras.Model) -> Table:
     """Every canonical name, in `shared.weights.weight_schema` order, with its variable."""
     c = model.config
     table: Table = {"src_embed.embeddings": model.src_embed.embeddings}
@@ -72,7 +73,7 @@ def weight_table(model: "Transformer") -> Table:
     return table
 
 
-def import_weights(model: "Transformer", weights: Mapping[str, np.ndarray],
+def import_weights(model: keras.Model, weights: Mapping[str, np.ndarray],
                    allow_nonfinite: bool = False) -> None:
     """Check every tensor first (one `WeightsError` listing all problems, model untouched), then assign.
     NaN/Inf are refused unless ``allow_nonfinite`` (to inspect a diverged run, say)."""
@@ -81,7 +82,7 @@ def import_weights(model: "Transformer", weights: Mapping[str, np.ndarray],
         variable.assign(weights[name])  # same dtype and shape, checked above: an exact copy
 
 
-def export_weights(model: "Transformer") -> dict[str, np.ndarray]:
+def export_weights(model: keras.Model) -> dict[str, np.ndarray]:
     """Canonical ``{name: ndarray}`` in ``config.dtype``, C-contiguous, owning its memory."""
     return {name: np.array(variable.numpy(), dtype=model.config.dtype, order="C", copy=True)
             for name, variable in weight_table(model).items()}

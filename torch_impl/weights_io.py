@@ -3,10 +3,13 @@
 Canonical dense kernels are ``(in, out)`` (``y = x @ kernel + bias``); ``nn.Linear.weight`` is
 ``(out, in)``, so those, and only those, are transposed here, at the boundary. Embedding tables are
 ``(vocab, d_model)`` in both. Tied weights appear once, under the canonical name of the owner.
+
+``model`` is a `torch_impl.Transformer`; it is annotated by its framework base class because model.py calls this
+module (weights_io sits below the model, and the import graph has no cycles).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 import numpy as np
 import torch
@@ -14,8 +17,6 @@ from torch import nn
 
 from shared.weights import PROJECTIONS, check_weights, weight_schema
 
-if TYPE_CHECKING:
-    from .model import Transformer
 
 Table = dict[str, tuple[nn.Parameter, bool]]  # canonical name -> (parameter, transposed?)
 
@@ -40,7 +41,7 @@ def _ffn(table: Table, prefix: str, ffn) -> None:
     _linear(table, f"{prefix}.outer", ffn.outer)
 
 
-def weight_table(model: "Transformer") -> Table:
+def weight_table(model: nn.Module) -> Table:
     """Every canonical name, in `shared.weights.weight_schema` order, with its parameter."""
     c = model.config
     table: Table = {"src_embed.embeddings": (model.src_embed.table.weight, False)}
@@ -72,7 +73,7 @@ def weight_table(model: "Transformer") -> Table:
     return table
 
 
-def import_weights(model: "Transformer", weights: Mapping[str, np.ndarray],
+def import_weights(model: nn.Module, weights: Mapping[str, np.ndarray],
                    allow_nonfinite: bool = False) -> None:
     """Check every tensor first (one `WeightsError` listing all problems, model untouched), then copy.
     NaN/Inf are refused unless ``allow_nonfinite`` (to inspect a diverged run, say)."""
@@ -83,7 +84,7 @@ def import_weights(model: "Transformer", weights: Mapping[str, np.ndarray],
             param.copy_(value.T if transposed else value)
 
 
-def export_weights(model: "Transformer") -> dict[str, np.ndarray]:
+def export_weights(model: nn.Module) -> dict[str, np.ndarray]:
     """Canonical ``{name: ndarray}`` in ``config.dtype``, C-contiguous, owning its memory."""
     out: dict[str, np.ndarray] = {}
     for name, (param, transposed) in weight_table(model).items():
@@ -93,7 +94,7 @@ def export_weights(model: "Transformer") -> dict[str, np.ndarray]:
     return out
 
 
-def reset_parameters(model: "Transformer") -> None:
+def reset_parameters(model: nn.Module) -> None:
     """The training initialisation of `shared.weights.init_weights` (Xavier-uniform matrices, zero
     biases and offsets, unit gains), drawn by torch's generator rather than NumPy's."""
     with torch.no_grad():
