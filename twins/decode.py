@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shared.saving import recover
+
 from . import demo_tasks as tasks
 from .backends import BACKENDS, make_adapter
 
@@ -44,6 +46,7 @@ def load(path: str):
     from .convert import detect, read
     from .train import read_log
     p = Path(path)
+    recover(p)  # a save that a crash interrupted: finished (or refused, naming the data) first
     if not p.exists():
         raise FileNotFoundError(f"--checkpoint {path!r}: no such file or directory")
     config, weights = read(detect(path, "source"), path)

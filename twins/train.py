@@ -11,7 +11,9 @@ command reads (``twins decode``, ``twins convert``, ``twins compare --checkpoint
                               every evaluation, and one entry per invocation (backend, steps, time)
 
 The directory is written once, at the end (or on Ctrl-C), into a temporary sibling that then
-replaces DIR, so DIR always holds one consistent (weights, moments, log) triple.
+takes the place of DIR (`shared.saving.replace_directory`), so DIR always holds one complete
+(weights, moments, log) triple, the old one or the new one, even if the process is killed while
+saving; the next `twins train` or `twins decode` of DIR repairs an interrupted save.
 
 Resuming: ``--checkpoint DIR`` naming an existing run continues it: the weights, Adam's moments and
 the step count are loaded, ``--steps N`` runs N more steps, and the Noam schedule and the data
@@ -22,9 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +32,7 @@ import numpy as np
 
 from shared import TransformerConfig
 from shared import weights as neutral
+from shared.saving import recover, replace_directory, umask
 
 from . import demo_tasks as tasks
 from .backends import BACKENDS, make_adapter, moment_names
@@ -113,34 +114,22 @@ def read_moments(path: Path, config: TransformerConfig) -> dict[str, np.ndarray]
 
 
 def save_run(path: Path, config: TransformerConfig, weights: dict, moments: dict, log: dict) -> None:
-    """Write the run directory atomically: a temporary sibling, then renamed over ``path``."""
+    """Write the run directory crash-safely (`shared.saving.replace_directory`): staged in a
+    temporary sibling, then swapped with ``path``, which holds the complete old run or the complete
+    new one at every instant; an interrupted save is repaired when the run is next read."""
     from safetensors.numpy import save_file
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        new = staging / "run"
-        neutral.save_checkpoint(new, config, weights)
+    weights = neutral.check_weights(config, weights, source="save_run: weights")
+
+    def fill(new: Path) -> None:
+        neutral.write_checkpoint_files(new, config, weights)
         save_file({n: np.ascontiguousarray(moments[n]) for n in moment_names(config)},
                   str(new / OPTIMIZER_FILE), metadata={"step": str(log["step"])})
+        os.chmod(new / OPTIMIZER_FILE, 0o666 & ~umask())  # safetensors writes 0600 files
         with open(new / LOG_FILE, "w", encoding="utf-8") as f:
             json.dump(log, f, indent=1)
             f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        mode = 0o666 & ~_umask()
-        for name in (neutral.WEIGHTS_FILE, OPTIMIZER_FILE):  # safetensors writes 0600 files
-            os.chmod(new / name, mode)
-        if path.exists():
-            os.replace(path, staging / "old")
-        os.replace(new, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    replace_directory(path, fill)
 
 
 # -- evaluation -----------------------------------------------------------------------------------
@@ -176,6 +165,7 @@ def _check_args(args) -> None:
 def _start_or_resume(args, path: Path):
     """``(config, weights, moments, log)`` of a new run or of the run in ``path``."""
     spec = tasks.spec(args.task)
+    recover(path)  # a save that a crash interrupted: finished (or refused, naming the data) first
     log = read_log(path) if path.is_dir() else None
     if path.exists() and not path.is_dir():
         raise ValueError(f"--checkpoint {str(path)!r}: exists and is not a directory")
