@@ -49,6 +49,17 @@ _MARKER = "swap"
 class InterruptedSave(OSError):
     """A save was interrupted and cannot be repaired here; the message says where the data is."""
 
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def naming(err: OSError, path: Path) -> OSError:
+    """``err`` as the same kind of OS error on the user's ``path`` (not on a temporary sibling the
+    user never named): ``'path': No space left on device``."""
+    if isinstance(err, InterruptedSave) or err.errno is None:
+        return err
+    return OSError(err.errno, err.strerror or str(err), str(path))  # the errno's subclass
+
 
 def fault_point(step: str) -> None:
     """Kill this process with SIGKILL when ``TWINS_FAULT_AT`` names ``step`` (tests only)."""
@@ -183,8 +194,11 @@ def write_atomically(path: str | os.PathLike, write: Callable[[str], None], suff
         raise FileExistsError(f"{str(path)!r}: is a directory; refusing to replace it with a file")
     path.parent.mkdir(parents=True, exist_ok=True)
     recover(path)
-    fd, tmp = tempfile.mkstemp(prefix=temporary_name(path), suffix=f".tmp{suffix}",
-                               dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=temporary_name(path), suffix=f".tmp{suffix}",
+                                   dir=path.parent)
+    except OSError as err:
+        raise naming(err, path) from err
     os.close(fd)
     try:
         os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes it private; the result is an ordinary file
@@ -194,6 +208,8 @@ def write_atomically(path: str | os.PathLike, write: Callable[[str], None], suff
         os.replace(tmp, path)
         fsync_path(path.parent)
         fault_point("swapped")
+    except OSError as err:
+        raise naming(err, path) from err
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -234,9 +250,12 @@ def replace_directory(path: str | os.PathLike, fill: Callable[[Path], None]) -> 
     empty directory and writes the files; it need not fsync them. Checking that ``path`` may be
     replaced is the caller's."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    recover(path)
-    staging = Path(tempfile.mkdtemp(prefix=temporary_name(path), suffix=".new", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        recover(path)
+        staging = Path(tempfile.mkdtemp(prefix=temporary_name(path), suffix=".new", dir=path.parent))
+    except OSError as err:
+        raise naming(err, path) from err
     old = None
     try:
         os.chmod(staging, 0o777 & ~umask())  # mkdtemp makes it private; a checkpoint is an ordinary dir
@@ -263,6 +282,8 @@ def replace_directory(path: str | os.PathLike, fill: Callable[[Path], None]) -> 
             fault_point("swapped")
             _marker(path).unlink()
             fsync_path(path.parent)
+    except OSError as err:
+        raise naming(err, path) from err
     finally:
         for p in (staging, old):
             if p is not None and p.exists():

@@ -85,8 +85,11 @@ def run(args) -> int:
     if longest > config.max_len:
         raise ValueError(f"an input of {longest} tokens is longer than the model's max_len "
                          f"{config.max_len}")
-    max_len = args.max_len or (longest + 1 if task == "copy" else spec.target_len + 1)
-    max_len = min(max_len, config.max_len)
+    if args.max_len is not None and args.max_len > config.max_len:
+        raise ValueError(f"--max-len: expected at most the model's max_len={config.max_len}, "
+                         f"got {args.max_len}")
+    default = longest + 1 if task == "copy" else spec.target_len + 1
+    max_len = args.max_len or min(default, config.max_len)  # only the default adapts to the model
     backend = make_adapter(args.backend, config, weights, threads=args.threads)
     src = tasks.pad(sources)
     result = (backend.greedy(src, max_len) if args.beam_size == 1

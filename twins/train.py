@@ -23,6 +23,7 @@ either backend. Training settings not given on the command line come from the lo
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -32,7 +33,7 @@ import numpy as np
 
 from shared import TransformerConfig
 from shared import weights as neutral
-from shared.saving import recover, replace_directory, umask
+from shared.saving import naming, recover, replace_directory, temporary_name, umask
 
 from . import demo_tasks as tasks
 from .backends import BACKENDS, make_adapter, moment_names
@@ -143,7 +144,7 @@ def evaluate(backend, task: str, examples) -> tuple[np.ndarray, np.ndarray]:
 
 # -- the command ----------------------------------------------------------------------------------
 def _positive(name: str, value, allow_zero: bool = False) -> None:
-    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+    if value is not None and (not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero)):
         raise ValueError(f"--{name}: expected {'an int >= 0' if allow_zero else 'a positive number'}, "
                          f"got {value}")
 
@@ -202,11 +203,23 @@ def _start_or_resume(args, path: Path):
     return config, weights, read_moments(path, config), log
 
 
+def _check_writable(path: Path) -> None:
+    """Fail now, not after training, when the run directory cannot be written (a read-only folder,
+    a path under a file): the save at the end stages a sibling of ``path`` exactly like this."""
+    import tempfile
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=temporary_name(path), suffix=".probe", dir=path.parent))
+    except OSError as err:
+        raise naming(err, path) from err
+
+
 def run(args) -> int:
     started = time.perf_counter()
     _check_args(args)
     path = Path(args.checkpoint)
     config, weights, moments, log = _start_or_resume(args, path)
+    _check_writable(path)
     spec = tasks.spec(args.task)
     s = log["settings"]
     eval_every = spec.eval_every if args.eval_every is None else args.eval_every
