@@ -90,9 +90,9 @@ def test_decode_divergence_is_reported_with_step_tokens_and_margin(monkeypatch, 
     (["--backends", "jax"], "--backends: expected names from"),
 ])
 def test_bad_arguments(args, needle, capsys):
-    with pytest.raises(SystemExit) as err:
-        main(ARGS + args)
-    assert needle in str(err.value)
+    # A usage error: exit 2 and "twins compare: error: ..." (1 means "parity failed"; issue 15).
+    assert main(ARGS + args) == 2
+    assert f"twins compare: error: {needle}" in capsys.readouterr().err
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path, capsys):

@@ -50,6 +50,11 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
                             "tensors only",
         "inputs:dims": "static-or-dynamic sizes for graph mode; torch shapes are always concrete",
         "inputs:in_xla_context": "XLA compiles asserts to no-ops; torch has no such mode",
+        "inputs:runtime_check": "sizes unknown at trace time (tf.function with None dimensions) are "
+                                "checked when the graph runs; torch sizes are known when it checks",
+        "inputs:guarded": "under XLA a failed check cannot raise: the block collects its conditions "
+                          "for poison; torch always raises",
+        "inputs:poison": "NaN outputs for a failed check under XLA (as for a bad id); torch raises",
         "training:KingmaBaAdam": "Keras' Adam adds eps inside the bias correction; torch.optim.Adam is "
                                  "already Kingma & Ba's Algorithm 1",
         "training:NoamSchedule": "a Keras LearningRateSchedule class; torch uses a LambdaLR",

@@ -18,9 +18,21 @@ def check_ids(name: str, shape: Sequence[int], dtype: str, is_integer: bool, max
     if not is_integer:
         raise TypeError(f"{name}: expected integer token ids, got dtype {dtype}")
     if shape[0] < 1 or shape[1] < 1:
-        raise ValueError(f"{name}: expected a non-empty (batch, seq), got shape {shape}")
+        raise ValueError(empty_message(name, *shape))
     if shape[1] > max_len:
-        raise ValueError(f"{name}: expected at most max_len={max_len} tokens, got {shape[1]}")
+        raise ValueError(too_long_message(name, max_len, shape[1]))
+
+
+def empty_message(name: str, batch, seq) -> str:
+    return f"{name}: expected a non-empty (batch, seq), got shape ({batch}, {seq})"
+
+
+def too_long_message(name: str, max_len: int, seq) -> str:
+    return f"{name}: expected at most max_len={max_len} tokens, got {seq}"
+
+
+def same_batch_message(name: str, batch, got, like: str = "src") -> str:
+    return f"{name}: expected batch size {batch} (as {like}), got {got}"
 
 
 def ids_range_message(name: str, vocab: int, lo: int, hi: int) -> str:
@@ -35,7 +47,13 @@ def check_ids_range(name: str, vocab: int, lo: int, hi: int) -> None:
 
 def check_same_batch(src_shape: Sequence[int], tgt_shape: Sequence[int]) -> None:
     if int(src_shape[0]) != int(tgt_shape[0]):
-        raise ValueError(f"tgt: expected batch size {int(src_shape[0])} (as src), got {int(tgt_shape[0])}")
+        raise ValueError(same_batch_message("tgt", int(src_shape[0]), int(tgt_shape[0])))
+
+
+def mask_expectation(batch, n_heads, q_len, k_len) -> str:
+    """The expected mask shape as messages spell it (sizes may be ``"{}"`` placeholders: the TF
+    backend fills them at run time, in the order q_len, k_len, batch, n_heads, q_len, k_len)."""
+    return f"(batch|1, heads|1, {q_len}|1, {k_len}) = ({batch}|1, {n_heads}|1, {q_len}|1, {k_len})"
 
 
 def check_mask(name: str, shape: Sequence[int], dtype: str, is_bool: bool,
@@ -45,7 +63,7 @@ def check_mask(name: str, shape: Sequence[int], dtype: str, is_bool: bool,
     ``True`` means "may attend". Each leading dimension may be 1 (broadcast) or the full size.
     """
     shape = tuple(int(d) for d in shape)
-    expected = f"(batch|1, heads|1, {q_len}|1, {k_len}) = ({batch}|1, {n_heads}|1, {q_len}|1, {k_len})"
+    expected = mask_expectation(batch, n_heads, q_len, k_len)
     if not is_bool:
         raise TypeError(f"{name}: expected a bool mask (True = may attend), got dtype {dtype}")
     if len(shape) != 4:

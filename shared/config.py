@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 NORM_STYLES = ("standard", "annotated")
+# The largest positional table (max_len x d_model values) a config may ask for: 2**28 values, 2 GiB
+# in float64 (the table is computed in float64, docs/design.md convention 4). Past it the table is
+# refused here, by name, rather than failing as a MemoryError (or a swap storm) inside NumPy.
+POSITIONAL_TABLE_LIMIT = 2 ** 28
 DTYPES = ("float32", "float64")
 
 
@@ -87,8 +92,14 @@ class TransformerConfig:
                 raise ValueError(f"TransformerConfig.{name}: expected a float, got {value!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"TransformerConfig.dropout: expected a value in [0, 1), got {self.dropout}")
-        if not self.norm_eps > 0.0:
-            raise ValueError(f"TransformerConfig.norm_eps: expected a positive float, got {self.norm_eps}")
+        if not (self.norm_eps > 0.0 and math.isfinite(self.norm_eps)):
+            raise ValueError(f"TransformerConfig.norm_eps: expected a positive finite float, "
+                             f"got {self.norm_eps}")
+        if self.max_len * self.d_model > POSITIONAL_TABLE_LIMIT:
+            raise ValueError(
+                f"TransformerConfig.max_len: expected max_len * d_model <= POSITIONAL_TABLE_LIMIT = "
+                f"{POSITIONAL_TABLE_LIMIT} (the float64 positional table, 2 GiB), got {self.max_len} * "
+                f"{self.d_model} = {self.max_len * self.d_model}")
         for name in ("norm_first", "final_norm", "share_embeddings", "tie_output"):
             value = getattr(self, name)
             if not isinstance(value, bool):

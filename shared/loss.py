@@ -13,6 +13,8 @@ import numbers
 
 import numpy as np
 
+from .checks import ids_range_message
+
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Stable log-softmax over the last axis, float64."""
@@ -35,6 +37,8 @@ def label_smoothed_cross_entropy(logits: np.ndarray, targets: np.ndarray, pad_id
     check_loss_args("label_smoothed_cross_entropy", logits.shape, targets.shape, str(targets.dtype),
                     targets.dtype.kind in "iu", smoothing)
     vocab = logits.shape[-1]
+    if targets.size:  # before any indexing: NumPy would wrap -1 to the last class
+        check_targets_range(vocab, int(targets.min()), int(targets.max()))
     keep = targets != pad_id
     if not keep.any():
         raise ValueError("targets: expected at least one non-padding position, got only padding")
@@ -56,6 +60,19 @@ def check_loss_args(caller: str, logits_shape, targets_shape, targets_dtype: str
     if not targets_is_integer:
         raise TypeError(f"targets: expected integer ids, got dtype {targets_dtype}")
     check_smoothing(smoothing)
+
+
+def targets_range_message(vocab, lo, hi) -> str:
+    """The one message for a target id outside ``[0, vocab)`` (sizes may be ``"{}"`` placeholders,
+    filled at run time by TensorFlow's graph-mode assertion)."""
+    return ids_range_message("targets", vocab, lo, hi)
+
+
+def check_targets_range(vocab: int, lo: int, hi: int) -> None:
+    """Every target id in ``[0, vocab)`` (pad included; its position carries no loss): else the
+    reference would wrap -1 to the last class, TF's one-hot give a zero row, torch an IndexError."""
+    if lo < 0 or hi >= vocab:
+        raise ValueError(targets_range_message(vocab, lo, hi))
 
 
 def check_smoothing(smoothing: float) -> None:

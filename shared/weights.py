@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 import numpy as np
 
 from .config import TransformerConfig
+from .saving import fault_point, recover, replace_directory, umask, write_atomically  # noqa: F401
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -165,25 +164,54 @@ def tensor_problems(label: str, shape: tuple, dtype: str, got_shape: tuple, got_
     return problems
 
 
-def check_weights(config: TransformerConfig, weights: Mapping[str, object], source: str = "weights",
-                  allow_nonfinite: bool = False) -> None:
-    """Raise one `WeightsError` listing every missing, unexpected, mis-shaped, mis-typed or
-    non-finite tensor. Expected dtype is ``config.dtype`` exactly (no silent casts: a cast would
-    break the bit-exact round trip). Does nothing else; nothing is modified."""
+def snapshot_weights(weights: Mapping[str, object], source: str = "weights"
+                     ) -> tuple[dict[str, object], list[str]]:
+    """Every entry of ``weights`` read exactly once: ``(snapshot, problems)``.
+
+    Arrays are copied into owned, C-contiguous memory (a memory-mapped or lazy source read once, so
+    what is checked is what is assigned); any other value is kept as it is for the checks to report.
+    An entry whose read raises is a problem (``"name: could not be read (...)"``), not a crash
+    halfway through an import."""
     if not isinstance(weights, Mapping):
         raise TypeError(f"{source}: expected a dict of name -> numpy array, got {type(weights).__name__}")
-    schema = weight_schema(config)
+    snapshot: dict[str, object] = {}
     problems: list[str] = []
-    missing = [n for n in schema if n not in weights]
-    unexpected = sorted(n for n in weights if n not in schema)
+    try:
+        names = list(weights)
+    except Exception as err:  # noqa: BLE001  (a lazy source may fail in any way)
+        raise WeightsError(source, [f"the names could not be listed ({type(err).__name__}: {err})"]) from None
+    for name in names:
+        try:
+            value = weights[name]
+            snapshot[name] = (np.array(value, order="C", copy=True) if isinstance(value, np.ndarray)
+                              else value)
+        except Exception as err:  # noqa: BLE001
+            problems.append(f"{name}: could not be read ({type(err).__name__}: {err})")
+            snapshot[name] = None
+    return snapshot, problems
+
+
+def check_weights(config: TransformerConfig, weights: Mapping[str, object], source: str = "weights",
+                  allow_nonfinite: bool = False) -> dict[str, np.ndarray]:
+    """Raise one `WeightsError` listing every missing, unexpected, unreadable, mis-shaped,
+    mis-typed or non-finite tensor; else return the checked weights: owned copies, each read from
+    ``weights`` exactly once (`snapshot_weights`), in `weight_schema` order. Use the returned dict,
+    never ``weights`` again: a second read of a lazy or memory-mapped source may differ from what
+    was checked. Expected dtype is ``config.dtype`` exactly (no silent casts: a cast would break
+    the bit-exact round trip). ``weights`` is not modified."""
+    snapshot, problems = snapshot_weights(weights, source)
+    unreadable = {p.split(":", 1)[0] for p in problems}
+    schema = weight_schema(config)
+    missing = [n for n in schema if n not in snapshot]
+    unexpected = sorted(n for n in snapshot if n not in schema)
     if missing:
         problems.append(f"missing: {missing}")
     if unexpected:
         problems.append(f"unexpected: {unexpected}")
     for name, shape in schema.items():
-        if name not in weights:
+        if name not in snapshot or name in unreadable:
             continue
-        value = weights[name]
+        value = snapshot[name]
         if not isinstance(value, np.ndarray):
             problems.append(f"{name}: expected a numpy array, got {type(value).__name__}")
             continue
@@ -193,37 +221,11 @@ def check_weights(config: TransformerConfig, weights: Mapping[str, object], sour
             problems.append(f"{name}: contains NaN or Inf")
     if problems:
         raise WeightsError(source, problems)
+    return {name: snapshot[name] for name in schema}
 
 
 # -- file helpers shared by every checkpoint format ---------------------------------------------------
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_atomically(path: str | os.PathLike, write: Callable[[str], None], suffix: str = ".tmp") -> Path:
-    """``write(tmp)`` into a temporary file beside ``path``, fsync it, then ``os.replace`` it into
-    place: a crash leaves the old file or the new one, never half of one. ``suffix`` ends the
-    temporary name (Keras insists on ``.weights.h5``). An existing directory at ``path`` is refused."""
-    path = Path(path)
-    if path.is_dir():
-        raise FileExistsError(f"{str(path)!r}: is a directory; refusing to replace it with a file")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{suffix}", dir=path.parent)
-    os.close(fd)
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the result is an ordinary file
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
+# write_atomically lives in shared.saving with the directory swap; re-exported for the backends.
 def config_differences(a: TransformerConfig, b: TransformerConfig) -> str:
     """``"field: a vs b, ..."`` for every field where two configs differ (for error messages)."""
     da, db = a.to_dict(), b.to_dict()
@@ -233,45 +235,37 @@ def config_differences(a: TransformerConfig, b: TransformerConfig) -> str:
 # -- checkpoint files -----------------------------------------------------------------------------
 def save_checkpoint(path: str | os.PathLike, config: TransformerConfig,
                     weights: Mapping[str, np.ndarray]) -> Path:
-    """Write ``path/`` = ``config.json`` + ``model.safetensors``, atomically.
+    """Write ``path/`` = ``config.json`` + ``model.safetensors``, crash-safely.
 
-    The files are written and fsynced in a temporary sibling directory that is then renamed into
-    place, so a crash leaves either the old checkpoint or the new one, never a half-written one.
+    The files are written and fsynced in a temporary sibling directory that then takes the place of
+    ``path`` (`shared.saving.replace_directory`): at every instant ``path`` is the old checkpoint or
+    the new one, never a half-written one, and an interrupted save is repaired by the next load.
     An existing checkpoint at ``path`` is replaced; any other existing file or directory is refused.
     """
-    from safetensors.numpy import save_file
-
-    check_weights(config, weights, source="save_checkpoint: weights")
+    weights = check_weights(config, weights, source="save_checkpoint: weights")
     path = Path(path)
+    recover(path)
     if path.exists():
         if not path.is_dir() or not set(os.listdir(path)) <= {CONFIG_FILE, WEIGHTS_FILE}:
             raise FileExistsError(f"save_checkpoint: path {str(path)!r} exists and is not a checkpoint; "
                                   "refusing to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; a checkpoint is an ordinary dir
-        header = {"format_version": FORMAT_VERSION, "config": config.to_dict()}
-        with open(tmp / CONFIG_FILE, "w", encoding="utf-8") as f:
-            json.dump(header, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        ordered = {n: np.ascontiguousarray(weights[n]) for n in weight_schema(config)}
-        save_file(ordered, str(tmp / WEIGHTS_FILE), metadata={"format_version": str(FORMAT_VERSION)})
-        os.chmod(tmp / WEIGHTS_FILE, 0o666 & ~_umask())  # safetensors writes it owner-only
-        with open(tmp / WEIGHTS_FILE, "rb") as f:
-            os.fsync(f.fileno())
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-            os.replace(path, old / "ckpt")
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return replace_directory(path, lambda staging: write_checkpoint_files(staging, config, weights))
+
+
+def write_checkpoint_files(folder: Path, config: TransformerConfig,
+                           weights: Mapping[str, np.ndarray]) -> None:
+    """``config.json`` and ``model.safetensors`` into the existing ``folder`` (no fsync, no checks:
+    `save_checkpoint` and `twins train` stage a directory with it, then swap it into place)."""
+    from safetensors.numpy import save_file
+
+    folder = Path(folder)
+    header = {"format_version": FORMAT_VERSION, "config": config.to_dict()}
+    with open(folder / CONFIG_FILE, "w", encoding="utf-8") as f:
+        json.dump(header, f, indent=2, sort_keys=True)
+    fault_point("config-written")  # a half-staged directory, for the tests
+    ordered = {n: np.ascontiguousarray(weights[n]) for n in weight_schema(config)}
+    save_file(ordered, str(folder / WEIGHTS_FILE), metadata={"format_version": str(FORMAT_VERSION)})
+    os.chmod(folder / WEIGHTS_FILE, 0o666 & ~umask())  # safetensors writes it owner-only
 
 
 def load_checkpoint(path: str | os.PathLike, allow_nonfinite: bool = False
@@ -286,6 +280,7 @@ def load_checkpoint(path: str | os.PathLike, allow_nonfinite: bool = False
     from safetensors.numpy import load_file
 
     path = Path(path)
+    recover(path)  # an interrupted save: finish it (or say where the data is) before reading
     if not path.exists():
         raise FileNotFoundError(f"load_checkpoint: no checkpoint at {str(path)!r}")
     if not path.is_dir():
@@ -312,5 +307,4 @@ def load_checkpoint(path: str | os.PathLike, allow_nonfinite: bool = False
         weights = load_file(str(weights_file))
     except (SafetensorError, OSError, ValueError) as err:
         raise ValueError(f"{str(weights_file)!r}: not a readable safetensors file ({err})") from None
-    check_weights(config, weights, source=str(weights_file), allow_nonfinite=allow_nonfinite)
-    return config, weights
+    return config, check_weights(config, weights, source=str(weights_file), allow_nonfinite=allow_nonfinite)

@@ -20,10 +20,22 @@ traced:
   plausible wrong number. ``Transformer.predict`` checks its arrays eagerly before dispatch, so it
   raises the ``ValueError`` even when the model is compiled with XLA.
 
+Shapes get the same treatment. A size unknown at trace time (an ``input_signature`` with ``None``
+dimensions, ``tf.function(reduce_retracing=True)``) cannot be checked while tracing, so every check
+that eager mode makes on it (ids non-empty and at most ``max_len`` long, a mask's every axis, equal
+batch sizes) is made at run time instead (`runtime_check`): an ``Assert`` with the eager message in
+graph mode; under XLA, where the ``Assert`` would compile to nothing, the condition is collected by
+`guarded` and the outputs of the call are made NaN when it fails (`poison`). A check that must run
+at run time under XLA outside a `guarded` block refuses to trace.
+
 Masks are boolean, ``True`` = may attend, broadcastable to ``(batch, heads, q_len, k_len)``.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+
+import numpy as np
 import tensorflow as tf
 
 from shared import checks
@@ -66,6 +78,53 @@ def _graph_assert(condition: tf.Tensor, message: str, values: tuple[tf.Tensor, .
     return tf.debugging.Assert(condition, [tf.strings.format(message, values)])
 
 
+# Conditions collected while tracing under XLA, one list per `guarded` block (per thread: two
+# threads may trace at once).
+_guards = threading.local()
+
+
+@contextlib.contextmanager
+def guarded():
+    """While tracing under XLA, collect the run-time conditions of the checks made inside; yields
+    the list, for `poison`. Eagerly and in graph mode it stays empty (the checks raise or assert)."""
+    stack = _guards.__dict__.setdefault("stack", [])
+    stack.append([])
+    try:
+        yield stack[-1]
+    finally:
+        stack.pop()
+
+
+def poison(x: tf.Tensor, conditions: list) -> tf.Tensor:
+    """``x``, or NaN everywhere when any of ``conditions`` (scalar bool tensors) is false: what a
+    failed check gives under XLA, where nothing can raise (like the NaN embedding of a bad id)."""
+    if not conditions:
+        return x
+    ok = tf.reduce_all(tf.stack(conditions))
+    return tf.where(ok, x, tf.constant(np.nan, x.dtype))
+
+
+def runtime_check(x: tf.Tensor, conditions: list[tuple[tf.Tensor, str, tuple]]) -> tf.Tensor:
+    """Checks on sizes known only at run time: each ``(ok, message, values)`` (a scalar bool, the
+    eager message with ``{}`` for each of ``values``) must hold. In graph mode an ``Assert`` raising
+    ``tf.errors.InvalidArgumentError`` with the message, on the returned ``x``; under XLA the
+    condition goes to the enclosing `guarded` block (refusing to trace without one). Eagerly there is
+    nothing to do: every size is known and was checked statically."""
+    if not conditions or tf.executing_eagerly():
+        return x
+    if in_xla_context():
+        stack = _guards.__dict__.get("stack")
+        if not stack:
+            raise ValueError(f"{conditions[0][1].split(':')[0]}: under XLA (jit_compile=True) this "
+                             "check needs sizes known at trace time; give static shapes (no None in "
+                             "the input_signature, no reduce_retracing) or call it inside the model")
+        stack[-1].extend(ok for ok, _, _ in conditions)
+        return x
+    with tf.control_dependencies([_graph_assert(ok, message, values)
+                                  for ok, message, values in conditions]):
+        return tf.identity(x)
+
+
 def check_ids(name: str, ids, vocab: int, max_len: int) -> tf.Tensor:
     """Token ids: an integer tensor of shape (batch, seq), 1 <= seq <= max_len, values in [0, vocab).
 
@@ -86,34 +145,36 @@ def check_ids(name: str, ids, vocab: int, max_len: int) -> tf.Tensor:
     if tf.executing_eagerly():
         lo, hi = (int(v) for v in tf.stack([tf.reduce_min(ids), tf.reduce_max(ids)]).numpy())
         checks.check_ids_range(name, vocab, lo, hi)
-    elif not in_xla_context():  # under XLA an Assert is a no-op (and string ops do not compile)
-        lo, hi = tf.reduce_min(ids), tf.reduce_max(ids)
-        guards = [_graph_assert(tf.logical_and(lo >= 0, hi < vocab),
-                                checks.ids_range_message(name, vocab, "{}", "{}"), (lo, hi))]
-        if ids.shape[1] is None:  # length only known at run time
-            length = tf.shape(ids)[1]
-            guards.append(_graph_assert(
-                tf.logical_and(length >= 1, length <= max_len),
-                f"{name}: expected at most max_len={max_len} tokens (and at least 1), got {{}}", (length,)))
-        with tf.control_dependencies(guards):
-            ids = tf.identity(ids)
+    else:
+        batch, length = tf.shape(ids)[0], tf.shape(ids)[1]
+        conditions = []
+        if None in ids.shape.as_list():  # sizes only known at run time: the eager checks, then
+            conditions += [(tf.logical_and(batch >= 1, length >= 1),
+                            checks.empty_message(name, "{}", "{}"), (batch, length)),
+                           (length <= max_len, checks.too_long_message(name, max_len, "{}"), (length,))]
+        ids = runtime_check(ids, conditions)
+        if not in_xla_context():  # under XLA a bad id embeds as NaN (`TokenEmbedding`) instead
+            lo, hi = tf.reduce_min(ids), tf.reduce_max(ids)
+            ids = runtime_check(ids, [(tf.logical_and(lo >= 0, hi < vocab),
+                                       checks.ids_range_message(name, vocab, "{}", "{}"), (lo, hi))])
     if ids.dtype not in (tf.int32, tf.int64):  # gathers take int32/int64 indices only
         ids = tf.cast(ids, tf.int64)
     return ids
 
 
-def check_mask(name: str, mask, batch: int | None, n_heads: int, q_len: int | None,
-               k_len: int | None) -> tf.Tensor:
+def check_mask(name: str, mask, batch, n_heads: int, q_len, k_len) -> tf.Tensor:
     """A bool tensor (True = may attend) broadcastable to ``(batch, n_heads, q_len, k_len)``, with the
-    key axis exactly ``k_len``. A size unknown at trace time (``None``, on either side) cannot be
-    compared there and is taken as matching; a mismatch then fails in the op that broadcasts the mask.
+    key axis exactly ``k_len``. ``batch``, ``q_len``, ``k_len``: ints, or scalar tensors for sizes
+    known only at run time (`dims`). What cannot be compared at trace time is checked at run time
+    (`runtime_check`), with the same message.
 
     Returns:
-        ``mask`` as a tensor.
+        ``mask`` as a tensor (in graph mode carrying the run-time checks: use it).
 
     Raises:
         TypeError: not a tensor or array, or not bool.
         ValueError: not rank 4, or a shape that does not broadcast.
+        tf.errors.InvalidArgumentError: in graph mode, a shape that does not broadcast at run time.
     """
     if not (isinstance(mask, (tf.Tensor, tf.Variable)) or hasattr(mask, "__array__")):
         raise TypeError(f"{name}: expected a tf bool tensor, got {type(mask).__name__}")
@@ -121,13 +182,38 @@ def check_mask(name: str, mask, batch: int | None, n_heads: int, q_len: int | No
     if mask.shape.rank is None:
         raise ValueError(f"{name}: expected a rank-4 mask, got unknown rank")
     expected = (batch, n_heads, q_len, k_len)
-    dims = mask.shape.as_list()
-    shape = tuple(d if d is not None else (expected[i] if i < 4 and expected[i] is not None else 1)
-                  for i, d in enumerate(dims))
+    known = [e if isinstance(e, int) else None for e in expected]
+    static = mask.shape.as_list()
+    # Statically: unknown sizes (either side) are taken as matching; they are checked below.
+    shape = tuple(d if d is not None else (known[i] if i < 4 and known[i] is not None else 1)
+                  for i, d in enumerate(static))
     sizes = tuple(e if e is not None else (shape[i] if i < len(shape) else 1)
-                  for i, e in enumerate(expected))
+                  for i, e in enumerate(known))
     checks.check_mask(name, shape, mask.dtype.name, mask.dtype == tf.bool, *sizes)
-    return mask
+    if all(isinstance(e, int) for e in expected) and None not in static:
+        return mask
+    dynamic = tf.shape(mask)
+    got = [static[i] if static[i] is not None else dynamic[i] for i in range(4)]
+    ok = tf.constant(True)
+    for i in range(4):
+        match = tf.equal(got[i], expected[i])
+        ok = tf.logical_and(ok, tf.logical_or(match, tf.equal(got[i], 1)) if i < 3 else match)
+    # The message of shared.checks, every size a placeholder (filled in at run time).
+    as_tensor = [tf.cast(v, tf.int32) for v in (q_len, k_len, batch, n_heads, q_len, k_len, *got)]
+    message = (f"{name}: expected a mask broadcastable to "
+               f"{checks.mask_expectation('{}', '{}', '{}', '{}')}, got shape ({{}}, {{}}, {{}}, {{}})")
+    return runtime_check(mask, [(ok, message, tuple(as_tensor))])
+
+
+def check_same_batch(src: tf.Tensor, tgt: tf.Tensor) -> tf.Tensor:
+    """``tgt`` (ids or memory) must have the batch size of ``src``; returns ``tgt`` (in graph mode
+    carrying the run-time check when a batch size is unknown at trace time)."""
+    a, b = src.shape[0], tgt.shape[0]
+    if a is not None and b is not None:
+        checks.check_same_batch(src.shape, tgt.shape)
+        return tgt
+    a, b = tf.shape(src)[0], tf.shape(tgt)[0]
+    return runtime_check(tgt, [(tf.equal(a, b), checks.same_batch_message("tgt", "{}", "{}"), (a, b))])
 
 
 def make_src_mask(src: tf.Tensor, pad_id: int) -> tf.Tensor:

@@ -8,13 +8,14 @@ import numpy as np
 import tensorflow as tf
 
 from shared import TransformerConfig
-from shared.checks import check_ids_range, check_same_batch
+from shared.checks import check_ids_range
 from shared.decoding import check_max_len
 
 from . import weights_io
 from .cache import DecoderCache
 from .embedding import PositionalEncoding, TokenEmbedding
-from .inputs import check_ids, check_mask, dims, make_src_mask, make_tgt_mask, to_tensor
+from .inputs import (check_ids, check_mask, check_same_batch, dims, guarded, make_src_mask,
+                     make_tgt_mask, poison, to_tensor)
 from .layers import Trace, record
 from .stacks import Decoder, Encoder
 
@@ -88,12 +89,13 @@ class Transformer(keras.Model):
     def _src_mask(self, src: tf.Tensor, src_mask, q_len: int | None = 1) -> tf.Tensor:
         if src_mask is None:
             return make_src_mask(src, self.config.pad_id)
-        return check_mask("src_mask", src_mask, src.shape[0], self.config.n_heads, q_len, src.shape[1])
+        b, s = dims(src, 2)  # ints, or tensors for sizes known only at run time
+        return check_mask("src_mask", src_mask, b, self.config.n_heads, q_len, s)
 
     def _tgt_mask(self, tgt: tf.Tensor, tgt_mask) -> tf.Tensor:
         if tgt_mask is None:
             return make_tgt_mask(tgt, self.config.pad_id)
-        b, t = tgt.shape
+        b, t = dims(tgt, 2)
         return check_mask("tgt_mask", tgt_mask, b, self.config.n_heads, t, t)
 
     # -- the computation --------------------------------------------------------------------------
@@ -140,17 +142,18 @@ class Transformer(keras.Model):
         if tgt is None:
             src, tgt, src_mask, tgt_mask = _unpack(src, src_mask, tgt_mask)
         c = self.config
-        src = check_ids("src", src, c.src_vocab, c.max_len)
-        tgt = check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
-        if src.shape[0] is not None and tgt.shape[0] is not None:
-            check_same_batch(src.shape, tgt.shape)
-        src_mask = self._src_mask(src, src_mask)
-        tgt_mask = self._tgt_mask(tgt, tgt_mask)
+        with guarded() as failed:  # under XLA: the run-time checks, which poison the outputs
+            src = check_ids("src", src, c.src_vocab, c.max_len)
+            tgt = check_same_batch(src, check_ids("tgt", tgt, c.tgt_vocab, c.max_len))
+            src_mask = self._src_mask(src, src_mask)
+            tgt_mask = self._tgt_mask(tgt, tgt_mask)
         trace: Trace | None = {} if return_trace else None
         memory = self._encode(src, src_mask, trace, training)
-        logits = self.generator(self._decode(tgt, memory, src_mask, tgt_mask, trace, training))
+        logits = poison(self.generator(self._decode(tgt, memory, src_mask, tgt_mask, trace, training)),
+                        failed)
         if trace is None:
             return logits
+        trace = {name: poison(value, failed) for name, value in trace.items()}
         trace["logits"] = logits
         return logits, trace
 
@@ -160,8 +163,10 @@ class Transformer(keras.Model):
         ``src_mask``: bool, True = may attend, broadcastable to ``(B, H, 1, S)``; default ``src != pad_id``.
         """
         c = self.config
-        src = check_ids("src", src, c.src_vocab, c.max_len)
-        return self._encode(src, self._src_mask(src, src_mask), None, training)
+        with guarded() as failed:
+            src = check_ids("src", src, c.src_vocab, c.max_len)
+            src_mask = self._src_mask(src, src_mask)
+        return poison(self._encode(src, src_mask, None, training), failed)
 
     def decode(self, tgt, memory, src_mask, tgt_mask=None, training: bool = False) -> tf.Tensor:
         """Target ids ``(B, T)`` and memory ``(B, S, d_model)`` -> hidden states ``(B, T, d_model)``;
@@ -173,20 +178,21 @@ class Transformer(keras.Model):
             tgt_mask: bool, broadcastable to ``(B, H, T, T)``; default padding AND subsequent.
         """
         c = self.config
-        tgt = check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
         memory = to_tensor("memory", memory)
         if memory.shape.rank != 3 or memory.shape[2] != c.d_model:
             raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {c.d_model}), "
                              f"got {tuple(memory.shape)}")
         if memory.dtype.name != c.dtype:
             raise TypeError(f"memory: expected dtype {c.dtype}, got {memory.dtype.name}")
-        if memory.shape[0] is not None and tgt.shape[0] is not None:
-            check_same_batch(memory.shape, tgt.shape)
         if src_mask is None:
             raise ValueError("src_mask: required by decode (the memory cannot tell where the source "
                              "padding was); use tf_impl.inputs.make_src_mask(src, pad_id)")
-        src_mask = check_mask("src_mask", src_mask, tgt.shape[0], c.n_heads, tgt.shape[1], memory.shape[1])
-        return self._decode(tgt, memory, src_mask, self._tgt_mask(tgt, tgt_mask), None, training)
+        with guarded() as failed:
+            tgt = check_same_batch(memory, check_ids("tgt", tgt, c.tgt_vocab, c.max_len))
+            b, t = dims(tgt, 2)
+            src_mask = check_mask("src_mask", src_mask, b, c.n_heads, t, dims(memory, 2)[1])
+            tgt_mask = self._tgt_mask(tgt, tgt_mask)
+        return poison(self._decode(tgt, memory, src_mask, tgt_mask, None, training), failed)
 
     # -- incremental decoding (the cache of tf_impl.cache) ----------------------------------------
     def init_cache(self, memory, src_mask, max_len: int, beams: int = 1) -> DecoderCache:
@@ -209,7 +215,8 @@ class Transformer(keras.Model):
         if memory.shape.rank != 3 or memory.shape[2] != c.d_model:
             raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {c.d_model}), "
                              f"got {tuple(memory.shape)}")
-        src_mask = check_mask("src_mask", src_mask, memory.shape[0], c.n_heads, 1, memory.shape[1])
+        b, s = dims(memory, 2)
+        src_mask = check_mask("src_mask", src_mask, b, c.n_heads, 1, s)
         check_max_len(max_len, c.max_len)
         if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
             raise ValueError(f"beams: expected an int >= 1, got {beams!r}")

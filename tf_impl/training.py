@@ -26,10 +26,11 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from shared.loss import check_loss_args, check_smoothing
+from shared.loss import (check_loss_args, check_smoothing, check_targets_range,
+                         targets_range_message)
 from shared.schedule import noam_formula, noam_lr
 
-from .inputs import check_ids
+from .inputs import check_ids, in_xla_context, runtime_check
 from .model import Transformer
 from .weights_io import weight_table
 
@@ -56,8 +57,10 @@ def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
     weight 0 and the weighted sum is divided by the number of non-padding targets. (Keras'
     ``"sum_over_batch_size"`` would divide by B * T, padding included; the loss runs in the logits'
     dtype, not Keras' float32 default.) A batch with no non-padding target gives NaN (0 / 0), as in
-    torch; `train_step` refuses one. Targets must lie in ``[0, V)``: ``tf.one_hot`` maps any other id
-    to an all-zero row (`train_step` checks them).
+    torch; `train_step` refuses one. Targets must lie in ``[0, V)`` (``tf.one_hot`` would map any
+    other id to an all-zero row): eagerly a bad one raises the reference's ``ValueError``
+    (`shared.loss.check_targets_range`), in graph mode an assertion with the same text fails, and
+    under XLA, where assertions compile to nothing, the loss is NaN.
 
     Shape: logits ``(B, T, V)``, targets ``(B, T)`` integer -> a scalar tensor.
     """
@@ -68,11 +71,26 @@ def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
         logits_shape[:2] = [l if l is not None else t for l, t in zip(logits_shape[:2], targets_shape)]
     check_loss_args("label_smoothed_loss", logits_shape, targets_shape, targets.dtype.name,
                     targets.dtype.is_integer, smoothing)
+    vocab = logits.shape[-1]
+    ok = None
+    if tf.executing_eagerly():
+        if tf.size(targets) > 0:
+            lo, hi = (int(v) for v in tf.stack([tf.reduce_min(targets), tf.reduce_max(targets)]).numpy())
+            check_targets_range(vocab, lo, hi)
+    else:
+        # pad_id joins the ids so that an empty batch has a min and a max (pad is always in range)
+        flat = tf.concat([tf.reshape(targets, [-1]), tf.constant([pad_id], targets.dtype)], 0)
+        lo, hi = tf.reduce_min(flat), tf.reduce_max(flat)
+        ok = tf.logical_and(lo >= 0, hi < vocab)
+        if not in_xla_context():
+            targets = runtime_check(targets, [(ok, targets_range_message(vocab, "{}", "{}"), (lo, hi))])
+            ok = None
     keep = tf.cast(targets != pad_id, logits.dtype)  # (B, T): 1 = a real target
     loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=float(smoothing),
                                                 reduction="sum", dtype=logits.dtype.name)
-    total = loss(tf.one_hot(targets, logits.shape[-1], dtype=logits.dtype), logits, sample_weight=keep)
-    return total / tf.reduce_sum(keep)
+    total = loss(tf.one_hot(targets, vocab, dtype=logits.dtype), logits, sample_weight=keep)
+    mean = total / tf.reduce_sum(keep)
+    return mean if ok is None else tf.where(ok, mean, tf.constant(np.nan, mean.dtype))
 
 
 @keras.saving.register_keras_serializable(package="tf_impl")

@@ -75,11 +75,14 @@ def weight_table(model: keras.Model) -> Table:
 
 def import_weights(model: keras.Model, weights: Mapping[str, np.ndarray],
                    allow_nonfinite: bool = False) -> None:
-    """Check every tensor first (one `WeightsError` listing all problems, model untouched), then assign.
-    NaN/Inf are refused unless ``allow_nonfinite`` (to inspect a diverged run, say)."""
-    check_weights(model.config, weights, source="import_weights", allow_nonfinite=allow_nonfinite)
+    """Snapshot, check, assign: every tensor of ``weights`` is read once into an owned copy, the
+    copies are checked (one `WeightsError` listing all problems, model untouched), and only the
+    checked copies are assigned, so a lazy or memory-mapped source whose second read would fail or
+    differ cannot leave a half-loaded model. NaN/Inf are refused unless ``allow_nonfinite`` (to
+    inspect a diverged run, say)."""
+    checked = check_weights(model.config, weights, source="import_weights", allow_nonfinite=allow_nonfinite)
     for name, variable in weight_table(model).items():
-        variable.assign(weights[name])  # same dtype and shape, checked above: an exact copy
+        variable.assign(checked[name])  # same dtype and shape, checked above: an exact copy
 
 
 def export_weights(model: keras.Model) -> dict[str, np.ndarray]:

@@ -9,13 +9,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from shared import TransformerConfig
-from shared.checks import check_ids_range, check_same_batch
+from shared.checks import check_ids_range
 from shared.decoding import check_max_len
 
 from . import weights_io
 from .cache import DecoderCache
 from .embedding import PositionalEncoding, TokenEmbedding
-from .inputs import _is_integer, check_ids, check_mask, make_src_mask, make_tgt_mask
+from .inputs import _is_integer, check_ids, check_mask, check_same_batch, make_src_mask, make_tgt_mask
 from .layers import Trace, record
 from .stacks import Decoder, Encoder
 
@@ -123,7 +123,7 @@ class Transformer(nn.Module):
         c = self.config
         check_ids("src", src, c.src_vocab, c.max_len)
         check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
-        check_same_batch(src.shape, tgt.shape)
+        check_same_batch(src, tgt)
         src_mask = self._src_mask(src, src_mask)
         tgt_mask = self._tgt_mask(tgt, tgt_mask)
         trace: Trace | None = {} if return_trace else None
@@ -158,7 +158,7 @@ class Transformer(nn.Module):
         if not isinstance(memory, torch.Tensor) or memory.dim() != 3 or memory.shape[2] != c.d_model:
             got = tuple(memory.shape) if isinstance(memory, torch.Tensor) else type(memory).__name__
             raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {c.d_model}), got {got}")
-        check_same_batch(memory.shape, tgt.shape)
+        check_same_batch(memory, tgt)
         if src_mask is None:
             raise ValueError("src_mask: required by decode (the memory cannot tell where the source "
                              "padding was); use torch_impl.inputs.make_src_mask(src, pad_id)")

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from shared.loss import check_loss_args
+from shared.loss import check_loss_args, check_targets_range
 from shared.schedule import noam_lr
 
 from .inputs import check_ids
@@ -50,11 +50,17 @@ def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int
     divides by the number of the others (`shared.loss.label_smoothed_cross_entropy` is the float64
     reference). A batch with no non-padding target gives NaN (0 / 0); `train_step` refuses one.
 
+    Targets must lie in ``[0, V)`` (pad included): any other id raises the reference's
+    ``ValueError`` (`shared.loss.check_targets_range`).
+
     Shape: logits ``(B, T, V)``, targets ``(B, T)`` integer -> a scalar tensor.
     """
     check_loss_args("label_smoothed_loss", logits.shape, targets.shape, str(targets.dtype),
                     not targets.dtype.is_floating_point and targets.dtype != torch.bool, smoothing)
     vocab = logits.shape[-1]
+    if targets.numel():  # before the lookup: cross_entropy raises a bare IndexError (CUDA: an assert)
+        lo, hi = torch.stack(torch.aminmax(targets.long())).tolist()
+        check_targets_range(vocab, lo, hi)
     return F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1).long(), ignore_index=pad_id,
                            label_smoothing=float(smoothing), reduction="mean")
 

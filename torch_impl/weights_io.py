@@ -75,12 +75,15 @@ def weight_table(model: nn.Module) -> Table:
 
 def import_weights(model: nn.Module, weights: Mapping[str, np.ndarray],
                    allow_nonfinite: bool = False) -> None:
-    """Check every tensor first (one `WeightsError` listing all problems, model untouched), then copy.
-    NaN/Inf are refused unless ``allow_nonfinite`` (to inspect a diverged run, say)."""
-    check_weights(model.config, weights, source="import_weights", allow_nonfinite=allow_nonfinite)
+    """Snapshot, check, assign: every tensor of ``weights`` is read once into an owned copy, the
+    copies are checked (one `WeightsError` listing all problems, model untouched), and only the
+    checked copies are assigned, so a lazy or memory-mapped source whose second read would fail or
+    differ cannot leave a half-loaded model. NaN/Inf are refused unless ``allow_nonfinite`` (to
+    inspect a diverged run, say)."""
+    checked = check_weights(model.config, weights, source="import_weights", allow_nonfinite=allow_nonfinite)
     with torch.no_grad():
         for name, (param, transposed) in weight_table(model).items():
-            value = torch.from_numpy(np.asarray(weights[name]))
+            value = torch.from_numpy(checked[name])
             param.copy_(value.T if transposed else value)
 
 

@@ -295,6 +295,10 @@ class TF(_Framework):
                 pass
         if seed is not None:
             keras.utils.set_random_seed(seed)  # dropout
+        # Keras re-raises an error from inside `call` as a new one, its text wrapped in "Exception
+        # encountered when calling ..." and terminal colour codes; without the filtering, tf_impl's
+        # own error (the text torch_impl and the reference raise) reaches the caller unchanged.
+        keras.config.disable_traceback_filtering()
         return tf_impl
 
     def __init__(self, impl, model):

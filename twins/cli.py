@@ -1,4 +1,12 @@
-"""Entry point of the `twins` command (also `python -m twins`)."""
+"""Entry point of the `twins` command (also `python -m twins`).
+
+Exit status: 0 success; 1 a parity check failed (`compare`, `convert --verify`); 2 an error: a
+usage error (argparse's own and the commands' checks of their options), a bad input file, an
+operating-system error (permission denied, disk full, a read-only folder), out of memory; 130
+interrupted. Every error is one line, ``twins <command>: error: ...``, naming the user's path or
+option as typed; never a traceback, unless ``--verbose`` asks for one (and for TensorFlow's start-up
+log lines, which are hidden otherwise).
+"""
 from __future__ import annotations
 
 import argparse
@@ -6,40 +14,72 @@ import sys
 
 from . import compare, convert, decode, figures, train
 
+COMMANDS = {
+    "compare": (compare, "run one set of weights in every implementation and compare every "
+                         "intermediate (exit 1 when parity fails)"),
+    "convert": (convert, "convert weights between a neutral checkpoint directory, a torch_impl .pt "
+                         "and a tf_impl .weights.h5, or import an nn.Transformer / Annotated "
+                         "Transformer state dict (--verify: exit 1 when parity fails)"),
+    "train": (train, "train the copy or dates demo in torch or tf (resumable, in either backend); a "
+                     "neutral checkpoint at the end"),
+    "decode": (decode, "decode inputs or the held-out set with a demo checkpoint, in either backend"),
+    "figures": (figures, "write PNG figures: positional encoding, masks, Noam curves, training "
+                         "curves and attention of trained demo models"),
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: given before or after the command name, neither parser's default overwrites it
+    common.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="show TensorFlow's start-up log lines and, on an error, the traceback")
     parser = argparse.ArgumentParser(
-        prog="twins", description="The Transformer in NumPy, PyTorch and TensorFlow, proven to agree.")
+        prog="twins", parents=[common],
+        description="The Transformer in NumPy, PyTorch and TensorFlow, proven to agree.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("compare", help="run one set of weights in every implementation and compare "
-                                       "every intermediate (exit 1 when parity fails)")
-    compare.add_arguments(p)
-    p.set_defaults(run=compare.run)
-    p = sub.add_parser("convert", help="convert weights between a neutral checkpoint directory, a "
-                                       "torch_impl .pt and a tf_impl .weights.h5, or import an "
-                                       "nn.Transformer / Annotated Transformer state dict "
-                                       "(--verify: exit 1 when parity fails)")
-    convert.add_arguments(p)
-    p.set_defaults(run=convert.run)
-    p = sub.add_parser("train", help="train the copy or dates demo in torch or tf (resumable, in "
-                                     "either backend); a neutral checkpoint at the end")
-    train.add_arguments(p)
-    p.set_defaults(run=train.run)
-    p = sub.add_parser("decode", help="decode inputs or the held-out set with a demo checkpoint, in "
-                                      "either backend")
-    decode.add_arguments(p)
-    p.set_defaults(run=decode.run)
-    p = sub.add_parser("figures", help="write PNG figures: positional encoding, masks, Noam curves, "
-                                       "training curves and attention of trained demo models")
-    figures.add_arguments(p)
-    p.set_defaults(run=figures.run)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, parents=[common])
+        module.add_arguments(p)
+        p.set_defaults(run=module.run)
     return parser
 
 
+def describe(err: BaseException) -> str:
+    """One line for an error: an OS error as ``'PATH': reason`` (the path the user gave, or the
+    file it names), anything else as its message (first line, for a framework's long text)."""
+    if isinstance(err, OSError) and err.strerror and err.filename is not None:
+        where = repr(str(err.filename))
+        if err.filename2 is not None:
+            where += f" -> {str(err.filename2)!r}"
+        return f"{where}: {err.strerror}"
+    if isinstance(err, MemoryError):
+        return f"out of memory{': ' + str(err) if str(err) else ''} (try a smaller model, batch or length)"
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0] if not isinstance(err, (ValueError, TypeError, OSError)) else \
+        " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # usage errors: argparse exits 2, "twins <cmd>: error:"
+    args.verbose = getattr(args, "verbose", False)
+    if args.verbose:
+        return _run(args)
+    from .quiet import tf_logs_hidden
+    with tf_logs_hidden():
+        return _run(args)
+
+
+def _run(args) -> int:
     try:
         return args.run(args)
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
-        print(f"twins {args.command}: error: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"twins {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001  (the one place every error becomes one line)
+        if args.verbose:
+            raise
+        known = isinstance(err, (ValueError, TypeError, OSError, ImportError, MemoryError))
+        kind = "" if known else f"{type(err).__name__}: "
+        hint = "" if known else " (--verbose shows the traceback)"
+        print(f"twins {args.command}: error: {kind}{describe(err)}{hint}", file=sys.stderr)
         return 2

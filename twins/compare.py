@@ -53,14 +53,20 @@ def _load(args) -> tuple[TransformerConfig, dict]:
 
 
 def run(args) -> int:
-    config, weights = _load(args)
-    for name in ("batch", "src_len", "tgt_len"):
+    for name in ("batch", "src_len", "tgt_len", "max_new"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')}: expected a positive int, got {getattr(args, name)}")
+            raise ValueError(f"--{name.replace('_', '-')}: expected a positive int, got {getattr(args, name)}")
     backends = [b for b in args.backends.split(",") if b]
     unknown = [b for b in backends if b not in IMPLEMENTATIONS[1:]]
     if unknown:
-        raise SystemExit(f"--backends: expected names from {IMPLEMENTATIONS[1:]}, got {unknown}")
+        raise ValueError(f"--backends: expected names from {IMPLEMENTATIONS[1:]}, got {unknown}")
+    config, weights = _load(args)
+    for name in ("src_len", "tgt_len", "max_new"):  # named as typed, before any model sees them
+        if getattr(args, name) > config.max_len:
+            raise ValueError(f"--{name.replace('_', '-')}: expected at most the model's max_len="
+                             f"{config.max_len}, got {getattr(args, name)}")
+    # With --json - stdout carries the JSON alone (to pipe it); the table goes to stderr.
+    out = sys.stderr if args.json == "-" else sys.stdout
     src, tgt = src_tgt(config, args.batch, args.src_len, args.tgt_len, seed=args.seed)
 
     adapters, skipped = {"reference": make_adapter("reference", config, weights)}, {}
@@ -96,10 +102,10 @@ def run(args) -> int:
         rows.append(row)
     timings = {name: a.time_forward(src, tgt) for name, a in adapters.items()}
 
-    _print_table(config, args, rows, pairs, skipped, first_parting, timings)
+    _print_table(config, args, rows, pairs, skipped, first_parting, timings, out)
     decoding = None
     if args.decode:
-        decoding = compare_decoding(config, weights, adapters, src, args.max_new)
+        decoding = compare_decoding(config, weights, adapters, src, args.max_new, out)
         ok = ok and all(d["pass"] for d in decoding.values())
     if args.json:
         result = {"config": config.to_dict(), "batch": args.batch, "src_len": args.src_len,
@@ -115,8 +121,7 @@ def run(args) -> int:
     return 0 if ok else 1
 
 
-def _print_table(config, args, rows, pairs, skipped, first_parting, timings) -> None:
-    out = sys.stdout
+def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out=sys.stdout) -> None:
     print(f"config: d_model={config.d_model} heads={config.n_heads} layers={config.n_encoder_layers}+"
           f"{config.n_decoder_layers} norm_first={config.norm_first} norm_style={config.norm_style} "
           f"dtype={config.dtype}; batch={args.batch} src_len={args.src_len} tgt_len={args.tgt_len}", file=out)
@@ -154,14 +159,15 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings) -> 
           + ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in timings.items()), file=out)
 
 
-def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int) -> dict:
+def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int, out=None) -> dict:
     """Greedy-decode ``src`` in every implementation and compare each with the float64 oracle.
 
     Identical tokens pass. Where a backend parts from the oracle, the report gives the item, the
     step, both candidate tokens and the oracle's log-prob margin between them: a margin inside the
     float32 error bound (``decode-margin``) is a near-tie, which float32 may break either way, and is
-    reported as such; a larger margin is a failure.
+    reported as such; a larger margin is a failure. The report is printed to ``out`` (stdout).
     """
+    out = sys.stdout if out is None else out
     from shared.divergence import first_divergence
     from shared.loss import log_softmax
 
@@ -173,9 +179,9 @@ def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int) -
     tgt_in = np.where(tgt_in == config.pad_id, config.eos_id, tgt_in)  # after EOS: any non-pad id
     log_probs = log_softmax(reference.forward(weights, config, src, tgt_in))
     margin_bound = bound_for(config.dtype, "decode-margin").rtol
-    print(f"decode: greedy, {max_new} new tokens, batch {src.shape[0]}; oracle tokens:")
+    print(f"decode: greedy, {max_new} new tokens, batch {src.shape[0]}; oracle tokens:", file=out)
     for row in ref.tokens:
-        print("   ", " ".join(str(t) for t in row))
+        print("   ", " ".join(str(t) for t in row), file=out)
     for name, result in results.items():
         if name == "reference":
             continue
@@ -185,8 +191,8 @@ def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int) -
         report[name] = {"identical": not parts, "pass": passed,
                         "divergences": [d._asdict() for d in parts]}
         if not parts:
-            print(f"decode: {name} vs reference: identical tokens")
+            print(f"decode: {name} vs reference: identical tokens", file=out)
         for d in parts:
             kind = "near-tie (within the float32 bound)" if d in near_ties else "FAIL"
-            print(f"decode: {name} vs reference: {d}; {kind}")
+            print(f"decode: {name} vs reference: {d}; {kind}", file=out)
     return report

@@ -33,6 +33,7 @@ import numpy as np
 from shared import TransformerConfig
 from shared import checkpoints
 from shared import weights as neutral
+from shared.saving import recover
 
 FORMATS = ("neutral", "torch", "tf")
 IMPORTERS = ("nn-transformer", "annotated")
@@ -150,6 +151,7 @@ def _importer_options(args, fmt: str) -> dict | None:
 
 # -- the command ----------------------------------------------------------------------------------
 def run(args) -> int:
+    recover(args.src)  # a save that a crash interrupted: finished (or refused, naming the data) first
     if not Path(args.src).exists():
         raise FileNotFoundError(f"{args.src!r}: no such file or directory")
     src_fmt = args.src_format or detect(args.src, "source")

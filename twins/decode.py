@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shared.saving import recover
+
 from . import demo_tasks as tasks
 from .backends import BACKENDS, make_adapter
 
@@ -44,6 +46,7 @@ def load(path: str):
     from .convert import detect, read
     from .train import read_log
     p = Path(path)
+    recover(p)  # a save that a crash interrupted: finished (or refused, naming the data) first
     if not p.exists():
         raise FileNotFoundError(f"--checkpoint {path!r}: no such file or directory")
     config, weights = read(detect(path, "source"), path)
@@ -82,8 +85,11 @@ def run(args) -> int:
     if longest > config.max_len:
         raise ValueError(f"an input of {longest} tokens is longer than the model's max_len "
                          f"{config.max_len}")
-    max_len = args.max_len or (longest + 1 if task == "copy" else spec.target_len + 1)
-    max_len = min(max_len, config.max_len)
+    if args.max_len is not None and args.max_len > config.max_len:
+        raise ValueError(f"--max-len: expected at most the model's max_len={config.max_len}, "
+                         f"got {args.max_len}")
+    default = longest + 1 if task == "copy" else spec.target_len + 1
+    max_len = args.max_len or min(default, config.max_len)  # only the default adapts to the model
     backend = make_adapter(args.backend, config, weights, threads=args.threads)
     src = tasks.pad(sources)
     result = (backend.greedy(src, max_len) if args.beam_size == 1

@@ -11,7 +11,9 @@ command reads (``twins decode``, ``twins convert``, ``twins compare --checkpoint
                               every evaluation, and one entry per invocation (backend, steps, time)
 
 The directory is written once, at the end (or on Ctrl-C), into a temporary sibling that then
-replaces DIR, so DIR always holds one consistent (weights, moments, log) triple.
+takes the place of DIR (`shared.saving.replace_directory`), so DIR always holds one complete
+(weights, moments, log) triple, the old one or the new one, even if the process is killed while
+saving; the next `twins train` or `twins decode` of DIR repairs an interrupted save.
 
 Resuming: ``--checkpoint DIR`` naming an existing run continues it: the weights, Adam's moments and
 the step count are loaded, ``--steps N`` runs N more steps, and the Noam schedule and the data
@@ -21,10 +23,9 @@ either backend. Training settings not given on the command line come from the lo
 from __future__ import annotations
 
 import json
+import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ import numpy as np
 
 from shared import TransformerConfig
 from shared import weights as neutral
+from shared.saving import naming, recover, replace_directory, temporary_name, umask
 
 from . import demo_tasks as tasks
 from .backends import BACKENDS, make_adapter, moment_names
@@ -113,34 +115,22 @@ def read_moments(path: Path, config: TransformerConfig) -> dict[str, np.ndarray]
 
 
 def save_run(path: Path, config: TransformerConfig, weights: dict, moments: dict, log: dict) -> None:
-    """Write the run directory atomically: a temporary sibling, then renamed over ``path``."""
+    """Write the run directory crash-safely (`shared.saving.replace_directory`): staged in a
+    temporary sibling, then swapped with ``path``, which holds the complete old run or the complete
+    new one at every instant; an interrupted save is repaired when the run is next read."""
     from safetensors.numpy import save_file
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        new = staging / "run"
-        neutral.save_checkpoint(new, config, weights)
+    weights = neutral.check_weights(config, weights, source="save_run: weights")
+
+    def fill(new: Path) -> None:
+        neutral.write_checkpoint_files(new, config, weights)
         save_file({n: np.ascontiguousarray(moments[n]) for n in moment_names(config)},
                   str(new / OPTIMIZER_FILE), metadata={"step": str(log["step"])})
+        os.chmod(new / OPTIMIZER_FILE, 0o666 & ~umask())  # safetensors writes 0600 files
         with open(new / LOG_FILE, "w", encoding="utf-8") as f:
             json.dump(log, f, indent=1)
             f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        mode = 0o666 & ~_umask()
-        for name in (neutral.WEIGHTS_FILE, OPTIMIZER_FILE):  # safetensors writes 0600 files
-            os.chmod(new / name, mode)
-        if path.exists():
-            os.replace(path, staging / "old")
-        os.replace(new, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    replace_directory(path, fill)
 
 
 # -- evaluation -----------------------------------------------------------------------------------
@@ -154,7 +144,7 @@ def evaluate(backend, task: str, examples) -> tuple[np.ndarray, np.ndarray]:
 
 # -- the command ----------------------------------------------------------------------------------
 def _positive(name: str, value, allow_zero: bool = False) -> None:
-    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+    if value is not None and (not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero)):
         raise ValueError(f"--{name}: expected {'an int >= 0' if allow_zero else 'a positive number'}, "
                          f"got {value}")
 
@@ -176,6 +166,7 @@ def _check_args(args) -> None:
 def _start_or_resume(args, path: Path):
     """``(config, weights, moments, log)`` of a new run or of the run in ``path``."""
     spec = tasks.spec(args.task)
+    recover(path)  # a save that a crash interrupted: finished (or refused, naming the data) first
     log = read_log(path) if path.is_dir() else None
     if path.exists() and not path.is_dir():
         raise ValueError(f"--checkpoint {str(path)!r}: exists and is not a directory")
@@ -212,11 +203,23 @@ def _start_or_resume(args, path: Path):
     return config, weights, read_moments(path, config), log
 
 
+def _check_writable(path: Path) -> None:
+    """Fail now, not after training, when the run directory cannot be written (a read-only folder,
+    a path under a file): the save at the end stages a sibling of ``path`` exactly like this."""
+    import tempfile
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=temporary_name(path), suffix=".probe", dir=path.parent))
+    except OSError as err:
+        raise naming(err, path) from err
+
+
 def run(args) -> int:
     started = time.perf_counter()
     _check_args(args)
     path = Path(args.checkpoint)
     config, weights, moments, log = _start_or_resume(args, path)
+    _check_writable(path)
     spec = tasks.spec(args.task)
     s = log["settings"]
     eval_every = spec.eval_every if args.eval_every is None else args.eval_every

@@ -1,0 +1,170 @@
+"""Issue 15, class 6: the command line never shows a traceback, and says what the user typed.
+
+Run as the user runs it (``python -m twins`` in a subprocess) for usage errors and OS errors that a
+test can cause without privileges; in-process (`twins.cli.main`, monkeypatched) for a full disk and
+for memory errors, which cannot be caused portably.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shared.weights import init_weights, save_checkpoint
+from twins import cli
+from twins.demo_tasks import task_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def twins(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the command line must hide TF's logs by itself
+    return subprocess.run([sys.executable, "-m", "twins", *args], env=full, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, command: str, *expected: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"twins {command}: error: "), proc.stderr
+    for text in expected:
+        assert text in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def copy_checkpoint(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "copy"
+    config = task_config("copy")
+    save_checkpoint(path, config, init_weights(config, seed=0))
+    return path
+
+
+# -- usage errors: exit 2, "twins <command>: error:", the option as typed --------------------------
+@pytest.mark.parametrize("args, expected", [
+    # Before: exit 1 (the status of a failed parity check) with no "twins compare: error:" prefix.
+    (("--src-len", "0"), "--src-len: expected a positive int, got 0"),
+    (("--backends", "foo"), "--backends: expected names from"),
+    # Before: the length reached the model and failed as "src: expected at most max_len=64 ...".
+    (("--preset", "tiny", "--src-len", "100"), "--src-len: expected at most the model's max_len=64"),
+    # Before: "max_len: expected an int >= 1, got 0", the decoder's internal name, after the table.
+    (("--preset", "tiny", "--max-new", "0"), "--max-new: expected a positive int, got 0"),
+])
+def test_compare_usage_errors(args, expected):
+    one_line_error(twins("compare", *args), "compare", expected)
+
+
+def test_train_names_the_option_as_typed(tmp_path):
+    # Before: "noam_lr: factor expected a positive float, got nan" (an internal name).
+    proc = twins("train", "--task", "copy", "--backend", "torch", "--steps", "1", "--checkpoint",
+                 str(tmp_path / "run"), "--factor", "nan")
+    one_line_error(proc, "train", "--factor: expected a positive number, got nan")
+
+
+def test_decode_max_len_over_the_model_is_an_error_not_clamped(copy_checkpoint):
+    # Before: --max-len 1000 was silently clamped to the model's 64.
+    proc = twins("decode", "--checkpoint", str(copy_checkpoint), "--max-len", "1000", "4 5 6")
+    one_line_error(proc, "decode", "--max-len: expected at most the model's max_len=64, got 1000")
+
+
+# -- OS errors: one line naming the user's path ----------------------------------------------------
+def test_a_destination_under_a_file(tmp_path, copy_checkpoint):
+    """Not writable whoever runs the tests (chmod does not stop root): a path under a file.
+    Before: a traceback, or a message naming the hidden temporary folder."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    proc = twins("convert", str(copy_checkpoint), str(blocker / "sub" / "out"))
+    one_line_error(proc, "convert", str(blocker), "Not a directory")
+    assert ".twins-" not in proc.stderr
+
+
+def test_train_refuses_an_unwritable_run_directory_before_training(tmp_path):
+    """Before: the steps ran, then the save failed with a traceback and the run was lost."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    proc = twins("train", "--task", "copy", "--backend", "torch", "--steps", "1", "--checkpoint",
+                 str(blocker / "run"), "--batch", "4")
+    one_line_error(proc, "train", str(blocker))
+    assert proc.stdout == ""  # nothing trained
+
+
+def test_json_to_an_unwritable_path():
+    proc = twins("compare", "--preset", "tiny", "--backends", "torch", "--src-len", "3",
+                 "--tgt-len", "2", "--json", "/proc/twins-cannot-write-here.json")
+    one_line_error(proc, "compare", "/proc/twins-cannot-write-here.json")
+
+
+def test_a_full_disk_names_the_users_path(tmp_path, copy_checkpoint, monkeypatch, capsys):
+    """ENOSPC while the new directory is flushed (injected: no tmpfs without root mounts)."""
+    from shared import saving
+
+    def full(path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    monkeypatch.setattr(saving, "fsync_tree", full)
+    out = tmp_path / "out"
+    assert cli.main(["convert", str(copy_checkpoint), str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"twins convert: error: {str(out)!r}: No space left on device"
+    assert not out.exists() and not [p for p in os.listdir(tmp_path) if ".twins-" in p]
+
+
+def test_a_memory_error_is_one_line(monkeypatch, capsys):
+    from twins import compare
+
+    def oom(*args, **kwargs):
+        raise MemoryError()
+    monkeypatch.setattr(compare, "src_tgt", oom)
+    assert cli.main(["compare", "--preset", "tiny", "--backends", ""]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("twins compare: error: out of memory") and "Traceback" not in err
+
+
+def test_an_unexpected_error_is_one_line_and_verbose_shows_the_traceback(monkeypatch, capsys):
+    from twins import compare
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("something unforeseen\nsecond line")
+    monkeypatch.setattr(compare, "src_tgt", boom)
+    assert cli.main(["compare", "--preset", "tiny", "--backends", ""]) == 2
+    err = capsys.readouterr().err
+    assert err == ("twins compare: error: RuntimeError: something unforeseen (--verbose shows the "
+                   "traceback)\n")
+    with pytest.raises(RuntimeError):
+        cli.main(["compare", "--verbose", "--preset", "tiny", "--backends", ""])
+
+
+# -- output: --json - pipes, TF's logs hidden, TF's errors as torch's --------------------------------
+def test_json_to_stdout_is_json_alone_and_tf_logs_are_hidden():
+    """Before: the table and the JSON shared stdout (not parseable), and TensorFlow's start-up
+    lines ("oneDNN custom operations are on", "All log messages before absl::InitializeLog()")
+    reached stderr whatever TF_CPP_MIN_LOG_LEVEL said."""
+    proc = twins("compare", "--preset", "tiny", "--backends", "tf", "--src-len", "3", "--tgt-len",
+                 "2", "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["pass"] is True
+    assert "intermediate" in proc.stderr  # the table, on stderr
+    for line in proc.stderr.splitlines():
+        assert "oneDNN" not in line and "absl" not in line and not line.startswith("I0000"), line
+
+
+def test_tf_errors_from_call_read_as_torchs():
+    """Before: Keras re-raised the error as "Exception encountered when calling Transformer.call()"
+    with the text in terminal bold (ESC[1m ... ESC[0m) and the arguments listed."""
+    from twins.backends import make_adapter
+    config = task_config("copy")
+    weights = init_weights(config, seed=0)
+    src, tgt = np.array([[4, 5, 99]]), np.array([[1, 4]])
+    messages = []
+    for name in ("torch", "tf", "reference"):
+        with pytest.raises(ValueError) as err:
+            make_adapter(name, config, weights).logits(src, tgt)
+        messages.append(str(err.value))
+    assert messages[0] == messages[1] == messages[2], messages
+    assert "\x1b[" not in messages[1] and "Exception encountered" not in messages[1]

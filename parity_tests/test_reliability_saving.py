@@ -1,0 +1,151 @@
+"""Issue 15, class 1: a save that replaces a directory never loses the previous one.
+
+The failing case, before: `shared.weights.save_checkpoint` (and `twins train`'s run directory)
+swapped the new directory in with two renames, ``path -> .path.XXX.old/ckpt`` then ``staging ->
+path``. A crash between them left nothing at ``path`` (the old checkpoint hidden in a dot folder):
+`load_checkpoint` said "no checkpoint", and `twins train` resuming such a run silently started
+again at step 1. Leftover temporary folders stayed forever.
+
+The fix (`shared.saving`, docs/design.md "Saving and recovery"): the staged directory is exchanged
+with ``path`` atomically (``renameat2(RENAME_EXCHANGE)``), or, where that is unavailable, swapped
+under a marker that the next load uses to finish the swap; dead temporaries are removed. Shown here
+with real SIGKILLs (``TWINS_FAULT_AT``) at every step of the save, in both protocols.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shared import TransformerConfig
+from shared import saving
+from shared.weights import init_weights, load_checkpoint, save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = TransformerConfig.preset("tiny", n_encoder_layers=1, n_decoder_layers=1)
+
+# A process that saves checkpoint `new` (seed 2) over whatever is at argv[1].
+SAVER = """
+import sys
+from shared import TransformerConfig
+from shared.weights import init_weights, save_checkpoint
+config = TransformerConfig.preset("tiny", n_encoder_layers=1, n_decoder_layers=1)
+save_checkpoint(sys.argv[1], config, init_weights(config, seed=2))
+"""
+
+# (protocol, step) -> which checkpoint a later load must find: before the swap the old one, from
+# the swap on the new one (the marker protocol rolls forward once the old one has moved away).
+EXCHANGE = {"config-written": "old", "staging": "old", "staged": "old", "swapped": "new",
+            "cleaned": "new"}
+MARKER = {"config-written": "old", "staging": "old", "staged": "old", "marked": "old",
+          "moved-old": "new", "swapped": "new", "cleaned": "new"}
+
+
+def _env(**extra) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3", **extra}
+    env.pop("TWINS_FAULT_AT", None)
+    env.pop("TWINS_NO_EXCHANGE", None)
+    env.update(extra)
+    return env
+
+
+def _killed_save(path: Path, step: str, exchange: bool) -> None:
+    env = _env(TWINS_FAULT_AT=step, **({} if exchange else {"TWINS_NO_EXCHANGE": "1"}))
+    proc = subprocess.run([sys.executable, "-c", SAVER, str(path)], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, (step, proc.returncode, proc.stderr)  # it really was SIGKILLed
+
+
+def _which(weights: dict) -> str:
+    for label, seed in (("old", 1), ("new", 2)):
+        expected = init_weights(CONFIG, seed=seed)
+        if all(np.array_equal(weights[n], expected[n]) for n in expected):
+            return label
+    return "neither"
+
+
+def _temporaries(path: Path) -> list[str]:
+    return sorted(n for n in os.listdir(path.parent) if n.startswith(f".{path.name}."))
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "marker"])
+def test_a_save_killed_at_any_step_keeps_the_old_or_the_new_checkpoint(tmp_path, exchange):
+    table = EXCHANGE if exchange else MARKER
+    for step, expected in table.items():
+        path = tmp_path / step / "ckpt"
+        save_checkpoint(path, CONFIG, init_weights(CONFIG, seed=1))
+        _killed_save(path, step, exchange)
+        if exchange:  # the path is never absent with the exchange, not even before recovery
+            assert path.is_dir(), step
+        config, weights = load_checkpoint(path)  # recovers an interrupted swap first
+        assert config == CONFIG
+        assert _which(weights) == expected, step
+        assert _temporaries(path) == [], step  # the dead process's temporaries are gone
+        save_checkpoint(path, CONFIG, init_weights(CONFIG, seed=1))  # and saving works again
+        assert _which(load_checkpoint(path)[1]) == "old"
+
+
+def test_a_first_save_killed_leaves_no_checkpoint_and_no_debris(tmp_path):
+    path = tmp_path / "ckpt"
+    _killed_save(path, "staged", exchange=True)
+    assert not path.exists() and _temporaries(path)  # the dead process's staging folder...
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        load_checkpoint(path)
+    assert _temporaries(path) == []  # ...is removed by the next look at the path
+
+
+def test_an_unrepairable_interrupted_save_names_where_the_data_is(tmp_path, monkeypatch):
+    """The marker protocol killed between its renames, then the repair itself fails (as in a
+    read-only folder): the load refuses and says where the complete copy is."""
+    path = tmp_path / "ckpt"
+    save_checkpoint(path, CONFIG, init_weights(CONFIG, seed=1))
+    _killed_save(path, "moved-old", exchange=False)
+    assert not path.exists()
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(args[0]))
+    monkeypatch.setattr(saving.os, "rename", refuse)
+    with pytest.raises(saving.InterruptedSave, match=r"its data is in \[.*\.new.*\]") as err:
+        load_checkpoint(path)
+    assert str(path) in str(err.value)
+    monkeypatch.undo()
+    assert _which(load_checkpoint(path)[1]) == "new"
+
+
+def test_a_live_process_staging_folder_is_never_removed(tmp_path):
+    path = tmp_path / "ckpt"
+    live = tmp_path / f".ckpt.twins-{os.getpid()}-abc.new"
+    live.mkdir()
+    saving.recover(path)
+    assert live.is_dir()
+
+
+# -- twins train: a killed save never restarts the run ------------------------------------------
+def _train(run: Path, steps: int, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "twins", "train", "--task", "copy", "--backend", "torch",
+         "--steps", str(steps), "--checkpoint", str(run), "--batch", "8", "--heldout", "2",
+         "--eval-every", "0", "--no-progress"],
+        env=_env(**env), cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("step, protocol, resumed_at", [
+    ("staged", "exchange", 2), ("swapped", "exchange", 4), ("moved-old", "marker", 4)])
+def test_twins_train_killed_while_saving_resumes_from_the_right_step(tmp_path, step, protocol,
+                                                                     resumed_at):
+    run = tmp_path / "run"
+    assert _train(run, 2).returncode == 0
+    extra = {"TWINS_FAULT_AT": step, **({"TWINS_NO_EXCHANGE": "1"} if protocol == "marker" else {})}
+    killed = _train(run, 2, **extra)
+    assert killed.returncode == -9, killed.stderr
+    resumed = _train(run, 1)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming at step {resumed_at}," in resumed.stdout
+    log = json.loads((run / "train_log.json").read_text())
+    assert log["step"] == resumed_at + 1 and log["history"]["step"][-1] == resumed_at + 1
+    assert _temporaries(run) == []

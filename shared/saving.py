@@ -1,0 +1,304 @@
+"""Crash-safe saving: a file replaced atomically, a directory replaced so that the path holds the
+complete old directory or the complete new one at every instant, and recovery of a save that a
+crash interrupted (docs/design.md, section "Saving and recovery"). NumPy-free, framework-free.
+
+A directory save (`replace_directory`) runs these steps; a crash (power loss, SIGKILL) may stop it
+after any of them:
+
+1. **stage**: ``fill(staging)`` writes the new directory into a hidden sibling
+   ``.NAME.twins-PID-RANDOM.new``; every file and the directory are fsynced.
+2. **swap**: where the kernel can exchange two paths atomically (Linux ``renameat2`` with
+   ``RENAME_EXCHANGE``, ext4, xfs, btrfs, tmpfs, ...), one call exchanges the staging directory and
+   ``NAME``: ``NAME`` is the old directory, then the new one, never absent, never half of either.
+   Elsewhere (another OS, a file system that refuses the exchange) the swap is two renames guarded
+   by a marker file ``.NAME.twins-swap`` written (atomically) before them: ``NAME`` -> ``.old``,
+   then staging -> ``NAME``. Between the two renames ``NAME`` is absent, but the marker says where
+   both complete copies are, and `recover` finishes the swap.
+3. **clean**: the old directory (now under the staging name) is removed; the marker, if any, last.
+
+`recover(path)` runs before every load and save of a directory (`shared.weights.load_checkpoint`,
+`save_checkpoint`, `twins train`, `twins decode`, `twins convert`): with a marker it completes the
+interrupted swap (the staged directory is complete, so it rolls forward; without one it puts the
+old directory back), and it removes the temporary siblings of ``NAME`` left by a process that no
+longer runs (the PID in the name; a live process's staging directory is never touched). When it
+cannot repair (the folder is read-only, say) it raises `InterruptedSave`, naming where the data is.
+
+Fault injection: with the environment variable ``TWINS_FAULT_AT`` naming a step (`FAULT_POINTS`),
+the saving process kills itself with SIGKILL when it reaches that step, so the tests can show that
+every step is safe with real process deaths. ``TWINS_NO_EXCHANGE=1`` forces the marker protocol
+(to test it where the exchange works).
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+# Where a save may be killed, in order (TWINS_FAULT_AT=<one of these>).
+FAULT_POINTS = ("config-written", "staging", "staged", "marked", "moved-old", "swapped", "cleaned")
+_TAG = ".twins-"  # every temporary sibling of NAME is ".NAME.twins-..."
+_MARKER = "swap"
+
+
+class InterruptedSave(OSError):
+    """A save was interrupted and cannot be repaired here; the message says where the data is."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def naming(err: OSError, path: Path) -> OSError:
+    """``err`` as the same kind of OS error on the user's ``path`` (not on a temporary sibling the
+    user never named): ``'path': No space left on device``."""
+    if isinstance(err, InterruptedSave) or err.errno is None:
+        return err
+    return OSError(err.errno, err.strerror or str(err), str(path))  # the errno's subclass
+
+
+def fault_point(step: str) -> None:
+    """Kill this process with SIGKILL when ``TWINS_FAULT_AT`` names ``step`` (tests only)."""
+    if os.environ.get("TWINS_FAULT_AT") == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def fsync_path(path: str | os.PathLike) -> None:
+    """fsync a file or a directory (a directory's entry list: what a rename changed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync every file under ``path``, then every directory, deepest first."""
+    for root, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            fsync_path(os.path.join(root, name))
+        fsync_path(root)
+
+
+def temporary_name(path: Path) -> str:
+    """The prefix of a hidden sibling of ``path`` owned by this process: ``.NAME.twins-PID-`` (then
+    a random part and a suffix); `recover` removes it once the process is gone."""
+    return f".{path.name}{_TAG}{os.getpid()}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _marker(path: Path) -> Path:
+    return path.parent / f".{path.name}{_TAG}{_MARKER}"
+
+
+def _leftovers(path: Path) -> list[Path]:
+    """Temporary siblings of ``path`` whose owning process is gone (never a live one's)."""
+    prefix = f".{path.name}{_TAG}"
+    out = []
+    try:
+        names = os.listdir(path.parent)
+    except FileNotFoundError:
+        return out
+    for name in names:
+        if not name.startswith(prefix) or name == _marker(path).name:
+            continue
+        pid = name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            out.append(path.parent / name)
+    return out
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p)
+    else:
+        p.unlink()
+
+
+def recover(path: str | os.PathLike) -> None:
+    """Finish or undo a save of ``path`` that a crash interrupted, and remove its dead temporaries.
+
+    Does nothing when there is nothing to do. Raises `InterruptedSave` naming the surviving copy
+    when the repair itself fails (a read-only folder, say)."""
+    path = Path(path)
+    marker = _marker(path)
+    try:
+        if marker.is_file():
+            _finish_swap(path, marker)
+        for p in _leftovers(path):
+            _remove(p)
+    except InterruptedSave:
+        raise
+    except OSError as err:
+        survivors = [str(p) for p in ([path] if path.exists() else []) + _leftovers(path)
+                     if p.is_dir()]
+        if path.exists():  # the data is in place; only the clean-up failed: not worth refusing a load
+            return
+        raise InterruptedSave(
+            errno.EIO, f"an interrupted save of {str(path)!r} could not be repaired ({err}); its "
+            f"data is in {survivors or 'no surviving copy'}: rename one to {str(path)!r}") from None
+
+
+def _finish_swap(path: Path, marker: Path) -> None:
+    """The marker protocol's repair: roll forward to the staged directory if ``path`` is absent
+    (it is complete: the marker is written only after it is fsynced), else the swap had finished."""
+    try:
+        names = json.loads(marker.read_text(encoding="utf-8"))
+        new, old, pid = path.parent / names["new"], path.parent / names["old"], int(names["pid"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise InterruptedSave(errno.EIO, f"{str(marker)!r}: unreadable swap marker ({err}); the data "
+                              f"of {str(path)!r} is in it or in a sibling named .{path.name}"
+                              f"{_TAG}*") from None
+    if pid != os.getpid() and _pid_alive(pid):
+        return  # a save in progress in another process, not an interrupted one
+    if not path.exists():
+        source = new if new.is_dir() else old
+        if not source.is_dir():
+            raise InterruptedSave(errno.ENOENT, f"an interrupted save of {str(path)!r} left neither "
+                                  f"{str(new)!r} nor {str(old)!r}")
+        os.rename(source, path)
+        fsync_path(path.parent)
+    for p in (new, old):
+        if p.exists():
+            _remove(p)
+    marker.unlink()
+    fsync_path(path.parent)
+
+
+# -- files ----------------------------------------------------------------------------------------
+def write_atomically(path: str | os.PathLike, write: Callable[[str], None], suffix: str = ".tmp") -> Path:
+    """``write(tmp)`` into a temporary file beside ``path``, fsync it, then ``os.replace`` it into
+    place: a crash leaves the old file or the new one, never half of one. ``suffix`` ends the
+    temporary name (Keras insists on ``.weights.h5``). An existing directory at ``path`` is refused."""
+    path = Path(path)
+    if path.is_dir():
+        raise FileExistsError(f"{str(path)!r}: is a directory; refusing to replace it with a file")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    recover(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=temporary_name(path), suffix=f".tmp{suffix}",
+                                   dir=path.parent)
+    except OSError as err:
+        raise naming(err, path) from err
+    os.close(fd)
+    try:
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes it private; the result is an ordinary file
+        write(tmp)
+        fsync_path(tmp)
+        fault_point("staged")
+        os.replace(tmp, path)
+        fsync_path(path.parent)
+        fault_point("swapped")
+    except OSError as err:
+        raise naming(err, path) from err
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+# -- directories ----------------------------------------------------------------------------------
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_libc = None
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically exchange the paths ``a`` and ``b`` (Linux ``renameat2(RENAME_EXCHANGE)``).
+    False where the OS or the file system cannot (the caller then uses the marker protocol)."""
+    global _libc
+    if os.environ.get("TWINS_NO_EXCHANGE") == "1" or not hasattr(os, "fsencode"):
+        return False
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = _libc.renameat2
+    except (OSError, AttributeError):  # not glibc >= 2.28 / not Linux
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False  # this file system or kernel has no exchange
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def replace_directory(path: str | os.PathLike, fill: Callable[[Path], None]) -> Path:
+    """Make ``path`` the directory that ``fill(staging)`` writes, crash-safely (module docstring):
+    at every instant ``path`` is the complete old directory or the complete new one (with the
+    marker protocol, absent for two renames but recoverable by `recover`). ``fill`` receives an
+    empty directory and writes the files; it need not fsync them. Checking that ``path`` may be
+    replaced is the caller's."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        recover(path)
+        staging = Path(tempfile.mkdtemp(prefix=temporary_name(path), suffix=".new", dir=path.parent))
+    except OSError as err:
+        raise naming(err, path) from err
+    old = None
+    try:
+        os.chmod(staging, 0o777 & ~umask())  # mkdtemp makes it private; a checkpoint is an ordinary dir
+        fill(staging)
+        fault_point("staging")  # (the tests write part of the files before this point)
+        fsync_tree(staging)
+        fault_point("staged")
+        if not path.exists():
+            os.rename(staging, path)  # atomic; refused if another save created path meanwhile
+            fsync_path(path.parent)
+            fault_point("swapped")
+        elif _exchange(staging, path):
+            fsync_path(path.parent)
+            fault_point("swapped")  # staging now holds the old directory
+        else:
+            old = Path(str(staging)[: -len(".new")] + ".old")
+            _write_marker(path, {"new": staging.name, "old": old.name, "pid": os.getpid()})
+            fault_point("marked")
+            os.rename(path, old)
+            fsync_path(path.parent)
+            fault_point("moved-old")
+            os.rename(staging, path)
+            fsync_path(path.parent)
+            fault_point("swapped")
+            _marker(path).unlink()
+            fsync_path(path.parent)
+    except OSError as err:
+        raise naming(err, path) from err
+    finally:
+        for p in (staging, old):
+            if p is not None and p.exists():
+                shutil.rmtree(p, ignore_errors=True)
+    fault_point("cleaned")
+    return path
+
+
+def _write_marker(path: Path, names: dict) -> None:
+    """The swap marker of ``path``, written atomically (a torn marker would hide where the data is)."""
+    marker = _marker(path)
+    tmp = path.parent / f"{temporary_name(path)}marker.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(names, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, marker)
+    fsync_path(marker.parent)
