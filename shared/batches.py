@@ -28,8 +28,9 @@ def token_batch(config: TransformerConfig, vocab: int, batch: int, length: int, 
 
 def src_tgt(config: TransformerConfig, batch: int = 2, src_len: int = 7, tgt_len: int = 5,
             seed: int = 0, src_lengths=None, tgt_lengths=None) -> tuple[np.ndarray, np.ndarray]:
-    """A source batch and a target-input batch (BOS first, then tokens, then padding)."""
+    """A source batch and a target-input batch (the start token ``config.start_id`` first, then
+    tokens, then padding; a row of length 0 is all padding unless the start token is pad)."""
     src = token_batch(config, config.src_vocab, batch, src_len, seed, src_lengths)
     tgt = token_batch(config, config.tgt_vocab, batch, tgt_len, seed + 1, tgt_lengths)
-    tgt[:, 0] = np.where(tgt[:, 0] == config.pad_id, tgt[:, 0], config.bos_id)
+    tgt[:, 0] = np.where(tgt[:, 0] == config.pad_id, tgt[:, 0], config.start_id)
     return src, tgt

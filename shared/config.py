@@ -3,6 +3,11 @@
 A `TransformerConfig` is checked when it is built, so an impossible model (``d_model`` not divisible
 by ``n_heads``, a special id outside the vocabulary, ...) fails at construction with a ``ValueError``
 naming the field, what was expected and what was got, never later inside a matmul.
+
+The architecture variants (``activation`` ... ``decoder_start_id``, docs/design.md, convention 15)
+default to the paper's choices, so a config written before they existed (a config.json
+without them) builds the same model; a config.json with a field this version does not know is
+refused, naming the field, rather than read as some other model.
 """
 from __future__ import annotations
 
@@ -18,6 +23,10 @@ NORM_STYLES = ("standard", "annotated")
 # refused here, by name, rather than failing as a MemoryError (or a swap storm) inside NumPy.
 POSITIONAL_TABLE_LIMIT = 2 ** 28
 DTYPES = ("float32", "float64")
+ACTIVATIONS = ("relu", "gelu", "swish")
+POSITIONALS = ("sinusoidal", "learned")
+PE_LAYOUTS = ("interleaved", "halves")
+PE_TIMESCALES = ("paper", "t2t")
 
 
 @dataclass(frozen=True)
@@ -26,8 +35,8 @@ class TransformerConfig:
 
     Args:
         src_vocab, tgt_vocab: vocabulary sizes of source and target.
-        d_model: width of every residual stream; must be divisible by ``n_heads``.
-        n_heads: attention heads; each head has ``d_k = d_model // n_heads``.
+        d_model: width of every residual stream; divisible by ``n_heads`` unless ``head_dim`` is given.
+        n_heads: attention heads; each head has ``d_k = head_dim or d_model // n_heads``.
         d_ff: inner width of the position-wise feed-forward network.
         n_encoder_layers, n_decoder_layers: depth of each stack (0 is allowed for neither).
         dropout: probability in [0, 1), used at the sites of docs/design.md, convention 9;
@@ -43,6 +52,26 @@ class TransformerConfig:
         tie_output: the generator's projection is the (transposed) target embedding table.
         pad_id, bos_id, eos_id: special token ids; padding is never attended to.
         dtype: ``"float32"`` (default) or ``"float64"``.
+
+    Architecture variants (each default is the paper's model, docs/design.md, convention 15):
+        activation: the feed-forward nonlinearity: ``"relu"``, ``"gelu"`` (exact, with erf) or
+            ``"swish"`` (``x * sigmoid(x)``).
+        positional: ``"sinusoidal"`` (a fixed table) or ``"learned"`` (the weights
+            ``src_embed.positions`` / ``tgt_embed.positions``, ``(max_len, d_model)``; one shared
+            table with ``share_embeddings``).
+        pe_layout: ``"interleaved"`` (sin in even columns, cos in odd) or ``"halves"`` (``[sin | cos]``).
+        pe_timescale: ``"paper"`` (inverse frequencies ``10000^(-2i/d)``) or ``"t2t"``
+            (tensor2tensor / fairseq: ``exp(-i * ln(10000) / (d/2 - 1))``).
+        pe_offset: the position index of the first token (fairseq starts at ``pad_id + 1``).
+        embed_scale: multiply token embeddings by ``sqrt(d_model)``.
+        head_dim: per-head width; ``None`` = ``d_model // n_heads``. Query/key/value kernels are
+            ``(d_model, n_heads * head_dim)``, the output kernel ``(n_heads * head_dim, d_model)``.
+        decoder_start_id: the first decoder input token in decoding; ``None`` = ``bos_id``. May equal
+            ``pad_id`` (Marian): column 0 of a target is then never treated as padding
+            (`shared.masks.make_tgt_mask`).
+
+    The three ``pe_*`` fields describe the sinusoidal table only: with ``positional="learned"`` they
+    must keep their defaults.
     """
 
     src_vocab: int
@@ -64,6 +93,14 @@ class TransformerConfig:
     bos_id: int = 1
     eos_id: int = 2
     dtype: str = "float32"
+    activation: str = "relu"
+    positional: str = "sinusoidal"
+    pe_layout: str = "interleaved"
+    pe_timescale: str = "paper"
+    pe_offset: int = 0
+    embed_scale: bool = True
+    head_dim: int | None = None
+    decoder_start_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.final_norm is None:
@@ -82,7 +119,18 @@ class TransformerConfig:
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"TransformerConfig.{name}: expected a positive int, got {value}")
-        if self.d_model % self.n_heads:
+        for name in ("head_dim", "decoder_start_id", "pe_offset"):
+            value = getattr(self, name)
+            if (value is not None or name == "pe_offset") and (
+                    isinstance(value, bool) or not isinstance(value, int)):
+                allowed = "an int" if name == "pe_offset" else "an int or None"
+                raise ValueError(f"TransformerConfig.{name}: expected {allowed}, got {value!r}")
+        if self.head_dim is not None and self.head_dim < 1:
+            raise ValueError(f"TransformerConfig.head_dim: expected a positive int or None, "
+                             f"got {self.head_dim}")
+        if self.pe_offset < 0:
+            raise ValueError(f"TransformerConfig.pe_offset: expected an int >= 0, got {self.pe_offset}")
+        if self.head_dim is None and self.d_model % self.n_heads:
             raise ValueError(
                 f"TransformerConfig.d_model: expected a multiple of n_heads={self.n_heads}, "
                 f"got {self.d_model}")
@@ -100,7 +148,7 @@ class TransformerConfig:
                 f"TransformerConfig.max_len: expected max_len * d_model <= POSITIONAL_TABLE_LIMIT = "
                 f"{POSITIONAL_TABLE_LIMIT} (the float64 positional table, 2 GiB), got {self.max_len} * "
                 f"{self.d_model} = {self.max_len * self.d_model}")
-        for name in ("norm_first", "final_norm", "share_embeddings", "tie_output"):
+        for name in ("norm_first", "final_norm", "share_embeddings", "tie_output", "embed_scale"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(f"TransformerConfig.{name}: expected a bool, got {value!r}")
@@ -112,6 +160,7 @@ class TransformerConfig:
                              f"(its unbiased std divides by d_model - 1), got {self.d_model}")
         if self.dtype not in DTYPES:
             raise ValueError(f"TransformerConfig.dtype: expected one of {DTYPES}, got {self.dtype!r}")
+        self._validate_variants()
         if self.share_embeddings and self.src_vocab != self.tgt_vocab:
             raise ValueError(
                 "TransformerConfig.share_embeddings: expected src_vocab == tgt_vocab for one shared "
@@ -132,12 +181,51 @@ class TransformerConfig:
                 raise ValueError(
                     f"TransformerConfig.{name}: expected an id different from pad_id={self.pad_id}, "
                     f"got {value}")
+        # It may equal pad_id (Marian): the target mask then keeps column 0 (`shared.masks`).
+        if self.decoder_start_id is not None and not 0 <= self.decoder_start_id < self.tgt_vocab:
+            raise ValueError(
+                f"TransformerConfig.decoder_start_id: expected None or 0 <= decoder_start_id < "
+                f"tgt_vocab={self.tgt_vocab}, got {self.decoder_start_id}")
+
+    def _validate_variants(self) -> None:
+        """The string choices, and the combinations a positional table cannot represent."""
+        for name, known in (("activation", ACTIVATIONS), ("positional", POSITIONALS),
+                            ("pe_layout", PE_LAYOUTS), ("pe_timescale", PE_TIMESCALES)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in known:
+                raise ValueError(f"TransformerConfig.{name}: expected one of {known}, got {value!r}")
+        if self.positional == "learned":
+            # A learned table has no layout, frequencies or offset: a non-default value would mean
+            # nothing, and silently ignoring it would describe a model that is not the one built.
+            defaults = {"pe_layout": "interleaved", "pe_timescale": "paper", "pe_offset": 0}
+            for name, default in defaults.items():
+                if getattr(self, name) != default:
+                    raise ValueError(
+                        f"TransformerConfig.{name}: expected {default!r} (the default) with "
+                        f"positional='learned' (a learned table has no {name}), got {getattr(self, name)!r}")
+            return
+        # [sin | cos] needs two halves of d_model / 2 columns, and t2t's frequencies divide by
+        # d_model / 2 - 1: an odd or too small d_model has no such table (the sources pad with a
+        # zero column or divide by zero); refused rather than guessed.
+        if self.pe_layout == "halves" and self.d_model % 2:
+            raise ValueError(
+                "TransformerConfig.d_model: expected an even d_model with pe_layout='halves' "
+                f"([sin | cos] halves of d_model / 2 columns), got {self.d_model}")
+        if self.pe_timescale == "t2t" and (self.d_model % 2 or self.d_model < 4):
+            raise ValueError(
+                "TransformerConfig.d_model: expected an even d_model >= 4 with pe_timescale='t2t' "
+                f"(its frequencies divide by d_model / 2 - 1), got {self.d_model}")
 
     # -- derived ----------------------------------------------------------------------------------
     @property
     def d_k(self) -> int:
-        """Width of one attention head."""
-        return self.d_model // self.n_heads
+        """Width of one attention head: ``head_dim``, or ``d_model // n_heads`` when that is None."""
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def start_id(self) -> int:
+        """The first decoder input token in decoding: ``decoder_start_id``, or ``bos_id`` when None."""
+        return self.decoder_start_id if self.decoder_start_id is not None else self.bos_id
 
     def replace(self, **changes: Any) -> "TransformerConfig":
         """A copy with some fields changed (validated again)."""
@@ -156,7 +244,8 @@ class TransformerConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"TransformerConfig.from_dict: unknown fields {unknown}")
+            raise ValueError(f"TransformerConfig.from_dict: unknown fields {unknown} (written by a "
+                             "newer version? this version does not know them and will not guess)")
         missing = sorted(f.name for f in dataclasses.fields(cls)
                          if f.default is dataclasses.MISSING and f.name not in data)
         if missing:

@@ -10,10 +10,11 @@ the one contract of this spec, torch_impl.search and tf_impl.search alike::
     step(prefixes, t, state) -> (log_probs (N, V), state)
     step.reorder(state, rows) -> state    after each beam selection: row n continues row rows[n]
 
-``prefixes`` is the whole fixed buffer ``(N, 1 + T)`` int64: BOS in column 0, the tokens chosen so
-far in columns ``1 .. t``, pad after; ``t`` is the step index (a Python int in NumPy and torch, an
-int32 scalar tensor in TF). Rows are ``n = item * beams + beam`` (beams = 1 for greedy). A step
-reads what it needs: ``prefixes[:, :t+1]`` to recompute the decoder on the prefix (the oracle,
+``prefixes`` is the whole fixed buffer ``(N, 1 + T)`` int64: the start token in column 0 (the
+searches' ``bos_id`` argument: a model passes ``config.start_id``, its ``decoder_start_id`` or else
+BOS; it may equal ``pad_id``), the tokens chosen so far in columns ``1 .. t``, pad after; ``t`` is
+the step index (a Python int in NumPy and torch, an int32 scalar tensor in TF). Rows are
+``n = item * beams + beam`` (beams = 1 for greedy). A step reads what it needs: ``prefixes[:, :t+1]`` to recompute the decoder on the prefix (the oracle,
 `stateless_step`), column ``t`` alone with a key/value cache (its state). ``reorder`` gets
 ``rows (N,)``, each in the same item as its row. The state is opaque to the loops: they pass it
 from the step's output to its next input, through ``reorder``, and never look inside, so a
@@ -272,8 +273,11 @@ def _check_ids(vocab: int, bos_id: int, eos_id: int, pad_id: int) -> None:
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
         if not _is_int(value) or not 0 <= value < vocab:
             raise ValueError(f"{name}: expected an int in [0, {vocab}), got {value!r}")
-    if pad_id in (bos_id, eos_id):
-        raise ValueError(f"pad_id: expected an id different from bos_id and eos_id, got {pad_id}")
+    # bos_id is the start token of column 0 (a model's ``config.start_id``); it may be pad
+    # (Marian's decoder_start_id), which the target mask then keeps (`shared.masks`). EOS may not:
+    # an EOS equal to pad would make every finished row look live and vice versa.
+    if pad_id == eos_id:
+        raise ValueError(f"pad_id: expected an id different from eos_id, got {pad_id}")
 
 
 def _check_batch(batch) -> None:

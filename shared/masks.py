@@ -5,6 +5,10 @@ A mask is boolean and ``True`` means **may attend**. Masks broadcast to
 
 * source mask ``(batch, 1, 1, src_len)``: ``src != pad_id`` (keys that are not padding);
 * target mask ``(batch, 1, tgt_len, tgt_len)``: target padding AND the subsequent (causal) mask.
+  When the decoder starts from the pad token (``config.decoder_start_id == pad_id``, Marian), the
+  rule is: **column 0 is always a real token; padding is derived from ``tgt != pad_id`` for
+  positions 1.. only** (`start_is_pad`, ``first_is_real=True``). Otherwise every column, the first
+  included, is padding where it equals ``pad_id``, as before.
 
 Only the *keys* are masked for padding; a padded query row still computes something, and a row with
 no allowed key at all (an all-padding sequence) gets all-zero weights and a zero output.
@@ -13,6 +17,8 @@ A backend converts to another convention only at the call of a framework op that
 from __future__ import annotations
 
 import numpy as np
+
+from .config import TransformerConfig
 
 
 def _check_ids(name: str, ids: np.ndarray) -> np.ndarray:
@@ -42,7 +48,20 @@ def make_src_mask(src: np.ndarray, pad_id: int) -> np.ndarray:
     return padding_mask(_check_ids("src", src), pad_id)
 
 
-def make_tgt_mask(tgt: np.ndarray, pad_id: int) -> np.ndarray:
-    """Target mask ``(batch, 1, tgt_len, tgt_len)``: key is not padding AND key position <= query position."""
+def start_is_pad(config: TransformerConfig) -> bool:
+    """Whether decoding starts from the pad token (``config.start_id == pad_id``): the target mask
+    must then not hide column 0 (``first_is_real`` of `make_tgt_mask`, here and in both backends)."""
+    return config.start_id == config.pad_id
+
+
+def make_tgt_mask(tgt: np.ndarray, pad_id: int, first_is_real: bool = False) -> np.ndarray:
+    """Target mask ``(batch, 1, tgt_len, tgt_len)``: key is not padding AND key position <= query position.
+
+    ``first_is_real`` (pass `start_is_pad(config)`): column 0 is the decoder start token, a real
+    key even when it equals ``pad_id``; padding is then derived from ``tgt != pad_id`` for
+    positions 1.. only."""
     tgt = _check_ids("tgt", tgt)
-    return padding_mask(tgt, pad_id) & subsequent_mask(tgt.shape[1])
+    keys = padding_mask(tgt, pad_id)  # (B, 1, 1, T)
+    if first_is_real:
+        keys = keys | (np.arange(tgt.shape[1]) == 0)
+    return keys & subsequent_mask(tgt.shape[1])

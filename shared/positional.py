@@ -1,35 +1,88 @@
 """Sinusoidal positional encoding, computed once in float64 for every implementation.
 
-Layout is *interleaved*, as in the paper and the Annotated Transformer (docs/design.md,
-convention 4)::
+One function builds the table for every layout, timescale and offset of `TransformerConfig`
+(docs/design.md, conventions 4 and 15). With ``f_i`` the inverse frequency of pair ``i`` and
+``q = p + offset`` the position index of row ``p``::
 
-    PE[p, 2i]     = sin(p / 10000^(2i / d_model))
-    PE[p, 2i + 1] = cos(p / 10000^(2i / d_model))        positions p counted from 0
+    interleaved (the paper, the Annotated Transformer; the default):
+        PE[p, 2i] = sin(q * f_i)          PE[p, 2i + 1] = cos(q * f_i)
+    halves (``[sin | cos]``: Marian, the TensorFlow text tutorial, fairseq):
+        PE[p, i]  = sin(q * f_i)          PE[p, d/2 + i] = cos(q * f_i)        i < d/2
 
-The TensorFlow tutorial (since 2022) concatenates ``[sin | cos]`` instead, and tensor2tensor and
-fairseq use other frequencies and offsets; weights trained with those cannot be loaded as-is.
+    paper timescale (the default):  f_i = 10000^(-2i / d)
+    t2t timescale (tensor2tensor, fairseq):  f_i = exp(-i * ln(10000) / (d/2 - 1)),
+        so f_0 = 1 and f_{d/2 - 1} = 1e-4
+
+``offset`` (``config.pe_offset``) is the position index of the first token: fairseq counts
+positions from ``pad_id + 1``. Learned position tables are weights, not built here
+(`shared.weights`).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .config import PE_LAYOUTS, PE_TIMESCALES, TransformerConfig
 
-def positional_encoding(max_len: int, d_model: int) -> np.ndarray:
+
+def _check_int(name: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        kind = "a positive int" if low == 1 else f"an int >= {low}"
+        raise ValueError(f"positional_encoding: {name} expected {kind}, got {value!r}")
+
+
+def inverse_frequencies(d_model: int, timescale: str = "paper") -> np.ndarray:
+    """``f_i`` for the ``ceil(d_model / 2)`` sin/cos pairs, float64 (see the module docstring).
+
+    ``t2t`` needs an even ``d_model >= 4`` (`TransformerConfig` refuses others)."""
+    if timescale == "paper":
+        two_i = np.arange(0, d_model, 2, dtype=np.float64)  # (ceil(d/2),)
+        return np.power(10000.0, -two_i / d_model)
+    half = d_model // 2
+    if d_model % 2 or half < 2:
+        raise ValueError(f"positional_encoding: d_model expected an even int >= 4 with timescale "
+                         f"'t2t' (its frequencies divide by d_model / 2 - 1), got {d_model}")
+    return np.exp(np.arange(half, dtype=np.float64) * -(np.log(10000.0) / (half - 1)))
+
+
+def positional_encoding(max_len: int, d_model: int, layout: str = "interleaved",
+                        timescale: str = "paper", offset: int = 0) -> np.ndarray:
     """The table of shape ``(max_len, d_model)``, float64.
 
-    Row ``p`` is added to the scaled embedding of the token at position ``p``. Each pair of columns
-    ``(2i, 2i+1)`` is a point on the unit circle turning at angular frequency ``10000^(-2i/d)``, so
-    ``PE[p + k]`` is ``PE[p]`` rotated by a fixed angle per pair. An odd ``d_model`` keeps its last
-    sine column without a cosine partner.
+    Row ``p`` is added to the (scaled) embedding of the token at position ``p``. Each sin/cos pair
+    of columns is a point on the unit circle turning at angular frequency ``f_i``, so
+    ``PE[p + k]`` is ``PE[p]`` rotated by a fixed angle per pair; ``offset`` shifts the rows
+    (row ``p`` of offset ``k`` is row ``p + k`` of offset 0). With the interleaved layout an odd
+    ``d_model`` keeps its last sine column without a cosine partner; ``halves`` needs an even one.
     """
-    for name, value in (("max_len", max_len), ("d_model", d_model)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"positional_encoding: {name} expected a positive int, got {value!r}")
-    position = np.arange(max_len, dtype=np.float64)[:, None]  # (max_len, 1)
-    two_i = np.arange(0, d_model, 2, dtype=np.float64)  # (ceil(d/2),)
-    inv_freq = np.power(10000.0, -two_i / d_model)
-    angle = position * inv_freq  # (max_len, ceil(d/2))
+    _check_int("max_len", max_len, 1)
+    _check_int("d_model", d_model, 1)
+    _check_int("offset", offset, 0)
+    if layout not in PE_LAYOUTS:
+        raise ValueError(f"positional_encoding: layout expected one of {PE_LAYOUTS}, got {layout!r}")
+    if timescale not in PE_TIMESCALES:
+        raise ValueError(f"positional_encoding: timescale expected one of {PE_TIMESCALES}, "
+                         f"got {timescale!r}")
+    if layout == "halves" and d_model % 2:
+        raise ValueError(f"positional_encoding: d_model expected an even int with layout 'halves' "
+                         f"(two halves of d_model / 2 columns), got {d_model}")
+    position = np.arange(offset, offset + max_len, dtype=np.float64)[:, None]  # (max_len, 1)
+    angle = position * inverse_frequencies(d_model, timescale)  # (max_len, ceil(d/2))
     table = np.empty((max_len, d_model), dtype=np.float64)
-    table[:, 0::2] = np.sin(angle)
-    table[:, 1::2] = np.cos(angle[:, : d_model // 2])
+    if layout == "interleaved":
+        table[:, 0::2] = np.sin(angle)
+        table[:, 1::2] = np.cos(angle[:, : d_model // 2])
+    else:
+        half = d_model // 2
+        table[:, :half] = np.sin(angle)
+        table[:, half:] = np.cos(angle)
     return table
+
+
+def positional_table(config: TransformerConfig) -> np.ndarray:
+    """The fixed table ``(config.max_len, config.d_model)`` of a ``positional="sinusoidal"`` config,
+    float64: what the reference and both backends add (cast to the model dtype by a backend)."""
+    if config.positional != "sinusoidal":
+        raise ValueError(f"positional_table: expected a config with positional='sinusoidal' (a "
+                         f"learned table is a weight), got positional={config.positional!r}")
+    return positional_encoding(config.max_len, config.d_model, config.pe_layout,
+                               config.pe_timescale, config.pe_offset)

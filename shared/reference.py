@@ -4,7 +4,9 @@ Written for clarity, not speed: each function is the formula of docs/design.md (
 computed in float64 whatever ``config.dtype`` says. ``forward(..., return_trace=True)`` also returns
 a dict of named intermediates in computation order; those names are the contract the backends match:
 
-    encoder.embed                          (B, S, d)   embeddings * sqrt(d_model) + PE
+    encoder.embed                          (B, S, d)   embeddings * sqrt(d_model) + PE (the scale
+                                                       only with config.embed_scale; PE the fixed
+                                                       table or the learned positions)
     encoder.layers.{i}.self_attn_norm      (B, S, d)   output of that layer norm
     encoder.layers.{i}.self_attn.weights   (B, H, S, S) attention weights per head
     encoder.layers.{i}.self_attn.output    (B, S, d)   attention sublayer output (before residual)
@@ -25,6 +27,7 @@ weights and a zero attention output.
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
@@ -34,9 +37,9 @@ from .checks import check_ids, check_ids_range, check_mask, check_same_batch
 from .config import TransformerConfig
 from .decoding import BeamResult, GreedyResult
 from .loss import log_softmax
-from .masks import make_src_mask, make_tgt_mask
-from .positional import positional_encoding
-from .weights import PROJECTIONS, check_weights, tgt_embedding_name
+from .masks import make_src_mask, make_tgt_mask, start_is_pad
+from .positional import positional_table
+from .weights import check_weights, tgt_embedding_name, tgt_positions_name
 
 Weights = Mapping[str, np.ndarray]
 Trace = dict[str, np.ndarray]
@@ -71,14 +74,14 @@ def dense(x: np.ndarray, w: Weights, prefix: str) -> np.ndarray:
 
 
 def attention(query_in: np.ndarray, memory: np.ndarray, mask: np.ndarray, w: Weights, prefix: str,
-              n_heads: int) -> tuple[np.ndarray, np.ndarray]:
-    """Multi-head scaled dot-product attention.
+              n_heads: int, head_dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Multi-head scaled dot-product attention, heads of width ``d_k = head_dim or d // n_heads``.
 
     query_in (B, Q, d), memory (B, K, d), mask broadcastable to (B, H, Q, K).
     Returns the output (B, Q, d) and the weights (B, H, Q, K).
     """
     batch, q_len, d = query_in.shape
-    d_k = d // n_heads
+    d_k = head_dim if head_dim is not None else d // n_heads
 
     def heads(x: np.ndarray) -> np.ndarray:  # (B, L, d) -> (B, H, L, d_k)
         return x.reshape(batch, x.shape[1], n_heads, d_k).transpose(0, 2, 1, 3)
@@ -88,18 +91,36 @@ def attention(query_in: np.ndarray, memory: np.ndarray, mask: np.ndarray, w: Wei
     v = heads(dense(memory, w, f"{prefix}.value"))
     scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d_k)  # (B, H, Q, K)
     weights = masked_softmax(scores, mask)
-    context = (weights @ v).transpose(0, 2, 1, 3).reshape(batch, q_len, d)  # (B, Q, d)
+    context = (weights @ v).transpose(0, 2, 1, 3).reshape(batch, q_len, n_heads * d_k)  # (B, Q, H*d_k)
     return dense(context, w, f"{prefix}.output"), weights
 
 
-def feed_forward(x: np.ndarray, w: Weights, prefix: str) -> np.ndarray:
-    """Linear, ReLU, linear: (B, L, d) -> (B, L, d)."""
-    return dense(np.maximum(dense(x, w, f"{prefix}.inner"), 0.0), w, f"{prefix}.outer")
+_erf = np.vectorize(math.erf, otypes=[np.float64])  # exact erf in float64 (no SciPy dependency)
 
 
-def embed(ids: np.ndarray, table: np.ndarray, pe: np.ndarray) -> np.ndarray:
-    """Token embedding scaled by sqrt(d_model), plus the positional encoding: (B, L) -> (B, L, d)."""
-    return table[ids] * np.sqrt(table.shape[1]) + pe[: ids.shape[1]]
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-x)) without overflow for large negative x."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+ACTIVATIONS = {
+    "relu": lambda x: np.maximum(x, 0.0),
+    "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0))),  # exact GELU, not the tanh one
+    "swish": lambda x: x * _sigmoid(x),  # = SiLU
+}
+
+
+def feed_forward(x: np.ndarray, w: Weights, prefix: str, activation: str = "relu") -> np.ndarray:
+    """Linear, activation (``config.activation``), linear: (B, L, d) -> (B, L, d)."""
+    return dense(ACTIVATIONS[activation](dense(x, w, f"{prefix}.inner")), w, f"{prefix}.outer")
+
+
+def embed(ids: np.ndarray, table: np.ndarray, pe: np.ndarray, scale: bool = True) -> np.ndarray:
+    """Token embedding, scaled by sqrt(d_model) when ``scale``, plus the positional table ``pe``
+    (fixed or learned, ``(max_len, d)``): (B, L) -> (B, L, d)."""
+    vectors = table[ids] * np.sqrt(table.shape[1]) if scale else table[ids]
+    return vectors + pe[: ids.shape[1]]
 
 
 # -- the model ------------------------------------------------------------------------------------
@@ -115,7 +136,18 @@ class Model:
         check_weights(config, weights)
         self.config = config
         self.w = {name: np.asarray(value, dtype=np.float64) for name, value in weights.items()}
-        self.pe = positional_encoding(config.max_len, config.d_model)
+        self.pe = positional_table(config) if config.positional == "sinusoidal" else None
+
+    def positions(self, name: str | None) -> np.ndarray:
+        """The positional table ``(max_len, d)``: the fixed one, or the learned weight ``name``."""
+        return self.pe if name is None else self.w[name]
+
+    def attention(self, query_in, memory, mask, prefix):
+        c = self.config
+        return attention(query_in, memory, mask, self.w, prefix, c.n_heads, c.head_dim)
+
+    def feed_forward(self, x, prefix):
+        return feed_forward(x, self.w, prefix, self.config.activation), None
 
     def norm(self, x: np.ndarray, prefix: str) -> np.ndarray:
         c = self.config
@@ -146,14 +178,15 @@ class Model:
 
     def encode(self, src: np.ndarray, src_mask: np.ndarray, trace: Trace | None) -> np.ndarray:
         c, w = self.config, self.w
-        x = embed(src, w["src_embed.embeddings"], self.pe)
+        learned = "src_embed.positions" if c.positional == "learned" else None
+        x = embed(src, w["src_embed.embeddings"], self.positions(learned), c.embed_scale)
         if trace is not None:
             trace["encoder.embed"] = x
         for i in range(c.n_encoder_layers):
             p = f"encoder.layers.{i}"
             x = self.sublayer(x, f"{p}.self_attn",
-                              lambda h: attention(h, h, src_mask, w, f"{p}.self_attn", c.n_heads), trace)
-            x = self.sublayer(x, f"{p}.ffn", lambda h: (feed_forward(h, w, f"{p}.ffn"), None), trace)
+                              lambda h: self.attention(h, h, src_mask, f"{p}.self_attn"), trace)
+            x = self.sublayer(x, f"{p}.ffn", lambda h: self.feed_forward(h, f"{p}.ffn"), trace)
         if c.final_norm:
             x = self.norm(x, "encoder.final_norm")
             if trace is not None:
@@ -165,17 +198,16 @@ class Model:
     def decode(self, tgt: np.ndarray, memory: np.ndarray, src_mask: np.ndarray, tgt_mask: np.ndarray,
                trace: Trace | None) -> np.ndarray:
         c, w = self.config, self.w
-        x = embed(tgt, w[tgt_embedding_name(c)], self.pe)
+        x = embed(tgt, w[tgt_embedding_name(c)], self.positions(tgt_positions_name(c)), c.embed_scale)
         if trace is not None:
             trace["decoder.embed"] = x
         for i in range(c.n_decoder_layers):
             p = f"decoder.layers.{i}"
             x = self.sublayer(x, f"{p}.self_attn",
-                              lambda h: attention(h, h, tgt_mask, w, f"{p}.self_attn", c.n_heads), trace)
+                              lambda h: self.attention(h, h, tgt_mask, f"{p}.self_attn"), trace)
             x = self.sublayer(x, f"{p}.cross_attn",
-                              lambda h: attention(h, memory, src_mask, w, f"{p}.cross_attn", c.n_heads),
-                              trace)
-            x = self.sublayer(x, f"{p}.ffn", lambda h: (feed_forward(h, w, f"{p}.ffn"), None), trace)
+                              lambda h: self.attention(h, memory, src_mask, f"{p}.cross_attn"), trace)
+            x = self.sublayer(x, f"{p}.ffn", lambda h: self.feed_forward(h, f"{p}.ffn"), trace)
         if c.final_norm:
             x = self.norm(x, "decoder.final_norm")
             if trace is not None:
@@ -255,7 +287,8 @@ def forward(weights: Weights, config: TransformerConfig, src, tgt, src_mask=None
             at most ``config.max_len`` long.
         src_mask: bool, True = may attend, broadcastable to (B, H, 1|S, S) for encoder self-attention
             and (B, H, 1|T, S) for cross-attention, so give it a query axis of 1; default ``src != pad_id``.
-        tgt_mask: bool, broadcastable to (B, H, T, T); default padding AND subsequent.
+        tgt_mask: bool, broadcastable to (B, H, T, T); default padding AND subsequent (column 0
+            never padding when the decoder starts from pad: `shared.masks.make_tgt_mask`).
     """
     model = Model(weights, config)
     src = _check_tokens("src", src, config.src_vocab, config)
@@ -263,7 +296,8 @@ def forward(weights: Weights, config: TransformerConfig, src, tgt, src_mask=None
     check_same_batch(src.shape, tgt.shape)
     (b, s), t = src.shape, tgt.shape[1]
     src_mask = _check_or_make_mask("src_mask", src_mask, make_src_mask(src, config.pad_id), config, b, 1, s)
-    tgt_mask = _check_or_make_mask("tgt_mask", tgt_mask, make_tgt_mask(tgt, config.pad_id), config, b, t, t)
+    default_tgt_mask = make_tgt_mask(tgt, config.pad_id, start_is_pad(config))
+    tgt_mask = _check_or_make_mask("tgt_mask", tgt_mask, default_tgt_mask, config, b, t, t)
     trace: Trace | None = {} if return_trace else None
     memory = model.encode(src, src_mask, trace)
     hidden = model.decode(tgt, memory, src_mask, tgt_mask, trace)
@@ -302,7 +336,7 @@ def _step_function(model: Model, src: np.ndarray, src_mask: np.ndarray, beams: i
         src_mask = np.repeat(src_mask, beams, axis=0)  # (B*K, 1|H, 1, S)
 
     def log_probs(prefix: np.ndarray) -> np.ndarray:  # (B*K, t+1) -> (B*K, V)
-        tgt_mask = make_tgt_mask(prefix, config.pad_id)
+        tgt_mask = make_tgt_mask(prefix, config.pad_id, start_is_pad(config))
         hidden = model.decode(prefix, memory, src_mask, tgt_mask, None)  # (B*K, t+1, d)
         return log_softmax(model.project(hidden[:, -1]))
 
@@ -313,7 +347,8 @@ def greedy_decode(model: Model, src, max_len: int, src_mask=None) -> GreedyResul
     """Greedy decoding with the float64 reference (algorithm: `shared.decoding`).
 
     Args:
-        model: a `Model` (weights and config); BOS, EOS and PAD ids come from its config.
+        model: a `Model` (weights and config); the start (``config.start_id``: decoder_start_id or
+            BOS), EOS and PAD ids come from its config.
         src: source ids (B, S), integers, padding allowed (an all-padding row decodes too).
         max_len: new tokens to generate at most, EOS included (1 <= max_len <= config.max_len).
         src_mask: bool, True = may attend, broadcastable to (B, H, 1, S); default ``src != pad_id``.
@@ -325,7 +360,7 @@ def greedy_decode(model: Model, src, max_len: int, src_mask=None) -> GreedyResul
     src, src_mask = _decode_inputs(model, src, max_len, src_mask)
     c = model.config
     step = _step_function(model, src, src_mask, 1)
-    return _decoding.greedy_search(step, src.shape[0], max_len, c.bos_id, c.eos_id, c.pad_id)
+    return _decoding.greedy_search(step, src.shape[0], max_len, c.start_id, c.eos_id, c.pad_id)
 
 
 def beam_search(model: Model, src, max_len: int, beam_size: int = 4, length_penalty: float = 0.0,
@@ -346,5 +381,5 @@ def beam_search(model: Model, src, max_len: int, beam_size: int = 4, length_pena
     src, src_mask = _decode_inputs(model, src, max_len, src_mask, beam_size, length_penalty)
     c = model.config
     step = _step_function(model, src, src_mask, beam_size)
-    return _decoding.beam_search(step, src.shape[0], max_len, beam_size, c.bos_id, c.eos_id, c.pad_id,
+    return _decoding.beam_search(step, src.shape[0], max_len, beam_size, c.start_id, c.eos_id, c.pad_id,
                                  length_penalty, return_all)

@@ -54,9 +54,10 @@ def decode_text(ids) -> str:
     return "".join(out)
 
 
-def batch_sequences(sources: list[list[int]], targets: list[list[int]]
+def batch_sequences(sources: list[list[int]], targets: list[list[int]], start_id: int = BOS_ID
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pad lists of id lists into ``(src, tgt_in, tgt_out)`` int64 arrays (see the module docstring)."""
+    """Pad lists of id lists into ``(src, tgt_in, tgt_out)`` int64 arrays (see the module docstring).
+    ``tgt_in`` starts with ``start_id``: a model's ``config.start_id``, the token decoding starts from."""
     if len(sources) != len(targets) or not sources:
         raise ValueError(f"batch_sequences: expected equal, non-zero numbers of sources and targets, "
                          f"got {len(sources)} and {len(targets)}")
@@ -67,7 +68,7 @@ def batch_sequences(sources: list[list[int]], targets: list[list[int]]
     tgt_out = np.full((len(sources), t_len), PAD_ID, dtype=np.int64)
     for b, (s, t) in enumerate(zip(sources, targets)):
         src[b, : len(s)] = s
-        tgt_in[b, : len(t) + 1] = [BOS_ID, *t]
+        tgt_in[b, : len(t) + 1] = [start_id, *t]
         tgt_out[b, : len(t) + 1] = [*t, EOS_ID]
     return src, tgt_in, tgt_out
 

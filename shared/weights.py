@@ -6,11 +6,15 @@ boundary). Tied weights are stored once: with ``share_embeddings`` there is no `
 ``tie_output`` there is no ``generator.kernel`` (the generator uses ``tgt_embed`` transposed, or
 ``src_embed`` when that table is shared).
 
-Names (``{i}`` a layer index, ``{p}`` one of ``query, key, value, output``)::
+Names (``{i}`` a layer index, ``{p}`` one of ``query, key, value``; ``A = n_heads * d_k``, which
+is ``d_model`` unless ``config.head_dim`` says otherwise)::
 
     src_embed.embeddings                          (src_vocab, d_model)
+    src_embed.positions                           (max_len, d_model)       if positional="learned"
     tgt_embed.embeddings                          (tgt_vocab, d_model)     unless share_embeddings
-    encoder.layers.{i}.self_attn.{p}.kernel/bias  (d_model, d_model) / (d_model,)
+    tgt_embed.positions                           (max_len, d_model)       if learned, unless shared
+    encoder.layers.{i}.self_attn.{p}.kernel/bias  (d_model, A) / (A,)
+    encoder.layers.{i}.self_attn.output.kernel/bias  (A, d_model) / (d_model,)
     encoder.layers.{i}.self_attn_norm.gamma/beta  (d_model,)
     encoder.layers.{i}.ffn.inner.kernel/bias      (d_model, d_ff) / (d_ff,)
     encoder.layers.{i}.ffn.outer.kernel/bias      (d_ff, d_model) / (d_model,)
@@ -41,11 +45,12 @@ PROJECTIONS = ("query", "key", "value", "output")
 
 
 # -- schema ---------------------------------------------------------------------------------------
-def _attention(prefix: str, d: int) -> dict[str, tuple[int, ...]]:
+def _attention(prefix: str, d: int, inner: int) -> dict[str, tuple[int, ...]]:
+    """Query/key/value ``d -> inner`` and output ``inner -> d``, ``inner = n_heads * d_k``."""
     out: dict[str, tuple[int, ...]] = {}
     for p in PROJECTIONS:
-        out[f"{prefix}.{p}.kernel"] = (d, d)
-        out[f"{prefix}.{p}.bias"] = (d,)
+        out[f"{prefix}.{p}.kernel"] = (inner, d) if p == "output" else (d, inner)
+        out[f"{prefix}.{p}.bias"] = (d,) if p == "output" else (inner,)
     return out
 
 
@@ -60,13 +65,18 @@ def _ffn(prefix: str, d: int, d_ff: int) -> dict[str, tuple[int, ...]]:
 
 def weight_schema(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     """Every canonical weight name and its shape, in a fixed order (tied weights once)."""
-    d, d_ff = config.d_model, config.d_ff
+    d, d_ff, inner = config.d_model, config.d_ff, config.n_heads * config.d_k
+    learned = config.positional == "learned"
     schema: dict[str, tuple[int, ...]] = {"src_embed.embeddings": (config.src_vocab, d)}
+    if learned:
+        schema["src_embed.positions"] = (config.max_len, d)
     if not config.share_embeddings:
         schema["tgt_embed.embeddings"] = (config.tgt_vocab, d)
+        if learned:
+            schema["tgt_embed.positions"] = (config.max_len, d)
     for i in range(config.n_encoder_layers):
         layer = f"encoder.layers.{i}"
-        schema.update(_attention(f"{layer}.self_attn", d))
+        schema.update(_attention(f"{layer}.self_attn", d, inner))
         schema.update(_norm(f"{layer}.self_attn_norm", d))
         schema.update(_ffn(f"{layer}.ffn", d, d_ff))
         schema.update(_norm(f"{layer}.ffn_norm", d))
@@ -74,9 +84,9 @@ def weight_schema(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
         schema.update(_norm("encoder.final_norm", d))
     for i in range(config.n_decoder_layers):
         layer = f"decoder.layers.{i}"
-        schema.update(_attention(f"{layer}.self_attn", d))
+        schema.update(_attention(f"{layer}.self_attn", d, inner))
         schema.update(_norm(f"{layer}.self_attn_norm", d))
-        schema.update(_attention(f"{layer}.cross_attn", d))
+        schema.update(_attention(f"{layer}.cross_attn", d, inner))
         schema.update(_norm(f"{layer}.cross_attn_norm", d))
         schema.update(_ffn(f"{layer}.ffn", d, d_ff))
         schema.update(_norm(f"{layer}.ffn_norm", d))
@@ -91,6 +101,14 @@ def weight_schema(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
 def tgt_embedding_name(config: TransformerConfig) -> str:
     """The table the decoder embeds with (the source table when embeddings are shared)."""
     return "src_embed.embeddings" if config.share_embeddings else "tgt_embed.embeddings"
+
+
+def tgt_positions_name(config: TransformerConfig) -> str | None:
+    """The learned position table the decoder adds (the source one when embeddings are shared);
+    ``None`` for a sinusoidal config."""
+    if config.positional != "learned":
+        return None
+    return "src_embed.positions" if config.share_embeddings else "tgt_embed.positions"
 
 
 def parameter_count(config: TransformerConfig) -> int:

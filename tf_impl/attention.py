@@ -37,15 +37,18 @@ def masked_softmax(scores: tf.Tensor, mask: tf.Tensor | None) -> tf.Tensor:
 
 
 class MultiHeadAttention(keras.layers.Layer):
-    """Attention of ``query_in`` over ``memory`` with ``n_heads`` heads of width ``d_model // n_heads``.
+    """Attention of ``query_in`` over ``memory`` with ``n_heads`` heads of width ``d_k`` (``head_dim``,
+    or ``d_model // n_heads`` when that is None), scores scaled by ``1 / sqrt(d_k)``.
 
-    Four projections with bias, ``keras.layers.Dense`` sublayers named ``query``, ``key``, ``value``,
-    ``output``, whose kernels ``(in, out)`` are the canonical layout (no transpose on import/export).
+    Four projections with bias, ``keras.layers.Dense`` sublayers named ``query``, ``key``, ``value``
+    (``d_model -> n_heads * d_k``) and ``output`` (``n_heads * d_k -> d_model``), whose kernels
+    ``(in, out)`` are the canonical layout (no transpose on import/export).
 
     Args:
-        d_model: model width, divisible by ``n_heads``.
+        d_model: model width, divisible by ``n_heads`` unless ``head_dim`` is given.
         n_heads: number of heads.
         dropout: probability of dropping an attention weight (training only).
+        head_dim: per-head width (``config.head_dim``); None = ``d_model // n_heads``.
     """
 
     @property
@@ -56,15 +59,20 @@ class MultiHeadAttention(keras.layers.Layer):
         that a plain ``Layer`` also has, ``output`` included."""
         return self._output
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float, **kwargs):
+    def __init__(self, d_model: int, n_heads: int, dropout: float, head_dim: int | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
-        if d_model % n_heads:
+        if head_dim is None and d_model % n_heads:
             raise ValueError(
                 f"MultiHeadAttention: d_model={d_model} expected a multiple of n_heads={n_heads}")
-        self.d_model, self.n_heads, self.d_k, self.rate = d_model, n_heads, d_model // n_heads, float(dropout)
+        d_k = head_dim if head_dim is not None else d_model // n_heads
+        self.d_model, self.n_heads, self.d_k, self.rate = d_model, n_heads, d_k, float(dropout)
+        self.head_dim = head_dim
+        inner = n_heads * d_k
         for name in ("query", "key", "value", "output"):
-            dense = keras.layers.Dense(d_model, dtype=self.dtype_policy, name=name)
-            dense.build((None, d_model))
+            units, fan_in = (d_model, inner) if name == "output" else (inner, d_model)
+            dense = keras.layers.Dense(units, dtype=self.dtype_policy, name=name)
+            dense.build((None, fan_in))
             setattr(self, "_output" if name == "output" else name, dense)
         self.dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
         self.built = True
@@ -105,7 +113,8 @@ class MultiHeadAttention(keras.layers.Layer):
         scores = tf.matmul(q, k, transpose_b=True)  # (B, H, Q, K)
         weights = masked_softmax(scores, mask)
         context = tf.matmul(self.dropout(weights, training=training), v)  # (B, H, Q, d_k)
-        context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [b, q_len, self.d_model])
+        context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]),
+                             [b, q_len, self.n_heads * self.d_k])  # (B, Q, H*d_k)
         return self.output(context), (weights if return_weights else None)  # (B, Q, d)
 
     def extend(self, query_in: tf.Tensor, key_cache: tf.Tensor, value_cache: tf.Tensor,
@@ -131,4 +140,4 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def get_config(self) -> dict:
         return {**super().get_config(), "d_model": self.d_model, "n_heads": self.n_heads,
-                "dropout": self.rate}
+                "dropout": self.rate, "head_dim": self.head_dim}

@@ -37,6 +37,7 @@ import weakref
 import tensorflow as tf
 
 from shared.decoding import BeamResult, GreedyResult, check_search_args
+from shared.masks import start_is_pad
 
 from . import search
 from .cache import repeat_rows
@@ -70,7 +71,7 @@ class RecomputeStep:
         m = self.model
         # XLA needs static shapes: all max_len positions, of which position t is read.
         tgt = prefixes[:, : self.max_len] if in_xla_context() else prefixes[:, : t + 1]  # (N, t+1|T)
-        tgt_mask = make_tgt_mask(tgt, m.config.pad_id)  # (N, 1, L, L)
+        tgt_mask = make_tgt_mask(tgt, m.config.pad_id, start_is_pad(m.config))  # (N, 1, L, L)
         hidden = m._decode(tgt, self.memory, self.src_mask, tgt_mask, None, False)  # (N, L, d)
         logits = m.generator(tf.gather(hidden, [t], axis=1))[:, 0]  # (N, V)
         return tf.nn.log_softmax(logits), state
@@ -111,13 +112,13 @@ def _step(model: Transformer, src: tf.Tensor, src_mask: tf.Tensor, beams: int, m
 def _greedy_program(model, src, src_mask, max_len, use_cache, observe=None):
     c = model.config
     step = _step(model, src, src_mask, 1, max_len, use_cache)
-    return search.greedy_loop(step, src.shape[0], max_len, c.bos_id, c.eos_id, c.pad_id, observe)
+    return search.greedy_loop(step, src.shape[0], max_len, c.start_id, c.eos_id, c.pad_id, observe)
 
 
 def _beam_program(model, src, src_mask, alpha, max_len, beam_size, use_cache, observe=None):
     c = model.config
     step = _step(model, src, src_mask, beam_size, max_len, use_cache)
-    return search.beam_loop(step, src.shape[0], max_len, beam_size, c.bos_id, c.eos_id, c.pad_id,
+    return search.beam_loop(step, src.shape[0], max_len, beam_size, c.start_id, c.eos_id, c.pad_id,
                             alpha, observe)
 
 
@@ -173,7 +174,8 @@ def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cach
     """Greedy decoding (algorithm: `shared.decoding`); mirrors `shared.reference.greedy_decode`.
 
     Args:
-        model: a `tf_impl.Transformer`; BOS, EOS and PAD ids come from its config.
+        model: a `tf_impl.Transformer`; the start (``config.start_id``), EOS and PAD ids come
+            from its config.
         src: source ids ``(B, S)``, an integer tensor or array, padding allowed (an all-padding row
             decodes too, from the decoder alone).
         max_len: new tokens to generate at most, EOS included (1 <= max_len <= config.max_len).

@@ -221,8 +221,14 @@ def make_src_mask(src: tf.Tensor, pad_id: int) -> tf.Tensor:
     return (src != pad_id)[:, None, None, :]
 
 
-def make_tgt_mask(tgt: tf.Tensor, pad_id: int) -> tf.Tensor:
-    """Target mask ``(batch, 1, tgt_len, tgt_len)``: the key is not padding AND key <= query."""
+def make_tgt_mask(tgt: tf.Tensor, pad_id: int, first_is_real: bool = False) -> tf.Tensor:
+    """Target mask ``(batch, 1, tgt_len, tgt_len)``: the key is not padding AND key <= query.
+
+    ``first_is_real`` (`shared.masks.start_is_pad(config)`): column 0 is the decoder start token,
+    never padding; padding comes from ``tgt != pad_id`` for positions 1.. only (`shared.masks`)."""
     positions = tf.range(dims(tgt, 2)[1])
     subsequent = positions[:, None] >= positions[None, :]  # (T, T), lower-triangular
-    return tf.logical_and((tgt != pad_id)[:, None, None, :], subsequent)  # (B, 1, T, T)
+    keys = tgt != pad_id  # (B, T)
+    if first_is_real:
+        keys = tf.logical_or(keys, positions == 0)
+    return tf.logical_and(keys[:, None, None, :], subsequent)  # (B, 1, T, T)

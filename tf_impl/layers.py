@@ -86,9 +86,10 @@ class EncoderLayer(_TracingLayer):
         super().__init__(config, **kwargs)
         c = config
         self.norm_first = c.norm_first
-        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout, dtype=c.dtype, name="self_attn")
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout, c.head_dim, dtype=c.dtype,
+                                            name="self_attn")
         self.self_attn_norm = norm_layer(c, "self_attn_norm")
-        self.ffn = FeedForward(c.d_model, c.d_ff, c.dropout, dtype=c.dtype, name="ffn")
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.dropout, c.activation, dtype=c.dtype, name="ffn")
         self.ffn_norm = norm_layer(c, "ffn_norm")
         self.dropout = keras.layers.Dropout(c.dropout, dtype=c.dtype)
         self.built = True
@@ -115,12 +116,13 @@ class DecoderLayer(_TracingLayer):
         super().__init__(config, **kwargs)
         c = config
         self.norm_first = c.norm_first
-        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout, dtype=c.dtype, name="self_attn")
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout, c.head_dim, dtype=c.dtype,
+                                            name="self_attn")
         self.self_attn_norm = norm_layer(c, "self_attn_norm")
-        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout, dtype=c.dtype,
+        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout, c.head_dim, dtype=c.dtype,
                                              name="cross_attn")
         self.cross_attn_norm = norm_layer(c, "cross_attn_norm")
-        self.ffn = FeedForward(c.d_model, c.d_ff, c.dropout, dtype=c.dtype, name="ffn")
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.dropout, c.activation, dtype=c.dtype, name="ffn")
         self.ffn_norm = norm_layer(c, "ffn_norm")
         self.dropout = keras.layers.Dropout(c.dropout, dtype=c.dtype)
         self.built = True

@@ -10,6 +10,7 @@ import tensorflow as tf
 from shared import TransformerConfig
 from shared.checks import check_ids_range
 from shared.decoding import check_max_len
+from shared.masks import start_is_pad
 
 from . import weights_io
 from .cache import DecoderCache
@@ -52,8 +53,8 @@ class Generator(keras.layers.Layer):
 class Transformer(keras.Model):
     """The 2017 encoder-decoder Transformer, configured by a `shared.TransformerConfig`.
 
-    Sublayers: ``src_embed``, ``tgt_embed`` (the same layer when ``config.share_embeddings``),
-    ``positional``, ``encoder``, ``decoder``, ``generator``. Variables are created in ``config.dtype``
+    Sublayers: ``src_embed``, ``tgt_embed`` (the same layer when ``config.share_embeddings``; each
+    holds its learned ``positions`` when ``config.positional == "learned"``), ``positional``, ``encoder``, ``decoder``, ``generator``. Variables are created in ``config.dtype``
     at construction, with the training initialisation (Xavier-uniform matrices, zero biases, unit
     gains), so `import_weights` / `export_weights` work before any call. Dropout is active only with
     ``training=True``.
@@ -75,9 +76,12 @@ class Transformer(keras.Model):
         self._convert_input_args = False
         self._allow_non_tensor_positional_args = True
         c, dtype = config, config.dtype
-        self.src_embed = TokenEmbedding(c.src_vocab, c.d_model, dtype=dtype, name="src_embed")
+        positions = c.max_len if c.positional == "learned" else None
+        self.src_embed = TokenEmbedding(c.src_vocab, c.d_model, c.embed_scale, positions, dtype=dtype,
+                                        name="src_embed")
         self.tgt_embed = (self.src_embed if c.share_embeddings
-                          else TokenEmbedding(c.tgt_vocab, c.d_model, dtype=dtype, name="tgt_embed"))
+                          else TokenEmbedding(c.tgt_vocab, c.d_model, c.embed_scale, positions,
+                                              dtype=dtype, name="tgt_embed"))
         self.positional = PositionalEncoding(c, name="positional")
         self.encoder = Encoder(c, name="encoder")
         self.decoder = Decoder(c, name="decoder")
@@ -94,14 +98,15 @@ class Transformer(keras.Model):
 
     def _tgt_mask(self, tgt: tf.Tensor, tgt_mask) -> tf.Tensor:
         if tgt_mask is None:
-            return make_tgt_mask(tgt, self.config.pad_id)
+            return make_tgt_mask(tgt, self.config.pad_id, start_is_pad(self.config))
         b, t = dims(tgt, 2)
         return check_mask("tgt_mask", tgt_mask, b, self.config.n_heads, t, t)
 
     # -- the computation --------------------------------------------------------------------------
     def _encode(self, src: tf.Tensor, src_mask: tf.Tensor, trace: Trace | None,
                 training: bool) -> tf.Tensor:
-        x = self.positional(self.src_embed(src), training=training)  # (B, S, d)
+        x = self.positional(self.src_embed(src), self.src_embed.positions,
+                            training=training)  # (B, S, d)
         record(trace, "encoder.embed", x)
         memory = self.encoder(x, src_mask, trace=trace, training=training)
         record(trace, "encoder.output", memory)
@@ -109,7 +114,8 @@ class Transformer(keras.Model):
 
     def _decode(self, tgt: tf.Tensor, memory: tf.Tensor, src_mask: tf.Tensor, tgt_mask: tf.Tensor,
                 trace: Trace | None, training: bool) -> tf.Tensor:
-        x = self.positional(self.tgt_embed(tgt), training=training)  # (B, T, d)
+        x = self.positional(self.tgt_embed(tgt), self.tgt_embed.positions,
+                            training=training)  # (B, T, d)
         record(trace, "decoder.embed", x)
         hidden = self.decoder(x, memory, src_mask, tgt_mask, trace=trace, training=training)
         record(trace, "decoder.output", hidden)
@@ -264,7 +270,8 @@ class Transformer(keras.Model):
         t = cache.length
         x = self.tgt_embed(tokens[:, None])  # (N, 1, d)
         # Position t gets PE row t: the same addition the full pass makes for column t of its input.
-        x = self.positional.dropout(x + tf.gather(self.positional.table, t), training=False)
+        table = self.positional.select(self.tgt_embed.positions)  # fixed or learned (max_len, d)
+        x = self.positional.dropout(x + tf.gather(table, t), training=False)
         hidden, cache = self.decoder.step(x, cache)  # (N, 1, d); cache.length is now t + 1
         return self.generator(hidden)[:, 0], cache  # (N, V)
 

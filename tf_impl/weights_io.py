@@ -2,8 +2,9 @@
 
 Canonical dense kernels are ``(in, out)`` (``y = x @ kernel + bias``), which is also the layout of
 ``keras.layers.Dense.kernel``: nothing is transposed here (torch_impl transposes at its boundary).
-Embedding tables are ``(vocab, d_model)``. Tied weights appear once, under the canonical name of the
-owner (``src_embed.embeddings`` when embeddings are shared; no ``generator.kernel`` when tied).
+Embedding tables are ``(vocab, d_model)``, learned position tables ``(max_len, d_model)``. Tied
+weights appear once, under the canonical name of the owner (``src_embed.embeddings`` when
+embeddings are shared; no ``generator.kernel`` when tied).
 
 ``model`` is a `tf_impl.Transformer`; it is annotated by its framework base class because model.py
 calls this module (weights_io sits below the model, and the import graph has no cycles).
@@ -45,8 +46,12 @@ def weight_table(model: keras.Model) -> Table:
     """Every canonical name, in `shared.weights.weight_schema` order, with its variable."""
     c = model.config
     table: Table = {"src_embed.embeddings": model.src_embed.embeddings}
+    if model.src_embed.positions is not None:  # learned positions (config.positional)
+        table["src_embed.positions"] = model.src_embed.positions
     if not c.share_embeddings:
         table["tgt_embed.embeddings"] = model.tgt_embed.embeddings
+        if model.tgt_embed.positions is not None:
+            table["tgt_embed.positions"] = model.tgt_embed.positions
     for i, layer in enumerate(model.encoder.layers):
         p = f"encoder.layers.{i}"
         _attention(table, f"{p}.self_attn", layer.self_attn)

@@ -34,27 +34,33 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
 
 
 class MultiHeadAttention(nn.Module):
-    """Attention of ``query_in`` over ``memory`` with ``n_heads`` heads of width ``d_model // n_heads``.
+    """Attention of ``query_in`` over ``memory`` with ``n_heads`` heads of width ``d_k`` (``head_dim``,
+    or ``d_model // n_heads`` when that is None), scores scaled by ``1 / sqrt(d_k)``.
 
-    Four projections with bias, ``nn.Linear`` modules named ``query``, ``key``, ``value``, ``output``
-    (torch layout ``(out, in)``; the canonical ``(in, out)`` kernels are transposed on import/export).
+    Four projections with bias, ``nn.Linear`` modules named ``query``, ``key``, ``value``
+    (``d_model -> n_heads * d_k``) and ``output`` (``n_heads * d_k -> d_model``) (torch layout
+    ``(out, in)``; the canonical ``(in, out)`` kernels are transposed on import/export).
 
     Args:
-        d_model: model width, divisible by ``n_heads``.
+        d_model: model width, divisible by ``n_heads`` unless ``head_dim`` is given.
         n_heads: number of heads.
         dropout: probability of dropping an attention weight (train only).
+        head_dim: per-head width (``config.head_dim``); None = ``d_model // n_heads``.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float, dtype: torch.dtype | None = None):
+    def __init__(self, d_model: int, n_heads: int, dropout: float, dtype: torch.dtype | None = None,
+                 head_dim: int | None = None):
         super().__init__()
-        if d_model % n_heads:
+        if head_dim is None and d_model % n_heads:
             raise ValueError(f"MultiHeadAttention: d_model expected a multiple of n_heads={n_heads}, "
                              f"got {d_model}")
-        self.n_heads, self.d_k, self.dropout = n_heads, d_model // n_heads, float(dropout)
-        self.query = nn.Linear(d_model, d_model, dtype=dtype)
-        self.key = nn.Linear(d_model, d_model, dtype=dtype)
-        self.value = nn.Linear(d_model, d_model, dtype=dtype)
-        self.output = nn.Linear(d_model, d_model, dtype=dtype)
+        d_k = head_dim if head_dim is not None else d_model // n_heads
+        self.n_heads, self.d_k, self.dropout = n_heads, d_k, float(dropout)
+        inner = n_heads * d_k
+        self.query = nn.Linear(d_model, inner, dtype=dtype)
+        self.key = nn.Linear(d_model, inner, dtype=dtype)
+        self.value = nn.Linear(d_model, inner, dtype=dtype)
+        self.output = nn.Linear(inner, d_model, dtype=dtype)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, length, _ = x.shape
@@ -85,7 +91,7 @@ class MultiHeadAttention(nn.Module):
                return_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`forward` with the keys and values given (``(B, H, K, d_k)``, from `keys_values` or a
         cache); the other arguments and the result are those of `forward`."""
-        b, q_len, d = query_in.shape
+        b, q_len, _ = query_in.shape
         q = self._heads(self.query(query_in))  # (B, H, Q, d_k)
         p = self.dropout if self.training else 0.0
         weights = None
@@ -99,7 +105,7 @@ class MultiHeadAttention(nn.Module):
             has_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Q|1, 1)
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=p)
             context = context * has_key  # rows with no allowed key: zero context
-        context = context.transpose(1, 2).reshape(b, q_len, d)  # (B, Q, d)
+        context = context.transpose(1, 2).reshape(b, q_len, self.n_heads * self.d_k)  # (B, Q, H*d_k)
         return self.output(context), weights
 
     def extend(self, query_in: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

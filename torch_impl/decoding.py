@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from shared.decoding import BeamResult, GreedyResult, check_search_args
+from shared.masks import start_is_pad
 
 from . import search
 from .cache import repeat_rows
@@ -83,7 +84,7 @@ class RecomputeStep:
     def __call__(self, prefixes: torch.Tensor, t: int, state):
         m = self.model
         tgt = prefixes[:, : t + 1]  # (N, t+1)
-        tgt_mask = make_tgt_mask(tgt, m.config.pad_id)  # (N, 1, t+1, t+1)
+        tgt_mask = make_tgt_mask(tgt, m.config.pad_id, start_is_pad(m.config))  # (N, 1, t+1, t+1)
         hidden = m._decode(tgt, self.memory, self.src_mask, tgt_mask, None)  # (N, t+1, d)
         return torch.log_softmax(m.generator(hidden[:, -1]), dim=-1), state  # (N, V), model dtype
 
@@ -126,7 +127,8 @@ def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cach
     """Greedy decoding (algorithm: `shared.decoding`); mirrors `shared.reference.greedy_decode`.
 
     Args:
-        model: a `torch_impl.Transformer`; BOS, EOS and PAD ids come from its config.
+        model: a `torch_impl.Transformer`; the start (``config.start_id``), EOS and PAD ids come
+            from its config.
         src: source ids ``(B, S)``, an integer tensor (or NumPy array), padding allowed (an
             all-padding row decodes too, from the decoder alone).
         max_len: new tokens to generate at most, EOS included (1 <= max_len <= config.max_len).
@@ -143,7 +145,7 @@ def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cach
     c = model.config
     with _inference(model):
         step = _step(model, src, src_mask, 1, max_len, use_cache)
-        return search.greedy_search(step, src.shape[0], max_len, c.bos_id, c.eos_id, c.pad_id,
+        return search.greedy_search(step, src.shape[0], max_len, c.start_id, c.eos_id, c.pad_id,
                                     _device(model), observe)
 
 
@@ -168,5 +170,5 @@ def beam_search(model: Transformer, src, max_len: int, beam_size: int = 4, lengt
     c = model.config
     with _inference(model):
         step = _step(model, src, src_mask, beam_size, max_len, use_cache)
-        return search.beam_search(step, src.shape[0], max_len, beam_size, c.bos_id, c.eos_id,
+        return search.beam_search(step, src.shape[0], max_len, beam_size, c.start_id, c.eos_id,
                                   c.pad_id, length_penalty, return_all, _device(model), observe)

@@ -1,5 +1,5 @@
-"""The position-wise feed-forward network: linear, ReLU, dropout, linear (docs/design.md,
-convention 8)."""
+"""The position-wise feed-forward network: linear, activation, dropout, linear (docs/design.md,
+conventions 8 and 15; the activation is ``config.activation``: relu, exact gelu, or swish)."""
 from __future__ import annotations
 
 import torch
@@ -7,23 +7,36 @@ import torch.nn.functional as F
 from torch import nn
 
 
+ACTIVATIONS = {
+    "relu": lambda x: F.relu(x, inplace=True),
+    "gelu": lambda x: F.gelu(x, approximate="none"),  # exact (erf), as the reference
+    "swish": F.silu,  # x * sigmoid(x)
+}
+
+
 class FeedForward(nn.Module):
-    """``outer(dropout(relu(inner(x))))``.
+    """``outer(dropout(activation(inner(x))))``.
 
     Args:
         d_model: input and output width; d_ff: inner width; dropout: probability inside (train only).
+        activation: a key of `ACTIVATIONS` (``config.activation``).
 
     Shape:
         ``(B, L, d_model)`` -> ``(B, L, d_model)``.
     """
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float, dtype: torch.dtype | None = None):
+    def __init__(self, d_model: int, d_ff: int, dropout: float, dtype: torch.dtype | None = None,
+                 activation: str = "relu"):
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"FeedForward: activation expected one of {tuple(ACTIVATIONS)}, "
+                             f"got {activation!r}")
+        self.activation = ACTIVATIONS[activation]
         self.inner = nn.Linear(d_model, d_ff, dtype=dtype)
         self.outer = nn.Linear(d_ff, d_model, dtype=dtype)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # In place: saves a (B, L, d_ff) allocation per call; safe under autograd, as the Linear
-        # does not keep its output for its backward and relu_ keeps its own result.
-        return self.outer(self.dropout(F.relu(self.inner(x), inplace=True)))  # (B, L, d_ff) inside
+        # ReLU in place: saves a (B, L, d_ff) allocation per call; safe under autograd, as the
+        # Linear does not keep its output for its backward and relu_ keeps its own result.
+        return self.outer(self.dropout(self.activation(self.inner(x))))  # (B, L, d_ff) inside

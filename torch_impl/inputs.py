@@ -63,8 +63,14 @@ def make_src_mask(src: torch.Tensor, pad_id: int) -> torch.Tensor:
     return (src != pad_id)[:, None, None, :]
 
 
-def make_tgt_mask(tgt: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """Target mask ``(batch, 1, tgt_len, tgt_len)``: the key is not padding AND key <= query."""
+def make_tgt_mask(tgt: torch.Tensor, pad_id: int, first_is_real: bool = False) -> torch.Tensor:
+    """Target mask ``(batch, 1, tgt_len, tgt_len)``: the key is not padding AND key <= query.
+
+    ``first_is_real`` (`shared.masks.start_is_pad(config)`): column 0 is the decoder start token,
+    never padding; padding comes from ``tgt != pad_id`` for positions 1.. only (`shared.masks`)."""
     t = tgt.shape[1]
     subsequent = torch.ones(t, t, dtype=torch.bool, device=tgt.device).tril()  # (T, T)
-    return (tgt != pad_id)[:, None, None, :] & subsequent  # (B, 1, T, T)
+    keys = tgt != pad_id  # (B, T)
+    if first_is_real:
+        keys = keys | (torch.arange(t, device=tgt.device) == 0)
+    return keys[:, None, None, :] & subsequent  # (B, 1, T, T)

@@ -11,6 +11,7 @@ from torch import nn
 from shared import TransformerConfig
 from shared.checks import check_ids_range
 from shared.decoding import check_max_len
+from shared.masks import start_is_pad
 
 from . import weights_io
 from .cache import DecoderCache
@@ -44,8 +45,8 @@ class Generator(nn.Module):
 class Transformer(nn.Module):
     """The 2017 encoder-decoder Transformer, configured by a `shared.TransformerConfig`.
 
-    Submodules: ``src_embed``, ``tgt_embed`` (the same object when ``config.share_embeddings``),
-    ``positional``, ``encoder``, ``decoder``, ``generator``. Parameters are created in
+    Submodules: ``src_embed``, ``tgt_embed`` (the same object when ``config.share_embeddings``; each
+    holds its learned ``positions`` when ``config.positional == "learned"``), ``positional``, ``encoder``, ``decoder``, ``generator``. Parameters are created in
     ``config.dtype`` with the training initialisation (Xavier-uniform matrices); load trained or
     reference weights with `import_weights`. Dropout is active only in ``train()``.
 
@@ -59,9 +60,12 @@ class Transformer(nn.Module):
             raise TypeError(f"config: expected a TransformerConfig, got {type(config).__name__}")
         dtype = getattr(torch, config.dtype)
         self.config = config
-        self.src_embed = TokenEmbedding(config.src_vocab, config.d_model, dtype)
+        positions = config.max_len if config.positional == "learned" else None
+        self.src_embed = TokenEmbedding(config.src_vocab, config.d_model, dtype, config.embed_scale,
+                                        positions)
         self.tgt_embed = (self.src_embed if config.share_embeddings
-                          else TokenEmbedding(config.tgt_vocab, config.d_model, dtype))
+                          else TokenEmbedding(config.tgt_vocab, config.d_model, dtype,
+                                              config.embed_scale, positions))
         self.positional = PositionalEncoding(config)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
@@ -78,14 +82,14 @@ class Transformer(nn.Module):
 
     def _tgt_mask(self, tgt: torch.Tensor, tgt_mask) -> torch.Tensor:
         if tgt_mask is None:
-            return make_tgt_mask(tgt, self.config.pad_id)
+            return make_tgt_mask(tgt, self.config.pad_id, start_is_pad(self.config))
         b, t = tgt.shape
         check_mask("tgt_mask", tgt_mask, b, self.config.n_heads, t, t)
         return tgt_mask
 
     # -- the computation --------------------------------------------------------------------------
     def _encode(self, src: torch.Tensor, src_mask: torch.Tensor, trace: Trace | None) -> torch.Tensor:
-        x = self.positional(self.src_embed(src))  # (B, S, d)
+        x = self.positional(self.src_embed(src), self.src_embed.positions)  # (B, S, d)
         record(trace, "encoder.embed", x)
         memory = self.encoder(x, src_mask, trace)
         record(trace, "encoder.output", memory)
@@ -93,7 +97,7 @@ class Transformer(nn.Module):
 
     def _decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                 tgt_mask: torch.Tensor, trace: Trace | None) -> torch.Tensor:
-        x = self.positional(self.tgt_embed(tgt))  # (B, T, d)
+        x = self.positional(self.tgt_embed(tgt), self.tgt_embed.positions)  # (B, T, d)
         record(trace, "decoder.embed", x)
         hidden = self.decoder(x, memory, src_mask, tgt_mask, trace)
         record(trace, "decoder.output", hidden)
@@ -231,7 +235,8 @@ class Transformer(nn.Module):
         t = cache.length
         x = self.tgt_embed(tokens[:, None])  # (N, 1, d)
         # Position t gets PE row t: the same addition the full pass makes for column t of its input.
-        x = self.positional.dropout(x + self.positional.table[t: t + 1])
+        table = self.positional.select(self.tgt_embed.positions)  # fixed or learned (max_len, d)
+        x = self.positional.dropout(x + table[t: t + 1])
         hidden, cache = self.decoder.step(x, cache)  # (N, 1, d); cache.length is now t + 1
         return self.generator(hidden[:, 0]), cache  # (N, V)
 

@@ -2,10 +2,11 @@
 
 Canonical dense kernels are ``(in, out)`` (``y = x @ kernel + bias``); ``nn.Linear.weight`` is
 ``(out, in)``, so those, and only those, are transposed here, at the boundary. Embedding tables are
-``(vocab, d_model)`` in both. Tied weights appear once, under the canonical name of the owner.
+``(vocab, d_model)`` in both, learned position tables ``(max_len, d_model)``. Tied weights appear
+once, under the canonical name of the owner.
 
-``model`` is a `torch_impl.Transformer`; it is annotated by its framework base class because model.py calls this
-module (weights_io sits below the model, and the import graph has no cycles).
+``model`` is a `torch_impl.Transformer`; it is annotated by its framework base class because
+model.py calls this module (weights_io sits below the model, and the import graph has no cycles).
 """
 from __future__ import annotations
 
@@ -45,8 +46,12 @@ def weight_table(model: nn.Module) -> Table:
     """Every canonical name, in `shared.weights.weight_schema` order, with its parameter."""
     c = model.config
     table: Table = {"src_embed.embeddings": (model.src_embed.table.weight, False)}
+    if model.src_embed.positions is not None:  # learned positions (config.positional)
+        table["src_embed.positions"] = (model.src_embed.positions, False)
     if not c.share_embeddings:
         table["tgt_embed.embeddings"] = (model.tgt_embed.table.weight, False)
+        if model.tgt_embed.positions is not None:
+            table["tgt_embed.positions"] = (model.tgt_embed.positions, False)
     for i, layer in enumerate(model.encoder.layers):
         p = f"encoder.layers.{i}"
         _attention(table, f"{p}.self_attn", layer.self_attn)

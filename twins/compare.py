@@ -175,8 +175,9 @@ def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int, o
     report = {}
     ref = results["reference"]
     # The oracle's step log-probs along its own tokens (teacher forcing): margins for divergences.
-    tgt_in = np.concatenate([np.full((src.shape[0], 1), config.bos_id), ref.tokens[:, :-1]], axis=1)
-    tgt_in = np.where(tgt_in == config.pad_id, config.eos_id, tgt_in)  # after EOS: any non-pad id
+    tokens = np.where(ref.tokens[:, :-1] == config.pad_id, config.eos_id, ref.tokens[:, :-1])
+    # After EOS any non-pad id will do; column 0 is the start token, which may be pad.
+    tgt_in = np.concatenate([np.full((src.shape[0], 1), config.start_id), tokens], axis=1)
     log_probs = log_softmax(reference.forward(weights, config, src, tgt_in))
     margin_bound = bound_for(config.dtype, "decode-margin").rtol
     print(f"decode: greedy, {max_new} new tokens, batch {src.shape[0]}; oracle tokens:", file=out)

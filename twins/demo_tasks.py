@@ -133,10 +133,11 @@ def heldout(task: str, n: int) -> data.TaskData:
 
 
 class TrainingData:
-    """``batch(step)``: the training batch of a step, a pure function of (task, seed, step, size)."""
+    """``batch(step)``: the training batch of a step, a pure function of (task, seed, step, size);
+    target inputs start with ``start_id`` (the model's ``config.start_id``)."""
 
-    def __init__(self, task: str, seed: int, batch: int):
-        self.task, self.seed, self.size = task, seed, batch
+    def __init__(self, task: str, seed: int, batch: int, start_id: int = data.BOS_ID):
+        self.task, self.seed, self.size, self.start_id = task, seed, batch, start_id
         held = heldout(task, HELDOUT_EXCLUDED)
         self.excluded = {tuple(s) for s in held.sources}
 
@@ -149,7 +150,8 @@ class TrainingData:
             more = _examples(self.task, self.size, [self.seed, step, extra])
             drawn = data.TaskData(drawn.sources + more.sources, drawn.targets + more.targets)
             keep = [i for i, s in enumerate(drawn.sources) if tuple(s) not in self.excluded][: self.size]
-        return data.batch_sequences([drawn.sources[i] for i in keep], [drawn.targets[i] for i in keep])
+        return data.batch_sequences([drawn.sources[i] for i in keep], [drawn.targets[i] for i in keep],
+                                    self.start_id)
 
 
 def pad(sequences: list[list[int]]) -> np.ndarray:

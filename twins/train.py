@@ -230,7 +230,7 @@ def run(args) -> int:
     backend = make_adapter(args.backend, config, weights, seed=log["seed"] + log["step"],
                            threads=args.threads)
     backend.make_optimizer(s["warmup"], s["factor"], log["step"], moments)
-    data = tasks.TrainingData(args.task, log["seed"], s["batch"])
+    data = tasks.TrainingData(args.task, log["seed"], s["batch"], config.start_id)
     examples = tasks.heldout(args.task, n_heldout)
     resumed = f"resuming at step {log['step']}, " if log["step"] else ""
     adam = "" if not log["step"] else ("Adam's moments restored; " if moments is not None
