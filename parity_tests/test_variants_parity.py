@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("tensorflow")
 
-from parity_tests import tf_support, torch_support  # noqa: E402
+from parity_tests.backends import Backend  # noqa: E402
 import tf_impl  # noqa: E402
 import torch_impl  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
@@ -60,6 +60,10 @@ ALL = ["all-sinusoidal", "all-learned"]
 MAX_NEW = 6
 
 
+TORCH = Backend("torch", "eager", "cpu")
+TF = {mode: Backend("tf", mode, "/CPU:0") for mode in ("eager", "function", "xla")}
+
+
 @functools.lru_cache(maxsize=None)
 def config(variant: str, dtype: str = "float64") -> TransformerConfig:
     return BASE.replace(dtype=dtype, **VARIANTS[variant])
@@ -74,7 +78,7 @@ def weights(variant: str, dtype: str = "float64") -> dict:
 def models(variant: str, dtype: str = "float64"):
     """(reference Model, torch model, TF model) with the same weights; read only."""
     c, w = config(variant, dtype), weights(variant, dtype)
-    return R.Model(w, c), torch_support.build(c, w), tf_support.build(c, w)
+    return R.Model(w, c), TORCH.build(c, w), TF["eager"].build(c, w)
 
 
 def batch(c: TransformerConfig):
@@ -89,10 +93,10 @@ def test_float64_every_intermediate(variant):
     _, torch_model, tf_model = models(variant)
     src, tgt = batch(c)
     logits, trace = R.forward(weights(variant), c, src, tgt, return_trace=True)
-    _, torch_trace = torch_support.run_trace(torch_model, src, tgt)
+    _, torch_trace = TORCH.trace(torch_model, src, tgt)
     assert_trace_close(torch_trace, trace, FLOAT64)
-    assert_close(torch_support.run_logits(torch_model, src, tgt), logits, FLOAT64, "torch SDPA logits")
-    assert_trace_close(tf_support.run_trace(tf_model, src, tgt), trace, FLOAT64)
+    assert_close(TORCH.logits(torch_model, src, tgt), logits, FLOAT64, "torch SDPA logits")
+    assert_trace_close(TF["eager"].trace(tf_model, src, tgt)[1], trace, FLOAT64)
 
 
 @pytest.mark.parametrize("mode", ["function", "xla"])
@@ -101,7 +105,7 @@ def test_float64_tf_compiled(variant, mode):
     c = config(variant)
     src, tgt = batch(c)
     _, trace = R.forward(weights(variant), c, src, tgt, return_trace=True)
-    assert_trace_close(tf_support.run_trace(models(variant)[2], src, tgt, mode=mode), trace, FLOAT64)
+    assert_trace_close(TF[mode].trace(models(variant)[2], src, tgt)[1], trace, FLOAT64)
 
 
 def float32_differences(variant: str, tf_mode: str = "eager") -> dict[str, float]:
@@ -110,8 +114,8 @@ def float32_differences(variant: str, tf_mode: str = "eager") -> dict[str, float
     _, torch_model, tf_model = models(variant, "float32")
     src, tgt = batch(c)
     _, ref = R.forward(weights(variant, "float32"), c, src, tgt, return_trace=True)
-    _, torch_trace = torch_support.run_trace(torch_model, src, tgt)
-    tf_trace = tf_support.run_trace(tf_model, src, tgt, mode=tf_mode)
+    _, torch_trace = TORCH.trace(torch_model, src, tgt)
+    _, tf_trace = TF[tf_mode].trace(tf_model, src, tgt)
     worst = {}
     for pair, (a, b) in {"torch:reference": (torch_trace, ref), "tf:reference": (tf_trace, ref),
                          "torch:tf": (torch_trace, tf_trace)}.items():
@@ -131,21 +135,6 @@ def test_float32_xla_at_todays_bounds(variant):
 
 
 # -- gradients ------------------------------------------------------------------------------------
-def _torch_gradients(model, src, tgt, probe) -> dict[str, np.ndarray]:
-    model.zero_grad()
-    (model(torch.from_numpy(src), torch.from_numpy(tgt)) * torch.from_numpy(probe)).sum().backward()
-    return {name: (p.grad.T if transposed else p.grad).numpy()
-            for name, (p, transposed) in torch_impl.weights_io.parameter_table(model).items()}
-
-
-def _tf_gradients(model, src, tgt, probe) -> dict[str, np.ndarray]:
-    table = tf_impl.weights_io.variable_table(model)
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(model(src, tgt) * probe)
-    grads = tape.gradient(loss, list(table.values()))  # a gathered table gives IndexedSlices
-    return {name: tf.convert_to_tensor(g).numpy() for name, g in zip(table, grads)}
-
-
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_float64_gradients_torch_vs_tf(variant):
     """d(sum(logits * probe)) / d(every weight), learned positions included, torch against TF."""
@@ -153,7 +142,8 @@ def test_float64_gradients_torch_vs_tf(variant):
     _, torch_model, tf_model = models(variant)
     src, tgt = batch(c)
     probe = np.random.default_rng(0).normal(size=(3, 6, c.tgt_vocab))
-    grads, expected = _torch_gradients(torch_model, src, tgt, probe), _tf_gradients(tf_model, src, tgt, probe)
+    grads = TORCH.probe_gradients(torch_model, src, tgt, probe)
+    expected = TF["eager"].probe_gradients(tf_model, src, tgt, probe)
     assert list(grads) == list(expected)
     for name, grad in grads.items():
         assert_close(grad, expected[name], FLOAT64, f"gradient of {name}")

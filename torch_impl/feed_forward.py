@@ -7,9 +7,20 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def _relu(x: torch.Tensor) -> torch.Tensor:
+    # In place: saves a (B, L, d_ff) allocation per call; safe under autograd, as the Linear does
+    # not keep its output for its backward and relu_ keeps its own result.
+    return F.relu(x, inplace=True)
+
+
+def _gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="none")  # exact (erf), as the reference
+
+
+# Named functions, not lambdas: a module holding a lambda cannot be pickled (torch.save(model)).
 ACTIVATIONS = {
-    "relu": lambda x: F.relu(x, inplace=True),
-    "gelu": lambda x: F.gelu(x, approximate="none"),  # exact (erf), as the reference
+    "relu": _relu,
+    "gelu": _gelu,
     "swish": F.silu,  # x * sigmoid(x)
 }
 
@@ -37,6 +48,4 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # ReLU in place: saves a (B, L, d_ff) allocation per call; safe under autograd, as the
-        # Linear does not keep its output for its backward and relu_ keeps its own result.
         return self.outer(self.dropout(self.activation(self.inner(x))))  # (B, L, d_ff) inside
