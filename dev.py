@@ -22,14 +22,17 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
-EXTRAS = "torch,tf-cpu,test,demo"
+EXTRAS = "torch,tf-cpu,test,demo,interop"
+# Installed without their dependencies: keras-hub requires tensorflow-text, which would pull the full
+# `tensorflow` distribution over tensorflow-cpu (keras_hub's layers import without it).
+NO_DEPS = ("keras-hub",)
 
 
 def _stamp() -> Path:
     digest = hashlib.sha256()
     for name in ("pyproject.toml", "constraints.txt"):
         digest.update((ROOT / name).read_bytes())
-    digest.update(EXTRAS.encode())
+    digest.update(EXTRAS.encode() + repr(NO_DEPS).encode())
     return VENV / f".installed-{digest.hexdigest()[:16]}"
 
 
@@ -52,6 +55,9 @@ def setup() -> None:
     cmd = [PYTHON, "-m", "pip", "install", "-q", "-c", ROOT / "constraints.txt", "-e", f".[{EXTRAS}]"]
     if _run(cmd, env=env) != 0:
         sys.exit("dev.py: installing the project failed (see pip's output above)")
+    cmd = [PYTHON, "-m", "pip", "install", "-q", "--no-deps", "-c", ROOT / "constraints.txt", *NO_DEPS]
+    if _run(cmd, env=env) != 0:
+        sys.exit(f"dev.py: installing {', '.join(NO_DEPS)} failed (see pip's output above)")
     for old in VENV.glob(".installed-*"):
         old.unlink()
     stamp.touch()

@@ -1,0 +1,234 @@
+"""The machinery every importer shares: the source state dict under import, the plan (expected
+source key -> shape, and the canonical tensors computed from each key), every problem collected into
+one `ImporterError`. NumPy only.
+
+An importer converts or refuses; it never guesses. Whatever decides the computation and is *not*
+stored in a state dict is a keyword argument of the importer, and whatever *is* stored is checked:
+every key must be known and present with the shape the inferred sizes imply, every tensor must be
+finite float of one dtype, and a positional encoding buffer must be the table the config implies.
+All problems are reported together; nothing is returned partially.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..config import DTYPES, TransformerConfig
+from ..positional import positional_encoding
+from ..weights import WeightsError, check_weights
+
+_LISTED = 30  # names listed per problem before "... and N more"
+_EPS32 = float(np.finfo(np.float32).eps)
+_BIASES = (".bias", ".in_proj_bias")
+
+
+class ImporterError(WeightsError):
+    """A state dict an importer refuses: every problem at once, in ``problems`` and the message."""
+
+
+def _names(keys) -> str:
+    keys = sorted(keys)
+    more = f" ... and {len(keys) - _LISTED} more" if len(keys) > _LISTED else ""
+    return f"{keys[:_LISTED]}{more}"
+
+
+def _transpose(a: np.ndarray) -> np.ndarray:
+    return a.T  # torch Linear stores (out, in); canonical kernels are (in, out): y = x @ kernel + bias
+
+
+class SourceImport:
+    """The state dict under import, the problems found so far and the plan: expected source key ->
+    shape, and the canonical tensors computed from each key."""
+
+    def __init__(self, source: str, state_dict, dtype, allow_nonfinite: bool):
+        self.source, self.problems = source, []
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.outputs: dict[str, list[tuple[str, Callable[[np.ndarray], np.ndarray]]]] = {}
+        self.buffers: set[str] = set()  # present keys checked elsewhere (positional tables)
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"{source}: state_dict expected a dict of name -> numpy array, "
+                            f"got {type(state_dict).__name__}")
+        odd = [k for k in state_dict if not isinstance(k, str)]
+        if odd:
+            raise TypeError(f"{source}: state_dict keys expected str, got {odd[:_LISTED]!r}")
+        self.sd = dict(state_dict)
+        self.dtype = self._check_arrays(dtype, allow_nonfinite)
+
+    def problem(self, text: str) -> None:
+        self.problems.append(text)
+
+    def _check_arrays(self, dtype, allow_nonfinite: bool) -> str | None:
+        by_dtype: dict[str, list[str]] = {}
+        for key, value in self.sd.items():
+            if not isinstance(value, np.ndarray):
+                self.problem(f"{key}: expected a numpy array, got {type(value).__name__} "
+                             "(convert torch tensors with .detach().cpu().numpy())")
+            elif value.dtype.kind != "f":
+                self.problem(f"{key}: expected a floating-point tensor, got dtype {value.dtype}")
+            else:
+                by_dtype.setdefault(str(value.dtype), []).append(key)
+                if not allow_nonfinite and not np.isfinite(value).all():
+                    self.problem(f"{key}: contains NaN or Inf")
+        if len(by_dtype) > 1:
+            listed = "; ".join(f"{d}: {_names(k)}" for d, k in sorted(by_dtype.items()))
+            self.problem(f"mixed dtypes (expected one float dtype for every tensor): {listed}")
+        if dtype is not None:
+            try:
+                name = np.dtype(dtype).name
+            except TypeError:
+                name = None
+            if name not in DTYPES:
+                self.problem(f"dtype: expected one of {DTYPES} or None, got {dtype!r}")
+                return None
+            return name
+        if len(by_dtype) == 1:
+            (found,) = by_dtype
+            if found in DTYPES:
+                return found
+            self.problem(f"source dtype {found}: pass dtype='float32' or 'float64' to convert it "
+                         "explicitly (the canonical model computes in float32 or float64)")
+        return None
+
+    # -- sizes ------------------------------------------------------------------------------------
+    def size(self, what: str, candidates: list[tuple[str, int]]) -> int | None:
+        """A size read from the first candidate ``(key, axis)`` present with that axis."""
+        for key, axis in candidates:
+            value = self.sd.get(key)
+            if isinstance(value, np.ndarray) and value.ndim > axis:
+                return int(value.shape[axis])
+        self.problem(f"cannot infer {what}: none of {[k for k, _ in candidates]} is present")
+        return None
+
+    def layer_count(self, prefix: str) -> int:
+        pattern = re.compile(rf"^{re.escape(prefix)}\.(\d+)\.")
+        found = [int(m.group(1)) for k in self.sd if (m := pattern.match(k))]
+        if not found:
+            self.problem(f"no layers: expected keys {prefix}.0.*")
+            return 0
+        return max(found) + 1  # a gap shows up as missing keys of that layer
+
+    # -- plan -------------------------------------------------------------------------------------
+    def expect(self, key: str, shape: tuple[int, ...], *outputs) -> None:
+        self.shapes[key] = shape
+        self.outputs[key] = list(outputs)
+
+    def linear(self, src: str, dst: str, n_in: int, n_out: int) -> None:
+        self.expect(f"{src}.weight", (n_out, n_in), (f"{dst}.kernel", _transpose))
+        self.expect(f"{src}.bias", (n_out,), (f"{dst}.bias", np.asarray))
+
+    def norm(self, src: str, dst: str, d: int, gain: str, offset: str) -> None:
+        self.expect(f"{src}.{gain}", (d,), (f"{dst}.gamma", np.asarray))
+        self.expect(f"{src}.{offset}", (d,), (f"{dst}.beta", np.asarray))
+
+    def hint_layout(self, hints: list[tuple[Callable[[str], bool], str]]) -> None:
+        """Name the right importer when keys of another layout are given."""
+        for applies, text in hints:
+            if any(applies(k) for k in self.sd):
+                self.problem(text)
+
+    def check_keys(self, bias_hint: str) -> None:
+        missing = [k for k in self.shapes if k not in self.sd]
+        unexpected = [k for k in self.sd if k not in self.shapes and k not in self.buffers]
+        if missing:
+            self.problem(f"missing keys: {_names(missing)}")
+        if unexpected:
+            self.problem(f"unexpected keys: {_names(unexpected)}")
+        biases = [k for k in self.shapes if k.endswith(_BIASES)]
+        if missing and all(k.endswith(_BIASES) for k in missing) and 2 * len(missing) >= len(biases):
+            self.problem(bias_hint)
+        for key, shape in self.shapes.items():
+            value = self.sd.get(key)
+            if isinstance(value, np.ndarray) and value.shape != shape:
+                self.problem(f"{key}: expected shape {shape}, got {value.shape}")
+
+    def positional(self, keys: list[str], max_len: int | None, d: int | None) -> int | None:
+        """Check the positional tables present among ``keys``; return the max_len they imply."""
+        lengths = []
+        for key in keys:
+            value = self.sd.get(key)
+            if key not in self.sd:
+                continue
+            self.buffers.add(key)
+            if not isinstance(value, np.ndarray) or value.dtype.kind != "f" or d is None:
+                continue  # already reported
+            table = _squeeze_table(value)
+            if table is None or table.shape[1] != d:
+                self.problem(f"{key}: expected a positional table of shape (max_len, 1, {d}), "
+                             f"(1, max_len, {d}) or (max_len, {d}), got {value.shape}")
+                continue
+            bad = _first_non_interleaved_row(table)
+            if bad is not None:
+                self.problem(
+                    f"{key}: not the interleaved sinusoidal table (PE[p, 2i] = sin, PE[p, 2i+1] = cos "
+                    f"of p / 10000^(2i/d), p from 0); row {bad} differs. Another layout (e.g. "
+                    "concatenated [sin | cos], other frequencies or offsets, a learned table) "
+                    "would compute differently; refusing")
+                continue
+            lengths.append(table.shape[0])
+        if not lengths:
+            if max_len is None and not any(k in self.sd for k in keys):
+                self.problem(f"no positional table ({' / '.join(keys)}): pass max_len to declare "
+                             "that the model adds the interleaved sinusoidal encoding (e.g. from a "
+                             "non-persistent buffer); refusing to assume it")
+            return max_len
+        implied = min(lengths)  # the source cannot run longer sequences than its shortest table
+        if max_len is not None and max_len > implied:
+            self.problem(f"max_len: expected at most {implied} (the stored positional table), "
+                         f"got {max_len}")
+        return implied if max_len is None else max_len
+
+    def config(self, **fields) -> TransformerConfig | None:
+        if self.problems:
+            return None
+        try:
+            return TransformerConfig(**fields)
+        except ValueError as err:
+            self.problem(str(err))
+            return None
+
+    def finish(self, config: TransformerConfig | None) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
+        if self.problems or config is None:
+            raise ImporterError(self.source, self.problems)
+        weights: dict[str, np.ndarray] = {}
+        for key, outputs in self.outputs.items():
+            for name, fn in outputs:
+                # A copy: the result never aliases the caller's arrays.
+                weights[name] = np.array(fn(self.sd[key]), dtype=self.dtype, order="C", copy=True)
+        check_weights(config, weights, source=self.source, allow_nonfinite=True)  # invariant
+        return config, weights
+
+
+def _squeeze_table(value: np.ndarray) -> np.ndarray | None:
+    if value.ndim == 2:
+        return value
+    if value.ndim == 3 and value.shape[1] == 1:
+        return value[:, 0, :]  # (max_len, 1, d): the tutorial's seq-first buffer
+    if value.ndim == 3 and value.shape[0] == 1:
+        return value[0]  # (1, max_len, d): batch-first buffers (Annotated Transformer)
+    return None
+
+
+def _first_non_interleaved_row(table: np.ndarray) -> int | None:
+    """The first row that is not `shared.positional`'s table up to the buffer's rounding, or None.
+
+    A table built in float32 carries an angle error of a few ulps of ``p * frequency`` (<= p): at
+    most 8e-8 * p was measured for max_len 5000 and d up to 1024. Row p may differ by
+    8 * eps * (1 + p) (12 times that), eps that of the buffer's dtype but at least float32's: a
+    float64 buffer is often a float32 one cast by ``model.double()``. Another layout differs by O(1)
+    within the first rows."""
+    eps = max(float(np.finfo(table.dtype).eps), _EPS32)
+    expected = positional_encoding(table.shape[0], table.shape[1])
+    rows = np.abs(table.astype(np.float64) - expected).max(axis=1)
+    allowed = 8 * eps * (1.0 + np.arange(table.shape[0]))
+    bad = np.flatnonzero(~(rows <= allowed))
+    return int(bad[0]) if bad.size else None
+
+
+def n_heads_problem(n_heads, d: int | None) -> str | None:
+    if isinstance(n_heads, bool) or not isinstance(n_heads, (int, np.integer)) or n_heads < 1:
+        return f"n_heads: expected a positive int, got {n_heads!r}"
+    if d is not None and d % n_heads:
+        return f"n_heads: expected a divisor of d_model={d}, got {n_heads}"
+    return None
