@@ -49,8 +49,9 @@ _IMPORTER_ARGS = ("n_heads", "norm_first", "pad_id", "bos_id", "eos_id", "norm_e
 def add_arguments(parser) -> None:
     parser.add_argument("src", metavar="SRC", help="source: a neutral checkpoint directory, a "
                         "torch_impl .pt, a tf_impl .weights.h5, or (with --from) a state dict .pt")
-    parser.add_argument("dst", metavar="DST", help="destination: a directory (neutral), a .pt "
-                        "(torch_impl) or a .weights.h5 (tf_impl); replaced atomically if it exists")
+    parser.add_argument("dst", metavar="DST", help="destination: a directory (neutral; a CTranslate2 "
+                        "model with --to ctranslate2), a .pt (torch_impl) or a .weights.h5 (tf_impl); "
+                        "replaced atomically if it exists")
     parser.add_argument("--from", dest="src_format", choices=FORMATS + IMPORTERS,
                         help="source format (default: from the path)")
     parser.add_argument("--to", dest="dst_format", choices=FORMATS + EXPORTERS,
