@@ -32,6 +32,17 @@ def test_shared_imports_neither_framework():
     assert result.returncode == 0, result.stderr
 
 
+def test_exporters_import_no_target_library():
+    """`shared.exporters` imports CTranslate2 only inside the export: importing it (and the command
+    line that offers ``--to ctranslate2``) works with ctranslate2 and both frameworks blocked."""
+    result = run("""
+        import shared, shared.exporters, shared.exporters.ctranslate2, twins.convert
+        loaded = sorted(m for m in sys.modules if m.split('.')[0] in {'ctranslate2', 'torch', 'tensorflow', 'keras'})
+        assert not loaded, loaded
+    """, blocked={"ctranslate2", "torch", "tensorflow", "keras"})
+    assert result.returncode == 0, result.stderr
+
+
 @pytest.mark.parametrize("package, blocked", [
     ("torch_impl", {"tensorflow", "keras", "tf_keras"}),
     ("tf_impl", {"torch"}),

@@ -10,6 +10,8 @@ format             path                                 read / written by
 ``tf``             ``*.weights.h5``                     `tf_impl.checkpoints`
 ``nn-transformer`` ``*.pt`` state dict (source only)    `shared.importers.from_nn_transformer`
 ``annotated``      ``*.pt`` state dict (source only)    `shared.importers.from_annotated`
+``ctranslate2``    a directory (destination only,       `shared.exporters.to_ctranslate2`
+                   ``--to ctranslate2``)
 =================  ===================================  ====================================
 
 Every source is read into ``(config, canonical weights)`` and fully checked before anything is
@@ -21,7 +23,9 @@ state dict cannot be rebuilt into its model without that model's code, so for th
 imported weights are run in the reference and in both backends instead (the target's backend from
 the converted file), and the output says so.
 
-Each framework is imported only when a format needs it.
+Each framework is imported only when a format needs it. For ``--to ctranslate2``, ``--verify``
+compares CTranslate2's ``score_batch`` log-probs of one batch with the source's, computed by the
+source's implementation, against the ``ctranslate2:*`` bounds.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ from shared.saving import recover
 
 FORMATS = ("neutral", "torch", "tf")
 IMPORTERS = ("nn-transformer", "annotated")
+EXPORTERS = ("ctranslate2",)  # destinations only
 IMPL = {"neutral": "reference", "torch": "torch", "tf": "tf"}  # who runs each format in --verify
 _IMPORTER_ARGS = ("n_heads", "norm_first", "pad_id", "bos_id", "eos_id", "norm_eps", "max_len", "dtype")
 
@@ -44,12 +49,14 @@ _IMPORTER_ARGS = ("n_heads", "norm_first", "pad_id", "bos_id", "eos_id", "norm_e
 def add_arguments(parser) -> None:
     parser.add_argument("src", metavar="SRC", help="source: a neutral checkpoint directory, a "
                         "torch_impl .pt, a tf_impl .weights.h5, or (with --from) a state dict .pt")
-    parser.add_argument("dst", metavar="DST", help="destination: a directory (neutral), a .pt "
-                        "(torch_impl) or a .weights.h5 (tf_impl); replaced atomically if it exists")
+    parser.add_argument("dst", metavar="DST", help="destination: a directory (neutral; a CTranslate2 "
+                        "model with --to ctranslate2), a .pt (torch_impl) or a .weights.h5 (tf_impl); "
+                        "replaced atomically if it exists")
     parser.add_argument("--from", dest="src_format", choices=FORMATS + IMPORTERS,
                         help="source format (default: from the path)")
-    parser.add_argument("--to", dest="dst_format", choices=FORMATS,
-                        help="destination format (default: from the path)")
+    parser.add_argument("--to", dest="dst_format", choices=FORMATS + EXPORTERS,
+                        help="destination format (default: from the path); ctranslate2: a "
+                             "CTranslate2 model directory, never detected from the path")
     parser.add_argument("--config", metavar="FILE.json",
                         help="the config, for a .pt holding a bare torch_impl state dict or a "
                              ".weights.h5 written by plain Keras save_weights (files written by "
@@ -127,6 +134,10 @@ def read(fmt: str, path: str, config: TransformerConfig | None = None, importer:
 
 def write(fmt: str, path: str, config: TransformerConfig, weights: dict) -> None:
     """Write ``weights`` to ``path`` in format ``fmt``, atomically."""
+    if fmt == "ctranslate2":
+        from shared.exporters import to_ctranslate2
+        to_ctranslate2(config, weights, path)
+        return
     FORMAT_OF[fmt].write(path, config, weights)
 
 
@@ -176,6 +187,8 @@ def run(args) -> int:
     print(f"config: {json.dumps(config.to_dict(), sort_keys=True)}")
     if not args.verify:
         return 0
+    if dst_fmt in EXPORTERS:
+        return 0 if verify_ctranslate2(src_fmt, args.src, args.dst, config, weights, args.seed) else 1
     return 0 if verify(src_fmt, args.src, dst_fmt, args.dst, config, weights, args.seed) else 1
 
 
@@ -255,5 +268,39 @@ def verify(src_fmt: str, src: str, dst_fmt: str, dst: str, config: TransformerCo
               f"{max_rel_diff(x, y):>9.2e}  {bound.rtol:>7.0e}  {'pass' if passed else 'FAIL'}")
     print("(max rel: the difference relative to the logits' scale, which shared/tolerances.py "
           "bounds; an implementation against itself must match exactly)")
+    print("PASS" if ok else "FAIL")
+    return ok
+
+
+def verify_ctranslate2(src_fmt: str, src: str, dst: str, config: TransformerConfig, weights: dict,
+                       seed: int = 0) -> bool:
+    """CTranslate2's per-token log-probs (``score_batch``) of one batch against the source's, run
+    in the source's implementation (the reference for an importer's state dict); True on pass."""
+    import ctranslate2
+
+    from shared.batches import src_tgt
+    from shared.exporters import ctranslate2 as ct2
+    from shared.tolerances import bound_for, max_abs_diff, max_rel_diff
+
+    if src_fmt in IMPORTERS:  # a state dict has no model here: its imported weights, in the reference
+        impl, source = "reference", _load("reference", None, config, weights)
+    else:
+        impl = IMPL[src_fmt]
+        source = _load(impl, src, config, None)
+    src_ids, tgt_in = src_tgt(config, batch=2, src_len=min(9, config.max_len),
+                              tgt_len=min(7, config.max_len - 1), seed=seed)
+    tgt = tgt_in[:, 1:]  # score_batch prepends the start token itself
+    translator = ctranslate2.Translator(str(dst), device="cpu", compute_type="float32")
+    got = ct2.score(translator, config, src_ids, tgt)
+    want = ct2.project_scores(source.logits, config, src_ids, tgt)
+    bound = bound_for("float32", f"ctranslate2:{impl}")
+    ok = bool(bound.allows(got, want)) and bool(np.isfinite(got).all())
+    label = f"ctranslate2:DST vs {impl}:SRC"
+    print(f"verify: DST = {dst} in CTranslate2 {ctranslate2.__version__} (float32), SRC = {src} in {impl}")
+    print(f"one batch: 2 x {src_ids.shape[1]} source and 2 x {tgt.shape[1]} target tokens + EOS "
+          f"(seed {seed}), per-token log-probs of score_batch")
+    print(f"{'name':<9} {'compared':<{len(label)}}  {'max abs':>9}  {'max rel':>9}  {'bound':>7}  result")
+    print(f"{'log-probs':<9} {label}  {max_abs_diff(got, want):>9.2e}  {max_rel_diff(got, want):>9.2e}  "
+          f"{bound.rtol:>7.0e}  {'pass' if ok else 'FAIL'}")
     print("PASS" if ok else "FAIL")
     return ok
