@@ -67,6 +67,14 @@ BOUNDS: dict[tuple[str, str], Bound] = {
     ("float32", "torch:tf"): Bound(rtol=5e-6, reason="measured max rel diff 1.6e-6 (base, seeds 0-1, decoder.layers.5.ffn_norm) and 6.5e-7 (tiny, seeds 0-2) over the matrix, torch 2.13 vs TF 2.21 eager, CPU: both float32 roundings, about the sum of the two backends' own errors against the oracle; docs/design.md (tolerance policy) records 2.9e-6 abs after six d=512 encoder layers"),
     ("float32", "tf:reference"): Bound(rtol=6e-6, reason="measured max rel diff 2.05e-6 (base, XLA, batch 4-8 x 17-64 tokens, encoder.layers.3.ffn.output), 1.51e-6 (base, matrix shape, eager, decoder.layers.5.ffn_norm) and 4.9e-7 (tiny) over the matrix at seed 0; seeds 1-7: tiny 9.6e-7, base (seed 1) 1.0e-6; eager/tf.function/XLA, TF 2.21 CPU, oneDNN on and off (deterministic either way): float32 rounding through 6+6 layers and 512/2048-long dot products vs the float64 oracle; XLA's own dot kernels give the largest"),
     ("float32", "torch:reference"): Bound(rtol=3e-6, reason="measured max rel diff 9.5e-7 (base, decoder.layers.3.ffn.output) and 7.0e-7 (tiny) over the matrix, random_weights seeds 0-7 (base 0-2), torch 2.13 CPU: float32 rounding accumulated through 6+6 layers and 512/2048-long dot products vs the float64 oracle"),
+
+    # A Keras source model (the TF tutorial's Transformer, a KerasHub seq2seq model) against its
+    # import, run in the reference / torch_impl / tf_impl (parity_tests/test_interop_*.py). Both
+    # sides float32 except the reference; the KerasHub side compares log-probabilities (its final
+    # Dense has a softmax). Measured over tiny models of each family, seeds 0-3 (see the reasons):
+    ("float32", "keras-source:reference"): Bound(rtol=3e-6, reason="imported Keras models, logits (tutorial) or log-probs (KerasHub, real positions): measured max rel diff 7.4e-7 (tutorial, 3 layers, d=32, seeds 0-3) and 4.8e-7 (KerasHub, d=8-32, 1-3 layers, pre/post-norm, relu/gelu/swish, seeds 0-2), Keras 3.15 / TF 2.21 CPU vs the float64 oracle: the Keras side's float32 rounding (its MultiHeadAttention scales the query, not the scores)"),
+    ("float32", "keras-source:torch"): Bound(rtol=4e-6, reason="as keras-source:reference, torch_impl float32 against the Keras source: measured max 1.08e-6 (tutorial, 3 layers, d=32, seed 3) and 5.8e-7 (KerasHub), torch 2.13 CPU: both sides' float32 rounding"),
+    ("float32", "keras-source:tf"): Bound(rtol=3e-6, reason="as keras-source:reference, tf_impl float32 eager against the Keras source: measured max 6.5e-7 (tutorial) and 5.1e-7 (KerasHub), TF 2.21 CPU: both sides' float32 rounding"),
 }
 
 
