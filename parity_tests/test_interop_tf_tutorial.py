@@ -3,7 +3,7 @@ variable, saved with ``save_weights``, imported (`shared.importers.from_tf_tutor
 --from tf-tutorial``), and run in the reference, torch_impl and tf_impl against the source model's
 own logits and its greedy loop.
 
-Heads of width ``key_dim = d_model`` in {4, 16} in the float64 settings: Keras' attention multiplies
+Heads of width ``key_dim = d_model`` = 16 in the float64 setting: Keras' attention multiplies
 by ``1/sqrt(key_dim)`` cast from a Python float through float32 (``tf.cast`` of a Python scalar),
 even in a float64 model; for a power of 4 that scale is exact, otherwise the source itself differs
 from float64 arithmetic by ~1e-8 relative (`test_the_float64_source_rounds_its_attention_scale`).
@@ -36,13 +36,13 @@ from twins.cli import main  # noqa: E402
 # behaviour this file documents.
 pytestmark = pytest.mark.filterwarnings("ignore:Layer '.*' .* does not support masking:UserWarning")
 
-SETTINGS = {  # num_layers, d_model, num_heads, dff, vocabularies, dropout (0: Keras' fused path)
+# Dropout 0.1 and 0 take Keras' two attention paths (einsum + masked softmax; the fused
+# dot_product_attention). Kept to two models: each costs seconds to build and run eagerly.
+SETTINGS = {  # num_layers, d_model, num_heads, dff, vocabularies, dropout
     "1-layer-d16": dict(num_layers=1, d_model=16, num_heads=2, dff=24, input_vocab_size=11,
                         target_vocab_size=13, dropout_rate=0.1, dtype="float64"),
-    "2-layers-d4": dict(num_layers=2, d_model=4, num_heads=3, dff=8, input_vocab_size=9,
-                        target_vocab_size=9, dropout_rate=0.0, dtype="float64"),
-    "2-layers-d8-float32": dict(num_layers=2, d_model=8, num_heads=2, dff=12, input_vocab_size=12,
-                                target_vocab_size=10, dropout_rate=0.1, dtype="float32"),
+    "2-layers-d8-float32": dict(num_layers=2, d_model=8, num_heads=3, dff=12, input_vocab_size=12,
+                                target_vocab_size=10, dropout_rate=0.0, dtype="float32"),
 }
 BOS, EOS = 2, 3  # the tutorial tokenizer's [START] and [END]
 TORCH, TF = Backend("torch", "eager", "cpu"), Backend("tf", "eager", "/CPU:0")
@@ -121,9 +121,8 @@ def test_a_swapped_tensor_breaks_parity(tmp_dir):
         assert max_rel_diff(R.forward(swapped, config, src, tgt), expected) > 1e-6, (a, b)
 
 
-@pytest.mark.parametrize("name", ["1-layer-d16", "2-layers-d4"])
-def test_greedy_tokens_equal_a_greedy_loop_on_the_source(name, tmp_dir):
-    model, _, config, weights = source(name, tmp_dir)
+def test_greedy_tokens_equal_a_greedy_loop_on_the_source(tmp_dir):
+    model, _, config, weights = source("1-layer-d16", tmp_dir)
     src, _ = unpadded(config, batch=4, seed=3)
     expected = K.source_greedy(lambda s, p: keras_logits(model, s, p)[:, -1], src, BOS, EOS,
                                config.pad_id, max_new=6)
@@ -138,7 +137,7 @@ def test_padded_batches_differ_under_keras_3(tmp_dir):
     """A fact of Keras 3, pinned: MultiHeadAttention strips its inputs' masks, so the tutorial's
     model stops masking padding after the first attention sublayer; the import masks padding
     everywhere (as Keras 2 did). If this starts to fail, Keras changed: update the importer's note."""
-    model, _, config, weights = source("2-layers-d4", tmp_dir)
+    model, _, config, weights = source("2-layers-d8-float32", tmp_dir)
     src, tgt = unpadded(config)
     src[:, 4:] = 0  # padded sources, unpadded targets: compare every position
     assert max_rel_diff(R.forward(weights, config, src, tgt), keras_logits(model, src, tgt)) > 1e-3
