@@ -11,8 +11,8 @@
   ``keras.Model`` of its own (``TokenAndPositionEmbedding``, ``TransformerDecoder``, ``Dropout(0.5)``,
   ``Dense(vocab, softmax)``), or (``nested=False``) all in one functional model.
 
-`float_policy` builds a model in float64 (Keras' global dtype policy, which every layer, dropout
-included, then follows); `randomize` draws every variable; `source_greedy` runs the greedy loop
+`float_policy` builds a model in float64 (Keras' global dtype policy and floatx, which every layer,
+dropout and inputs included, then follow); `randomize` draws every variable; `source_greedy` runs the greedy loop
 of the tutorial's ``Translator`` on a source model.
 """
 from __future__ import annotations
@@ -26,12 +26,17 @@ import tensorflow as tf
 
 @contextlib.contextmanager
 def float_policy(dtype: str):
-    previous = keras.config.dtype_policy()
+    """Build in ``dtype``: the dtype policy (every layer) and floatx (``keras.Input``'s default: a
+    float32 input to a float64 model would round the encoder's output and, converting it, drop its
+    padding mask)."""
+    previous, floatx = keras.config.dtype_policy(), keras.config.floatx()
     keras.config.set_dtype_policy(dtype)
+    keras.config.set_floatx(dtype)
     try:
         yield
     finally:
         keras.config.set_dtype_policy(previous)
+        keras.config.set_floatx(floatx)
 
 
 def randomize(model: keras.Model, seed: int) -> keras.Model:
