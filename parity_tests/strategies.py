@@ -13,7 +13,8 @@ def variants(draw, d_model: int, tgt_vocab: int, pad_id: int = 0) -> dict:
     out = dict(activation=draw(st.sampled_from(["relu", "gelu", "swish"])),
                positional=draw(st.sampled_from(["sinusoidal", "learned"])),
                embed_scale=draw(st.booleans()),
-               decoder_start_id=draw(st.sampled_from([None, pad_id]) | st.integers(0, tgt_vocab - 1)))
+               decoder_start_id=draw(st.sampled_from([None, pad_id]) | st.integers(0, tgt_vocab - 1)),
+               mask_padding=draw(st.booleans()))
     if out["positional"] == "sinusoidal":
         even = d_model % 2 == 0
         out["pe_layout"] = draw(st.sampled_from(["interleaved", "halves"] if even else ["interleaved"]))

@@ -43,6 +43,17 @@ def test_exporters_import_no_target_library():
     assert result.returncode == 0, result.stderr
 
 
+def test_the_importers_import_no_framework_and_h5py_only_to_read():
+    """The Keras importers read files with h5py, imported when a file is read; keras_hub never."""
+    result = run("""
+        import shared.importers, twins.convert
+        loaded = sorted(m for m in sys.modules
+                        if m.split('.')[0] in {'torch', 'tensorflow', 'keras', 'keras_hub', 'h5py'})
+        assert not loaded, loaded
+    """, blocked={"keras_hub"})
+    assert result.returncode == 0, result.stderr
+
+
 @pytest.mark.parametrize("package, blocked", [
     ("torch_impl", {"tensorflow", "keras", "tf_keras"}),
     ("tf_impl", {"torch"}),

@@ -22,7 +22,7 @@ BASE = dict(src_vocab=11, tgt_vocab=13, d_model=8, n_heads=2, d_ff=12, n_encoder
             n_decoder_layers=1, max_len=9, dropout=0.0, dtype="float64")
 NEW_FIELDS = {"activation": "relu", "positional": "sinusoidal", "pe_layout": "interleaved",
               "pe_timescale": "paper", "pe_offset": 0, "embed_scale": True, "head_dim": None,
-              "decoder_start_id": None}
+              "decoder_start_id": None, "mask_padding": True}
 
 
 # -- the config -----------------------------------------------------------------------------------
@@ -39,7 +39,8 @@ def test_a_config_json_without_the_new_fields_loads_with_the_defaults():
 
 def test_the_new_fields_are_stored_and_read_back():
     config = TransformerConfig(**{**BASE, "activation": "swish", "pe_layout": "halves", "pe_offset": 2,
-                                  "embed_scale": False, "head_dim": 3, "decoder_start_id": 0})
+                                  "embed_scale": False, "head_dim": 3, "decoder_start_id": 0,
+                                  "mask_padding": False})
     data = json.loads(config.to_json())
     assert {k: data[k] for k in NEW_FIELDS} == {k: getattr(config, k) for k in NEW_FIELDS}
     assert TransformerConfig.from_json(config.to_json()) == config
@@ -303,6 +304,26 @@ def test_the_reference_decodes_from_the_start_token():
         logits = R.forward(model.w, config, src, np.full((2, 1), start))
         np.testing.assert_array_equal(result.tokens[:, 0], np.argmax(np.where(
             np.arange(13) == config.pad_id, -np.inf, logits[:, 0]), axis=-1))
+
+
+def test_without_padding_masks_pad_is_an_ordinary_token():
+    """mask_padding=False: the default masks are all-True for the source and the subsequent mask
+    for the target, so a padded batch computes as if pad were any token (KerasHub without
+    mask_zero); unpadded input computes as the default model, bit for bit."""
+    config = TransformerConfig(**BASE)
+    unmasked = config.replace(mask_padding=False)
+    w = random_weights(config, 3)
+    src, tgt = src_tgt(config, 3, 6, 5, seed=1, src_lengths=[6, 3, 0], tgt_lengths=[5, 2, 1])
+    all_keys = np.ones((3, 1, 1, 6), dtype=bool)
+    causal = np.broadcast_to(np.tril(np.ones((5, 5), dtype=bool)), (3, 1, 5, 5))
+    np.testing.assert_array_equal(R.forward(w, unmasked, src, tgt),
+                                  R.forward(w, config, src, tgt, src_mask=all_keys, tgt_mask=causal))
+    assert np.abs(R.forward(w, unmasked, src, tgt) - R.forward(w, config, src, tgt))[1:].max() > 1e-3
+    full_src, full_tgt = src_tgt(config, 2, 6, 5, seed=2, src_lengths=[6, 6], tgt_lengths=[5, 5])
+    np.testing.assert_array_equal(R.forward(w, unmasked, full_src, full_tgt),
+                                  R.forward(w, config, full_src, full_tgt))
+    with pytest.raises(ValueError, match="mask_padding: expected a bool, got 0"):
+        config.replace(mask_padding=0)
 
 
 def test_fields_are_dataclass_fields_in_order():

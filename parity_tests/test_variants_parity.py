@@ -48,6 +48,7 @@ VARIANTS = {
     "head-dim": dict(head_dim=5),
     "start-pad": dict(decoder_start_id=0),
     "start-eos": dict(decoder_start_id=2),
+    "no-pad-mask": dict(mask_padding=False),  # KerasHub without mask_zero: padding is attended to
     # Every non-default value at once; d_model 10 is no multiple of n_heads 4 (head_dim 3 instead).
     "all-sinusoidal": dict(activation="swish", pe_layout="halves", pe_timescale="t2t", pe_offset=2,
                            embed_scale=False, head_dim=3, d_model=10, n_heads=4, decoder_start_id=0,
@@ -155,7 +156,7 @@ def test_float64_gradients_torch_vs_tf(variant):
 # The fields decoding reads beyond the forward pass (the start token, the positional row and the
 # embedding of a decoding step, the cache's head width), and every field at once. An activation or
 # a table layout changes only code the forward tests already cover.
-DECODE_VARIANTS = ["learned", "offset", "head-dim", "start-pad", "start-eos"] + ALL
+DECODE_VARIANTS = ["learned", "offset", "head-dim", "start-pad", "start-eos", "no-pad-mask"] + ALL
 
 
 @pytest.mark.parametrize("variant", DECODE_VARIANTS)
@@ -195,7 +196,7 @@ def _teacher_forced(c: TransformerConfig, src: np.ndarray) -> np.ndarray:
     return np.concatenate([np.full((len(src), 1), c.start_id), body], axis=1)
 
 
-@pytest.mark.parametrize("variant", ALL + ["start-pad", "learned", "head-dim"])
+@pytest.mark.parametrize("variant", ALL + ["start-pad", "learned", "head-dim", "no-pad-mask"])
 def test_the_cache_equals_the_full_pass(variant):
     """decode_step, token by token from the start token, gives the forward pass's logits at every
     position (float64, both backends); with a pad start token the column-0 rule is what makes them

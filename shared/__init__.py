@@ -5,11 +5,11 @@ the Noam schedule, the canonical weight schema and checkpoint format, and the fl
 Importing this package imports neither PyTorch nor TensorFlow.
 """
 from .config import PRESETS, TransformerConfig
-from .masks import make_src_mask, make_tgt_mask, padding_mask, start_is_pad, subsequent_mask
+from .masks import make_src_mask, make_tgt_mask, padding_id, padding_mask, start_is_pad, subsequent_mask
 from .positional import positional_encoding, positional_table
 from .schedule import noam_lr
 
 __all__ = [
     "PRESETS", "TransformerConfig", "make_src_mask", "make_tgt_mask", "padding_mask",
-    "subsequent_mask", "start_is_pad", "positional_encoding", "positional_table", "noam_lr",
+    "subsequent_mask", "start_is_pad", "padding_id", "positional_encoding", "positional_table", "noam_lr",
 ]

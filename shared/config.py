@@ -69,6 +69,10 @@ class TransformerConfig:
         decoder_start_id: the first decoder input token in decoding; ``None`` = ``bos_id``. May equal
             ``pad_id`` (Marian): column 0 of a target is then never treated as padding
             (`shared.masks.make_tgt_mask`).
+        mask_padding: ``True``: keys equal to ``pad_id`` are masked (docs/design.md, convention 2).
+            ``False``: the default masks ignore padding, ``pad_id`` is a token like any other: the
+            source mask allows every key and the target mask is the subsequent mask alone (KerasHub
+            models built without ``mask_zero``). Explicit masks are used as given either way.
 
     The three ``pe_*`` fields describe the sinusoidal table only: with ``positional="learned"`` they
     must keep their defaults.
@@ -101,6 +105,7 @@ class TransformerConfig:
     embed_scale: bool = True
     head_dim: int | None = None
     decoder_start_id: int | None = None
+    mask_padding: bool = True
 
     def __post_init__(self) -> None:
         if self.final_norm is None:
@@ -148,7 +153,8 @@ class TransformerConfig:
                 f"TransformerConfig.max_len: expected max_len * d_model <= POSITIONAL_TABLE_LIMIT = "
                 f"{POSITIONAL_TABLE_LIMIT} (the float64 positional table, 2 GiB), got {self.max_len} * "
                 f"{self.d_model} = {self.max_len * self.d_model}")
-        for name in ("norm_first", "final_norm", "share_embeddings", "tie_output", "embed_scale"):
+        for name in ("norm_first", "final_norm", "share_embeddings", "tie_output", "embed_scale",
+                     "mask_padding"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(f"TransformerConfig.{name}: expected a bool, got {value!r}")

@@ -10,6 +10,10 @@ A mask is boolean and ``True`` means **may attend**. Masks broadcast to
   positions 1.. only** (`start_is_pad`, ``first_is_real=True``). Otherwise every column, the first
   included, is padding where it equals ``pad_id``, as before.
 
+With ``config.mask_padding=False`` (KerasHub without ``mask_zero``) padding is not masked at all:
+call sites pass ``pad_id=None`` (`padding_id(config)`), giving an all-True source mask and the
+subsequent mask alone for the target.
+
 Only the *keys* are masked for padding; a padded query row still computes something, and a row with
 no allowed key at all (an all-padding sequence) gets all-zero weights and a zero output.
 A backend converts to another convention only at the call of a framework op that needs it.
@@ -43,9 +47,20 @@ def padding_mask(ids: np.ndarray, pad_id: int) -> np.ndarray:
     return (ids != pad_id)[:, None, None, :]
 
 
-def make_src_mask(src: np.ndarray, pad_id: int) -> np.ndarray:
-    """Source mask ``(batch, 1, 1, src_len)`` from source ids ``(batch, src_len)``."""
-    return padding_mask(_check_ids("src", src), pad_id)
+def padding_id(config: TransformerConfig) -> int | None:
+    """The id the default masks hide: ``config.pad_id``, or ``None`` when ``config.mask_padding`` is
+    False (padding is then an ordinary token). Pass it as ``pad_id`` to the ``make_*_mask`` helpers
+    here and in both backends."""
+    return config.pad_id if config.mask_padding else None
+
+
+def make_src_mask(src: np.ndarray, pad_id: int | None) -> np.ndarray:
+    """Source mask ``(batch, 1, 1, src_len)`` from source ids ``(batch, src_len)``; all True when
+    ``pad_id`` is None (`padding_id`)."""
+    src = _check_ids("src", src)
+    if pad_id is None:
+        return np.ones((src.shape[0], 1, 1, src.shape[1]), dtype=bool)
+    return padding_mask(src, pad_id)
 
 
 def start_is_pad(config: TransformerConfig) -> bool:
@@ -54,13 +69,15 @@ def start_is_pad(config: TransformerConfig) -> bool:
     return config.start_id == config.pad_id
 
 
-def make_tgt_mask(tgt: np.ndarray, pad_id: int, first_is_real: bool = False) -> np.ndarray:
+def make_tgt_mask(tgt: np.ndarray, pad_id: int | None, first_is_real: bool = False) -> np.ndarray:
     """Target mask ``(batch, 1, tgt_len, tgt_len)``: key is not padding AND key position <= query position.
 
     ``first_is_real`` (pass `start_is_pad(config)`): column 0 is the decoder start token, a real
     key even when it equals ``pad_id``; padding is then derived from ``tgt != pad_id`` for
-    positions 1.. only."""
+    positions 1.. only. ``pad_id=None`` (`padding_id`): the subsequent mask alone, per row."""
     tgt = _check_ids("tgt", tgt)
+    if pad_id is None:
+        return np.broadcast_to(subsequent_mask(tgt.shape[1]), (tgt.shape[0], 1) + (tgt.shape[1],) * 2).copy()
     keys = padding_mask(tgt, pad_id)  # (B, 1, 1, T)
     if first_is_real:
         keys = keys | (np.arange(tgt.shape[1]) == 0)

@@ -37,7 +37,7 @@ from .checks import check_ids, check_ids_range, check_mask, check_same_batch
 from .config import TransformerConfig
 from .decoding import BeamResult, GreedyResult
 from .loss import log_softmax
-from .masks import make_src_mask, make_tgt_mask, start_is_pad
+from .masks import make_src_mask, make_tgt_mask, padding_id, start_is_pad
 from .positional import positional_table
 from .weights import check_weights, tgt_embedding_name, tgt_positions_name
 
@@ -273,7 +273,7 @@ def encode(weights: Weights, config: TransformerConfig, src, src_mask=None,
     model = Model(weights, config)
     src = _check_tokens("src", src, config.src_vocab, config)
     b, s = src.shape
-    src_mask = _check_or_make_mask("src_mask", src_mask, make_src_mask(src, config.pad_id), config, b, 1, s)
+    src_mask = _check_or_make_mask("src_mask", src_mask, make_src_mask(src, padding_id(config)), config, b, 1, s)
     return model.encode(src, src_mask, trace)
 
 
@@ -295,8 +295,8 @@ def forward(weights: Weights, config: TransformerConfig, src, tgt, src_mask=None
     tgt = _check_tokens("tgt", tgt, config.tgt_vocab, config)
     check_same_batch(src.shape, tgt.shape)
     (b, s), t = src.shape, tgt.shape[1]
-    src_mask = _check_or_make_mask("src_mask", src_mask, make_src_mask(src, config.pad_id), config, b, 1, s)
-    default_tgt_mask = make_tgt_mask(tgt, config.pad_id, start_is_pad(config))
+    src_mask = _check_or_make_mask("src_mask", src_mask, make_src_mask(src, padding_id(config)), config, b, 1, s)
+    default_tgt_mask = make_tgt_mask(tgt, padding_id(config), start_is_pad(config))
     tgt_mask = _check_or_make_mask("tgt_mask", tgt_mask, default_tgt_mask, config, b, t, t)
     trace: Trace | None = {} if return_trace else None
     memory = model.encode(src, src_mask, trace)
@@ -321,7 +321,7 @@ def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty
     src = _check_tokens("src", src, config.src_vocab, config)
     _decoding.check_search_args(config, max_len, beam_size, length_penalty)
     b, s = src.shape
-    src_mask = _check_or_make_mask("src_mask", src_mask, make_src_mask(src, config.pad_id), config,
+    src_mask = _check_or_make_mask("src_mask", src_mask, make_src_mask(src, padding_id(config)), config,
                                    b, 1, s)
     return src, src_mask
 
@@ -336,7 +336,7 @@ def _step_function(model: Model, src: np.ndarray, src_mask: np.ndarray, beams: i
         src_mask = np.repeat(src_mask, beams, axis=0)  # (B*K, 1|H, 1, S)
 
     def log_probs(prefix: np.ndarray) -> np.ndarray:  # (B*K, t+1) -> (B*K, V)
-        tgt_mask = make_tgt_mask(prefix, config.pad_id, start_is_pad(config))
+        tgt_mask = make_tgt_mask(prefix, padding_id(config), start_is_pad(config))
         hidden = model.decode(prefix, memory, src_mask, tgt_mask, None)  # (B*K, t+1, d)
         return log_softmax(model.project(hidden[:, -1]))
 

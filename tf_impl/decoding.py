@@ -37,7 +37,7 @@ import weakref
 import tensorflow as tf
 
 from shared.decoding import BeamResult, GreedyResult, check_search_args
-from shared.masks import start_is_pad
+from shared.masks import padding_id, start_is_pad
 
 from . import search
 from .cache import repeat_rows
@@ -71,7 +71,7 @@ class RecomputeStep:
         m = self.model
         # XLA needs static shapes: all max_len positions, of which position t is read.
         tgt = prefixes[:, : self.max_len] if in_xla_context() else prefixes[:, : t + 1]  # (N, t+1|T)
-        tgt_mask = make_tgt_mask(tgt, m.config.pad_id, start_is_pad(m.config))  # (N, 1, L, L)
+        tgt_mask = make_tgt_mask(tgt, padding_id(m.config), start_is_pad(m.config))  # (N, 1, L, L)
         hidden = m._decode(tgt, self.memory, self.src_mask, tgt_mask, None, False)  # (N, L, d)
         logits = m.generator(tf.gather(hidden, [t], axis=1))[:, 0]  # (N, V)
         return tf.nn.log_softmax(logits), state

@@ -216,19 +216,23 @@ def check_same_batch(src: tf.Tensor, tgt: tf.Tensor) -> tf.Tensor:
     return runtime_check(tgt, [(tf.equal(a, b), checks.same_batch_message("tgt", "{}", "{}"), (a, b))])
 
 
-def make_src_mask(src: tf.Tensor, pad_id: int) -> tf.Tensor:
-    """Source mask ``(batch, 1, 1, src_len)``: True where the key token is not padding."""
+def make_src_mask(src: tf.Tensor, pad_id: int | None) -> tf.Tensor:
+    """Source mask ``(batch, 1, 1, src_len)``: True where the key token is not padding; all True
+    when ``pad_id`` is None (``config.mask_padding=False``, `shared.masks.padding_id`)."""
+    if pad_id is None:
+        return tf.ones_like(src, dtype=tf.bool)[:, None, None, :]
     return (src != pad_id)[:, None, None, :]
 
 
-def make_tgt_mask(tgt: tf.Tensor, pad_id: int, first_is_real: bool = False) -> tf.Tensor:
+def make_tgt_mask(tgt: tf.Tensor, pad_id: int | None, first_is_real: bool = False) -> tf.Tensor:
     """Target mask ``(batch, 1, tgt_len, tgt_len)``: the key is not padding AND key <= query.
 
     ``first_is_real`` (`shared.masks.start_is_pad(config)`): column 0 is the decoder start token,
-    never padding; padding comes from ``tgt != pad_id`` for positions 1.. only (`shared.masks`)."""
+    never padding; padding comes from ``tgt != pad_id`` for positions 1.. only (`shared.masks`).
+    ``pad_id=None`` (`shared.masks.padding_id`): no key is padding, the subsequent mask alone."""
     positions = tf.range(dims(tgt, 2)[1])
     subsequent = positions[:, None] >= positions[None, :]  # (T, T), lower-triangular
-    keys = tgt != pad_id  # (B, T)
+    keys = tf.ones_like(tgt, dtype=tf.bool) if pad_id is None else tgt != pad_id  # (B, T)
     if first_is_real:
         keys = tf.logical_or(keys, positions == 0)
     return tf.logical_and(keys[:, None, None, :], subsequent)  # (B, 1, T, T)

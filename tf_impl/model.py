@@ -10,7 +10,7 @@ import tensorflow as tf
 from shared import TransformerConfig
 from shared.checks import check_ids_range
 from shared.decoding import check_max_len
-from shared.masks import start_is_pad
+from shared.masks import padding_id, start_is_pad
 
 from . import weights_io
 from .cache import DecoderCache
@@ -92,13 +92,13 @@ class Transformer(keras.Model):
     # -- input checks (all before any compute) ----------------------------------------------------
     def _src_mask(self, src: tf.Tensor, src_mask, q_len: int | None = 1) -> tf.Tensor:
         if src_mask is None:
-            return make_src_mask(src, self.config.pad_id)
+            return make_src_mask(src, padding_id(self.config))
         b, s = dims(src, 2)  # ints, or tensors for sizes known only at run time
         return check_mask("src_mask", src_mask, b, self.config.n_heads, q_len, s)
 
     def _tgt_mask(self, tgt: tf.Tensor, tgt_mask) -> tf.Tensor:
         if tgt_mask is None:
-            return make_tgt_mask(tgt, self.config.pad_id, start_is_pad(self.config))
+            return make_tgt_mask(tgt, padding_id(self.config), start_is_pad(self.config))
         b, t = dims(tgt, 2)
         return check_mask("tgt_mask", tgt_mask, b, self.config.n_heads, t, t)
 

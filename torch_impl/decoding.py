@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from shared.decoding import BeamResult, GreedyResult, check_search_args
-from shared.masks import start_is_pad
+from shared.masks import padding_id, start_is_pad
 
 from . import search
 from .cache import repeat_rows
@@ -84,7 +84,7 @@ class RecomputeStep:
     def __call__(self, prefixes: torch.Tensor, t: int, state):
         m = self.model
         tgt = prefixes[:, : t + 1]  # (N, t+1)
-        tgt_mask = make_tgt_mask(tgt, m.config.pad_id, start_is_pad(m.config))  # (N, 1, t+1, t+1)
+        tgt_mask = make_tgt_mask(tgt, padding_id(m.config), start_is_pad(m.config))  # (N, 1, t+1, t+1)
         hidden = m._decode(tgt, self.memory, self.src_mask, tgt_mask, None)  # (N, t+1, d)
         return torch.log_softmax(m.generator(hidden[:, -1]), dim=-1), state  # (N, V), model dtype
 

@@ -58,19 +58,23 @@ def check_same_batch(src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
     return tgt
 
 
-def make_src_mask(src: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """Source mask ``(batch, 1, 1, src_len)``: True where the key token is not padding."""
+def make_src_mask(src: torch.Tensor, pad_id: int | None) -> torch.Tensor:
+    """Source mask ``(batch, 1, 1, src_len)``: True where the key token is not padding; all True
+    when ``pad_id`` is None (``config.mask_padding=False``, `shared.masks.padding_id`)."""
+    if pad_id is None:
+        return torch.ones_like(src, dtype=torch.bool)[:, None, None, :]
     return (src != pad_id)[:, None, None, :]
 
 
-def make_tgt_mask(tgt: torch.Tensor, pad_id: int, first_is_real: bool = False) -> torch.Tensor:
+def make_tgt_mask(tgt: torch.Tensor, pad_id: int | None, first_is_real: bool = False) -> torch.Tensor:
     """Target mask ``(batch, 1, tgt_len, tgt_len)``: the key is not padding AND key <= query.
 
     ``first_is_real`` (`shared.masks.start_is_pad(config)`): column 0 is the decoder start token,
-    never padding; padding comes from ``tgt != pad_id`` for positions 1.. only (`shared.masks`)."""
+    never padding; padding comes from ``tgt != pad_id`` for positions 1.. only (`shared.masks`).
+    ``pad_id=None`` (`shared.masks.padding_id`): no key is padding, the subsequent mask alone."""
     t = tgt.shape[1]
     subsequent = torch.ones(t, t, dtype=torch.bool, device=tgt.device).tril()  # (T, T)
-    keys = tgt != pad_id  # (B, T)
+    keys = torch.ones_like(tgt, dtype=torch.bool) if pad_id is None else tgt != pad_id  # (B, T)
     if first_is_real:
         keys = keys | (torch.arange(t, device=tgt.device) == 0)
     return keys[:, None, None, :] & subsequent  # (B, 1, T, T)

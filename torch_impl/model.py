@@ -11,7 +11,7 @@ from torch import nn
 from shared import TransformerConfig
 from shared.checks import check_ids_range
 from shared.decoding import check_max_len
-from shared.masks import start_is_pad
+from shared.masks import padding_id, start_is_pad
 
 from . import weights_io
 from .cache import DecoderCache
@@ -76,13 +76,13 @@ class Transformer(nn.Module):
     # -- input checks (all before any compute) ----------------------------------------------------
     def _src_mask(self, src: torch.Tensor, src_mask, q_len: int = 1) -> torch.Tensor:
         if src_mask is None:
-            return make_src_mask(src, self.config.pad_id)
+            return make_src_mask(src, padding_id(self.config))
         check_mask("src_mask", src_mask, src.shape[0], self.config.n_heads, q_len, src.shape[1])
         return src_mask
 
     def _tgt_mask(self, tgt: torch.Tensor, tgt_mask) -> torch.Tensor:
         if tgt_mask is None:
-            return make_tgt_mask(tgt, self.config.pad_id, start_is_pad(self.config))
+            return make_tgt_mask(tgt, padding_id(self.config), start_is_pad(self.config))
         b, t = tgt.shape
         check_mask("tgt_mask", tgt_mask, b, self.config.n_heads, t, t)
         return tgt_mask

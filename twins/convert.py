@@ -12,6 +12,8 @@ format             path                                 read / written by
 ``annotated``      ``*.pt`` state dict (source only)    `shared.importers.from_annotated`
 ``ctranslate2``    a directory (destination only,       `shared.exporters.to_ctranslate2`
                    ``--to ctranslate2``)
+``tf-tutorial``    ``*.weights.h5`` (source only)       `shared.importers.from_tf_tutorial`
+``keras-hub``      ``*.weights.h5``, ``*.keras``        `shared.importers.from_keras_hub`
 =================  ===================================  ====================================
 
 Every source is read into ``(config, canonical weights)`` and fully checked before anything is
@@ -42,8 +44,10 @@ from shared.saving import recover
 FORMATS = ("neutral", "torch", "tf")
 IMPORTERS = ("nn-transformer", "annotated")
 EXPORTERS = ("ctranslate2",)  # destinations only
+KERAS_IMPORTERS = ("tf-tutorial", "keras-hub")  # Keras files read with h5py: --from only
 IMPL = {"neutral": "reference", "torch": "torch", "tf": "tf"}  # who runs each format in --verify
 _IMPORTER_ARGS = ("n_heads", "norm_first", "pad_id", "bos_id", "eos_id", "norm_eps", "max_len", "dtype")
+_KERAS_ARGS = ("mask_zero", "normalize_first", "activation")
 
 
 def add_arguments(parser) -> None:
@@ -52,7 +56,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("dst", metavar="DST", help="destination: a directory (neutral; a CTranslate2 "
                         "model with --to ctranslate2), a .pt (torch_impl) or a .weights.h5 (tf_impl); "
                         "replaced atomically if it exists")
-    parser.add_argument("--from", dest="src_format", choices=FORMATS + IMPORTERS,
+    parser.add_argument("--from", dest="src_format", choices=FORMATS + IMPORTERS + KERAS_IMPORTERS,
                         help="source format (default: from the path)")
     parser.add_argument("--to", dest="dst_format", choices=FORMATS + EXPORTERS,
                         help="destination format (default: from the path); ctranslate2: a "
@@ -77,6 +81,22 @@ def add_arguments(parser) -> None:
     imp.add_argument("--max-len", type=int,
                      help="needed only if the state dict holds no positional table")
     imp.add_argument("--dtype", choices=["float32", "float64"], help="cast (default: the source's)")
+    _add_keras_arguments(parser)
+
+
+def _add_keras_arguments(parser) -> None:
+    keras = parser.add_argument_group(
+        "Keras importers (--from tf-tutorial / keras-hub; --bos-id, --eos-id, --dtype as above; "
+        "--norm-eps default: tutorial 1e-3, keras-hub 1e-5 or the .keras config's; --max-len: "
+        "tutorial only, default 2048)")
+    keras.add_argument("--mask-zero", type=_bool, metavar="true|false",
+                       help="keras-hub, required for a .weights.h5: the TokenAndPositionEmbedding "
+                            "layers' mask_zero (a .keras file stores it)")
+    keras.add_argument("--normalize-first", type=_bool, metavar="true|false",
+                       help="keras-hub: the layers' normalize_first (default: the .keras config's, "
+                            "else false)")
+    keras.add_argument("--activation", choices=["relu", "gelu", "swish", "silu"],
+                       help="keras-hub: the layers' activation (default: the .keras config's, else relu)")
 
 
 def _bool(text: str) -> bool:
@@ -121,6 +141,8 @@ def read(fmt: str, path: str, config: TransformerConfig | None = None, importer:
     """``(config, canonical weights)`` from ``path`` in format ``fmt``, fully checked."""
     if fmt in FORMAT_OF:
         return FORMAT_OF[fmt].read(path, config)
+    if fmt in KERAS_IMPORTERS:
+        return _read_keras(fmt, path, importer or {})
     from shared import importers
     from torch_impl import checkpoints as torch_checkpoints
     state_dict = torch_checkpoints.read_foreign_state_dict(path)
@@ -128,6 +150,26 @@ def read(fmt: str, path: str, config: TransformerConfig | None = None, importer:
     fn = importers.from_nn_transformer if fmt == "nn-transformer" else importers.from_annotated
     try:
         return fn(state_dict, **importer)
+    except importers.ImporterError as err:  # name the file, not only the importer
+        raise importers.ImporterError(f"{path!r} ({fn.__name__})", err.problems) from None
+
+
+def _read_keras(fmt: str, path: str, options: dict) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
+    """A Keras file (h5py; no code from it runs) through the tutorial or KerasHub importer."""
+    from shared import importers
+    options = {k: v for k, v in options.items() if v is not None}
+    if fmt == "tf-tutorial":
+        if path.endswith(".keras"):
+            raise ValueError(f"{path!r}: --from tf-tutorial reads the .weights.h5 of save_weights "
+                             "(a subclassed tutorial model's .keras holds no architecture to read)")
+        fn = importers.from_tf_tutorial
+    else:
+        fn = importers.from_keras_hub
+    file = importers.read_keras_file(path)
+    if file.config is not None:
+        options["keras_config"] = file.config
+    try:
+        return fn(file.weights, **options)
     except importers.ImporterError as err:  # name the file, not only the importer
         raise importers.ImporterError(f"{path!r} ({fn.__name__})", err.problems) from None
 
@@ -141,8 +183,34 @@ def write(fmt: str, path: str, config: TransformerConfig, weights: dict) -> None
     FORMAT_OF[fmt].write(path, config, weights)
 
 
+def _keras_options(args, fmt: str) -> dict:
+    """The options of ``--from tf-tutorial`` / ``keras-hub``, each checked against the importer."""
+    names = {"tf-tutorial": ("bos_id", "eos_id", "norm_eps", "max_len", "dtype"),
+             "keras-hub": ("bos_id", "eos_id", "pad_id", "norm_eps", "dtype", "mask_zero",
+                           "normalize_first", "activation")}[fmt]
+    given = {k: getattr(args, k) for k in _IMPORTER_ARGS + _KERAS_ARGS if getattr(args, k) is not None}
+    if fmt == "keras-hub" and "norm_first" in given:
+        raise ValueError("--norm-first: for --from keras-hub the flag is --normalize-first")
+    wrong = [k for k in given if k not in names]
+    if wrong:
+        raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in wrong)}: not an option of "
+                         f"--from {fmt} (it takes {', '.join('--' + k.replace('_', '-') for k in names)})")
+    lacking = [f"--{k.replace('_', '-')}" for k in ("bos_id", "eos_id") if k not in given]
+    if lacking:
+        raise ValueError(f"--from {fmt}: {', '.join(lacking)} required (not stored in a Keras file)")
+    if args.config:
+        raise ValueError(f"--config: --from {fmt} builds the config from the file and the options")
+    return given
+
+
 def _importer_options(args, fmt: str) -> dict | None:
+    if fmt in KERAS_IMPORTERS:
+        return _keras_options(args, fmt)
     given = {k: getattr(args, k) for k in _IMPORTER_ARGS if getattr(args, k) is not None}
+    keras_only = [k for k in _KERAS_ARGS if getattr(args, k, None) is not None]
+    if keras_only:
+        raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in keras_only)}: only for "
+                         "--from keras-hub")
     if fmt not in IMPORTERS:
         if given:
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
@@ -221,8 +289,9 @@ def verify(src_fmt: str, src: str, dst_fmt: str, dst: str, config: TransformerCo
     batch = src_tgt(config, batch=2, src_len=min(9, config.max_len), tgt_len=min(7, config.max_len),
                     seed=seed)
     runs = {}  # label -> adapter (twins.backends)
-    if src_fmt in IMPORTERS:
-        print(f"verify: the {src_fmt} state dict cannot be rebuilt into its source model here; "
+    if src_fmt in IMPORTERS + KERAS_IMPORTERS:
+        what = "state dict" if src_fmt in IMPORTERS else "file"
+        print(f"verify: the {src_fmt} {what} cannot be rebuilt into its source model here; "
               "comparing the imported weights in the reference and in both backends instead, "
               f"the {IMPL[dst_fmt]} one loaded from DST = {dst}")
         for impl in ("reference", "torch", "tf"):

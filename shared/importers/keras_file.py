@@ -1,0 +1,146 @@
+"""Keras 3 weight files read without running code: a ``.weights.h5`` (``save_weights``) or a
+``.keras`` archive (``model.save``). NumPy + h5py (imported when a file is read).
+
+A ``.weights.h5`` is an HDF5 tree that mirrors the model's Python object tree: each layer is a group
+named after the attribute that holds it (``encoder``, ``final_layer``) or, inside a list (a
+functional model's ``layers``, a subclassed model's list attribute), after its class in snake case
+with a counter in list order (``transformer_encoder``, ``transformer_encoder_1``, ...); the layer's
+own variables are the datasets ``vars/0``, ``vars/1`` ... in creation order (Dense: kernel, bias;
+LayerNormalization: gamma, beta). `read_keras_file` returns them flat, ``{"group/path/vars/i":
+array}``, which the importers map by path.
+
+A ``.keras`` file is a zip of ``config.json`` (the architecture), ``metadata.json`` and
+``model.weights.h5``. Only the JSON and the weights are read; Keras itself is never asked to load
+the file. A config that names a layer whose loading would run code (a ``Lambda``, a Python function
+or lambda, a class outside ``keras`` / ``keras_hub``) is refused all the same: the user asked to
+port that model, and this model is not the one in the file.
+"""
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .common import ImporterError
+
+# Groups Keras saves beside the model (training state): not part of the network, skipped.
+TRAINING_STATE = ("optimizer", "compile_metrics", "metrics", "loss_tracker")
+# Modules whose layers Keras can rebuild from the config without user code.
+TRUSTED_MODULES = ("keras", "keras_hub")
+_CODE_CLASSES = {"Lambda", "TFOpLambda", "SlicingOpLambda", "__lambda__", "__function__"}
+
+
+@dataclass(frozen=True)
+class KerasFile:
+    """A Keras file's variables ``{h5 path: array}`` and, for a ``.keras`` archive, its config."""
+
+    path: str
+    weights: dict[str, np.ndarray]
+    config: dict | None
+
+
+def read_keras_file(path) -> KerasFile:
+    """Read ``path`` (``*.weights.h5`` or ``*.keras``) into a `KerasFile`.
+
+    Raises:
+        ImporterError: not an HDF5 file / not a Keras archive, a dataset that cannot be read, or a
+            ``.keras`` config that names code (every such layer named).
+        FileNotFoundError: no such file.
+    """
+    path = str(path)
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path!r}: no such file")
+    if path.endswith(".keras"):
+        return _read_archive(path)
+    return KerasFile(path, _read_h5(path, path), None)
+
+
+def _read_archive(path: str) -> KerasFile:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            missing = [n for n in ("config.json", "model.weights.h5") if n not in names]
+            if missing:
+                raise ImporterError(repr(path), [f"not a Keras 3 .keras archive: no {missing} "
+                                                 f"(found {sorted(names)[:10]})"])
+            config = json.loads(archive.read("config.json").decode("utf-8"))
+            data = archive.read("model.weights.h5")
+    except (zipfile.BadZipFile, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ImporterError(repr(path), [f"not a Keras 3 .keras archive ({err})"]) from None
+    problems = code_in_config(config)
+    if problems:
+        raise ImporterError(repr(path), problems)
+    return KerasFile(path, _read_h5(io.BytesIO(data), f"{path}:model.weights.h5"), config)
+
+
+def _read_h5(source, label: str) -> dict[str, np.ndarray]:
+    import h5py  # deferred: `import shared` stays NumPy only
+
+    out: dict[str, np.ndarray] = {}
+    problems: list[str] = []
+    try:
+        with h5py.File(source, "r") as handle:
+            def visit(name: str, obj) -> None:
+                if isinstance(obj, h5py.Dataset) and name.split("/")[0] not in TRAINING_STATE:
+                    try:
+                        out[name] = np.array(obj[()])
+                    except (OSError, TypeError, ValueError) as err:
+                        problems.append(f"{name}: cannot be read ({err})")
+            handle.visititems(visit)
+    except OSError as err:
+        raise ImporterError(repr(label), [f"not a readable HDF5 .weights.h5 file ({err})"]) from None
+    if problems:
+        raise ImporterError(repr(label), problems)
+    return out
+
+
+def code_in_config(config: Any) -> list[str]:
+    """Every object of a ``.keras`` config whose loading would run code, as problem lines."""
+    problems: list[str] = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            cls, module = node.get("class_name"), node.get("module")
+            name = node.get("config", {}).get("name") if isinstance(node.get("config"), dict) else None
+            label = f"{where}: {cls}" + (f" {name!r}" if name else "")
+            if cls in _CODE_CLASSES:
+                problems.append(f"{label}: loading it would execute Python code from the file; refusing")
+            elif isinstance(cls, str) and isinstance(module, str) and \
+                    module.split(".")[0] not in TRUSTED_MODULES:
+                problems.append(f"{label} from module {module!r}: a custom class, whose loading would "
+                                f"run that module's code; only {TRUSTED_MODULES} layers are accepted")
+            elif isinstance(node.get("registered_name"), str) and ">" in node["registered_name"] \
+                    and node["registered_name"].split(">")[0] not in TRUSTED_MODULES:
+                problems.append(f"{label}: registered custom object {node['registered_name']!r}, "
+                                "whose loading would run user code; refusing")
+            for key, value in node.items():
+                walk(value, f"{where}.{key}" if where else key)
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{where}[{i}]")
+
+    walk(config, "")
+    return problems
+
+
+def layer_configs(config: Any, class_name: str) -> list[dict]:
+    """The ``config`` dicts of every layer of ``class_name`` in a ``.keras`` config, in file order."""
+    found: list[dict] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("class_name") == class_name and isinstance(node.get("config"), dict):
+                found.append(node["config"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(config)
+    return found
