@@ -101,7 +101,7 @@ def test_left_padding_is_not_supported():
 @pytest.mark.parametrize("impl", C.IMPLS)
 def test_greedy_tokens_equal_generate(impl):
     distinct = set()  # tied random models repeat one token; the untied ones vary
-    for name in sorted(CASES):
+    for name in sorted(CASES) if impl != "tf" else ["unequal-relu"]:  # TF compiles per model
         model, _, config, weights = case(name, "float64")
         src = C.sources(config)
         expected = H.hf_greedy(model, src, 9, config.pad_id)

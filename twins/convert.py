@@ -168,6 +168,15 @@ def write(fmt: str, path: str, config: TransformerConfig, weights: dict) -> None
     FORMAT_OF[fmt].write(path, config, weights)
 
 
+def _transformers_family(path: str) -> str | None:
+    """``marian`` / ``fsmt`` when ``path`` is such a save_pretrained directory, else None."""
+    try:
+        found = json.loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if found in DIRECTORIES else None
+
+
 def _importer_options(args, fmt: str) -> dict | None:
     given = {k: getattr(args, k) for k in _IMPORTER_ARGS if getattr(args, k) is not None}
     rename = list(getattr(args, "rename", None) or [])
@@ -203,6 +212,9 @@ def run(args) -> int:
     if not Path(args.src).exists():
         raise FileNotFoundError(f"{args.src!r}: no such file or directory")
     src_fmt = args.src_format or detect(args.src, "source")
+    if args.src_format is None and (family := _transformers_family(args.src)):
+        raise ValueError(f"{args.src!r}: a transformers {family} directory, not a neutral "
+                         f"checkpoint; pass --from {family}")
     dst_fmt = args.dst_format or detect(args.dst, "destination")
     if Path(args.src).resolve() == Path(args.dst).resolve():
         raise ValueError(f"SRC and DST are the same path ({args.src!r}); write elsewhere")
