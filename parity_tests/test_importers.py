@@ -331,3 +331,49 @@ def test_imported_weights_in_backend(backend, layout):
     else:
         actual = np.asarray(net(src, tgt, training=False))
     assert_close(actual, expected, FLOAT64, f"{backend} logits")
+
+
+# -- near-miss layouts ------------------------------------------------------------------------------
+def test_float64_positional_buffer_in_a_float32_model_is_accepted(nn_sd):
+    """Both tutorials can build the buffer in float64 beside float32 weights: the buffer is only
+    checked, never imported, so its dtype does not matter."""
+    nn_sd["positional_encoding.pos_embedding"] = positional_encoding(32, 16)[:, None, :]
+    config, weights = from_nn_transformer(nn_sd, norm_first=False, **NN)
+    assert config.dtype == "float32" and all(w.dtype == np.float32 for w in weights.values())
+    ann = S.numpy_state_dict(annotated_model(dtype="float32"))
+    ann["src_embed.1.pe"] = positional_encoding(32, 16)[None]
+    assert from_annotated(ann, **ANN)[0].dtype == "float32"
+    nn_sd["generator.bias"] = nn_sd["generator.bias"].astype(np.float64)  # a weight: still refused
+    assert "mixed dtypes" in str(refused(from_nn_transformer, nn_sd, norm_first=False, **NN))
+
+
+def test_renamed_modules_are_named_and_mapped(nn_sd):
+    """A tutorial whose TokenEmbedding subclasses nn.Embedding stores ``src_tok_emb.weight``."""
+    model_sd = dict(nn_sd)
+    for side in ("src", "tgt"):
+        nn_sd[f"{side}_tok_emb.weight"] = nn_sd.pop(f"{side}_tok_emb.embedding.weight")
+    err = refused(from_nn_transformer, nn_sd, norm_first=False, **NN)
+    assert ("hint: unexpected keys that look like missing ones: 'src_tok_emb.weight' for "
+            "'src_tok_emb.embedding.weight'") in str(err)
+    assert "--rename src_tok_emb.=src_tok_emb.embedding." in str(err)
+    rename = {"src_tok_emb.": "src_tok_emb.embedding.", "tgt_tok_emb.": "tgt_tok_emb.embedding."}
+    config, weights = from_nn_transformer(nn_sd, norm_first=False, rename=rename, **NN)
+    _, expected = from_nn_transformer(model_sd, norm_first=False, **NN)
+    assert all(np.array_equal(weights[k], expected[k]) for k in expected)
+
+
+def test_rename_problems_are_reported(nn_sd):
+    err = refused(from_nn_transformer, nn_sd, norm_first=False, rename={"nothing.": "x."}, **NN)
+    assert "rename 'nothing.' -> 'x.': no key starts with 'nothing.'" in str(err)
+    err = refused(from_nn_transformer, nn_sd, norm_first=False,
+                  rename=[("src_tok_emb.", "tgt_tok_emb.")], **NN)
+    assert "both become 'tgt_tok_emb.embedding.weight'" in str(err)
+    with pytest.raises(TypeError, match="rename: expected"):
+        from_nn_transformer(nn_sd, norm_first=False, rename=["a=b"], **NN)
+
+
+def test_annotated_rename_of_a_wrapped_model():
+    """A model saved inside a wrapper (``model.`` before every key) maps with an empty NEW."""
+    sd = {f"model.{k}": v for k, v in S.numpy_state_dict(annotated_model()).items()}
+    assert "'model.': ''" in str(refused(from_annotated, sd, **ANN))
+    assert from_annotated(sd, rename={"model.": ""}, **ANN)[0].d_model == 16

@@ -68,6 +68,36 @@ def test_backend_imports_without_the_other_framework(package, blocked):
     assert result.returncode == 0, result.stderr
 
 
+def test_optional_libraries_are_never_imported_by_the_product():
+    """transformers, ctranslate2 and keras_hub are the 'interop' extra: imported only inside the
+    functions that need them, so importing every product module loads none of them (and the
+    Marian/FSMT importers and the Marian exporter run with them blocked)."""
+    result = run("""
+        import pkgutil, importlib
+        import shared, torch_impl, tf_impl, twins
+        for pkg in (shared, torch_impl, tf_impl, twins):
+            for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+                if not info.name.endswith("__main__"):  # running the command line is not importing
+                    importlib.import_module(info.name)
+        loaded = sorted(m for m in sys.modules if m.split('.')[0] in {'transformers', 'ctranslate2', 'keras_hub'})
+        assert not loaded, loaded
+    """, blocked=set())
+    assert result.returncode == 0, result.stderr
+    result = run("""
+        import tempfile
+        from shared import TransformerConfig
+        from shared.exporters import to_marian
+        from shared.importers import from_marian
+        from shared.weights import random_weights
+        config = TransformerConfig(src_vocab=9, tgt_vocab=9, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1,
+                                   n_decoder_layers=1, max_len=8, norm_eps=1e-5, pe_layout="halves")
+        path = tempfile.mkdtemp() + "/m"
+        to_marian(path, config, random_weights(config))
+        assert from_marian(path)[0] == config
+    """, blocked={"transformers", "torch", "tensorflow", "ctranslate2"})
+    assert result.returncode == 0, result.stderr
+
+
 def test_the_blocker_blocks():
     """Guards the tests above against passing vacuously."""
     result = run("import json; import torch", blocked={"torch"})

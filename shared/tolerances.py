@@ -71,6 +71,15 @@ BOUNDS: dict[tuple[str, str], Bound] = {
     ("float32", "ctranslate2:reference"): Bound(rtol=1e-6, reason="score_batch log-probs vs the float64 reference on the float32 weights: measured max rel diff 2.3e-7 (post-final-gelu-learned, seed 2) over 4 tiny configs (post/pre-norm, relu/gelu/swish, halves/t2t/offset/learned positions, head_dim, tied) x random_weights seeds 0-3 x 50 sources, ctranslate2 4.8.5 CPU float32, intra_threads 1: CTranslate2's float32 rounding through 1-2+1-2 layers (about torch's own, 2.6e-7 at most on the same cases)"),
     ("float32", "ctranslate2:torch"): Bound(rtol=1e-6, reason="score_batch log-probs vs torch_impl float32 logits (log-softmax in float64): measured max rel diff 2.9e-7 (post-final-gelu-learned, seed 2), same matrix as ctranslate2:reference, torch 2.13 CPU: two float32 roundings"),
     ("float32", "ctranslate2:tf"): Bound(rtol=1e-6, reason="score_batch log-probs vs tf_impl float32 logits (log-softmax in float64): measured max rel diff 2.7e-7 (post-final-gelu-learned, seed 2), same matrix as ctranslate2:reference, TF 2.21 CPU eager: two float32 roundings"),
+    # transformers (Marian / FSMT, torch CPU) against the project on imported weights, logits.
+    # Measured by parity_tests/test_interop_{marian,fsmt}.py's cases (Marian: 3 cases, FSMT: 2,
+    # d 16-32, 1-2 layers) x random weights seeds 0-2 x 2 batches, float32, torch 2.13, TF 2.21, CPU.
+    ("float64", "transformers:reference"): FLOAT64,
+    ("float64", "transformers:torch"): FLOAT64,
+    ("float64", "transformers:tf"): FLOAT64,
+    ("float32", "transformers:reference"): Bound(rtol=2e-6, reason="measured max rel diff 4.5e-7 (Marian separate-relu) and 4.2e-7 (FSMT tied-swish) against the float64 oracle: the source's float32 rounding through 1+2 / 2+2 post-norm layers"),
+    ("float32", "transformers:torch"): Bound(rtol=2e-6, reason="measured max rel diff 0.0 for Marian (transformers and torch_impl call the same torch kernels in the same order) and 5.8e-7 for FSMT (it scales the query before the product, torch_impl the scores after): float32 rounding of two orders"),
+    ("float32", "transformers:tf"): Bound(rtol=2e-6, reason="measured max rel diff 6.5e-7 (Marian tied-gelu) and 5.1e-7 (FSMT tied-swish): both frameworks' float32 rounding, about the sum of each one's error against the oracle"),
     ("float32", "torch:reference"): Bound(rtol=3e-6, reason="measured max rel diff 9.5e-7 (base, decoder.layers.3.ffn.output) and 7.0e-7 (tiny) over the matrix, random_weights seeds 0-7 (base 0-2), torch 2.13 CPU: float32 rounding accumulated through 6+6 layers and 512/2048-long dot products vs the float64 oracle"),
 
     # A Keras source model (the TF tutorial's Transformer, a KerasHub seq2seq model) against its

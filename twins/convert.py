@@ -14,7 +14,14 @@ format             path                                 read / written by
                    ``--to ctranslate2``)
 ``tf-tutorial``    ``*.weights.h5`` (source only)       `shared.importers.from_tf_tutorial`
 ``keras-hub``      ``*.weights.h5``, ``*.keras``        `shared.importers.from_keras_hub`
+``marian``         a ``MarianMTModel`` directory        `shared.importers.from_marian`,
+                   (``--from`` / ``--to`` only)          `shared.exporters.to_marian`
+``fsmt``           an FSMT directory (source only)      `shared.importers.from_fsmt`
 =================  ===================================  ====================================
+
+``--rename OLD=NEW`` (repeatable) maps source key prefixes before an importer reads them; an
+importer whose keys are missing names the unexpected keys that look like them and the renames
+that would map them.
 
 Every source is read into ``(config, canonical weights)`` and fully checked before anything is
 written; the result is written atomically. ``--verify`` then loads the result in the target's
@@ -23,7 +30,8 @@ in its own, runs one batch through both, and prints a parity table for the logit
 bounds of `shared.tolerances` (exit status 1 when it fails). An nn.Transformer or Annotated
 state dict cannot be rebuilt into its model without that model's code, so for those sources the
 imported weights are run in the reference and in both backends instead (the target's backend from
-the converted file), and the output says so.
+the converted file), and the output says so. A Marian or FSMT directory (source or destination)
+is run by transformers itself (`twins.transformers_run`) when it is installed.
 
 Each framework is imported only when a format needs it. For ``--to ctranslate2``, ``--verify``
 compares CTranslate2's ``score_batch`` log-probs of one batch with the source's, computed by the
@@ -42,10 +50,17 @@ from shared import weights as neutral
 from shared.saving import recover
 
 FORMATS = ("neutral", "torch", "tf")
-IMPORTERS = ("nn-transformer", "annotated")
-EXPORTERS = ("ctranslate2",)  # destinations only
+STATE_DICTS = ("nn-transformer", "annotated")  # a .pt state dict and options saying the rest
+DIRECTORIES = ("marian", "fsmt")  # a transformers save_pretrained directory holding its config
 KERAS_IMPORTERS = ("tf-tutorial", "keras-hub")  # Keras files read with h5py: --from only
-IMPL = {"neutral": "reference", "torch": "torch", "tf": "tf"}  # who runs each format in --verify
+IMPORTERS = STATE_DICTS + DIRECTORIES
+EXPORTERS = ("marian", "ctranslate2")  # destinations only (marian: also a source, above)
+IMPL = {"neutral": "reference", "torch": "torch", "tf": "tf",
+        "marian": "transformers", "fsmt": "transformers"}  # who runs each format in --verify
+# Sources whose masked scores are a large negative number: an all-padding source row attends
+# uniformly there and has zero attention in this project (docs/design.md, convention 3).
+UNIFORM_EMPTY_ROW = {"annotated": "the Annotated Transformer", "fsmt": "fsmt",
+                     "marian": "marian (in transformers' eager attention; its default sdpa agrees)"}
 _IMPORTER_ARGS = ("n_heads", "norm_first", "pad_id", "bos_id", "eos_id", "norm_eps", "max_len", "dtype")
 _KERAS_ARGS = ("mask_zero", "normalize_first", "activation")
 
@@ -53,14 +68,16 @@ _KERAS_ARGS = ("mask_zero", "normalize_first", "activation")
 def add_arguments(parser) -> None:
     parser.add_argument("src", metavar="SRC", help="source: a neutral checkpoint directory, a "
                         "torch_impl .pt, a tf_impl .weights.h5, or (with --from) a state dict .pt")
-    parser.add_argument("dst", metavar="DST", help="destination: a directory (neutral; a CTranslate2 "
-                        "model with --to ctranslate2), a .pt (torch_impl) or a .weights.h5 (tf_impl); "
-                        "replaced atomically if it exists")
+    parser.add_argument("dst", metavar="DST", help="destination: a directory (neutral; with --to, a "
+                        "Marian or CTranslate2 model directory), a .pt (torch_impl) or a .weights.h5 "
+                        "(tf_impl); replaced atomically if it exists")
     parser.add_argument("--from", dest="src_format", choices=FORMATS + IMPORTERS + KERAS_IMPORTERS,
-                        help="source format (default: from the path)")
+                        help="source format (default: from the path; marian / fsmt: a transformers "
+                             "save_pretrained directory)")
     parser.add_argument("--to", dest="dst_format", choices=FORMATS + EXPORTERS,
-                        help="destination format (default: from the path); ctranslate2: a "
-                             "CTranslate2 model directory, never detected from the path")
+                        help="destination format (default: from the path; marian: a directory "
+                             "transformers.MarianMTModel.from_pretrained loads; ctranslate2: a "
+                             "CTranslate2 model directory, never detected from the path)")
     parser.add_argument("--config", metavar="FILE.json",
                         help="the config, for a .pt holding a bare torch_impl state dict or a "
                              ".weights.h5 written by plain Keras save_weights (files written by "
@@ -69,6 +86,9 @@ def add_arguments(parser) -> None:
                         help="run one batch through source and result, print the logits parity "
                              "table; exit 1 when it fails")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --verify batch")
+    parser.add_argument("--rename", action="append", metavar="OLD=NEW", type=_rename,
+                        help="importers: replace the source key prefix OLD by NEW before reading "
+                             "(repeatable; e.g. src_tok_emb.=src_tok_emb.embedding.)")
     imp = parser.add_argument_group("importers (--from nn-transformer / annotated)")
     imp.add_argument("--n-heads", type=int, help="attention heads (required)")
     imp.add_argument("--norm-first", type=_bool, metavar="true|false",
@@ -80,7 +100,8 @@ def add_arguments(parser) -> None:
                      help="layer-norm eps (default: nn-transformer 1e-5, annotated 1e-6)")
     imp.add_argument("--max-len", type=int,
                      help="needed only if the state dict holds no positional table")
-    imp.add_argument("--dtype", choices=["float32", "float64"], help="cast (default: the source's)")
+    imp.add_argument("--dtype", choices=["float32", "float64"],
+                     help="cast (default: the source's); also for --from marian / fsmt")
     _add_keras_arguments(parser)
 
 
@@ -97,6 +118,15 @@ def _add_keras_arguments(parser) -> None:
                             "else false)")
     keras.add_argument("--activation", choices=["relu", "gelu", "swish", "silu"],
                        help="keras-hub: the layers' activation (default: the .keras config's, else relu)")
+
+
+def _rename(text: str) -> tuple[str, str]:
+    """``--rename OLD=NEW``: one key-prefix mapping (OLD may be empty, to add a prefix)."""
+    import argparse
+    old, sep, new = str(text).partition("=")
+    if not sep or old == new:
+        raise argparse.ArgumentTypeError(f"expected OLD=NEW with OLD != NEW, got {text!r}")
+    return old, new
 
 
 def _bool(text: str) -> bool:
@@ -144,9 +174,12 @@ def read(fmt: str, path: str, config: TransformerConfig | None = None, importer:
     if fmt in KERAS_IMPORTERS:
         return _read_keras(fmt, path, importer or {})
     from shared import importers
+    importer = {k: v for k, v in (importer or {}).items() if v is not None}
+    if fmt in DIRECTORIES:  # NumPy + safetensors: no framework needed
+        fn = importers.from_marian if fmt == "marian" else importers.from_fsmt
+        return fn(path, **importer)
     from torch_impl import checkpoints as torch_checkpoints
     state_dict = torch_checkpoints.read_foreign_state_dict(path)
-    importer = {k: v for k, v in (importer or {}).items() if v is not None}
     fn = importers.from_nn_transformer if fmt == "nn-transformer" else importers.from_annotated
     try:
         return fn(state_dict, **importer)
@@ -180,6 +213,10 @@ def write(fmt: str, path: str, config: TransformerConfig, weights: dict) -> None
         from shared.exporters import to_ctranslate2
         to_ctranslate2(config, weights, path)
         return
+    if fmt == "marian":
+        from shared.exporters import to_marian
+        to_marian(path, config, weights)
+        return
     FORMAT_OF[fmt].write(path, config, weights)
 
 
@@ -203,6 +240,15 @@ def _keras_options(args, fmt: str) -> dict:
     return given
 
 
+def _transformers_family(path: str) -> str | None:
+    """``marian`` / ``fsmt`` when ``path`` is such a save_pretrained directory, else None."""
+    try:
+        found = json.loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if found in DIRECTORIES else None
+
+
 def _importer_options(args, fmt: str) -> dict | None:
     if fmt in KERAS_IMPORTERS:
         return _keras_options(args, fmt)
@@ -211,12 +257,22 @@ def _importer_options(args, fmt: str) -> dict | None:
     if keras_only:
         raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in keras_only)}: only for "
                          "--from keras-hub")
+    rename = list(getattr(args, "rename", None) or [])
     if fmt not in IMPORTERS:
-        if given:
-            flags = ", ".join("--" + k.replace("_", "-") for k in given)
-            raise ValueError(f"{flags}: only for --from nn-transformer / annotated (this source "
+        if given or rename:
+            flags = ", ".join("--" + k.replace("_", "-") for k in list(given) + ["rename"] * bool(rename))
+            raise ValueError(f"{flags}: only for --from {' / '.join(IMPORTERS)} (this source "
                              f"is {fmt}, which holds its config)")
         return None
+    if fmt in DIRECTORIES:
+        extra = [k for k in given if k != "dtype"]
+        if extra:
+            flags = ", ".join("--" + k.replace("_", "-") for k in extra)
+            raise ValueError(f"{flags}: --from {fmt} reads these from the directory's config.json")
+        if args.config:
+            raise ValueError(f"--config: --from {fmt} reads the config from the directory's config.json")
+        return {**given, "rename": rename or None}
+    given["rename"] = rename or None
     required = ["n_heads", "pad_id", "bos_id", "eos_id"] + (["norm_first"] if fmt == "nn-transformer" else [])
     lacking = ["--" + k.replace("_", "-") for k in required if k not in given]
     if lacking:
@@ -234,6 +290,9 @@ def run(args) -> int:
     if not Path(args.src).exists():
         raise FileNotFoundError(f"{args.src!r}: no such file or directory")
     src_fmt = args.src_format or detect(args.src, "source")
+    if args.src_format is None and (family := _transformers_family(args.src)):
+        raise ValueError(f"{args.src!r}: a transformers {family} directory, not a neutral "
+                         f"checkpoint; pass --from {family}")
     dst_fmt = args.dst_format or detect(args.dst, "destination")
     if Path(args.src).resolve() == Path(args.dst).resolve():
         raise ValueError(f"SRC and DST are the same path ({args.src!r}); write elsewhere")
@@ -253,9 +312,18 @@ def run(args) -> int:
     print(f"converted {args.src} ({src_fmt}) -> {args.dst} ({dst_fmt}): {n_params:,} parameters in "
           f"{len(weights)} tensors, {config.dtype}")
     print(f"config: {json.dumps(config.to_dict(), sort_keys=True)}")
+    if src_fmt in UNIFORM_EMPTY_ROW:
+        print(f"note: {UNIFORM_EMPTY_ROW[src_fmt]} masks with a large negative score, so a source "
+              "row that is all padding attends uniformly to its padding there; here it has zero "
+              "attention (docs/design.md, convention 3), which no boolean mask reproduces. Every "
+              "other row computes the same (see the importer's docstring)")
+    if src_fmt == "fsmt":
+        print("note: fsmt numbers positions by counting non-pad tokens; the result computes the "
+              "same on right-padded rows (outputs at padded target positions aside), not after a "
+              "left or inner pad")
     if not args.verify:
         return 0
-    if dst_fmt in EXPORTERS:
+    if dst_fmt == "ctranslate2":
         return 0 if verify_ctranslate2(src_fmt, args.src, args.dst, config, weights, args.seed) else 1
     return 0 if verify(src_fmt, args.src, dst_fmt, args.dst, config, weights, args.seed) else 1
 
@@ -265,6 +333,9 @@ def _load(impl: str, path: str | None, config: TransformerConfig, weights: dict 
     """The `twins.backends` adapter of one implementation: loaded by that implementation from the
     file at ``path``, or holding ``weights`` when ``path`` is None."""
     from .backends import load_adapter, make_adapter
+    if impl == "transformers":
+        from .transformers_run import TransformersRun
+        return TransformersRun(path, config)
     if path is None:
         return make_adapter(impl, config, weights)
     return load_adapter(impl, path, config)  # config = the file's, or the given one for a file without
@@ -286,15 +357,20 @@ def verify(src_fmt: str, src: str, dst_fmt: str, dst: str, config: TransformerCo
     from shared.batches import src_tgt
     from shared.tolerances import max_abs_diff, max_rel_diff
 
-    batch = src_tgt(config, batch=2, src_len=min(9, config.max_len), tgt_len=min(7, config.max_len),
-                    seed=seed)
-    runs = {}  # label -> adapter (twins.backends)
-    if src_fmt in IMPORTERS + KERAS_IMPORTERS:
-        what = "state dict" if src_fmt in IMPORTERS else "file"
+    tgt_len = min(7, config.max_len)
+    # fsmt numbers positions skipping padding: padded target positions differ by design, so its
+    # target rows are full (the source keeps its padding, which both mask)
+    full = [tgt_len] * 2 if "fsmt" in (src_fmt, dst_fmt) else None
+    batch = src_tgt(config, batch=2, src_len=min(9, config.max_len), tgt_len=tgt_len, seed=seed,
+                    tgt_lengths=full)
+    runs = {}  # label -> adapter (twins.backends, or transformers_run)
+    if src_fmt in STATE_DICTS + KERAS_IMPORTERS:
+        what = "state dict" if src_fmt in STATE_DICTS else "file"
         print(f"verify: the {src_fmt} {what} cannot be rebuilt into its source model here; "
               "comparing the imported weights in the reference and in both backends instead, "
               f"the {IMPL[dst_fmt]} one loaded from DST = {dst}")
-        for impl in ("reference", "torch", "tf"):
+        impls = ("reference", "torch", "tf")
+        for impl in impls + ((IMPL[dst_fmt],) if IMPL[dst_fmt] not in impls else ()):
             path = dst if impl == IMPL[dst_fmt] else None
             label = f"{impl}:{'DST' if path else 'imported'}"
             try:
@@ -351,7 +427,7 @@ def verify_ctranslate2(src_fmt: str, src: str, dst: str, config: TransformerConf
     from shared.exporters import ctranslate2 as ct2
     from shared.tolerances import bound_for, max_abs_diff, max_rel_diff
 
-    if src_fmt in IMPORTERS:  # a state dict has no model here: its imported weights, in the reference
+    if src_fmt in STATE_DICTS + KERAS_IMPORTERS:  # no source model here: its imported weights, in the reference
         impl, source = "reference", _load("reference", None, config, weights)
     else:
         impl = IMPL[src_fmt]

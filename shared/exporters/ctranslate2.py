@@ -62,7 +62,8 @@ import numpy as np
 from ..config import TransformerConfig
 from ..positional import positional_table
 from ..saving import recover, replace_directory
-from ..weights import WeightsError, check_weights, tgt_embedding_name, tgt_positions_name
+from .common import ExportError
+from ..weights import check_weights, tgt_embedding_name, tgt_positions_name
 
 ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH"}  # -> ctranslate2 Activation
 MODEL_FILES = frozenset({"model.bin", "config.json", "shared_vocabulary.json",
@@ -72,10 +73,6 @@ MODEL_FILES = frozenset({"model.bin", "config.json", "shared_vocabulary.json",
 GREEDY = dict(beam_size=1, min_decoding_length=0, return_end_token=True, disable_unk=True,
               max_input_length=0)
 SCORE = dict(max_input_length=0)
-
-
-class ExportError(WeightsError):
-    """A config or weights an exporter refuses: every problem at once, in ``problems``."""
 
 
 def refusals(config: TransformerConfig) -> list[str]:

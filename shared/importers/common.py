@@ -10,8 +10,9 @@ All problems are reported together; nothing is returned partially.
 """
 from __future__ import annotations
 
+import difflib
 import re
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence, Union
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from ..weights import WeightsError, check_weights
 _LISTED = 30  # names listed per problem before "... and N more"
 _EPS32 = float(np.finfo(np.float32).eps)
 _BIASES = (".bias", ".in_proj_bias")
+
+
+Renames = Union[Mapping[str, str], Sequence[tuple[str, str]], None]
 
 
 class ImporterError(WeightsError):
@@ -42,24 +46,30 @@ class SourceImport:
     """The state dict under import, the problems found so far and the plan: expected source key ->
     shape, and the canonical tensors computed from each key."""
 
-    def __init__(self, source: str, state_dict, dtype, allow_nonfinite: bool):
+    def __init__(self, source: str, state_dict, dtype, allow_nonfinite: bool,
+                 rename: Renames = None, buffers: Iterable[str] = ()):
+        """``rename`` maps source key prefixes first (`apply_renames`); ``buffers`` are the keys of
+        positional tables, which are checked against the config and never imported, so their dtype
+        may differ from the weights' (a float32 model whose table was built in float64)."""
         self.source, self.problems = source, []
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.outputs: dict[str, list[tuple[str, Callable[[np.ndarray], np.ndarray]]]] = {}
         self.buffers: set[str] = set()  # present keys checked elsewhere (positional tables)
+        self.ignored: set[str] = set()  # present keys the source model holds but never computes with
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"{source}: state_dict expected a dict of name -> numpy array, "
                             f"got {type(state_dict).__name__}")
         odd = [k for k in state_dict if not isinstance(k, str)]
         if odd:
             raise TypeError(f"{source}: state_dict keys expected str, got {odd[:_LISTED]!r}")
-        self.sd = dict(state_dict)
-        self.dtype = self._check_arrays(dtype, allow_nonfinite)
+        self.sd, problems = apply_renames(dict(state_dict), rename)
+        self.problems.extend(problems)
+        self.dtype = self._check_arrays(dtype, allow_nonfinite, set(buffers))
 
     def problem(self, text: str) -> None:
         self.problems.append(text)
 
-    def _check_arrays(self, dtype, allow_nonfinite: bool) -> str | None:
+    def _check_arrays(self, dtype, allow_nonfinite: bool, buffers: set[str]) -> str | None:
         by_dtype: dict[str, list[str]] = {}
         for key, value in self.sd.items():
             if not isinstance(value, np.ndarray):
@@ -68,7 +78,8 @@ class SourceImport:
             elif value.dtype.kind != "f":
                 self.problem(f"{key}: expected a floating-point tensor, got dtype {value.dtype}")
             else:
-                by_dtype.setdefault(str(value.dtype), []).append(key)
+                if key not in buffers:  # a checked-only table may have its own dtype
+                    by_dtype.setdefault(str(value.dtype), []).append(key)
                 if not allow_nonfinite and not np.isfinite(value).all():
                     self.problem(f"{key}: contains NaN or Inf")
         if len(by_dtype) > 1:
@@ -99,6 +110,9 @@ class SourceImport:
             if isinstance(value, np.ndarray) and value.ndim > axis:
                 return int(value.shape[axis])
         self.problem(f"cannot infer {what}: none of {[k for k, _ in candidates]} is present")
+        hint = look_alike_hint([k for k, _ in candidates], list(self.sd))
+        if hint and hint not in self.problems:
+            self.problem(hint)
         return None
 
     def layer_count(self, prefix: str) -> int:
@@ -130,11 +144,14 @@ class SourceImport:
 
     def check_keys(self, bias_hint: str) -> None:
         missing = [k for k in self.shapes if k not in self.sd]
-        unexpected = [k for k in self.sd if k not in self.shapes and k not in self.buffers]
+        unexpected = [k for k in self.sd
+                      if k not in self.shapes and k not in self.buffers and k not in self.ignored]
         if missing:
             self.problem(f"missing keys: {_names(missing)}")
         if unexpected:
             self.problem(f"unexpected keys: {_names(unexpected)}")
+        if missing and unexpected and (hint := look_alike_hint(missing, unexpected)):
+            self.problem(hint)
         biases = [k for k in self.shapes if k.endswith(_BIASES)]
         if missing and all(k.endswith(_BIASES) for k in missing) and 2 * len(missing) >= len(biases):
             self.problem(bias_hint)
@@ -143,8 +160,14 @@ class SourceImport:
             if isinstance(value, np.ndarray) and value.shape != shape:
                 self.problem(f"{key}: expected shape {shape}, got {value.shape}")
 
-    def positional(self, keys: list[str], max_len: int | None, d: int | None) -> int | None:
-        """Check the positional tables present among ``keys``; return the max_len they imply."""
+    def positional(self, keys: list[str], max_len: int | None, d: int | None,
+                   expected: "ExpectedTable | None" = None) -> int | None:
+        """Check the positional tables present among ``keys``; return the max_len they imply.
+
+        ``expected`` describes the table (default: the interleaved paper table from position 0,
+        `INTERLEAVED`); the rows a source keeps besides the ``max_len`` usable ones (fairseq's,
+        below its first position) are counted by ``expected.extra_rows``."""
+        expected = expected or INTERLEAVED
         lengths = []
         for key in keys:
             value = self.sd.get(key)
@@ -154,23 +177,22 @@ class SourceImport:
             if not isinstance(value, np.ndarray) or value.dtype.kind != "f" or d is None:
                 continue  # already reported
             table = _squeeze_table(value)
-            if table is None or table.shape[1] != d:
+            if table is None or table.shape[1] != d or table.shape[0] <= expected.extra_rows:
                 self.problem(f"{key}: expected a positional table of shape (max_len, 1, {d}), "
                              f"(1, max_len, {d}) or (max_len, {d}), got {value.shape}")
                 continue
-            bad = _first_non_interleaved_row(table)
+            bad = _first_differing_row(table, expected)
             if bad is not None:
                 self.problem(
-                    f"{key}: not the interleaved sinusoidal table (PE[p, 2i] = sin, PE[p, 2i+1] = cos "
-                    f"of p / 10000^(2i/d), p from 0); row {bad} differs. Another layout (e.g. "
+                    f"{key}: not {expected.describe}; row {bad} differs. Another layout (e.g. "
                     "concatenated [sin | cos], other frequencies or offsets, a learned table) "
                     "would compute differently; refusing")
                 continue
-            lengths.append(table.shape[0])
+            lengths.append(table.shape[0] - expected.extra_rows)
         if not lengths:
             if max_len is None and not any(k in self.sd for k in keys):
                 self.problem(f"no positional table ({' / '.join(keys)}): pass max_len to declare "
-                             "that the model adds the interleaved sinusoidal encoding (e.g. from a "
+                             f"that the model adds {expected.describe} (e.g. from a "
                              "non-persistent buffer); refusing to assume it")
             return max_len
         implied = min(lengths)  # the source cannot run longer sequences than its shortest table
@@ -210,17 +232,42 @@ def _squeeze_table(value: np.ndarray) -> np.ndarray | None:
     return None
 
 
-def _first_non_interleaved_row(table: np.ndarray) -> int | None:
-    """The first row that is not `shared.positional`'s table up to the buffer's rounding, or None.
+class ExpectedTable(NamedTuple):
+    """The sinusoidal table a source stores, in `shared.positional` terms: row ``r`` of the stored
+    table is position ``r`` (offset 0), except ``zero_row`` (fairseq's padding row, all zeros)."""
+    layout: str = "interleaved"
+    timescale: str = "paper"
+    zero_row: int | None = None
+    extra_rows: int = 0  # rows before the first usable position (fairseq: pad_id + 1)
+    describe: str = ("the interleaved sinusoidal table (PE[p, 2i] = sin, PE[p, 2i+1] = cos of "
+                     "p / 10000^(2i/d), p from 0)")
+
+    def table(self, rows: int, d: int) -> np.ndarray:
+        out = positional_encoding(rows, d, self.layout, self.timescale)
+        if self.zero_row is not None and self.zero_row < rows:
+            out[self.zero_row] = 0.0
+        return out
+
+
+INTERLEAVED = ExpectedTable()
+
+
+def _first_differing_row(table: np.ndarray, expected: ExpectedTable) -> int | None:
+    """The first row that is not the expected table up to the buffer's rounding, or None.
 
     A table built in float32 carries an angle error of a few ulps of ``p * frequency`` (<= p): at
     most 8e-8 * p was measured for max_len 5000 and d up to 1024. Row p may differ by
     8 * eps * (1 + p) (12 times that), eps that of the buffer's dtype but at least float32's: a
-    float64 buffer is often a float32 one cast by ``model.double()``. Another layout differs by O(1)
+    float64 buffer is often a float32 one cast by ``model.double()`` (transformers builds Marian's
+    and fairseq's tables through float32 even in a float64 model). Another layout differs by O(1)
     within the first rows."""
     eps = max(float(np.finfo(table.dtype).eps), _EPS32)
-    expected = positional_encoding(table.shape[0], table.shape[1])
-    rows = np.abs(table.astype(np.float64) - expected).max(axis=1)
+    if table.shape[1] % 2 and expected.layout == "halves":
+        return 0  # no [sin | cos] table of odd width in shared.positional: refused
+    if expected.timescale == "t2t" and (table.shape[1] % 2 or table.shape[1] < 4):
+        return 0
+    reference = expected.table(table.shape[0], table.shape[1])
+    rows = np.abs(table.astype(np.float64) - reference).max(axis=1)
     allowed = 8 * eps * (1.0 + np.arange(table.shape[0]))
     bad = np.flatnonzero(~(rows <= allowed))
     return int(bad[0]) if bad.size else None
@@ -232,3 +279,84 @@ def n_heads_problem(n_heads, d: int | None) -> str | None:
     if d is not None and d % n_heads:
         return f"n_heads: expected a divisor of d_model={d}, got {n_heads}"
     return None
+
+
+# -- near-miss layouts ------------------------------------------------------------------------------
+def parse_renames(rename: Renames) -> list[tuple[str, str]]:
+    """``{OLD: NEW}`` or ``[(OLD, NEW), ...]`` (key prefixes) as a list; a bad entry is a TypeError."""
+    if rename is None:
+        return []
+    pairs = list(rename.items()) if isinstance(rename, Mapping) else list(rename)
+    for pair in pairs:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
+            raise TypeError(f"rename: expected {{OLD: NEW}} or [(OLD, NEW), ...] of str key prefixes, "
+                            f"got the entry {pair!r}")
+    return pairs
+
+
+def apply_renames(state_dict: dict, rename: Renames) -> tuple[dict, list[str]]:
+    """Replace each key's prefix ``OLD`` by ``NEW`` (the longest matching ``OLD`` wins; ``""``
+    matches every key, to add a prefix). Returns ``(renamed dict, problems)``: a rename that
+    matches no key, and two keys renamed onto one name, are problems, never silently dropped."""
+    pairs = sorted(parse_renames(rename), key=lambda p: -len(p[0]))
+    if not pairs:
+        return state_dict, []
+    out: dict = {}
+    sources: dict[str, str] = {}
+    used: set[str] = set()
+    problems = []
+    for key, value in state_dict.items():
+        new = key
+        for old, replacement in pairs:
+            if key.startswith(old):
+                new = replacement + key[len(old):]
+                used.add(old)
+                break
+        if new in out:
+            problems.append(f"rename: {sources[new]!r} and {key!r} both become {new!r}")
+            continue
+        out[new], sources[new] = value, key
+    for old, replacement in pairs:
+        if old not in used:
+            problems.append(f"rename {old!r} -> {replacement!r}: no key starts with {old!r}")
+    return out, problems
+
+
+def _split_common_suffix(a: str, b: str) -> tuple[str, str]:
+    """The parts of two dotted keys before their longest common suffix of whole components."""
+    pa, pb = a.split("."), b.split(".")
+    n = 0
+    while n < min(len(pa), len(pb)) and pa[-1 - n] == pb[-1 - n]:
+        n += 1
+    head_a, head_b = ".".join(pa[: len(pa) - n]), ".".join(pb[: len(pb) - n])
+    return (head_a + "." if head_a else ""), (head_b + "." if head_b else "")
+
+
+def look_alike_hint(missing: list[str], unexpected: list[str]) -> str | None:
+    """A hint naming, for missing keys, the unexpected keys that look like them (same last
+    component, most similar name), and the ``rename`` prefixes that would map one onto the other."""
+    pairs: list[tuple[str, str]] = []
+    for m in missing:
+        last = m.rsplit(".", 1)[-1]
+        candidates = [u for u in unexpected if u.rsplit(".", 1)[-1] == last]
+        if not candidates:
+            continue
+        best = max(candidates, key=lambda u: (difflib.SequenceMatcher(None, u, m).ratio(), u))
+        if difflib.SequenceMatcher(None, best, m).ratio() >= 0.6:
+            pairs.append((best, m))
+    if not pairs:
+        return None
+    renames: dict[tuple[str, str], int] = {}
+    for u, m in pairs:
+        old, new = _split_common_suffix(u, m)
+        if old != new:
+            renames[(old, new)] = renames.get((old, new), 0) + 1
+    shown = "; ".join(f"{u!r} for {m!r}" for u, m in pairs[:8])
+    more = f" ... and {len(pairs) - 8} more" if len(pairs) > 8 else ""
+    text = f"hint: unexpected keys that look like missing ones: {shown}{more}"
+    if renames:
+        best = sorted(renames.items(), key=lambda kv: (-kv[1], kv[0]))[:4]
+        text += ("; if the modules were only renamed, map the prefixes: rename="
+                 + repr({old: new for (old, new), _ in best})
+                 + " (twins convert: " + " ".join(f"--rename {old}={new}" for (old, new), _ in best) + ")")
+    return text

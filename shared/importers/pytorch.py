@@ -12,7 +12,17 @@ together in one `ImporterError`; nothing is returned partially.
 
 A positional buffer is checked, not imported: the canonical model adds the exact float64 table. A
 buffer built in float32 differs from it by float32 rounding (up to about 1e-7 * position), which is
-below what a float32 model resolves; float64 parity needs a buffer built in float64.
+below what a float32 model resolves; float64 parity needs a buffer built in float64. Its dtype may
+differ from the weights' (a float32 model whose buffer was built in float64 is accepted).
+
+An all-padding source row (a legal input) is where the sources and this project part:
+convention 3 of docs/design.md gives its attention rows zero weights and a zero output. The
+Annotated Transformer replaces masked scores by -1e9 (``masked_fill``), so such a row attends
+*uniformly* to the padding positions (all its scores are equal); nn.Transformer's ``-inf`` gives
+NaN outside its fused fast path. Neither is reproducible here: a boolean mask can allow or forbid
+keys, and allowing them gives the softmax of the real scores, which is neither uniform nor NaN.
+Every other row, and every row of a source with at least one real token, computes the same
+function (`twins convert` prints this note for these sources).
 
 Both importers keep a separate canonical copy of every source tensor (``share_embeddings`` and
 ``tie_output`` stay False): a source that ties, e.g., the generator to the target embedding holds
@@ -26,14 +36,14 @@ import numpy as np
 
 from ..config import TransformerConfig
 from ..weights import PROJECTIONS
-from .common import ImporterError, SourceImport, n_heads_problem
+from .common import ImporterError, Renames, SourceImport, n_heads_problem
 
 
 # -- PyTorch nn.Transformer (the translation tutorial's Seq2SeqTransformer) -----------------------
 def from_nn_transformer(state_dict: Mapping[str, np.ndarray], *, n_heads: int, norm_first: bool,
                         pad_id: int, bos_id: int, eos_id: int, norm_eps: float = 1e-5,
                         activation: str = "relu", max_len: int | None = None, dropout: float = 0.1,
-                        dtype=None, allow_nonfinite: bool = False
+                        dtype=None, allow_nonfinite: bool = False, rename: Renames = None
                         ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """Import the ``Seq2SeqTransformer`` of PyTorch's translation tutorial.
 
@@ -67,6 +77,10 @@ def from_nn_transformer(state_dict: Mapping[str, np.ndarray], *, n_heads: int, n
         dropout: recorded in the config for further training; not used in inference.
         dtype: ``"float32"``/``"float64"`` to cast to; default the source's dtype.
         allow_nonfinite: import NaN/Inf values instead of refusing them.
+        rename: source key prefixes to map first, ``{OLD: NEW}`` (e.g. ``{"src_tok_emb.":
+            "src_tok_emb.embedding."}`` for a tutorial whose ``TokenEmbedding`` subclasses
+            ``nn.Embedding``); when keys are missing, the error lists unexpected keys that look
+            like them and the prefixes that would map them.
 
     Bias-less models (``nn.Transformer(bias=False)``) are refused: their keys are missing.
 
@@ -76,7 +90,8 @@ def from_nn_transformer(state_dict: Mapping[str, np.ndarray], *, n_heads: int, n
     Raises:
         ImporterError: every problem found, naming the keys.
     """
-    imp = SourceImport("from_nn_transformer", state_dict, dtype, allow_nonfinite)
+    imp = SourceImport("from_nn_transformer", state_dict, dtype, allow_nonfinite, rename,
+                       buffers=["positional_encoding.pos_embedding"])
     if activation != "relu":
         imp.problem(f"activation: expected 'relu' (the only activation of the canonical model), "
                     f"got {activation!r}")
@@ -146,8 +161,8 @@ def from_nn_transformer(state_dict: Mapping[str, np.ndarray], *, n_heads: int, n
 # -- The Annotated Transformer (Harvard NLP) EncoderDecoder ---------------------------------------
 def from_annotated(state_dict: Mapping[str, np.ndarray], *, n_heads: int, pad_id: int, bos_id: int,
                    eos_id: int, norm_eps: float = 1e-6, max_len: int | None = None,
-                   dropout: float = 0.1, dtype=None, allow_nonfinite: bool = False
-                   ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
+                   dropout: float = 0.1, dtype=None, allow_nonfinite: bool = False,
+                   rename: Renames = None) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """Import the Annotated Transformer's ``EncoderDecoder`` (``make_model``).
 
     Layout: ``{encoder,decoder}.layers.{i}.self_attn.linears.{0,1,2,3}`` (query, key, value,
@@ -168,12 +183,13 @@ def from_annotated(state_dict: Mapping[str, np.ndarray], *, n_heads: int, pad_id
         n_heads: attention heads (``h``; not stored; must divide d_model).
         pad_id, bos_id, eos_id: the special ids the model was trained with (not stored).
         norm_eps: the LayerNorm eps (not stored); the Annotated default 1e-6.
-        max_len, dropout, dtype, allow_nonfinite: as in `from_nn_transformer`.
+        max_len, dropout, dtype, allow_nonfinite, rename: as in `from_nn_transformer`.
 
     Raises:
         ImporterError: every problem found, naming the keys.
     """
-    imp = SourceImport("from_annotated", state_dict, dtype, allow_nonfinite)
+    imp = SourceImport("from_annotated", state_dict, dtype, allow_nonfinite, rename,
+                       buffers=["src_embed.1.pe", "tgt_embed.1.pe"])
     d = imp.size("d_model", [("src_embed.0.lut.weight", 1), ("tgt_embed.0.lut.weight", 1),
                              ("encoder.norm.a_2", 0), ("generator.proj.weight", 1)])
     d_ff = imp.size("d_ff", [("encoder.layers.0.feed_forward.w_1.weight", 0),
