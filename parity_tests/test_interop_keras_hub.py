@@ -33,7 +33,9 @@ from twins.cli import main  # noqa: E402
 
 # Keras warns that layers without mask support (PositionEmbedding, EinsumDense) "destroy the mask
 # information"; KerasHub sets the mask again itself (what the tests check).
-pytestmark = pytest.mark.filterwarnings("ignore:Layer '.*' .* does not support masking:UserWarning")
+# A one-head model's first decoding step softmaxes over one key, which Keras also warns about.
+pytestmark = [pytest.mark.filterwarnings("ignore:Layer '.*' .* does not support masking:UserWarning"),
+              pytest.mark.filterwarnings("ignore:You are using a softmax over axis:UserWarning")]
 BOS, EOS = 2, 3
 TORCH, TF = Backend("torch", "eager", "cpu"), Backend("tf", "eager", "/CPU:0")
 # key_dim = d / heads is 4 or 16 in float64 (an exact 1/sqrt(key_dim) in Keras, see

@@ -100,11 +100,9 @@ def from_keras_hub(weights: Mapping[str, np.ndarray], *, bos_id: int, eos_id: in
         ImporterError: every problem found, naming the variables or settings.
     """
     imp = SourceImport("from_keras_hub", weights, dtype, allow_nonfinite)
-    given = dict(mask_zero=mask_zero, normalize_first=normalize_first, norm_eps=norm_eps,
-                 activation=activation)
-    settings = _settings(imp, given, keras_config)
     groups = _groups(imp.sd)
-    encoders, decoders = _stack(imp, ENCODER, groups.get(ENCODER, {})), _stack(imp, DECODER, groups.get(DECODER, {}))
+    encoders = _stack(imp, ENCODER, groups.get(ENCODER, {}))
+    decoders = _stack(imp, DECODER, groups.get(DECODER, {}))
     embeddings, denses = list(groups.get(EMBEDDING, {})), list(groups.get(DENSE, {}))
     if not encoders or not decoders:
         imp.problem(f"no layers: expected {ENCODER} and {DECODER} groups (KerasHub layers), "
@@ -152,6 +150,9 @@ def from_keras_hub(weights: Mapping[str, np.ndarray], *, bos_id: int, eos_id: in
               (("self_attention", "self_attn"), ("cross_attention", "cross_attn")))
     dense(imp, generator, "generator", d, tgt_vocab)
     imp.check_keys("")
+    given = dict(mask_zero=mask_zero, normalize_first=normalize_first, norm_eps=norm_eps,
+                 activation=activation)
+    settings = _settings(imp, given, keras_config)  # after the variables: all problems reported together
     if settings["mask_zero"] and pad_id != 0:
         imp.problem(f"pad_id: expected 0 with mask_zero=True (Keras masks id 0), got {pad_id}")
     config = imp.config(
