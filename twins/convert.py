@@ -10,6 +10,7 @@ format             path                                 read / written by
 ``tf``             ``*.weights.h5``                     `tf_impl.checkpoints`
 ``nn-transformer`` ``*.pt`` state dict (source only)    `shared.importers.from_nn_transformer`
 ``annotated``      ``*.pt`` state dict (source only)    `shared.importers.from_annotated`
+``saved-model``    a directory (destination only)       `tf_impl.saved_model` (twins.saved_model)
 =================  ===================================  ====================================
 
 Every source is read into ``(config, canonical weights)`` and fully checked before anything is
@@ -35,8 +36,11 @@ from shared import checkpoints
 from shared import weights as neutral
 from shared.saving import recover
 
+from . import saved_model
+
 FORMATS = ("neutral", "torch", "tf")
 IMPORTERS = ("nn-transformer", "annotated")
+EXPORTS = (saved_model.FORMAT,)  # destinations that are programs, not checkpoints (`--to` only)
 IMPL = {"neutral": "reference", "torch": "torch", "tf": "tf"}  # who runs each format in --verify
 _IMPORTER_ARGS = ("n_heads", "norm_first", "pad_id", "bos_id", "eos_id", "norm_eps", "max_len", "dtype")
 
@@ -48,8 +52,9 @@ def add_arguments(parser) -> None:
                         "(torch_impl) or a .weights.h5 (tf_impl); replaced atomically if it exists")
     parser.add_argument("--from", dest="src_format", choices=FORMATS + IMPORTERS,
                         help="source format (default: from the path)")
-    parser.add_argument("--to", dest="dst_format", choices=FORMATS,
-                        help="destination format (default: from the path)")
+    parser.add_argument("--to", dest="dst_format", choices=FORMATS + EXPORTS,
+                        help="destination format (default: from the path); saved-model: a "
+                             "TensorFlow SavedModel that decodes")
     parser.add_argument("--config", metavar="FILE.json",
                         help="the config, for a .pt holding a bare torch_impl state dict or a "
                              ".weights.h5 written by plain Keras save_weights (files written by "
@@ -70,6 +75,7 @@ def add_arguments(parser) -> None:
     imp.add_argument("--max-len", type=int,
                      help="needed only if the state dict holds no positional table")
     imp.add_argument("--dtype", choices=["float32", "float64"], help="cast (default: the source's)")
+    saved_model.add_arguments(parser, _bool)
 
 
 def _bool(text: str) -> bool:
@@ -159,12 +165,15 @@ def run(args) -> int:
     if Path(args.src).resolve() == Path(args.dst).resolve():
         raise ValueError(f"SRC and DST are the same path ({args.src!r}); write elsewhere")
     importer = _importer_options(args, src_fmt)
+    saved_model.check_options(args, dst_fmt)
     config = None
     if args.config:
         with open(args.config, encoding="utf-8") as f:
             config = TransformerConfig.from_json(f.read())
     try:
         config, weights = read(src_fmt, args.src, config, importer)
+        if dst_fmt in EXPORTS:
+            return saved_model.run(args, src_fmt, config, weights)
         write(dst_fmt, args.dst, config, weights)
     except FileExistsError as err:
         raise ValueError(str(err)) from None
