@@ -2,12 +2,14 @@
 fresh process where neither this project nor torch can be imported, returns tf_impl's tokens,
 lengths and scores bit for bit; bad input comes back as the documented sentinel.
 
-Two small exports are made once (module fixture): the tiny preset under XLA (tf_impl's default),
+Two small exports are made in one test (a module fixture would be rebuilt in every pytest-xdist
+worker that runs one of its tests): the tiny preset under XLA (tf_impl's default),
 and a variant config (``[sin | cos]`` positions, decoder start = pad, swish, post-norm, tied output,
 float64) without XLA. One subprocess (``python -I``, cwd outside the repository, a ``sys.meta_path``
 finder refusing ``torch``, ``shared``, ``tf_impl``, ``torch_impl``, ``twins``, ``parity_tests``)
-loads both with ``tf.saved_model.load`` and calls their signatures on every case; the tests compare
-what it returns with tf_impl's `greedy_decode` / `beam_search` run here.
+loads both with ``tf.saved_model.load`` and calls their signatures on every case (and one case
+through the TF1 session loader, as TF Serving loads a SavedModel); the test compares what it
+returns with tf_impl's `greedy_decode` / `beam_search` run here.
 """
 from __future__ import annotations
 
@@ -116,6 +118,14 @@ SERVER = textwrap.dedent("""
                 for key, value in model.signatures[name](src=src).items():
                     results[f"{export}/{case}/{name}/{key}"] = value.numpy()
                     results[f"{export}/{case}/{name}/{key}:dtype"] = np.array(value.dtype.name)
+        # TF Serving's way: the TF1 session loader, the graph and signature as stored
+        with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+            meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], f"{work}/{export}")
+            signature = meta.signature_def["serving_default"]
+            fetch = {k: v.name for k, v in signature.outputs.items()}
+            src = inputs[f"{export}/mixed"].astype(np.int32)
+            for key, value in session.run(fetch, {signature.inputs["src"].name: src}).items():
+                results[f"{export}/mixed/session/{key}"] = value
     np.savez(f"{work}/results.npz", **results)
     json.dump(info, open(f"{work}/info.json", "w"))
 """)
@@ -210,6 +220,12 @@ def test_a_saved_model_decodes_as_tf_impl_in_a_process_without_the_project(tmp_p
                 problems += _check_case(models[export], export, case, name, src, out)
                 if case not in REFUSED_CASES:
                     served.append(out)
+        session = {k: v for k, v in results.items() if k.startswith(f"{export}/mixed/session/")}
+        assert len(session) == 3, sorted(session)
+        for key, value in session.items():
+            if not np.array_equal(value, results[key.replace("/session/", "/serving_default/")],
+                                  equal_nan=True):
+                problems.append(f"{key}: the TF1 session loader differs from tf.saved_model.load")
         # Not vacuous: rows that stop at EOS (pad after it) and rows that run to the limit occur.
         lengths = np.concatenate([out["lengths"] for out in served])
         tokens = np.concatenate([out["tokens"] for out in served])

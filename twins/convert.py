@@ -61,7 +61,8 @@ def add_arguments(parser) -> None:
                              "this project hold theirs)")
     parser.add_argument("--verify", action="store_true",
                         help="run one batch through source and result, print the logits parity "
-                             "table; exit 1 when it fails")
+                             "table (for a saved-model: its decoded tokens against tf_impl's); "
+                             "exit 1 when it fails")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --verify batch")
     imp = parser.add_argument_group("importers (--from nn-transformer / annotated)")
     imp.add_argument("--n-heads", type=int, help="attention heads (required)")

@@ -26,7 +26,8 @@ def add_arguments(parser, parse_bool) -> None:
                        help="GNMT alpha >= 0 of the beam_search signature (default 0: none)")
     group.add_argument("--max-new", type=int,
                        help="decode limit of both signatures: new tokens at most, EOS included "
-                            "(default: the model's max_len)")
+                            "(default: the model's max_len; --max-len is an imported model's own "
+                            "length)")
     group.add_argument("--jit-compile", type=parse_bool, metavar="true|false",
                        help="compile the decoding loop with XLA (default: tf_impl's, true)")
 
@@ -61,7 +62,7 @@ def run(args, src_fmt: str, config: TransformerConfig, weights: dict) -> int:
     settings = _settings(args, config)
     model = make_adapter("tf", config, weights).model  # `Unavailable` without TensorFlow
     export_saved_model(model, args.dst, jit_compile=args.jit_compile, **settings)
-    xla = "tf_impl's default" if args.jit_compile is None else str(args.jit_compile).lower()
+    xla = {None: "on (tf_impl's default)", True: "on", False: "off"}[args.jit_compile]
     print(f"exported {args.src} ({src_fmt}) -> {args.dst} ({FORMAT}): signatures serving_default "
           f"(greedy) and beam_search (beam size {settings['beam_size']}, length penalty "
           f"{settings['length_penalty']}), up to {settings['max_len']} new tokens, XLA: {xla}")
