@@ -28,9 +28,10 @@ be imported).
 
 **XLA.** By default the decoding loop is compiled with XLA (``jit_compile=True``, tf_impl's
 measured default for cached decoding), so it is compiled again for each new ``(batch, src_len)``
-shape the served model meets (measured on 2 busy cores: 2 s for ``tiny``, 12 s for ``base``, the
-same as tf_impl's first call; benchmarks/saved_model.py): pad requests to a few fixed shapes. ``jit_compile=False`` exports the plain graph loop instead
-(reproducing ``greedy_decode(..., jit_compile=False)``).
+shape the served model meets (measured on 2 busy cores: 2 s for ``tiny``, 14 s for ``base``, about
+as long as tf_impl's first call; benchmarks/saved_model.py): pad requests to a few fixed
+shapes. ``jit_compile=False`` exports the plain graph loop instead (reproducing
+``greedy_decode(..., jit_compile=False)``).
 
 **Bad input.** Under XLA an assertion compiles to nothing and an id out of range embeds as NaN
 (`tf_impl.inputs`), so nothing inside the loop can raise, and a NaN row would stop the loop for
@@ -40,12 +41,12 @@ outside the XLA program, and never return plausible tokens for bad input. A row 
 * it holds an id outside ``[0, src_vocab)`` (that row only), or
 * ``src_len`` is 0 or greater than ``config.max_len`` (every row);
 
-an invalid row is decoded as an all-padding source (so that it cannot disturb the others, which
-decode exactly as without it) and returned as the sentinel: ``lengths == -1`` (`INVALID`),
-``tokens`` all ``-1``, ``log_probs`` / ``scores`` NaN. If the model itself produces NaN or +inf
-logits for a valid source (weights that overflow), where `tf_impl.greedy_decode` raises, every row
-of that batch is returned as the sentinel. A batch of 0 rows returns empty outputs. A client checks
-``lengths >= 0`` per row.
+an invalid row is decoded as an all-padding source (so that it cannot disturb the others: they
+come out exactly as tf_impl decodes that batch with the bad row padded) and returned as the
+sentinel: ``lengths == -1`` (`INVALID`), ``tokens`` all ``-1``, ``log_probs`` / ``scores`` NaN.
+If the model itself produces NaN or +inf logits for a valid source (weights that overflow), where
+`tf_impl.greedy_decode` raises, every row of that batch is returned as the sentinel. A batch of 0
+rows returns empty outputs. A client checks ``lengths >= 0`` per row.
 """
 from __future__ import annotations
 
