@@ -61,7 +61,7 @@ from shared.decoding import check_search_args
 from shared.saving import recover, replace_directory
 
 from .checkpoints import load_checkpoint
-from .decoding import beam_search_tensors, greedy_decode_tensors
+from .decoding import beam_search, beam_search_tensors, greedy_decode, greedy_decode_tensors
 from .model import Transformer
 
 INVALID = -1  # lengths and tokens of a row whose source was refused
@@ -177,7 +177,6 @@ def compare_export(model: Transformer, path: str | os.PathLike, src) -> dict[str
     Returns ``{signature: {"tokens": equal, "lengths": equal, score name: equal bit for bit,
     "invalid": the invalid rows, and only they, carry the sentinel}}``.
     """
-    from .decoding import beam_search, greedy_decode  # the eager, checked API: what users call
     loaded = tf.saved_model.load(str(path))
     settings = json.loads(loaded.decoding_json.numpy())
     src = np.asarray(src)
