@@ -98,6 +98,15 @@ def test_optional_libraries_are_never_imported_by_the_product():
     assert result.returncode == 0, result.stderr
 
 
+def test_the_command_line_imports_without_a_framework():
+    """`twins` and its command modules (the SavedModel export's included) start with neither
+    framework: each imports one only when a command needs it."""
+    result = run("""
+        import twins.cli, twins.convert, twins.saved_model
+    """, blocked={"torch", "tensorflow", "keras", "tf_keras"})
+    assert result.returncode == 0, result.stderr
+
+
 def test_the_blocker_blocks():
     """Guards the tests above against passing vacuously."""
     result = run("import json; import torch", blocked={"torch"})

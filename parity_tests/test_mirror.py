@@ -65,6 +65,10 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
                                 "by a scatter; torch writes the buffer slice in place",
         "cache:filled_mask": "with fixed shapes attention reads the whole buffer, masked past the current "
                              "position; torch reads the filled slice [:length]",
+        "decoding:greedy_decode_tensors": "a SavedModel signature (saved_model.py) is one traced TF "
+                                          "graph, so it calls greedy_decode's compiled program on "
+                                          "tensors; torch decodes eagerly and exports no graph",
+        "decoding:beam_search_tensors": "the same, for beam_search",
     },
 }
 
@@ -93,11 +97,26 @@ FRAMEWORK_ARGS: dict[str, dict[str, dict[str, str]]] = {
     },
 }
 
+# Modules one backend has and the other cannot: framework -> {module: reason}.
+FRAMEWORK_ONLY_MODULES: dict[str, dict[str, str]] = {
+    "torch": {},
+    "tf": {"saved_model": "exports a TensorFlow SavedModel that decodes (TF Serving, TFLite "
+                          "converters); a TensorFlow file format with no torch counterpart"},
+}
+
+
 def _sources(package: str) -> set[str]:
     return {p.stem for p in (ROOT / package).glob("*.py")}
 
 
 MODULES = sorted(_sources("torch_impl") & _sources("tf_impl"))
+
+
+def test_a_module_in_one_backend_only_is_listed_with_its_reason():
+    torch_only = _sources("torch_impl") - _sources("tf_impl")
+    tf_only = _sources("tf_impl") - _sources("torch_impl")
+    assert (torch_only, tf_only) == (set(FRAMEWORK_ONLY_MODULES["torch"]),
+                                     set(FRAMEWORK_ONLY_MODULES["tf"]))
 
 
 def _params(fn) -> list[str]:

@@ -20,7 +20,9 @@ beam reordering (``tf.gather``) run as one ``tf.function`` per model, with XLA f
 reused afterwards (alpha is a tensor argument: one trace serves every length penalty). Each new
 source shape or ``max_len`` traces and compiles anew (about a second; tens of seconds with XLA for
 ``base``): pad sources to a few fixed lengths when decoding many batches. Source ids are checked
-eagerly before any of it (an XLA program cannot raise).
+eagerly before any of it (an XLA program cannot raise). `greedy_decode_tensors` /
+`beam_search_tensors` call the same compiled program on tensors from inside another
+``tf.function`` (a SavedModel signature, `tf_impl.saved_model`), the checks being the caller's.
 
 ``compiled=False`` runs the very same function eagerly, op by op: identical tokens and lengths,
 scores equal to rounding, not bit for bit (inside a tf.function TF's graph optimizer turns the
@@ -41,7 +43,7 @@ from shared.masks import padding_id, start_is_pad
 
 from . import search
 from .cache import repeat_rows
-from .inputs import check_ids, in_xla_context, make_tgt_mask
+from .inputs import check_ids, dims, in_xla_context, make_src_mask, make_tgt_mask
 from .model import Transformer
 
 # use_cache -> the default jit_compile: XLA where it helps. Measured (base float32, greedy decoding
@@ -112,13 +114,13 @@ def _step(model: Transformer, src: tf.Tensor, src_mask: tf.Tensor, beams: int, m
 def _greedy_program(model, src, src_mask, max_len, use_cache, observe=None):
     c = model.config
     step = _step(model, src, src_mask, 1, max_len, use_cache)
-    return search.greedy_loop(step, src.shape[0], max_len, c.start_id, c.eos_id, c.pad_id, observe)
+    return search.greedy_loop(step, dims(src, 1)[0], max_len, c.start_id, c.eos_id, c.pad_id, observe)
 
 
 def _beam_program(model, src, src_mask, alpha, max_len, beam_size, use_cache, observe=None):
     c = model.config
     step = _step(model, src, src_mask, beam_size, max_len, use_cache)
-    return search.beam_loop(step, src.shape[0], max_len, beam_size, c.start_id, c.eos_id, c.pad_id,
+    return search.beam_loop(step, dims(src, 1)[0], max_len, beam_size, c.start_id, c.eos_id, c.pad_id,
                             alpha, observe)
 
 
@@ -219,3 +221,36 @@ def beam_search(model: Transformer, src, max_len: int, beam_size: int = 4, lengt
     outputs = _run(model, _beam_program, compiled, jit_compile, use_cache, observe, src, src_mask,
                    alpha, max_len=max_len, beam_size=beam_size)
     return search.beam_result(outputs, return_all)
+
+
+# -- the same programs on tensors, inside a tf.function of the caller's (tf_impl.saved_model) -----
+def greedy_decode_tensors(model: Transformer, src: tf.Tensor, max_len: int, use_cache: bool = True,
+                          jit_compile: bool | None = None) -> dict[str, tf.Tensor]:
+    """What `greedy_decode` computes (its compiled program, the very same ``tf.function``), on
+    tensors and callable while tracing another ``tf.function``: a SavedModel signature is traced
+    once with ``None`` sizes, so it cannot run the eager checks and NumPy conversion around it.
+
+    No checks here: ``src`` must be ids the caller has checked, int64 ``(B, S)`` with every id in
+    ``[0, src_vocab)`` and ``1 <= S <= config.max_len`` (``B`` and ``S`` may be unknown at trace
+    time), ``max_len`` checked with `shared.decoding.check_search_args`. The mask is ``src != pad_id``.
+
+    Returns tensors: tokens ``(B, max_len)`` int64, log_probs ``(B, max_len)``, lengths ``(B,)``
+    int64, and bad_step int32 ``()``: ``-1``, or the first step whose logits held NaN or +inf in a
+    live row (under XLA an id out of range embeds as NaN rather than raising), where the loop
+    stopped: every row's outputs are then incomplete (`greedy_decode` raises instead).
+    """
+    src_mask = make_src_mask(src, model.config.pad_id)
+    return _run(model, _greedy_program, True, jit_compile, use_cache, None, src, src_mask,
+                max_len=max_len)
+
+
+def beam_search_tensors(model: Transformer, src: tf.Tensor, max_len: int, beam_size: int = 4,
+                        length_penalty: float = 0.0, use_cache: bool = True,
+                        jit_compile: bool | None = None) -> dict[str, tf.Tensor]:
+    """What `beam_search` computes, as `greedy_decode_tensors` is to `greedy_decode` (same
+    preconditions, no checks). Returns the loop's tensors: every `shared.decoding.BeamResult` field
+    (tokens ``(B, max_len)`` int64, scores ``(B,)``, lengths ``(B,)`` int64, ...) and bad_step."""
+    src_mask = make_src_mask(src, model.config.pad_id)
+    alpha = tf.constant(float(length_penalty), model.config.dtype)
+    return _run(model, _beam_program, True, jit_compile, use_cache, None, src, src_mask, alpha,
+                max_len=max_len, beam_size=beam_size)

@@ -78,10 +78,12 @@ class BeamState(NamedTuple):
 
 
 # -- helpers --------------------------------------------------------------------------------------
-def _call_step(step: Step, prefixes: tf.Tensor, t: tf.Tensor, state, rows: int):
+def _call_step(step: Step, prefixes: tf.Tensor, t: tf.Tensor, state, rows):
     """Run ``step``; its output must be ``(rows, V)`` in ``step.dtype`` (checked on the static
-    shape where known, at run time otherwise)."""
+    shape where known, at run time otherwise). ``rows``: an int, or a scalar tensor when the batch
+    size is known only at run time (an ``input_signature`` with ``None``: a SavedModel)."""
     out, state = step(prefixes, t, state)
+    rows = rows if isinstance(rows, int) else None
     is_tensor = isinstance(out, (tf.Tensor, tf.Variable))
     shape = out.shape if is_tensor else tf.TensorShape(np.shape(out))
     if not is_tensor or not shape.is_compatible_with((rows, step.vocab)):
@@ -149,8 +151,10 @@ def _numpy(outputs: dict) -> dict:
 def greedy_loop(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, pad_id: int,
                 observe: Observe | None = None) -> dict[str, tf.Tensor]:
     """The greedy loop of `shared.decoding.greedy_search` on tensors (no argument checks: see
-    `greedy_search`); runs eagerly or inside a ``tf.function``. Returns tensors ``tokens (B, T)``
-    int64, ``log_probs (B, T)``, ``lengths (B,)`` int64 and ``bad_step`` int32 ()."""
+    `greedy_search`); runs eagerly or inside a ``tf.function``. ``batch`` is an int, or a scalar
+    int32 tensor where the batch size is known only at run time (a SavedModel signature). Returns
+    tensors ``tokens (B, T)`` int64, ``log_probs (B, T)``, ``lengths (B,)`` int64 and ``bad_step``
+    int32 ()."""
     _check_observe(observe)
     dtype, vocab = step.dtype, step.vocab
     frozen = _frozen_row(vocab, pad_id, dtype)
@@ -216,7 +220,8 @@ def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int
 def beam_loop(step: Step, batch: int, max_len: int, beam_size: int, bos_id: int, eos_id: int,
               pad_id: int, length_penalty=0.0, observe: Observe | None = None) -> dict[str, tf.Tensor]:
     """The beam loop of `shared.decoding.beam_search` on tensors (no argument checks: see
-    `beam_search`); runs eagerly or inside a ``tf.function``. ``length_penalty`` may be a Python
+    `beam_search`); runs eagerly or inside a ``tf.function``; ``batch`` as in `greedy_loop`.
+    ``length_penalty`` may be a Python
     float or a scalar tensor (so that one compiled loop serves every alpha: ``alpha = 0`` gives a
     penalty of exactly 1.0, and dividing by it changes nothing). Returns the tensors of every
     `BeamResult` field (``all_*`` included) and ``bad_step``."""

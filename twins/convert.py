@@ -17,6 +17,7 @@ format             path                                 read / written by
 ``marian``         a ``MarianMTModel`` directory        `shared.importers.from_marian`,
                    (``--from`` / ``--to`` only)          `shared.exporters.to_marian`
 ``fsmt``           an FSMT directory (source only)      `shared.importers.from_fsmt`
+``saved-model``    a directory (destination only)       `tf_impl.saved_model` (twins.saved_model)
 =================  ===================================  ====================================
 
 ``--rename OLD=NEW`` (repeatable) maps source key prefixes before an importer reads them; an
@@ -49,12 +50,14 @@ from shared import checkpoints
 from shared import weights as neutral
 from shared.saving import recover
 
+from . import saved_model
+
 FORMATS = ("neutral", "torch", "tf")
 STATE_DICTS = ("nn-transformer", "annotated")  # a .pt state dict and options saying the rest
 DIRECTORIES = ("marian", "fsmt")  # a transformers save_pretrained directory holding its config
 KERAS_IMPORTERS = ("tf-tutorial", "keras-hub")  # Keras files read with h5py: --from only
 IMPORTERS = STATE_DICTS + DIRECTORIES
-EXPORTERS = ("marian", "ctranslate2")  # destinations only (marian: also a source, above)
+EXPORTERS = ("marian", "ctranslate2", saved_model.FORMAT)  # --to only (marian: also --from)
 IMPL = {"neutral": "reference", "torch": "torch", "tf": "tf",
         "marian": "transformers", "fsmt": "transformers"}  # who runs each format in --verify
 # Sources whose masked scores are a large negative number: an all-padding source row attends
@@ -69,7 +72,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("src", metavar="SRC", help="source: a neutral checkpoint directory, a "
                         "torch_impl .pt, a tf_impl .weights.h5, or (with --from) a state dict .pt")
     parser.add_argument("dst", metavar="DST", help="destination: a directory (neutral; with --to, a "
-                        "Marian or CTranslate2 model directory), a .pt (torch_impl) or a .weights.h5 "
+                        "Marian, CTranslate2 or SavedModel directory), a .pt (torch_impl) or a .weights.h5 "
                         "(tf_impl); replaced atomically if it exists")
     parser.add_argument("--from", dest="src_format", choices=FORMATS + IMPORTERS + KERAS_IMPORTERS,
                         help="source format (default: from the path; marian / fsmt: a transformers "
@@ -77,14 +80,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--to", dest="dst_format", choices=FORMATS + EXPORTERS,
                         help="destination format (default: from the path; marian: a directory "
                              "transformers.MarianMTModel.from_pretrained loads; ctranslate2: a "
-                             "CTranslate2 model directory, never detected from the path)")
+                             "CTranslate2 model directory; saved-model: a TensorFlow SavedModel that "
+                             "decodes; these three are never detected from the path)")
     parser.add_argument("--config", metavar="FILE.json",
                         help="the config, for a .pt holding a bare torch_impl state dict or a "
                              ".weights.h5 written by plain Keras save_weights (files written by "
                              "this project hold theirs)")
     parser.add_argument("--verify", action="store_true",
                         help="run one batch through source and result, print the logits parity "
-                             "table; exit 1 when it fails")
+                             "table (for a saved-model: its decoded tokens against tf_impl's); "
+                             "exit 1 when it fails")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --verify batch")
     parser.add_argument("--rename", action="append", metavar="OLD=NEW", type=_rename,
                         help="importers: replace the source key prefix OLD by NEW before reading "
@@ -103,6 +108,7 @@ def add_arguments(parser) -> None:
     imp.add_argument("--dtype", choices=["float32", "float64"],
                      help="cast (default: the source's); also for --from marian / fsmt")
     _add_keras_arguments(parser)
+    saved_model.add_arguments(parser, _bool)
 
 
 def _add_keras_arguments(parser) -> None:
@@ -297,12 +303,15 @@ def run(args) -> int:
     if Path(args.src).resolve() == Path(args.dst).resolve():
         raise ValueError(f"SRC and DST are the same path ({args.src!r}); write elsewhere")
     importer = _importer_options(args, src_fmt)
+    saved_model.check_options(args, dst_fmt)
     config = None
     if args.config:
         with open(args.config, encoding="utf-8") as f:
             config = TransformerConfig.from_json(f.read())
     try:
         config, weights = read(src_fmt, args.src, config, importer)
+        if dst_fmt == saved_model.FORMAT:
+            return saved_model.run(args, src_fmt, config, weights)
         write(dst_fmt, args.dst, config, weights)
     except FileExistsError as err:
         raise ValueError(str(err)) from None

@@ -1,0 +1,199 @@
+"""Export a `tf_impl.Transformer` as a TensorFlow SavedModel that decodes, for TF Serving or any
+TensorFlow program: ``tf.saved_model.load(path)`` needs neither this project nor torch.
+
+Two signatures, both taking ``src``, int32 source ids ``(batch, src_len)`` (any batch size, any
+length up to ``config.max_len``, padded with ``config.pad_id``; the source mask is ``src != pad_id``):
+
+=================== ============================================================================
+``serving_default`` greedy decoding: ``tf_impl.greedy_decode(model, src, max_len)``
+``beam_search``     ``tf_impl.beam_search(model, src, max_len, beam_size, length_penalty)``, beam
+                    size and length penalty fixed at export
+=================== ============================================================================
+
+Outputs (``T`` = the export's ``max_len``, new tokens at most, EOS included):
+
+* ``tokens`` int32 ``(batch, T)``: the decoded ids without the start token; a row that emitted EOS
+  within ``T`` tokens holds pad after it (always ``T`` columns);
+* ``lengths`` int32 ``(batch,)``: tokens generated, EOS included (``T`` when no EOS came);
+* ``log_probs`` ``(batch, T)`` (greedy: each token's log-probability, 0 after EOS) or ``scores``
+  ``(batch,)`` (beam search: the ranking score of the returned hypothesis), in the model's dtype.
+
+They are the results of tf_impl's own decoding: each signature calls the compiled program of
+`tf_impl.greedy_decode` / `tf_impl.beam_search` (`tf_impl.decoding.greedy_decode_tensors`,
+`beam_search_tensors`: the same ``tf.function``, with tf_impl's default ``jit_compile``), so a
+change to tf_impl's search flows into the next export, and the loaded SavedModel returns the same
+tokens, lengths and scores as tf_impl on the same source, bit for bit
+(parity_tests/test_saved_model.py checks it in a process where neither this project nor torch can
+be imported).
+
+**XLA.** By default the decoding loop is compiled with XLA (``jit_compile=True``, tf_impl's
+measured default for cached decoding), so it is compiled again for each new ``(batch, src_len)``
+shape the served model meets (measured on 2 busy cores: 2 s for ``tiny``, 14 s for ``base``, about
+as long as tf_impl's first call; benchmarks/saved_model.py): pad requests to a few fixed
+shapes. ``jit_compile=False`` exports the plain graph loop instead (reproducing
+``greedy_decode(..., jit_compile=False)``).
+
+**Bad input.** Under XLA an assertion compiles to nothing and an id out of range embeds as NaN
+(`tf_impl.inputs`), so nothing inside the loop can raise, and a NaN row would stop the loop for
+the whole batch. The signatures therefore check ``src`` before decoding, with plain graph ops
+outside the XLA program, and never return plausible tokens for bad input. A row is *invalid* when
+
+* it holds an id outside ``[0, src_vocab)`` (that row only), or
+* ``src_len`` is 0 or greater than ``config.max_len`` (every row);
+
+an invalid row is decoded as an all-padding source (so that it cannot disturb the others: they
+come out exactly as tf_impl decodes that batch with the bad row padded) and returned as the
+sentinel: ``lengths == -1`` (`INVALID`), ``tokens`` all ``-1``, ``log_probs`` / ``scores`` NaN.
+If the model itself produces NaN or +inf logits for a valid source (weights that overflow), where
+`tf_impl.greedy_decode` raises, every row of that batch is returned as the sentinel. A batch of 0
+rows returns empty outputs. A client checks ``lengths >= 0`` per row.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from shared.decoding import check_search_args
+from shared.saving import recover, replace_directory
+
+from .checkpoints import load_checkpoint
+from .decoding import beam_search, beam_search_tensors, greedy_decode, greedy_decode_tensors
+from .model import Transformer
+
+INVALID = -1  # lengths and tokens of a row whose source was refused
+SIGNATURES = ("serving_default", "beam_search")
+# What tf.saved_model.save writes; an existing directory holding anything else is not replaced.
+SAVED_MODEL_ENTRIES = {"saved_model.pb", "variables", "assets", "assets.extra", "fingerprint.pb"}
+
+
+def checked_source(src: tf.Tensor, config) -> tuple[tf.Tensor, tf.Tensor]:
+    """The source a signature decodes, and which rows are valid (module docstring, "Bad input").
+
+    Shape: src ``(B, S)`` int32 -> ids ``(B, S')`` int64 with ``S' = min(max(S, 1), max_len)``
+    (``S`` itself for a valid length), invalid rows all ``pad_id``; valid ``(B,)`` bool.
+    """
+    pad = tf.constant(config.pad_id, src.dtype)
+    width = tf.shape(src)[1]
+    in_range = tf.reduce_all(tf.logical_and(src >= 0, src < config.src_vocab), axis=1)  # (B,)
+    valid = tf.logical_and(in_range, tf.logical_and(width >= 1, width <= config.max_len))
+    ids = tf.where(valid[:, None], src, pad)[:, : config.max_len]  # (B, <= max_len)
+    ids = tf.pad(ids, [[0, 0], [0, tf.maximum(1 - width, 0)]], constant_values=config.pad_id)
+    return tf.cast(ids, tf.int64), valid
+
+
+def _flagged(outputs: dict, valid: tf.Tensor, score: str) -> dict[str, tf.Tensor]:
+    """The signature's outputs: invalid rows, or every row after a NaN step, as the sentinel."""
+    ok = tf.logical_and(valid, outputs["bad_step"] < 0)  # (B,)
+    values = outputs[score]
+    mask = ok[:, None] if values.shape.rank == 2 else ok
+    return {"tokens": tf.where(ok[:, None], tf.cast(outputs["tokens"], tf.int32), INVALID),
+            "lengths": tf.where(ok, tf.cast(outputs["lengths"], tf.int32), INVALID),
+            score: tf.where(mask, values, tf.constant(np.nan, values.dtype))}
+
+
+def signatures(model: Transformer, max_len: int, beam_size: int, length_penalty: float,
+               jit_compile: bool | None = None) -> dict[str, tf.types.experimental.ConcreteFunction]:
+    """The two signature functions (module docstring), traced for ``src`` of shape ``(None, None)``."""
+    config = model.config
+    spec = tf.TensorSpec((None, None), tf.int32, name="src")
+
+    @tf.function(input_signature=[spec], autograph=False)
+    def greedy(src):
+        ids, valid = checked_source(src, config)
+        return _flagged(greedy_decode_tensors(model, ids, max_len, jit_compile=jit_compile), valid,
+                        "log_probs")
+
+    @tf.function(input_signature=[spec], autograph=False)
+    def beam(src):
+        ids, valid = checked_source(src, config)
+        out = beam_search_tensors(model, ids, max_len, beam_size, length_penalty,
+                                  jit_compile=jit_compile)
+        return _flagged(out, valid, "scores")
+
+    return {"serving_default": greedy.get_concrete_function(),
+            "beam_search": beam.get_concrete_function()}
+
+
+def export_saved_model(model: Transformer | str | os.PathLike, path: str | os.PathLike, *,
+                       max_len: int | None = None, beam_size: int = 4, length_penalty: float = 0.0,
+                       jit_compile: bool | None = None) -> Path:
+    """Write a SavedModel directory at ``path`` (replaced crash-safely if it exists: the complete
+    old directory or the complete new one, `shared.saving.replace_directory`).
+
+    Args:
+        model: a `tf_impl.Transformer`, or a checkpoint tf_impl reads (a neutral directory, a
+            ``.weights.h5``).
+        max_len: new tokens at most, EOS included, ``1 <= max_len <= config.max_len``; default
+            ``config.max_len``. Both signatures return this many columns.
+        beam_size: beams of the ``beam_search`` signature, ``1 <= beam_size <= tgt_vocab - 1``.
+        length_penalty: its GNMT alpha >= 0 (`tf_impl.beam_search`).
+        jit_compile: XLA for the decoding loop; ``None`` = tf_impl's default (module docstring).
+
+    Returns the path. Raises ``ValueError`` for an argument out of range and ``FileExistsError``
+    for a ``path`` that exists and is not a SavedModel directory, before writing anything.
+    """
+    if not isinstance(model, Transformer):
+        if not isinstance(model, (str, os.PathLike)):
+            raise TypeError(f"model: expected a tf_impl.Transformer or a checkpoint path, got "
+                            f"{type(model).__name__}")
+        model = load_checkpoint(model)
+    max_len = model.config.max_len if max_len is None else max_len
+    check_search_args(model.config, max_len, beam_size, length_penalty)
+    path = Path(path)
+    recover(path)
+    if path.exists() and (not path.is_dir() or not set(os.listdir(path)) <= SAVED_MODEL_ENTRIES):
+        raise FileExistsError(f"export_saved_model: path {str(path)!r} exists and is not a "
+                              "SavedModel directory; refusing to overwrite it")
+    functions = signatures(model, max_len, beam_size, float(length_penalty), jit_compile)
+    root = tf.Module()
+    # The weights the functions read, tracked so that the SavedModel stores them (the Keras
+    # objects themselves are not saved: the signatures are the whole served API).
+    root.weights = [getattr(v, "value", v) for v in model.variables]
+    # What the export was made of, readable in the serving process: loaded.config_json.numpy().
+    root.config_json = tf.Variable(model.config.to_json(), trainable=False, name="config_json")
+    root.decoding_json = tf.Variable(json.dumps({
+        "max_len": max_len, "beam_size": beam_size, "length_penalty": float(length_penalty),
+        "jit_compile": jit_compile, "invalid": INVALID}), trainable=False, name="decoding_json")
+
+    def fill(folder: Path) -> None:
+        tf.saved_model.save(root, str(folder), signatures=functions)
+
+    return replace_directory(path, fill)
+
+
+def compare_export(model: Transformer, path: str | os.PathLike, src) -> dict[str, dict[str, bool]]:
+    """Load the SavedModel at ``path`` (``tf.saved_model.load``), call both signatures on ``src``
+    and compare them with tf_impl's own decoding by ``model``, with the settings stored in the
+    export (``decoding_json``), of the same source as the signatures decode it (invalid rows as
+    padding). The check of ``twins convert --to saved-model --verify``.
+
+    Shape: src ``(B, S)`` integer ids, ``1 <= S <= config.max_len``; rows with an id out of range
+    are allowed and must come back as the sentinel.
+
+    Returns ``{signature: {"tokens": equal, "lengths": equal, score name: equal bit for bit,
+    "invalid": the invalid rows, and only they, carry the sentinel}}``.
+    """
+    loaded = tf.saved_model.load(str(path))
+    settings = json.loads(loaded.decoding_json.numpy())
+    src = np.asarray(src)
+    ids, valid = (t.numpy() for t in checked_source(tf.constant(src, tf.int32), model.config))
+    kwargs = {"max_len": settings["max_len"], "jit_compile": settings["jit_compile"]}
+    expected = {"serving_default": greedy_decode(model, ids, **kwargs),
+                "beam_search": beam_search(model, ids, beam_size=settings["beam_size"],
+                                           length_penalty=settings["length_penalty"], **kwargs)}
+    report = {}
+    for name, want in expected.items():
+        got = {k: v.numpy() for k, v in loaded.signatures[name](src=tf.constant(src, tf.int32)).items()}
+        score = "log_probs" if name == "serving_default" else "scores"
+        report[name] = {
+            "tokens": bool(np.array_equal(got["tokens"][valid], want.tokens[valid])),
+            "lengths": bool(np.array_equal(got["lengths"][valid], want.lengths[valid])),
+            score: bool(np.array_equal(got[score][valid], getattr(want, score)[valid])),
+            "invalid": bool((got["lengths"] == INVALID).tolist() == (~valid).tolist()
+                            and (got["tokens"][~valid] == INVALID).all()),
+        }
+    return report
