@@ -65,6 +65,8 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
                                 "by a scatter; torch writes the buffer slice in place",
         "cache:filled_mask": "with fixed shapes attention reads the whole buffer, masked past the current "
                              "position; torch reads the filled slice [:length]",
+        "distributed:logical_cpus": "MirroredStrategy's replicas on a CPU are logical devices TF must "
+                                    "create before its runtime starts; torch's workers are processes",
     },
 }
 

@@ -149,7 +149,7 @@ class _Framework(Adapter):
         """``impl``: the backend package; ``model``: its Transformer; ``training``: its training
         module (make_optimizer, train_step)."""
         self._impl, self._training, self.model, self.config = impl, training, model, model.config
-        self.optimizer = None
+        self.optimizer, self.parallel = None, None
 
     @classmethod
     def _setup(cls, seed: int | None, threads: int | None):
@@ -160,13 +160,25 @@ class _Framework(Adapter):
 
     @classmethod
     def from_weights(cls, config: TransformerConfig, weights: Weights, seed: int | None = None,
-                     threads: int | None = None):
+                     threads: int | None = None, workers: int | None = None):
         """A model of ``config`` holding the canonical ``weights``. ``seed`` seeds dropout (None:
-        leave the framework's generator as it is); ``threads`` sizes the CPU thread pool."""
+        leave the framework's generator as it is); ``threads`` sizes the CPU thread pool;
+        ``workers`` (None: one process, no engine) trains data-parallel on the backend's
+        ``distributed.DataParallel`` (torch: this process is one of torchrun's workers)."""
         impl = cls._setup(seed, threads)
-        model = impl.Transformer(config)
-        model.import_weights(weights)
-        return cls(impl, model)
+        if workers is None:
+            model = impl.Transformer(config)
+            model.import_weights(weights)
+            return cls(impl, model)
+        parallel = cls._distributed().DataParallel(config, weights, workers)
+        adapter = cls(impl, parallel.model)
+        adapter.parallel = parallel
+        return adapter
+
+    @classmethod
+    def _distributed(cls):
+        """The backend's ``distributed`` module."""
+        raise NotImplementedError
 
     @classmethod
     def from_checkpoint(cls, path, config: TransformerConfig | None = None, seed: int | None = None,
@@ -197,9 +209,20 @@ class _Framework(Adapter):
         without them it starts from zero moments."""
         raise NotImplementedError
 
+    def _new_optimizer(self, warmup: int, factor: float, start_step: int):
+        """The backend's Adam + Noam, on the data-parallel engine when there is one."""
+        if self.parallel is not None:
+            return self.parallel.make_optimizer(warmup=warmup, factor=factor, start_step=start_step)
+        return self._training.make_optimizer(self.model, warmup=warmup, factor=factor,
+                                             start_step=start_step)
+
     def train_step(self, batch, smoothing: float) -> tuple[float, float]:
-        """One update on ``batch = (src, tgt_in, tgt_out)``: ``(loss before it, learning rate)``."""
-        result = self._training.train_step(self.model, self.optimizer, batch, smoothing)
+        """One update on ``batch = (src, tgt_in, tgt_out)``: ``(loss before it, learning rate)``.
+        Data-parallel: ``batch`` is the global batch; the loss is the global batch's."""
+        if self.parallel is not None:
+            result = self.parallel.train_step(batch, smoothing)
+        else:
+            result = self._training.train_step(self.model, self.optimizer, batch, smoothing)
         return result.loss, result.lr
 
     def export_moments(self) -> dict[str, np.ndarray]:
@@ -222,6 +245,11 @@ class Torch(_Framework):
         if seed is not None:
             torch.manual_seed(seed)  # dropout
         return torch_impl
+
+    @classmethod
+    def _distributed(cls):
+        from torch_impl import distributed
+        return distributed
 
     def __init__(self, impl, model):
         import torch
@@ -247,8 +275,7 @@ class Torch(_Framework):
     def make_optimizer(self, warmup, factor, step, moments=None):
         from torch_impl.weights_io import weight_table
         torch = self._torch
-        self.optimizer = self._training.make_optimizer(self.model, warmup=warmup, factor=factor,
-                                                 start_step=step)
+        self.optimizer = self._new_optimizer(warmup, factor, step)
         if moments is None:
             return
         for name, (param, transposed) in weight_table(self.model).items():
@@ -301,6 +328,11 @@ class TF(_Framework):
         keras.config.disable_traceback_filtering()
         return tf_impl
 
+    @classmethod
+    def _distributed(cls):
+        from tf_impl import distributed
+        return distributed
+
     def __init__(self, impl, model):
         import tensorflow as tf
         from tf_impl import training
@@ -326,8 +358,7 @@ class TF(_Framework):
         from tf_impl.weights_io import weight_table
         # With moments the optimizer's own step count carries the position (Adam's bias corrections
         # and the schedule both read it); without, only the schedule is offset and Adam starts fresh.
-        self.optimizer = opt = self._training.make_optimizer(
-            self.model, warmup=warmup, factor=factor, start_step=0 if moments is not None else step)
+        self.optimizer = opt = self._new_optimizer(warmup, factor, 0 if moments is not None else step)
         if moments is None:
             return
         opt.iterations.assign(step)
@@ -361,9 +392,23 @@ def _adapter_class(name: str):
 
 
 def make_adapter(name: str, config: TransformerConfig, weights: Weights, seed: int | None = None,
-                 threads: int | None = None) -> Adapter:
-    """The adapter of implementation ``name`` (one of `IMPLEMENTATIONS`) holding ``weights``."""
-    return _adapter_class(name).from_weights(config, weights, seed, threads)
+                 threads: int | None = None, workers: int | None = None) -> Adapter:
+    """The adapter of implementation ``name`` (one of `IMPLEMENTATIONS`) holding ``weights``;
+    ``workers``: train data-parallel (torch and tf only; see `_Framework.from_weights`)."""
+    if workers is None:
+        return _adapter_class(name).from_weights(config, weights, seed, threads)
+    if name not in BACKENDS:
+        raise ValueError(f"workers: only {BACKENDS} train, got implementation {name!r}")
+    return _adapter_class(name).from_weights(config, weights, seed, threads, workers)
+
+
+def prepare(name: str, seed: int | None = None, threads: int | None = None):
+    """Import backend ``name`` (`Unavailable` if missing), size its thread pool and seed it, before
+    any model exists (TensorFlow fixes its thread pools and devices when its runtime starts);
+    returns the backend package."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {name!r}")
+    return _adapter_class(name)._setup(seed, threads)
 
 
 def load_adapter(name: str, path, config: TransformerConfig | None = None, seed: int | None = None,
