@@ -188,12 +188,35 @@ class _Framework(Adapter):
         impl = cls._setup(seed, threads)
         return cls(impl, impl.load_checkpoint(path, config))
 
+    def set_precision(self, precision: str) -> str:
+        """Forward passes and training in ``precision`` ("float32", or "bfloat16" mixed precision:
+        `shared.precision`); returns the previous one. Decoding always runs in float32."""
+        return self._precision().set_precision(self.model, precision)
+
+    def _precision(self):
+        raise NotImplementedError
+
+    def _float32(self):
+        """A context in which the model computes in float32 (decoding: its cache is float32)."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def scope():
+            previous = self.set_precision("float32")
+            try:
+                yield
+            finally:
+                self.set_precision(previous)
+        return scope()
+
     def greedy(self, src, max_len):
-        return self._impl.greedy_decode(self.model, self._ids(src), max_len)
+        with self._float32():
+            return self._impl.greedy_decode(self.model, self._ids(src), max_len)
 
     def beam(self, src, max_len, beam_size, length_penalty=0.0):
-        return self._impl.beam_search(self.model, self._ids(src), max_len, beam_size=beam_size,
-                                      length_penalty=length_penalty)
+        with self._float32():
+            return self._impl.beam_search(self.model, self._ids(src), max_len, beam_size=beam_size,
+                                          length_penalty=length_penalty)
 
     def export_weights(self):
         return self.model.export_weights()
@@ -230,6 +253,19 @@ class _Framework(Adapter):
         raise NotImplementedError
 
 
+def _numpy(tensor) -> np.ndarray:
+    """A torch tensor as NumPy; bfloat16 (which NumPy lacks) widened exactly to float32."""
+    if str(tensor.dtype) == "torch.bfloat16":
+        tensor = tensor.float()
+    return tensor.detach().cpu().numpy()
+
+
+def _tf_numpy(tensor) -> np.ndarray:
+    """A TF tensor as NumPy; bfloat16 widened exactly to float32, as for torch."""
+    array = np.asarray(tensor)
+    return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
+
+
 class Torch(_Framework):
     name = "torch"
 
@@ -251,6 +287,10 @@ class Torch(_Framework):
         from torch_impl import distributed
         return distributed
 
+    def _precision(self):
+        from torch_impl import precision
+        return precision
+
     def __init__(self, impl, model):
         import torch
         from torch_impl import training
@@ -265,12 +305,12 @@ class Torch(_Framework):
         self.model.eval()  # training leaves the model in train mode
         with self._torch.no_grad():
             _, out = self.model(self._ids(src), self._ids(tgt), return_trace=True)
-        return {k: v.cpu().numpy() for k, v in out.items()}
+        return {k: _numpy(v) for k, v in out.items()}
 
     def logits(self, src, tgt):
         self.model.eval()
         with self._torch.no_grad():
-            return self.model(self._ids(src), self._ids(tgt)).cpu().numpy()
+            return _numpy(self.model(self._ids(src), self._ids(tgt)))
 
     def make_optimizer(self, warmup, factor, step, moments=None):
         from torch_impl.weights_io import weight_table
@@ -333,6 +373,10 @@ class TF(_Framework):
         from tf_impl import distributed
         return distributed
 
+    def _precision(self):
+        from tf_impl import precision
+        return precision
+
     def __init__(self, impl, model):
         import tensorflow as tf
         from tf_impl import training
@@ -341,10 +385,10 @@ class TF(_Framework):
 
     def trace(self, src, tgt):
         _, out = self.model(src, tgt, return_trace=True, training=False)
-        return {k: np.asarray(v) for k, v in out.items()}
+        return {k: _tf_numpy(v) for k, v in out.items()}
 
     def logits(self, src, tgt):
-        return np.asarray(self.model(src, tgt, training=False))
+        return _tf_numpy(self.model(src, tgt, training=False))
 
     def _timed_forward(self, src, tgt):
         # Timed under tf.function, as TF users run a model: eager Keras pays a per-layer Python

@@ -36,6 +36,7 @@ from shared import weights as neutral
 from shared.saving import naming, recover, replace_directory, temporary_name, umask
 
 from shared.data_parallel import TIMEOUT_S, check_workers
+from shared.precision import check_precision
 
 from . import demo_tasks as tasks
 from . import parallel
@@ -77,6 +78,9 @@ def add_arguments(parser) -> None:
                         help="data-parallel workers, each on --batch / N rows of every global batch "
                         "(torch: N gloo processes launched with torchrun; tf: MirroredStrategy over "
                         "N logical CPU devices); default: one process, no engine")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], help="bf16: bfloat16 mixed "
+                        "precision (float32 weights, loss and Adam; torch.autocast / Keras "
+                        "mixed_bfloat16); default fp32, or the resumed run's")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="SECONDS",
                         help=f"torch workers: a collective waiting longer fails (default {TIMEOUT_S:g})")
     parser.add_argument("--no-progress", action="store_true",
@@ -195,6 +199,7 @@ def _start_or_resume(args, path: Path):
         seed = 0 if args.seed is None else args.seed
         settings = {k: getattr(args, k) if getattr(args, k) is not None else getattr(spec, k)
                     for k in SETTINGS}
+        settings["precision"] = args.precision or "fp32"
         log = {"format": LOG_FORMAT, "version": LOG_VERSION, "task": args.task, "seed": seed,
                "step": 0, "settings": settings, "config": config.to_dict(), "segments": [],
                "history": {"step": [], "loss": [], "lr": []}, "evals": []}
@@ -215,6 +220,8 @@ def _start_or_resume(args, path: Path):
     for k in SETTINGS:
         if getattr(args, k) is not None:
             log["settings"][k] = getattr(args, k)
+    if args.precision is not None:
+        log["settings"]["precision"] = args.precision
     return config, weights, read_moments(path, config), log
 
 
@@ -281,6 +288,8 @@ def _train(args, started: float, engine, rank: int, workers: int) -> int:
     config, weights, moments, log = _prepare(args, path, engine, rank, workers)
     spec = tasks.spec(args.task)
     s = log["settings"]
+    s.setdefault("precision", "fp32")  # a run from before --precision
+    check_precision(s["precision"], config.dtype)
     eval_every = spec.eval_every if args.eval_every is None else args.eval_every
     n_heldout = spec.heldout if args.heldout is None else args.heldout
     first = log["step"] + 1
@@ -289,6 +298,7 @@ def _train(args, started: float, engine, rank: int, workers: int) -> int:
     # Dropout differs between workers (each its own stream), as in any data-parallel run.
     backend = make_adapter(args.backend, config, weights, seed=log["seed"] + log["step"] + 1_000_003 * rank,
                            threads=args.threads, workers=None if engine is None else workers)
+    backend.set_precision(s["precision"])  # before the first (TF: traced) step
     backend.make_optimizer(s["warmup"], s["factor"], log["step"], moments)
     data = tasks.TrainingData(args.task, log["seed"], s["batch"], config.start_id)
     examples = tasks.heldout(args.task, n_heldout)
@@ -301,7 +311,8 @@ def _train(args, started: float, engine, rank: int, workers: int) -> int:
               f"d_model={config.d_model} heads={config.n_heads} d_ff={config.d_ff} layers="
               f"{config.n_encoder_layers}+{config.n_decoder_layers} dropout={config.dropout} "
               f"({neutral.parameter_count(config):,} parameters); batch={s['batch']} warmup="
-              f"{s['warmup']} factor={s['factor']} smoothing={s['smoothing']} seed={log['seed']}",
+              f"{s['warmup']} factor={s['factor']} smoothing={s['smoothing']} precision={s['precision']} "
+              f"seed={log['seed']}",
               flush=True)
 
     from tqdm import tqdm
