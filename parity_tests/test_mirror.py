@@ -69,6 +69,8 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
                                           "graph, so it calls greedy_decode's compiled program on "
                                           "tensors; torch decodes eagerly and exports no graph",
         "decoding:beam_search_tensors": "the same, for beam_search",
+        "distributed:logical_cpus": "MirroredStrategy's replicas on a CPU are logical devices TF must "
+                                    "create before its runtime starts; torch's workers are processes",
     },
 }
 

@@ -108,11 +108,20 @@ class MultiHeadAttention(keras.layers.Layer):
         """`call` with the keys and values given (``(B, H, K, d_k)``, from `keys_values` or a
         cache); the other arguments and the result are those of `call`."""
         b, q_len = dims(query_in, 2)
-        # Scaling q (B, H, Q, d_k) rather than the scores (B, H, Q, K) is the same product, cheaper.
-        q = self._heads(self.query(query_in)) * tf.constant(1.0 / math.sqrt(self.d_k), query_in.dtype)
-        scores = tf.matmul(q, k, transpose_b=True)  # (B, H, Q, K)
-        weights = masked_softmax(scores, mask)
-        context = tf.matmul(self.dropout(weights, training=training), v)  # (B, H, Q, d_k)
+        q = self._heads(self.query(query_in))  # (B, H, Q, d_k)
+        if q.dtype == tf.bfloat16:
+            # Mixed precision (tf_impl.precision): scores and softmax in float32 from the bfloat16
+            # query and key (their products are exact in float32), scaled in float32, the weights
+            # back to bfloat16 for the product with the values: torch's SDPA CPU kernel's rounding.
+            scores = tf.matmul(tf.cast(q, tf.float32), tf.cast(k, tf.float32), transpose_b=True)
+            weights = masked_softmax(scores * tf.constant(1.0 / math.sqrt(self.d_k), tf.float32), mask)
+            context = tf.matmul(tf.cast(self.dropout(weights, training=training), v.dtype), v)
+        else:
+            # Scaling q (B, H, Q, d_k) rather than the scores (B, H, Q, K) is the same product, cheaper.
+            q = q * tf.constant(1.0 / math.sqrt(self.d_k), q.dtype)
+            scores = tf.matmul(q, k, transpose_b=True)  # (B, H, Q, K)
+            weights = masked_softmax(scores, mask)
+            context = tf.matmul(self.dropout(weights, training=training), v)  # (B, H, Q, d_k)
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]),
                              [b, q_len, self.n_heads * self.d_k])  # (B, Q, H*d_k)
         return self.output(context), (weights if return_weights else None)  # (B, Q, d)

@@ -42,6 +42,8 @@ def sublayer_connection(x: tf.Tensor, sublayer: Sublayer, norm: LayerNorm, dropo
         out, weights = sublayer(normed)
     else:
         out, weights = sublayer(x)
+    if out.dtype != x.dtype:  # mixed precision: bfloat16 output, float32 residual stream (torch promotes)
+        out = tf.cast(out, x.dtype)
     if weights is not None:
         record(trace, f"{name}.weights", weights)
     record(trace, f"{name}.output", out)

@@ -48,7 +48,7 @@ class StepResult(NamedTuple):
 
 
 def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
-                        smoothing: float = 0.0) -> tf.Tensor:
+                        smoothing: float = 0.0, tokens=None) -> tf.Tensor:
     """Mean label-smoothed cross-entropy over the non-padding targets (docs/design.md,
     convention 14).
 
@@ -62,9 +62,16 @@ def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
     (`shared.loss.check_targets_range`), in graph mode an assertion with the same text fails, and
     under XLA, where assertions compile to nothing, the loss is NaN.
 
+    ``tokens``: divide the summed loss by this count instead (a data-parallel replica's share of the
+    global batch divides by the global batch's non-padding targets, `shared.data_parallel`).
+    bfloat16 logits (mixed precision) are cast to float32 first: the loss is never computed in
+    bfloat16.
+
     Shape: logits ``(B, T, V)``, targets ``(B, T)`` integer -> a scalar tensor.
     """
     logits, targets = tf.convert_to_tensor(logits), tf.convert_to_tensor(targets)
+    if logits.dtype in (tf.bfloat16, tf.float16):
+        logits = tf.cast(logits, tf.float32)
     logits_shape, targets_shape = logits.shape.as_list(), targets.shape.as_list()
     if len(logits_shape) == 3 and len(targets_shape) == 2:  # sizes unknown at trace time match anything
         targets_shape = [t if t is not None else l for t, l in zip(targets_shape, logits_shape)]
@@ -89,7 +96,7 @@ def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
     loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=float(smoothing),
                                                 reduction="sum", dtype=logits.dtype.name)
     total = loss(tf.one_hot(targets, vocab, dtype=logits.dtype), logits, sample_weight=keep)
-    mean = total / tf.reduce_sum(keep)
+    mean = total / (tf.reduce_sum(keep) if tokens is None else tf.cast(tokens, logits.dtype))
     return mean if ok is None else tf.where(ok, mean, tf.constant(np.nan, mean.dtype))
 
 
@@ -138,12 +145,15 @@ class KingmaBaAdam(keras.optimizers.Adam):
             raise ValueError("amsgrad: not supported by KingmaBaAdam, got True")
         super().__init__(*args, **kwargs)
 
-    def apply(self, grads, trainable_variables=None):
+    def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
         # The bias corrections once per update, not once per variable: tf.function traces every op.
-        # (Set past Keras' attribute tracking: a plain, temporary value.)
+        # Keras' TF optimizer runs this once per update, after summing the replicas' gradients (in
+        # the cross-replica context under a tf.distribute strategy; directly without one), so one
+        # value serves every variable and every replica's copy of it; `apply` would run once per
+        # replica thread. (Set past Keras' attribute tracking: a plain, temporary value.)
         object.__setattr__(self, "_corrections", self._bias_corrections())
         try:
-            return super().apply(grads, trainable_variables)
+            return super()._distributed_tf_update_step(distribution, grads_and_vars, learning_rate)
         finally:
             object.__setattr__(self, "_corrections", None)
 
@@ -211,9 +221,10 @@ def _batch(model: Transformer, batch: Batch) -> tuple[tf.Tensor, tf.Tensor, tf.T
     return tuple(tf.cast(x, tf.int64) for x in (src, tgt_in, tgt_out))
 
 
-def _loss(model: Transformer, src, tgt_in, tgt_out, smoothing: float, training: bool) -> tf.Tensor:
+def _loss(model: Transformer, src, tgt_in, tgt_out, smoothing: float, training: bool,
+          tokens=None) -> tf.Tensor:
     logits = model(src, tgt_in, training=training)  # (B, T, V)
-    return label_smoothed_loss(logits, tgt_out, model.config.pad_id, smoothing)
+    return label_smoothed_loss(logits, tgt_out, model.config.pad_id, smoothing, tokens)
 
 
 _IDS = tf.TensorSpec([None, None], tf.int64)

@@ -95,7 +95,15 @@ class MultiHeadAttention(nn.Module):
         q = self._heads(self.query(query_in))  # (B, H, Q, d_k)
         p = self.dropout if self.training else 0.0
         weights = None
-        if return_weights:
+        if return_weights and q.dtype == torch.bfloat16:
+            # Mixed precision (autocast): scores and softmax in float32 from the bfloat16 query and
+            # key (their products are exact in float32), weights back to bfloat16 for the product
+            # with the values: what SDPA's CPU kernel does, and so what tf_impl does too.
+            with torch.autocast(q.device.type, enabled=False):
+                scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(self.d_k)  # (B, H, Q, K)
+                weights = masked_softmax(scores, mask)
+            context = F.dropout(weights, p, self.training).to(v.dtype) @ v  # (B, H, Q, d_k)
+        elif return_weights:
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, H, Q, K)
             weights = masked_softmax(scores, mask)
             context = F.dropout(weights, p, self.training) @ v  # (B, H, Q, d_k)

@@ -18,6 +18,7 @@ from .cache import DecoderCache
 from .embedding import PositionalEncoding, TokenEmbedding
 from .inputs import _is_integer, check_ids, check_mask, check_same_batch, make_src_mask, make_tgt_mask
 from .layers import Trace, record
+from .precision import autocast
 from .stacks import Decoder, Encoder
 
 
@@ -123,6 +124,9 @@ class Transformer(nn.Module):
 
         Raises:
             TypeError / ValueError: bad ids or masks, with the messages of `shared.checks`.
+
+        With ``torch_impl.precision.set_precision(model, "bfloat16")`` the pass runs under
+        ``torch.autocast`` (bfloat16 logits; `torch_impl.precision` says which ops).
         """
         c = self.config
         check_ids("src", src, c.src_vocab, c.max_len)
@@ -131,8 +135,9 @@ class Transformer(nn.Module):
         src_mask = self._src_mask(src, src_mask)
         tgt_mask = self._tgt_mask(tgt, tgt_mask)
         trace: Trace | None = {} if return_trace else None
-        memory = self._encode(src, src_mask, trace)
-        logits = self.generator(self._decode(tgt, memory, src_mask, tgt_mask, trace))
+        with autocast(self):
+            memory = self._encode(src, src_mask, trace)
+            logits = self.generator(self._decode(tgt, memory, src_mask, tgt_mask, trace))
         if trace is None:
             return logits
         trace["logits"] = logits

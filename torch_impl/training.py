@@ -41,7 +41,7 @@ class StepResult(NamedTuple):
 
 
 def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int,
-                        smoothing: float = 0.0) -> torch.Tensor:
+                        smoothing: float = 0.0, tokens: int | None = None) -> torch.Tensor:
     """Mean label-smoothed cross-entropy over the non-padding targets (docs/design.md,
     convention 14).
 
@@ -53,6 +53,11 @@ def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int
     Targets must lie in ``[0, V)`` (pad included): any other id raises the reference's
     ``ValueError`` (`shared.loss.check_targets_range`).
 
+    ``tokens``: divide the summed loss by this count instead (a data-parallel worker's share of the
+    global batch divides by the global batch's non-padding targets, `shared.data_parallel`).
+    bfloat16 logits (mixed precision) are cast to float32 first: the loss is never computed in
+    bfloat16 (``torch.autocast`` would do the same inside its context; this loss runs outside it).
+
     Shape: logits ``(B, T, V)``, targets ``(B, T)`` integer -> a scalar tensor.
     """
     check_loss_args("label_smoothed_loss", logits.shape, targets.shape, str(targets.dtype),
@@ -61,8 +66,12 @@ def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int
     if targets.numel():  # before the lookup: cross_entropy raises a bare IndexError (CUDA: an assert)
         lo, hi = torch.stack(torch.aminmax(targets.long())).tolist()
         check_targets_range(vocab, lo, hi)
-    return F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1).long(), ignore_index=pad_id,
-                           label_smoothing=float(smoothing), reduction="mean")
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        logits = logits.float()
+    reduction = "mean" if tokens is None else "sum"
+    loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1).long(), ignore_index=pad_id,
+                           label_smoothing=float(smoothing), reduction=reduction)
+    return loss if tokens is None else loss / tokens
 
 
 def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup: int, factor: float = 1.0,

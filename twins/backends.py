@@ -149,7 +149,7 @@ class _Framework(Adapter):
         """``impl``: the backend package; ``model``: its Transformer; ``training``: its training
         module (make_optimizer, train_step)."""
         self._impl, self._training, self.model, self.config = impl, training, model, model.config
-        self.optimizer = None
+        self.optimizer, self.parallel = None, None
 
     @classmethod
     def _setup(cls, seed: int | None, threads: int | None):
@@ -160,13 +160,25 @@ class _Framework(Adapter):
 
     @classmethod
     def from_weights(cls, config: TransformerConfig, weights: Weights, seed: int | None = None,
-                     threads: int | None = None):
+                     threads: int | None = None, workers: int | None = None):
         """A model of ``config`` holding the canonical ``weights``. ``seed`` seeds dropout (None:
-        leave the framework's generator as it is); ``threads`` sizes the CPU thread pool."""
+        leave the framework's generator as it is); ``threads`` sizes the CPU thread pool;
+        ``workers`` (None: one process, no engine) trains data-parallel on the backend's
+        ``distributed.DataParallel`` (torch: this process is one of torchrun's workers)."""
         impl = cls._setup(seed, threads)
-        model = impl.Transformer(config)
-        model.import_weights(weights)
-        return cls(impl, model)
+        if workers is None:
+            model = impl.Transformer(config)
+            model.import_weights(weights)
+            return cls(impl, model)
+        parallel = cls._distributed().DataParallel(config, weights, workers)
+        adapter = cls(impl, parallel.model)
+        adapter.parallel = parallel
+        return adapter
+
+    @classmethod
+    def _distributed(cls):
+        """The backend's ``distributed`` module."""
+        raise NotImplementedError
 
     @classmethod
     def from_checkpoint(cls, path, config: TransformerConfig | None = None, seed: int | None = None,
@@ -176,12 +188,35 @@ class _Framework(Adapter):
         impl = cls._setup(seed, threads)
         return cls(impl, impl.load_checkpoint(path, config))
 
+    def set_precision(self, precision: str) -> str:
+        """Forward passes and training in ``precision`` ("float32", or "bfloat16" mixed precision:
+        `shared.precision`); returns the previous one. Decoding always runs in float32."""
+        return self._precision().set_precision(self.model, precision)
+
+    def _precision(self):
+        raise NotImplementedError
+
+    def _float32(self):
+        """A context in which the model computes in float32 (decoding: its cache is float32)."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def scope():
+            previous = self.set_precision("float32")
+            try:
+                yield
+            finally:
+                self.set_precision(previous)
+        return scope()
+
     def greedy(self, src, max_len):
-        return self._impl.greedy_decode(self.model, self._ids(src), max_len)
+        with self._float32():
+            return self._impl.greedy_decode(self.model, self._ids(src), max_len)
 
     def beam(self, src, max_len, beam_size, length_penalty=0.0):
-        return self._impl.beam_search(self.model, self._ids(src), max_len, beam_size=beam_size,
-                                      length_penalty=length_penalty)
+        with self._float32():
+            return self._impl.beam_search(self.model, self._ids(src), max_len, beam_size=beam_size,
+                                          length_penalty=length_penalty)
 
     def export_weights(self):
         return self.model.export_weights()
@@ -197,14 +232,38 @@ class _Framework(Adapter):
         without them it starts from zero moments."""
         raise NotImplementedError
 
+    def _new_optimizer(self, warmup: int, factor: float, start_step: int):
+        """The backend's Adam + Noam, on the data-parallel engine when there is one."""
+        if self.parallel is not None:
+            return self.parallel.make_optimizer(warmup=warmup, factor=factor, start_step=start_step)
+        return self._training.make_optimizer(self.model, warmup=warmup, factor=factor,
+                                             start_step=start_step)
+
     def train_step(self, batch, smoothing: float) -> tuple[float, float]:
-        """One update on ``batch = (src, tgt_in, tgt_out)``: ``(loss before it, learning rate)``."""
-        result = self._training.train_step(self.model, self.optimizer, batch, smoothing)
+        """One update on ``batch = (src, tgt_in, tgt_out)``: ``(loss before it, learning rate)``.
+        Data-parallel: ``batch`` is the global batch; the loss is the global batch's."""
+        if self.parallel is not None:
+            result = self.parallel.train_step(batch, smoothing)
+        else:
+            result = self._training.train_step(self.model, self.optimizer, batch, smoothing)
         return result.loss, result.lr
 
     def export_moments(self) -> dict[str, np.ndarray]:
         """Adam's moments in the canonical layout; zeros for a weight that has none yet."""
         raise NotImplementedError
+
+
+def _numpy(tensor) -> np.ndarray:
+    """A torch tensor as NumPy; bfloat16 (which NumPy lacks) widened exactly to float32."""
+    if str(tensor.dtype) == "torch.bfloat16":
+        tensor = tensor.float()
+    return tensor.detach().cpu().numpy()
+
+
+def _tf_numpy(tensor) -> np.ndarray:
+    """A TF tensor as NumPy; bfloat16 widened exactly to float32, as for torch."""
+    array = np.asarray(tensor)
+    return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
 
 
 class Torch(_Framework):
@@ -223,6 +282,15 @@ class Torch(_Framework):
             torch.manual_seed(seed)  # dropout
         return torch_impl
 
+    @classmethod
+    def _distributed(cls):
+        from torch_impl import distributed
+        return distributed
+
+    def _precision(self):
+        from torch_impl import precision
+        return precision
+
     def __init__(self, impl, model):
         import torch
         from torch_impl import training
@@ -237,18 +305,17 @@ class Torch(_Framework):
         self.model.eval()  # training leaves the model in train mode
         with self._torch.no_grad():
             _, out = self.model(self._ids(src), self._ids(tgt), return_trace=True)
-        return {k: v.cpu().numpy() for k, v in out.items()}
+        return {k: _numpy(v) for k, v in out.items()}
 
     def logits(self, src, tgt):
         self.model.eval()
         with self._torch.no_grad():
-            return self.model(self._ids(src), self._ids(tgt)).cpu().numpy()
+            return _numpy(self.model(self._ids(src), self._ids(tgt)))
 
     def make_optimizer(self, warmup, factor, step, moments=None):
         from torch_impl.weights_io import weight_table
         torch = self._torch
-        self.optimizer = self._training.make_optimizer(self.model, warmup=warmup, factor=factor,
-                                                 start_step=step)
+        self.optimizer = self._new_optimizer(warmup, factor, step)
         if moments is None:
             return
         for name, (param, transposed) in weight_table(self.model).items():
@@ -301,6 +368,15 @@ class TF(_Framework):
         keras.config.disable_traceback_filtering()
         return tf_impl
 
+    @classmethod
+    def _distributed(cls):
+        from tf_impl import distributed
+        return distributed
+
+    def _precision(self):
+        from tf_impl import precision
+        return precision
+
     def __init__(self, impl, model):
         import tensorflow as tf
         from tf_impl import training
@@ -309,10 +385,10 @@ class TF(_Framework):
 
     def trace(self, src, tgt):
         _, out = self.model(src, tgt, return_trace=True, training=False)
-        return {k: np.asarray(v) for k, v in out.items()}
+        return {k: _tf_numpy(v) for k, v in out.items()}
 
     def logits(self, src, tgt):
-        return np.asarray(self.model(src, tgt, training=False))
+        return _tf_numpy(self.model(src, tgt, training=False))
 
     def _timed_forward(self, src, tgt):
         # Timed under tf.function, as TF users run a model: eager Keras pays a per-layer Python
@@ -326,8 +402,7 @@ class TF(_Framework):
         from tf_impl.weights_io import weight_table
         # With moments the optimizer's own step count carries the position (Adam's bias corrections
         # and the schedule both read it); without, only the schedule is offset and Adam starts fresh.
-        self.optimizer = opt = self._training.make_optimizer(
-            self.model, warmup=warmup, factor=factor, start_step=0 if moments is not None else step)
+        self.optimizer = opt = self._new_optimizer(warmup, factor, 0 if moments is not None else step)
         if moments is None:
             return
         opt.iterations.assign(step)
@@ -361,9 +436,23 @@ def _adapter_class(name: str):
 
 
 def make_adapter(name: str, config: TransformerConfig, weights: Weights, seed: int | None = None,
-                 threads: int | None = None) -> Adapter:
-    """The adapter of implementation ``name`` (one of `IMPLEMENTATIONS`) holding ``weights``."""
-    return _adapter_class(name).from_weights(config, weights, seed, threads)
+                 threads: int | None = None, workers: int | None = None) -> Adapter:
+    """The adapter of implementation ``name`` (one of `IMPLEMENTATIONS`) holding ``weights``;
+    ``workers``: train data-parallel (torch and tf only; see `_Framework.from_weights`)."""
+    if workers is None:
+        return _adapter_class(name).from_weights(config, weights, seed, threads)
+    if name not in BACKENDS:
+        raise ValueError(f"workers: only {BACKENDS} train, got implementation {name!r}")
+    return _adapter_class(name).from_weights(config, weights, seed, threads, workers)
+
+
+def prepare(name: str, seed: int | None = None, threads: int | None = None):
+    """Import backend ``name`` (`Unavailable` if missing), size its thread pool and seed it, before
+    any model exists (TensorFlow fixes its thread pools and devices when its runtime starts);
+    returns the backend package."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {name!r}")
+    return _adapter_class(name)._setup(seed, threads)
 
 
 def load_adapter(name: str, path, config: TransformerConfig | None = None, seed: int | None = None,

@@ -61,6 +61,7 @@ def describe(err: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # usage errors: argparse exits 2, "twins <cmd>: error:"
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `twins train --workers` relaunches it
     args.verbose = getattr(args, "verbose", False)
     if args.verbose:
         return _run(args)

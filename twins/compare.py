@@ -21,7 +21,9 @@ def add_arguments(parser) -> None:
     source.add_argument("--preset", default="small", help="named config (default: small)")
     source.add_argument("--config", metavar="FILE.json", help="a TransformerConfig as JSON")
     source.add_argument("--checkpoint", metavar="DIR", help="a neutral checkpoint directory")
-    parser.add_argument("--dtype", choices=["float32", "float64"], help="override the config's dtype")
+    parser.add_argument("--dtype", choices=["float32", "float64", "bfloat16"],
+                        help="override the config's dtype; bfloat16: a float32 model run in bfloat16 "
+                        "mixed precision by torch and tf (shared.precision), against the float64 oracle")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--src-len", type=int, default=16)
     parser.add_argument("--tgt-len", type=int, default=12)
@@ -44,9 +46,10 @@ def _load(args) -> tuple[TransformerConfig, dict]:
         else:
             config = TransformerConfig.preset(args.preset)
         weights = None
-    if args.dtype and args.dtype != config.dtype:
-        config = config.replace(dtype=args.dtype)
-        weights = None if weights is None else {k: v.astype(args.dtype) for k, v in weights.items()}
+    dtype = "float32" if args.dtype == "bfloat16" else args.dtype  # bfloat16 computes, float32 weights
+    if dtype and dtype != config.dtype:
+        config = config.replace(dtype=dtype)
+        weights = None if weights is None else {k: v.astype(dtype) for k, v in weights.items()}
     if weights is None:
         weights = random_weights(config, args.seed)
     return config, weights
@@ -75,6 +78,11 @@ def run(args) -> int:
             adapters[name] = make_adapter(name, config, weights)
         except Unavailable as err:
             skipped[name] = str(err)
+        else:
+            if args.dtype == "bfloat16":
+                adapters[name].set_precision("bfloat16")
+    # The bounds of the arithmetic that ran: bfloat16 mixed precision has its own.
+    bounds_dtype = "bfloat16" if args.dtype == "bfloat16" else config.dtype
     traces = {name: a.trace(src, tgt) for name, a in adapters.items()}
     names = list(traces["reference"])
     # Pairs read "torch:reference", "tf:reference", "torch:tf", as the tolerance table names them.
@@ -87,7 +95,7 @@ def run(args) -> int:
                "reference": {"mean": float(ref.mean()), "std": float(ref.std()),
                              "max_abs": float(np.abs(ref).max())}}
         for a, b in pairs:
-            bound = bound_for(config.dtype, f"{a}:{b}")
+            bound = bound_for(bounds_dtype, f"{a}:{b}")
             if name not in traces[a] or name not in traces[b]:
                 row["pairs"][f"{a}:{b}"] = {"missing": True, "pass": False}
                 passed = False
@@ -124,7 +132,7 @@ def run(args) -> int:
 def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out=sys.stdout) -> None:
     print(f"config: d_model={config.d_model} heads={config.n_heads} layers={config.n_encoder_layers}+"
           f"{config.n_decoder_layers} norm_first={config.norm_first} norm_style={config.norm_style} "
-          f"dtype={config.dtype}; batch={args.batch} src_len={args.src_len} tgt_len={args.tgt_len}", file=out)
+          f"dtype={config.dtype}{' (bfloat16 mixed precision)' if args.dtype == 'bfloat16' else ''}; batch={args.batch} src_len={args.src_len} tgt_len={args.tgt_len}", file=out)
     for name, why in skipped.items():
         print(f"skipped {name}: {why}", file=out)
     if not pairs:

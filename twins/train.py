@@ -35,7 +35,11 @@ from shared import TransformerConfig
 from shared import weights as neutral
 from shared.saving import naming, recover, replace_directory, temporary_name, umask
 
+from shared.data_parallel import TIMEOUT_S, check_workers
+from shared.precision import check_precision
+
 from . import demo_tasks as tasks
+from . import parallel
 from .backends import BACKENDS, make_adapter, moment_names
 
 LOG_FILE = "train_log.json"
@@ -70,6 +74,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--stop-at", type=float, metavar="ACC", help="stop once an evaluation "
                         "reaches this exact-match accuracy (0..1)")
     parser.add_argument("--threads", type=int, help="CPU threads of the framework (default: its own)")
+    parser.add_argument("--workers", "--nproc", type=int, metavar="N",
+                        help="data-parallel workers, each on --batch / N rows of every global batch "
+                        "(torch: N gloo processes launched with torchrun; tf: MirroredStrategy over "
+                        "N logical CPU devices); default: one process, no engine")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], help="bf16: bfloat16 mixed "
+                        "precision (float32 weights, loss and Adam; torch.autocast / Keras "
+                        "mixed_bfloat16); default fp32, or the resumed run's")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="SECONDS",
+                        help=f"torch workers: a collective waiting longer fails (default {TIMEOUT_S:g})")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (it is off anyway when stderr is not a terminal)")
 
@@ -161,6 +174,12 @@ def _check_args(args) -> None:
         raise ValueError(f"--smoothing: expected a value in [0, 1), got {args.smoothing}")
     if args.stop_at is not None and not 0.0 < args.stop_at <= 1.0:
         raise ValueError(f"--stop-at: expected an accuracy in (0, 1], got {args.stop_at}")
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers: expected an int >= 1, got {args.workers}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout}")
+    if args.workers and args.batch is not None:
+        check_workers(args.batch, args.workers)  # before launching anything
 
 
 def _start_or_resume(args, path: Path):
@@ -180,6 +199,7 @@ def _start_or_resume(args, path: Path):
         seed = 0 if args.seed is None else args.seed
         settings = {k: getattr(args, k) if getattr(args, k) is not None else getattr(spec, k)
                     for k in SETTINGS}
+        settings["precision"] = args.precision or "fp32"
         log = {"format": LOG_FORMAT, "version": LOG_VERSION, "task": args.task, "seed": seed,
                "step": 0, "settings": settings, "config": config.to_dict(), "segments": [],
                "history": {"step": [], "loss": [], "lr": []}, "evals": []}
@@ -200,6 +220,8 @@ def _start_or_resume(args, path: Path):
     for k in SETTINGS:
         if getattr(args, k) is not None:
             log["settings"][k] = getattr(args, k)
+    if args.precision is not None:
+        log["settings"]["precision"] = args.precision
     return config, weights, read_moments(path, config), log
 
 
@@ -217,36 +239,88 @@ def _check_writable(path: Path) -> None:
 def run(args) -> int:
     started = time.perf_counter()
     _check_args(args)
+    if parallel.must_launch(args):  # torch --workers N: this process starts N workers running this
+        return parallel.launch(args)
+    workers = args.workers
+    if workers is None and args.backend == "torch" and parallel.in_torchrun():
+        workers = int(os.environ["WORLD_SIZE"])  # started by hand: torchrun ... -m twins train
+    if workers is None:
+        return _train(args, started, None, 0, 1)
+    engine = parallel.distributed(args.backend, args.threads)
+    rank, workers = engine.init_workers(workers, args.timeout)
+    try:
+        return _train(args, started, engine, rank, workers)
+    finally:
+        engine.close()
+
+
+def _prepare(args, path: Path, engine, rank: int, workers: int):
+    """`_start_or_resume` on every worker, after rank 0 alone has repaired an interrupted save and
+    probed the folder; then the workers agree, or all fail (`twins.parallel`)."""
+    if engine is None:
+        prepared = _start_or_resume(args, path)
+        _check_writable(path)
+        return prepared
+    try:
+        if rank == 0:
+            recover(path)
+            _check_writable(path)
+        ready = {"ready": True}
+    except Exception as err:  # noqa: BLE001  (every worker must hear of it)
+        ready = err
+    engine.agree(ready)
+    try:
+        prepared = _start_or_resume(args, path)
+        config, log = prepared[0], prepared[3]
+        check_workers(log["settings"]["batch"], workers)
+        description = parallel.describe(args, config, log, workers)
+    except Exception as err:  # noqa: BLE001
+        description = err
+    engine.agree(description)
+    return prepared
+
+
+def _train(args, started: float, engine, rank: int, workers: int) -> int:
+    """The training run of one process; ``engine``: the backend's ``distributed`` module (None: one
+    process, no engine); rank 0 alone evaluates, prints and saves."""
+    lead = rank == 0
     path = Path(args.checkpoint)
-    config, weights, moments, log = _start_or_resume(args, path)
-    _check_writable(path)
+    config, weights, moments, log = _prepare(args, path, engine, rank, workers)
     spec = tasks.spec(args.task)
     s = log["settings"]
+    s.setdefault("precision", "fp32")  # a run from before --precision
+    check_precision(s["precision"], config.dtype)
     eval_every = spec.eval_every if args.eval_every is None else args.eval_every
     n_heldout = spec.heldout if args.heldout is None else args.heldout
     first = log["step"] + 1
     last = log["step"] + args.steps
 
-    backend = make_adapter(args.backend, config, weights, seed=log["seed"] + log["step"],
-                           threads=args.threads)
+    # Dropout differs between workers (each its own stream), as in any data-parallel run.
+    backend = make_adapter(args.backend, config, weights, seed=log["seed"] + log["step"] + 1_000_003 * rank,
+                           threads=args.threads, workers=None if engine is None else workers)
+    backend.set_precision(s["precision"])  # before the first (TF: traced) step
     backend.make_optimizer(s["warmup"], s["factor"], log["step"], moments)
     data = tasks.TrainingData(args.task, log["seed"], s["batch"], config.start_id)
     examples = tasks.heldout(args.task, n_heldout)
     resumed = f"resuming at step {log['step']}, " if log["step"] else ""
     adam = "" if not log["step"] else ("Adam's moments restored; " if moments is not None
                                        else "Adam's moments restart from zero; ")
-    print(f"twins train: {args.task} on {args.backend}, {resumed}{adam}steps {first}..{last}; "
-          f"d_model={config.d_model} heads={config.n_heads} d_ff={config.d_ff} layers="
-          f"{config.n_encoder_layers}+{config.n_decoder_layers} dropout={config.dropout} "
-          f"({neutral.parameter_count(config):,} parameters); batch={s['batch']} warmup={s['warmup']} "
-          f"factor={s['factor']} smoothing={s['smoothing']} seed={log['seed']}", flush=True)
+    on = f"{args.backend}" + (f" x {workers} workers" if engine is not None else "")
+    if lead:
+        print(f"twins train: {args.task} on {on}, {resumed}{adam}steps {first}..{last}; "
+              f"d_model={config.d_model} heads={config.n_heads} d_ff={config.d_ff} layers="
+              f"{config.n_encoder_layers}+{config.n_decoder_layers} dropout={config.dropout} "
+              f"({neutral.parameter_count(config):,} parameters); batch={s['batch']} warmup="
+              f"{s['warmup']} factor={s['factor']} smoothing={s['smoothing']} precision={s['precision']} "
+              f"seed={log['seed']}",
+              flush=True)
 
     from tqdm import tqdm
     bar = tqdm(total=args.steps, desc=f"{args.task}/{args.backend}", unit="step", dynamic_ncols=True,
-               disable=True if args.no_progress else None, file=sys.stderr, leave=False)
+               disable=True if args.no_progress or not lead else None, file=sys.stderr, leave=False)
     history = log["history"]
     segment = {"backend": args.backend, "first_step": first, "last_step": first - 1,
-               "settings": dict(s), "threads": args.threads, "seconds": 0.0}
+               "settings": dict(s), "threads": args.threads, "workers": workers, "seconds": 0.0}
     log["segments"].append(segment)
     train_start = time.perf_counter()
     step, status, loss = log["step"], 0, float("nan")
@@ -280,11 +354,16 @@ def run(args) -> int:
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
             accuracy = None
             if eval_every and step % eval_every == 0 and step != last:
-                accuracy = do_eval()
-                if args.stop_at is not None and accuracy >= args.stop_at:
-                    bar.write(f"stopping: {accuracy:.1%} >= --stop-at {args.stop_at:.1%}", file=sys.stdout)
+                accuracy = do_eval() if lead else 0.0
+                stop = lead and args.stop_at is not None and accuracy >= args.stop_at
+                if engine is not None and args.stop_at is not None:
+                    stop = engine.broadcast(float(stop)) > 0  # rank 0 decided; every worker stops
+                if stop:
+                    if lead:
+                        bar.write(f"stopping: {accuracy:.1%} >= --stop-at {args.stop_at:.1%}",
+                                  file=sys.stdout)
                     break
-        if accuracy is None:
+        if accuracy is None and lead:
             accuracy = do_eval()
     except KeyboardInterrupt:
         status = 130
@@ -298,6 +377,8 @@ def run(args) -> int:
     log["config"] = config.to_dict()
     if log["evals"] and log["evals"][-1]["step"] == step:
         log["final"] = log["evals"][-1]
+    if not lead:  # rank 0 writes the run: the weights are the same on every worker
+        return status
     save_run(path, config, backend.export_weights(), backend.export_moments(), log)
     final = log.get("final")
     done = (f"final held-out exact match {final['correct']}/{final['n']} = {final['accuracy']:.1%}; "

@@ -1,0 +1,85 @@
+"""Data-parallel training, the framework-free half (NumPy only): which rows of a global batch each
+worker takes, the token count every worker divides its loss by, and the digest workers compare
+before they train. The engines are each framework's own (`torch_impl.distributed`: DDP over gloo,
+launched by torchrun; `tf_impl.distributed`: ``tf.distribute.MirroredStrategy``).
+
+Why an N-worker step equals the one-process step on the whole batch. The training loss is the mean
+over the batch's non-padding targets (docs/design.md, convention 14): ``sum_i loss_i / n`` for the
+``n`` real targets of the global batch. Worker ``r`` holds rows ``[r*b, (r+1)*b)`` (``b = B / N``);
+it computes ``sum over its rows / n`` with the *global* ``n`` (`target_tokens` of the whole batch,
+which every worker knows: each draws the same global batch from the same deterministic stream), and
+the engine **sums** the workers' gradients. The sum of the workers' losses is the global loss; the
+sum of their gradients is its gradient, up to the order of the additions. (Averaging per-worker
+means instead would weight a token by ``1 / (N * n_r)``: a different loss whenever the workers hold
+different numbers of real targets, which padding makes the rule.)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+
+# Seconds a worker waits for the others in one collective (torch's process group) before it fails
+# with an error instead of hanging: long enough for rank 0's held-out evaluation in `twins train`.
+TIMEOUT_S = 300.0
+
+
+def check_workers(batch: int, workers: int, option: str = "--workers") -> None:
+    """A worker count of at least 1 that divides the global batch (every worker takes equal rows)."""
+    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
+        raise ValueError(f"{option}: expected an int >= 1, got {workers!r}")
+    if batch % workers:
+        raise ValueError(f"{option} {workers}: expected a number of workers that divides the global "
+                         f"batch of {batch} examples, got {workers} ({batch} % {workers} = "
+                         f"{batch % workers}); choose a batch that is a multiple of the workers")
+
+
+def shard_rows(batch: int, rank: int, workers: int) -> slice:
+    """The rows of a global batch of ``batch`` examples that worker ``rank`` of ``workers`` takes:
+    ``[rank * b, (rank + 1) * b)`` with ``b = batch / workers``."""
+    check_workers(batch, workers)
+    if not 0 <= rank < workers:
+        raise ValueError(f"rank: expected 0 <= rank < {workers}, got {rank}")
+    per = batch // workers
+    return slice(rank * per, (rank + 1) * per)
+
+
+def shard(batch, rank: int, workers: int) -> tuple:
+    """Worker ``rank``'s share of a global ``(src, tgt_in, tgt_out)`` batch (rows, padding kept:
+    every share has the global batch's lengths)."""
+    rows = shard_rows(len(batch[0]), rank, workers)
+    return tuple(x[rows] for x in batch)
+
+
+def target_tokens(tgt_out, pad_id: int) -> int:
+    """The number of non-padding targets of a (global) batch: the loss's denominator."""
+    return int(np.count_nonzero(np.asarray(tgt_out) != pad_id))
+
+
+def digest(description: dict) -> str:
+    """A short hash of what workers must agree on (config, settings, step, precision...), as JSON
+    with sorted keys: equal descriptions give equal digests in every process."""
+    text = json.dumps(description, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def differences(mine: dict, theirs: dict) -> str:
+    """``key: a != b`` for every top-level key where two descriptions differ."""
+    keys = sorted(set(mine) | set(theirs))
+    return ", ".join(f"{k}: {mine.get(k)!r} != {theirs.get(k)!r}" for k in keys
+                     if mine.get(k) != theirs.get(k))
+
+
+def disagreement(descriptions: list) -> str | None:
+    """None when every worker's description (or the error it raised, a ``str``) is rank 0's; else
+    one line saying which rank failed or differs, and how. The same line on every rank."""
+    failed = [(r, d) for r, d in enumerate(descriptions) if isinstance(d, str)]
+    if failed:
+        return "; ".join(f"worker rank {r} failed: {msg}" for r, msg in failed)
+    first = descriptions[0]
+    for r, d in enumerate(descriptions[1:], start=1):
+        if digest(d) != digest(first):
+            return (f"workers disagree: rank {r}'s settings differ from rank 0's "
+                    f"({differences(d, first)}); start every worker with the same options and run")
+    return None

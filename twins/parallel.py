@@ -1,0 +1,77 @@
+"""`twins train --workers N`: data-parallel training on each framework's own engine.
+
+* torch: N processes, DistributedDataParallel over gloo. ``twins train --backend torch --workers N``
+  launches them with torchrun's own launcher (``torch.distributed.launcher.elastic_launch``, a
+  standalone rendezvous on a free local port), each running this same command; or start them by
+  hand: ``torchrun --nproc-per-node N -m twins train --backend torch ...``.
+* tf: one process, ``tf.distribute.MirroredStrategy`` over N logical CPU devices.
+
+Every worker draws the same global batch (``--batch``, the batch of step k is a function of the
+seed and k) and computes on its ``batch / N`` rows (`shared.data_parallel`); rank 0 alone evaluates,
+prints and writes the run directory. Workers first agree (`agree`): a worker that failed while
+preparing, or whose settings differ from rank 0's, makes every worker fail with a clear message;
+each collective of torch's process group times out (``--timeout``) rather than hang.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import uuid
+
+from .backends import prepare
+
+
+def in_torchrun() -> bool:
+    """This process is a worker started by torchrun (or by `launch`)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def must_launch(args) -> bool:
+    """``--workers N > 1`` on torch, outside torchrun: this process launches the workers."""
+    return args.backend == "torch" and (args.workers or 1) > 1 and not in_torchrun()
+
+
+def launch(args) -> int:
+    """Run ``twins train`` (these same arguments) in ``--workers`` processes started by torchrun's
+    launcher; returns the exit status: 0, or the first failed worker's (each worker has printed its
+    own one-line error). Torch threads per worker: ``--threads``, else the cores divided among them."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if not getattr(args, "verbose", False):  # the agent's own log lines; the workers speak for themselves
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=args.workers,
+                          run_id=str(uuid.uuid4()), rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+                          max_restarts=0, monitor_interval=0.1)
+    try:
+        elastic_launch(config, sys.executable)("-m", "twins", *args.argv)
+    except ChildFailedError as err:
+        codes = [f.exitcode for _, f in sorted(err.failures.items())]
+        positive = [c for c in codes if c and c > 0]
+        if positive == [2] * len(positive) and positive:
+            return 2  # the workers' own "twins train: error: ..." lines said why
+        raise RuntimeError(f"--workers {args.workers}: worker exit statuses {codes}") from None
+    return 0
+
+
+def distributed(backend: str, threads: int | None = None):
+    """The backend's ``distributed`` module (torch_impl's or tf_impl's), the framework set up first
+    (thread pools before TensorFlow's runtime starts)."""
+    impl = prepare(backend, threads=threads)
+    if backend == "torch":
+        from torch_impl import distributed as module
+    else:
+        from tf_impl import distributed as module
+    assert module.__name__.startswith(impl.__name__)
+    return module
+
+
+def describe(args, config, log: dict, workers: int) -> dict:
+    """What every worker must share: the digest `agree` compares."""
+    return {"task": log["task"], "seed": log["seed"], "step": log["step"], "settings": log["settings"],
+            "config": config.to_dict(), "workers": workers, "backend": args.backend,
+            "steps": args.steps, "eval_every": args.eval_every, "heldout": args.heldout,
+            "stop_at": args.stop_at}
