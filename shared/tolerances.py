@@ -97,8 +97,8 @@ BOUNDS: dict[tuple[str, str], Bound] = {
     # A Keras source model (the TF tutorial's Transformer, a KerasHub seq2seq model) against its
     # import, run in the reference / torch_impl / tf_impl (parity_tests/test_interop_*.py). Both
     # sides float32 except the reference; the KerasHub side compares log-probabilities (its final
-    # Dense has a softmax). Measured over tiny models of each family, seeds 0-3 (see the reasons):
-    ("float32", "keras-source:reference"): Bound(rtol=3e-6, reason="imported Keras models, logits (tutorial) or log-probs (KerasHub, real positions): measured max rel diff 7.4e-7 (tutorial, 3 layers, d=32, seeds 0-3) and 4.8e-7 (KerasHub, d=8-32, 1-3 layers, pre/post-norm, relu/gelu/swish, seeds 0-2), Keras 3.15 / TF 2.21 CPU vs the float64 oracle: the Keras side's float32 rounding (its MultiHeadAttention scales the query, not the scores)"),
+    # Dense has a softmax). Measured over tiny models of each family, seeds 0-3 (python -m parity_tests.measure_keras_bounds):
+    ("float32", "keras-source:reference"): Bound(rtol=3e-6, reason="imported Keras models, logits (tutorial) or log-probs (KerasHub, real positions): measured max rel diff 7.4e-7 (tutorial, 3 layers, d=32, seeds 0-3) and 4.8e-7 (KerasHub, d=8-32, 1-3 layers, pre/post-norm, relu/gelu/swish, seeds 0-3), Keras 3.15 / TF 2.21 CPU vs the float64 oracle: the Keras side's float32 rounding (its MultiHeadAttention scales the query, not the scores)"),
     ("float32", "keras-source:torch"): Bound(rtol=4e-6, reason="as keras-source:reference, torch_impl float32 against the Keras source: measured max 1.08e-6 (tutorial, 3 layers, d=32, seed 3) and 5.8e-7 (KerasHub), torch 2.13 CPU: both sides' float32 rounding"),
     ("float32", "keras-source:tf"): Bound(rtol=3e-6, reason="as keras-source:reference, tf_impl float32 eager against the Keras source: measured max 6.5e-7 (tutorial) and 5.1e-7 (KerasHub), TF 2.21 CPU: both sides' float32 rounding"),
 }
