@@ -44,7 +44,7 @@ def _tf():
 # -- the search loops -----------------------------------------------------------------------------
 class TorchAdapter:
     """A NumPy `shared.decoding.Step` as a torch step: prefixes and rows go to NumPy, log-probs
-    come back as tensors in ``dtype`` (the table's, float64, unless told)."""
+    come back as tensors (logits) in ``dtype`` (the table's, float64, unless told)."""
 
     def __init__(self, step, dtype=None):
         torch = _torch()
@@ -107,13 +107,11 @@ def _compiled_beam(vocab, dtype, *args):
 class SearchBackend:
     """``greedy_search`` / ``beam_search`` with the signature of `shared.decoding`'s, run by one
     backend on a NumPy step; ``dtype`` (a NumPy dtype name) is the dtype the backend's step
-    declares (the table's log-probs are cast to it). ``exact_penalty``: whether scores with a
-    length penalty are bit for bit the spec's (TF's pow and graph rewrites may move one ulp)."""
+    declares (the table's logits are cast to it)."""
 
     def __init__(self, name: str):
         self.name = name
         self.framework = name.split("-")[0]
-        self.exact_penalty = self.framework != "tf"
 
     def __repr__(self) -> str:
         return self.name

@@ -18,6 +18,7 @@ from parity_tests.decoding_cases import (ALPHAS, BEAM, MAX_LEN, beams, config64,
                                          reference_decodes, sources, targets, tiny_configs, weights_for)
 from shared import reference as R
 from shared.divergence import first_divergence
+from shared.loss import log_softmax
 from shared.tolerances import assert_close, bound_for
 from shared.weights import random_weights
 
@@ -208,7 +209,7 @@ def test_parity_cases_cover_early_eos_and_max_len(framework):
 def teacher_forced_log_probs(w, config, src, tokens) -> np.ndarray:
     """The oracle's step log-probs (B, T, V) along ``tokens``, pad impossible (as the search sees it)."""
     tgt = np.concatenate([np.full((len(src), 1), config.bos_id), tokens[:, :-1]], axis=1)
-    lp = R.log_softmax(R.forward(w, config, src, tgt))
+    lp = log_softmax(R.forward(w, config, src, tgt))
     lp[..., config.pad_id] = -np.inf
     return lp
 
@@ -281,18 +282,18 @@ GAPS = {"torch": TORCH_GAPS, "torch-cuda": TORCH_GAPS,
 @pytest.mark.parametrize("backend, name", backend_params(GAPS))
 def test_float32_beam_tokens_equal_where_every_gap_exceeds_the_bound(backend, name, alpha):
     """Margins come from a float64 run of the same backend, eager (equal to the oracle, above),
-    observed at each step: the gaps between consecutive candidates among the best K + 1. Ranking
-    scores sum t + 1 step log-probs, so at step t the bound is MARGIN * (t + 1). Items above it
-    must give identical beams."""
+    observed at each step: the gaps between consecutive candidates among the 2K drawn (an item
+    that has stopped decides nothing more: NaN). Raw scores sum t + 1 step log-probs, so at step
+    t the bound is MARGIN * (t + 1). Items above it must give identical beams."""
     seed = 0
     be = ModelBackend(backend)
     src = sources(config64(name), seed)
     gaps = np.full((len(src), MAX_LEN), np.inf)
 
-    def observe(t, top):  # (B, K + 1) sorted descending
+    def observe(t, top):  # (B, 2K) sorted descending
         top = be.numpy(top)
         with np.errstate(invalid="ignore"):
-            diff = top[:, :-1] - top[:, 1:]  # -inf - -inf = nan: a tie of impossibles, by index
+            diff = top[:, :-1] - top[:, 1:]  # nan: a tie of impossibles, by index, or stopped
         gaps[:, t] = np.nan_to_num(diff, nan=np.inf).min(axis=1) / (t + 1)
 
     want = be.eager().beam_search(model_for(backend, name, "float64", seed), src, MAX_LEN, BEAM, alpha,

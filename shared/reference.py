@@ -36,7 +36,6 @@ from . import decoding as _decoding
 from .checks import check_ids, check_ids_range, check_mask, check_same_batch
 from .config import TransformerConfig
 from .decoding import BeamResult, GreedyResult
-from .loss import log_softmax
 from .masks import make_src_mask, make_tgt_mask, padding_id, start_is_pad
 from .positional import positional_table
 from .weights import check_weights, tgt_embedding_name, tgt_positions_name
@@ -328,19 +327,19 @@ def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty
 
 def _step_function(model: Model, src: np.ndarray, src_mask: np.ndarray, beams: int) -> _decoding.Step:
     """Encode the source once; each step runs the whole decoder on the prefix (no cache in the
-    oracle: a `shared.decoding.stateless_step`) and returns the float64 log-softmax of the last
-    position's logits, (B*beams, V)."""
+    oracle: a `shared.decoding.stateless_step`) and returns the float64 logits of the last
+    position, (B*beams, V); the search takes the log-softmax (`shared.decoding`)."""
     config = model.config
     memory = np.repeat(model.encode(src, src_mask, None), beams, axis=0)  # (B*K, S, d), row b*K + k
     if src_mask.shape[0] > 1:
         src_mask = np.repeat(src_mask, beams, axis=0)  # (B*K, 1|H, 1, S)
 
-    def log_probs(prefix: np.ndarray) -> np.ndarray:  # (B*K, t+1) -> (B*K, V)
+    def logits(prefix: np.ndarray) -> np.ndarray:  # (B*K, t+1) -> (B*K, V)
         tgt_mask = make_tgt_mask(prefix, padding_id(config), start_is_pad(config))
         hidden = model.decode(prefix, memory, src_mask, tgt_mask, None)  # (B*K, t+1, d)
-        return log_softmax(model.project(hidden[:, -1]))
+        return model.project(hidden[:, -1])
 
-    return _decoding.stateless_step(log_probs, config.tgt_vocab, np.float64)
+    return _decoding.stateless_step(logits, config.tgt_vocab, np.float64)
 
 
 def greedy_decode(model: Model, src, max_len: int, src_mask=None) -> GreedyResult:
@@ -370,8 +369,8 @@ def beam_search(model: Model, src, max_len: int, beam_size: int = 4, length_pena
     Args:
         model, src, max_len, src_mask: as `greedy_decode`.
         beam_size: hypotheses kept per item, 1 <= beam_size <= tgt_vocab - 1 (pad is never generated).
-        length_penalty: GNMT alpha >= 0; hypotheses are ranked by ``raw / ((5 + len) / 6) ** alpha``.
-        return_all: also return every kept beam, best first.
+        length_penalty: GNMT alpha >= 0; finished hypotheses score ``raw / ((5 + len) / 6) ** alpha``.
+        return_all: also return the K best hypotheses (K alive and K finished are kept), best first.
 
     Shape:
         tokens (B, max_len), scores (B,) ranking scores, step_scores (B, max_len) per-token

@@ -57,7 +57,7 @@ JIT_COMPILE = {True: True, False: False}
 
 
 class RecomputeStep:
-    """Each step runs the whole decoder on the prefix: ``prefixes[:, :t+1] -> log_probs (N, V)``."""
+    """Each step runs the whole decoder on the prefix: ``prefixes[:, :t+1] -> logits (N, V)``."""
 
     def __init__(self, model: Transformer, memory: tf.Tensor, src_mask: tf.Tensor, beams: int,
                  max_len: int):
@@ -76,14 +76,14 @@ class RecomputeStep:
         tgt_mask = make_tgt_mask(tgt, padding_id(m.config), start_is_pad(m.config))  # (N, 1, L, L)
         hidden = m._decode(tgt, self.memory, self.src_mask, tgt_mask, None, False)  # (N, L, d)
         logits = m.generator(tf.gather(hidden, [t], axis=1))[:, 0]  # (N, V)
-        return tf.nn.log_softmax(logits), state
+        return logits, state
 
     def reorder(self, state, rows: tf.Tensor):
         return state
 
 
 class CachedStep:
-    """Each step feeds the newest token (column ``t``) and the key/value cache -> log_probs (N, V)."""
+    """Each step feeds the newest token (column ``t``) and the key/value cache -> logits (N, V)."""
 
     def __init__(self, model: Transformer, memory: tf.Tensor, src_mask: tf.Tensor, beams: int,
                  max_len: int):
@@ -97,7 +97,7 @@ class CachedStep:
     def __call__(self, prefixes: tf.Tensor, t: tf.Tensor, cache):
         # The search and the cache stay in step: cache.length == t, the position this token fills.
         logits, cache = self.model._decode_step(tf.gather(prefixes, t, axis=1), cache)  # (N, V)
-        return tf.nn.log_softmax(logits), cache
+        return logits, cache
 
     def reorder(self, cache, rows: tf.Tensor):
         return cache.reorder_beams(rows)
@@ -207,8 +207,8 @@ def beam_search(model: Transformer, src, max_len: int, beam_size: int = 4, lengt
     Args:
         model, src, max_len, src_mask, use_cache, compiled, jit_compile, observe: as `greedy_decode`.
         beam_size: hypotheses kept per item, 1 <= beam_size <= tgt_vocab - 1 (pad is never generated).
-        length_penalty: GNMT alpha >= 0; hypotheses are ranked by ``raw / ((5 + len) / 6) ** alpha``.
-        return_all: also return every kept beam, best first.
+        length_penalty: GNMT alpha >= 0; finished hypotheses score ``raw / ((5 + len) / 6) ** alpha``.
+        return_all: also return the K best hypotheses (K alive and K finished are kept), best first.
 
     Shape:
         tokens ``(B, max_len)``, scores ``(B,)`` ranking scores, step_scores ``(B, max_len)``

@@ -10,38 +10,39 @@ all(finished)``, and one loop body serves both ways of running it:
 * eagerly, where ``tf.while_loop`` is a Python loop over the same ops;
 * inside ``tf.function`` (optionally ``jit_compile=True``), where it is one graph loop.
 
-Both run the same ops on the same shapes. The search itself is exact (sums, selections, gathers):
-on the same log-probs, every mode gives the same tokens and, with alpha = 0, the same scores; the
-one float formula, the length penalty, may differ by an ulp (grappler turns ``/ 6`` into
-``* (1/6)`` inside a tf.function; TF's ``pow`` is Eigen's, not libm's).
+Both run the same ops on the same shapes. On the same logits every mode gives the same tokens; the
+float formulas, the log-softmax (Eigen's exp and log, not NumPy's) and the length penalty, may
+differ from the spec by an ulp (grappler turns ``/ 6`` into ``* (1/6)`` inside a tf.function;
+TF's ``pow`` is Eigen's, not libm's).
 
 A step is the `shared.decoding.Step` of the spec, the contract of torch_impl.search too::
 
-    step.vocab: int, step.dtype: tf.DType     the log-probs' V and dtype (they size the state)
+    step.vocab: int, step.dtype: tf.DType     the logits' V and dtype (they size the state)
     step.initial_state() -> nested tensors    () for a stateless step
-    step(prefixes, t, state) -> (log_probs, state)
+    step(prefixes, t, state) -> (logits, state)
     step.reorder(state, rows) -> state        after each beam selection
 
 ``prefixes`` is the whole buffer ``(N, 1 + T)`` int64 (BOS in column 0, the tokens chosen so far in
 columns ``1 .. t``, pad after), ``t`` the int32 step; a step reads what it needs (``[:, :t+1]`` to
 recompute, column ``t`` with a cache). Rows are ``n = item * beams + beam``; after a selection, row
-``n`` continues from row ``rows[n]`` ``(N,)``. The output must be ``(N, V)`` without NaN or +inf in
-live rows: a bad step is recorded in the state (``bad_step``), stops the loop and raises the spec's
-``ValueError`` once the loop is back (nothing can raise inside an XLA program; torch_impl.search
-raises inside its loop instead).
+``n`` continues from row ``rows[n]`` ``(N,)``. The output must be ``(N, V)`` logits without NaN or
++inf, and not all -inf, in the rows the search reads: a bad step is recorded in the state
+(``bad_step``), stops the loop and raises the spec's ``ValueError`` once the loop is back (nothing
+can raise inside an XLA program; torch_impl.search raises inside its loop instead).
 
 Each search is a loop (`greedy_loop`, `beam_loop`: tensors in, a dict of tensors out, eagerly or
 inside a ``tf.function``), a conversion (`greedy_result`, `beam_result`: NumPy results, raising for
 a bad step) and the two together behind the spec's argument checks (`greedy_search`,
 `beam_search`), as in torch_impl.search.
 
-Ties are broken explicitly (docs/design.md, convention 11): greedy takes the lowest id among the
-maxima (not ``tf.argmax``, whose tie order is not promised); beam search keeps ``tf.math.top_k`` of
-the flat index ``beam * V + token``, documented to put the lower index first among equal values.
+Selection is on the logits and ties are broken explicitly (docs/design.md, convention 11) with
+``tf.math.top_k``, documented to put the lower index first among equal values: greedy takes its
+k = 1 (not ``tf.math.argmax``, whose tie order is not promised), beam search ranks each beam's
+tokens by logit, then the candidates by raw score over the flat index ``beam * P + rank``.
 
-``observe(t, top)``, when given (eager only: it is Python, called once a step), sees the best scores
-of each step, sorted descending: ``(B, 2)`` log-probs in greedy, ``(B, K + 1)`` candidate ranking
-scores in beam search, as in torch_impl.search. It changes nothing in the search.
+``observe(t, top)``, when given (eager only: it is Python, called once a step), sees the best
+log-probs of each step, sorted descending: ``(B, 2)`` in greedy, ``(B, 2K)`` candidate raw scores in
+beam search (NaN for an item that has stopped), as in torch_impl.search. It changes nothing in the search.
 """
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ from typing import Callable, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from shared.decoding import BeamResult, GreedyResult, Step, check_beam_args, check_greedy_args
+from shared.decoding import (BeamResult, GreedyResult, Step, bad_step_message, candidates_per_beam,
+                             check_beam_args, check_greedy_args)
 
 Observe = Callable[[int, tf.Tensor], object]
 
@@ -61,57 +63,47 @@ class GreedyState(NamedTuple):
     log_probs: tf.Tensor  # (B, T)
     lengths: tf.Tensor  # int64 (B,)
     finished: tf.Tensor  # bool (B,)
-    bad_step: tf.Tensor  # int32 (): first step with NaN/+inf in a live row, -1 if none
+    bad_step: tf.Tensor  # int32 (): first step with a bad row, -1 if none
     step_state: object
+
+
+class Hypotheses(NamedTuple):
+    """K hypotheses per item, alive or finished (``scores``: raw for alive ones, ranking scores for
+    finished ones; ``lengths`` only for finished ones: alive ones all have length t)."""
+    scores: tf.Tensor  # (B, K)
+    prefixes: tf.Tensor  # int64 (B, K, 1+T)
+    step_scores: tf.Tensor  # (B, K, T)
+    lengths: tf.Tensor  # int64 (B, K)
 
 
 class BeamState(NamedTuple):
     t: tf.Tensor  # int32 ()
-    prefixes: tf.Tensor  # int64 (B, K, 1+T)
-    raw: tf.Tensor  # (B, K)
-    rank: tf.Tensor  # (B, K)
-    lengths: tf.Tensor  # int64 (B, K)
-    finished: tf.Tensor  # bool (B, K)
-    step_scores: tf.Tensor  # (B, K, T)
+    alive: Hypotheses
+    finished: Hypotheses
     bad_step: tf.Tensor  # int32 ()
     step_state: object
 
 
 # -- helpers --------------------------------------------------------------------------------------
-def _call_step(step: Step, prefixes: tf.Tensor, t: tf.Tensor, state, rows):
+def _call_step(step: Step, prefixes: tf.Tensor, t: tf.Tensor, state, read: tf.Tensor, pad_id: int):
     """Run ``step``; its output must be ``(rows, V)`` in ``step.dtype`` (checked on the static
-    shape where known, at run time otherwise). ``rows``: an int, or a scalar tensor when the batch
-    size is known only at run time (an ``input_signature`` with ``None``: a SavedModel)."""
+    shape where known, at run time otherwise). Returns (logits with unread rows zeroed and pad at
+    -inf, lse (N,), invalid (bool ()), state)."""
+    rows = prefixes.shape[0]  # None when the batch is known only at run time (a SavedModel)
     out, state = step(prefixes, t, state)
-    rows = rows if isinstance(rows, int) else None
     is_tensor = isinstance(out, (tf.Tensor, tf.Variable))
     shape = out.shape if is_tensor else tf.TensorShape(np.shape(out))
     if not is_tensor or not shape.is_compatible_with((rows, step.vocab)):
         got = tuple(shape) if shape.rank is not None else "unknown"
-        raise ValueError(f"step: expected log-probs of shape ({rows}, {step.vocab}), got shape {got}")
+        raise ValueError(f"step: expected logits of shape ({rows}, {step.vocab}), got shape {got}")
     if out.dtype != step.dtype:
-        raise TypeError(f"step: expected log-probs of dtype {step.dtype.name}, got {out.dtype.name}")
-    return tf.ensure_shape(out, (rows, step.vocab)), state
-
-
-def _invalid(out: tf.Tensor, live: tf.Tensor) -> tf.Tensor:
-    """bool (): a live row holds NaN or +inf."""
-    bad = tf.math.logical_or(tf.math.is_nan(out), tf.equal(out, tf.constant(np.inf, out.dtype)))
-    return tf.reduce_any(tf.logical_and(bad, live[:, None]))
-
-
-def _frozen_row(vocab: int, pad_id: int, dtype: tf.DType) -> tf.Tensor:
-    """The log-probs a finished row proposes: pad at +0, everything else impossible. ``(V,)``."""
-    return tf.where(tf.range(vocab) == pad_id, tf.constant(0.0, dtype), tf.constant(-np.inf, dtype))
-
-
-def _argmax_lowest(x: tf.Tensor) -> tf.Tensor:
-    """Index (int64) of the maximum along the last axis, the lowest index among equal maxima."""
-    v = x.shape[-1]
-    ids, none = tf.range(v, dtype=tf.int64), tf.constant(v, tf.int64)
-    first = tf.reduce_min(tf.where(x == tf.reduce_max(x, axis=-1, keepdims=True), ids, none), axis=-1)
-    # A NaN row matches nothing; clamped so that the gathers stay in range until bad_step raises.
-    return tf.minimum(first, v - 1)
+        raise TypeError(f"step: expected logits of dtype {step.dtype.name}, got {out.dtype.name}")
+    out = tf.ensure_shape(out, (rows, step.vocab))
+    logits = tf.where(read[:, None], out, tf.zeros((), out.dtype))  # an unread row may hold anything
+    lse = tf.reduce_logsumexp(logits, axis=-1)  # pad included: the model's own log-softmax
+    invalid = tf.reduce_any(tf.logical_and(read, tf.logical_not(tf.math.is_finite(lse))))
+    pad = tf.range(step.vocab) == pad_id  # never generated (after lse: it stays in the softmax)
+    return tf.where(pad, tf.constant(-np.inf, out.dtype), logits), lse, invalid, state
 
 
 def _write_column(x: tf.Tensor, values: tf.Tensor, column: tf.Tensor) -> tf.Tensor:
@@ -120,9 +112,9 @@ def _write_column(x: tf.Tensor, values: tf.Tensor, column: tf.Tensor) -> tf.Tens
     return tf.where(tf.range(x.shape[-1]) == column, values[..., None], x)
 
 
-def _running(finished: tf.Tensor, bad_step: tf.Tensor, t: tf.Tensor, max_len: int) -> tf.Tensor:
-    return tf.logical_and(t < max_len, tf.logical_and(tf.logical_not(tf.reduce_all(finished)),
-                                                      bad_step < 0))
+def _penalty(length, alpha: tf.Tensor) -> tf.Tensor:
+    """GNMT ``((5 + L) / 6) ** alpha``, in that order, in alpha's dtype."""
+    return ((5.0 + tf.cast(length, alpha.dtype)) / 6.0) ** alpha
 
 
 def _check_observe(observe: Observe | None) -> None:
@@ -133,7 +125,7 @@ def _check_observe(observe: Observe | None) -> None:
 
 def _raise_bad_step(bad_step) -> None:
     if int(bad_step) >= 0:
-        raise ValueError(f"step: expected log-probs without NaN or +inf (step {int(bad_step)})")
+        raise ValueError(bad_step_message(int(bad_step)))
 
 
 def _run(loop: Callable[[], dict], compiled: bool, jit_compile: bool) -> dict:
@@ -147,6 +139,11 @@ def _numpy(outputs: dict) -> dict:
     return {name: value.numpy() for name, value in outputs.items()}
 
 
+def _start_row(max_len: int, bos_id: int, pad_id: int) -> tf.Tensor:
+    """``(1+T,)`` int64: the start token, then pad."""
+    return tf.where(tf.range(max_len + 1) == 0, tf.constant(bos_id, tf.int64), tf.constant(pad_id, tf.int64))
+
+
 # -- greedy ---------------------------------------------------------------------------------------
 def greedy_loop(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, pad_id: int,
                 observe: Observe | None = None) -> dict[str, tf.Tensor]:
@@ -156,30 +153,28 @@ def greedy_loop(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, 
     tensors ``tokens (B, T)`` int64, ``log_probs (B, T)``, ``lengths (B,)`` int64 and ``bad_step``
     int32 ()."""
     _check_observe(observe)
-    dtype, vocab = step.dtype, step.vocab
-    frozen = _frozen_row(vocab, pad_id, dtype)
-    pad_column = tf.range(vocab) == pad_id  # (V,)
-    row0 = tf.where(tf.range(max_len + 1) == 0, tf.constant(bos_id, tf.int64), tf.constant(pad_id, tf.int64))
+    dtype = step.dtype
     start = GreedyState(
-        t=tf.constant(0), prefixes=tf.tile(row0[None], [batch, 1]),  # (B, 1+T): BOS, then pad
+        t=tf.constant(0), prefixes=tf.tile(_start_row(max_len, bos_id, pad_id)[None], [batch, 1]),
         log_probs=tf.zeros([batch, max_len], dtype), lengths=tf.zeros([batch], tf.int64),
         finished=tf.zeros([batch], tf.bool), bad_step=tf.constant(-1), step_state=step.initial_state())
 
     def cond(s: GreedyState):
-        return _running(s.finished, s.bad_step, s.t, max_len)
+        return tf.logical_and(s.t < max_len, tf.logical_and(tf.logical_not(tf.reduce_all(s.finished)),
+                                                            s.bad_step < 0))
 
     def body(s: GreedyState):
-        out, state = _call_step(step, s.prefixes, s.t, s.step_state, batch)  # (B, V)
-        invalid = _invalid(out, tf.logical_not(s.finished))
-        lp = tf.where(pad_column, tf.constant(-np.inf, dtype), out)
-        lp = tf.where(s.finished[:, None], frozen, lp)  # a finished row can only take pad, at +0
-        tok = _argmax_lowest(lp)  # (B,) int64
+        logits, lse, invalid, state = _call_step(step, s.prefixes, s.t, s.step_state,
+                                                 tf.logical_not(s.finished), pad_id)  # (B, V)
+        best, tok = tf.math.top_k(logits, 1)  # on the logits; ties: the lower id
+        tok = tf.where(s.finished, tf.constant(pad_id, tf.int64), tf.cast(tok[:, 0], tf.int64))
+        lp = tf.where(s.finished, tf.zeros((), dtype), best[:, 0] - lse)  # the log-prob, afterwards
         if observe is not None:
-            observe(int(s.t), tf.math.top_k(lp, 2).values)
+            observe(int(s.t), tf.math.top_k(logits, 2).values - lse[:, None])
         return (GreedyState(
             t=s.t + 1,
             prefixes=_write_column(s.prefixes, tok, s.t + 1),
-            log_probs=_write_column(s.log_probs, tf.gather(lp, tok, batch_dims=1), s.t),
+            log_probs=_write_column(s.log_probs, lp, s.t),
             lengths=s.lengths + tf.cast(tf.logical_not(s.finished), tf.int64),
             finished=tf.logical_or(s.finished, tok == eos_id),
             bad_step=tf.where(tf.logical_and(invalid, s.bad_step < 0), s.t, s.bad_step),
@@ -217,72 +212,93 @@ def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int
 
 
 # -- beam search ----------------------------------------------------------------------------------
+def _merge(finished: Hypotheses, new: Hypotheses, k: int) -> Hypotheses:
+    """The best ``k`` of two sets of hypotheses, best first; ties: ``finished`` first, then index
+    (``tf.math.top_k``'s order)."""
+    joined = [tf.concat([a, b], axis=1) for a, b in zip(finished, new)]
+    keep = tf.math.top_k(joined[0], k).indices  # (B, k)
+    return Hypotheses(*(tf.gather(x, keep, batch_dims=1) for x in joined))
+
+
+def _stopped(s: BeamState, bound: tf.Tensor) -> tf.Tensor:
+    """bool (B,): no alive hypothesis of the item can still enter its finished set (spec, step 6)."""
+    best = tf.reduce_max(s.alive.scores, axis=1) / bound
+    return tf.reduce_min(s.finished.scores, axis=1) >= best
+
+
 def beam_loop(step: Step, batch: int, max_len: int, beam_size: int, bos_id: int, eos_id: int,
               pad_id: int, length_penalty=0.0, observe: Observe | None = None) -> dict[str, tf.Tensor]:
-    """The beam loop of `shared.decoding.beam_search` on tensors (no argument checks: see
-    `beam_search`); runs eagerly or inside a ``tf.function``; ``batch`` as in `greedy_loop`.
-    ``length_penalty`` may be a Python
-    float or a scalar tensor (so that one compiled loop serves every alpha: ``alpha = 0`` gives a
-    penalty of exactly 1.0, and dividing by it changes nothing). Returns the tensors of every
+    """The beam loop of `shared.decoding.beam_search` on tensors, K alive and K finished hypotheses
+    per item (no argument checks: see `beam_search`); runs eagerly or inside a ``tf.function``;
+    ``batch`` as in `greedy_loop`.
+    ``length_penalty`` may be a Python float or a scalar tensor (so that one compiled loop serves
+    every alpha: ``alpha = 0`` gives a penalty of exactly 1.0). Returns the tensors of every
     `BeamResult` field (``all_*`` included) and ``bad_step``."""
     _check_observe(observe)
     dtype, vocab = step.dtype, step.vocab
     b_, k_ = batch, beam_size
-    frozen = _frozen_row(vocab, pad_id, dtype)
-    pad_column = tf.range(vocab) == pad_id  # (V,)
+    per_beam = candidates_per_beam(k_, vocab)
     # tf.cast of a Python float would round it to float32 first
     alpha = (tf.cast(length_penalty, dtype) if isinstance(length_penalty, tf.Tensor)
              else tf.constant(length_penalty, dtype))
-    row0 = tf.where(tf.range(max_len + 1) == 0, tf.constant(bos_id, tf.int64), tf.constant(pad_id, tf.int64))
-    raw0 = tf.where(tf.range(k_) == 0, tf.constant(0.0, dtype), tf.constant(-np.inf, dtype))
-    raw0 = tf.tile(raw0[None], [b_, 1])  # (B, K): one live beam, so the first step has no duplicates
-    start = BeamState(
-        t=tf.constant(0), prefixes=tf.tile(row0[None, None], [b_, k_, 1]),  # (B, K, 1+T)
-        raw=raw0, rank=raw0, lengths=tf.zeros([b_, k_], tf.int64), finished=tf.zeros([b_, k_], tf.bool),
-        step_scores=tf.zeros([b_, k_, max_len], dtype), bad_step=tf.constant(-1),
-        step_state=step.initial_state())
+    bound = _penalty(max_len, alpha)  # the largest penalty: the best a raw score can become
+    neg_inf = tf.constant(-np.inf, dtype)
+    raw0 = tf.where(tf.range(k_) == 0, tf.zeros((), dtype), neg_inf)  # one real hypothesis
+    empty = Hypotheses(tf.fill([b_, k_], neg_inf),
+                       tf.tile(_start_row(max_len, bos_id, pad_id)[None, None], [b_, k_, 1]),
+                       tf.zeros([b_, k_, max_len], dtype), tf.zeros([b_, k_], tf.int64))
+    start = BeamState(t=tf.constant(0), alive=empty._replace(scores=tf.tile(raw0[None], [b_, 1])),
+                      finished=empty, bad_step=tf.constant(-1), step_state=step.initial_state())
     first_row = tf.range(b_, dtype=tf.int64)[:, None] * k_  # (B, 1): row of each item's beam 0
+    alive_key = tf.cast(tf.range(2 * k_), dtype)  # the 2K candidates' positions
 
     def cond(s: BeamState):
-        return _running(s.finished, s.bad_step, s.t, max_len)
+        return tf.logical_and(s.t < max_len, tf.logical_and(
+            tf.logical_not(tf.reduce_all(_stopped(s, bound))), s.bad_step < 0))
 
     def body(s: BeamState):
-        flat_prefixes = tf.reshape(s.prefixes, [b_ * k_, max_len + 1])  # (B*K, 1+T)
-        out, state = _call_step(step, flat_prefixes, s.t, s.step_state, b_ * k_)  # (B*K, V)
-        invalid = _invalid(out, tf.reshape(tf.logical_not(s.finished), [-1]))
-        lp = tf.where(pad_column, tf.constant(-np.inf, dtype), tf.reshape(out, [b_, k_, vocab]))
-        lp = tf.where(s.finished[..., None], frozen, lp)  # a finished beam proposes only itself + pad
-        cand_raw = s.raw[..., None] + lp  # (B, K, V)
-        cand_len = s.lengths + tf.cast(tf.logical_not(s.finished), tf.int64)  # (B, K)
-        # GNMT ((5 + L) / 6) ** alpha, in that order, in the score dtype
-        penalty = ((5.0 + tf.cast(cand_len, dtype)) / 6.0) ** alpha
-        cand_rank = tf.reshape(cand_raw / penalty[..., None], [b_, k_ * vocab])  # (B, K*V)
+        a = s.alive
+        flat = tf.reshape(a.prefixes, [b_ * k_, max_len + 1])  # (B*K, 1+T)
+        read = tf.logical_and(a.scores > neg_inf, tf.logical_not(_stopped(s, bound))[:, None])
+        read = tf.reshape(read, [-1])  # rows of hypotheses of items not stopped
+        logits, lse, invalid, state = _call_step(step, flat, s.t, s.step_state, read, pad_id)
+        best_logits, top = tf.math.top_k(tf.reshape(logits, [b_, k_, vocab]), per_beam)  # (B, K, P)
+        cand_lp = best_logits - tf.reshape(lse, [b_, k_, 1])
+        cand_raw = tf.reshape(a.scores[..., None] + cand_lp, [b_, k_ * per_beam])
+        new_raw, best = tf.math.top_k(cand_raw, 2 * k_)  # (B, 2K), positions beam * P + rank
+        src = best // per_beam
+        tok = tf.cast(tf.gather(tf.reshape(top, [b_, -1]), best, batch_dims=1), tf.int64)
+        new_lp = tf.gather(tf.reshape(cand_lp, [b_, -1]), best, batch_dims=1)
+        eos = tok == eos_id
+        grown = _write_column(tf.gather(a.prefixes, src, batch_dims=1), tok, s.t + 1)  # (B, 2K, 1+T)
+        grown_scores = _write_column(tf.gather(a.step_scores, src, batch_dims=1), new_lp, s.t)
+        # EOS among the K best finishes (else -inf: nothing); the finished set keeps the best K.
+        length = tf.cast(s.t + 1, tf.int64)
+        done = tf.where(eos[:, :k_], new_raw[:, :k_] / _penalty(length, alpha), neg_inf)
+        finished = _merge(s.finished, Hypotheses(done, grown[:, :k_], grown_scores[:, :k_],
+                                                 tf.fill([b_, k_], length)), k_)
+        # alive: the first K candidates that do not end in EOS
+        alive = tf.math.top_k(-(alive_key + 2 * k_ * tf.cast(eos, dtype)), k_).indices  # (B, K)
+        keep = lambda x: tf.gather(x, alive, batch_dims=1)  # noqa: E731
         if observe is not None:
-            observe(int(s.t), tf.math.top_k(cand_rank, k_ + 1).values)
-        rank, order = tf.math.top_k(cand_rank, k_)  # (B, K), flat beam * V + token, ties: lower first
-        order = tf.cast(order, tf.int64)
-        src_beam, tok = order // vocab, order % vocab
-        step_scores = tf.gather(s.step_scores, src_beam, batch_dims=1)
-        chosen = tf.gather(tf.reshape(lp, [b_, k_ * vocab]), order, batch_dims=1)  # lp[src_beam, tok]
+            stopped = _stopped(s, bound)[:, None]  # nothing decided there: NaN
+            observe(int(s.t), tf.where(stopped, tf.constant(np.nan, dtype), new_raw))
         return (BeamState(
             t=s.t + 1,
-            prefixes=_write_column(tf.gather(s.prefixes, src_beam, batch_dims=1), tok, s.t + 1),
-            raw=tf.gather(tf.reshape(cand_raw, [b_, k_ * vocab]), order, batch_dims=1),
-            rank=rank,
-            lengths=tf.gather(cand_len, src_beam, batch_dims=1),
-            finished=tf.logical_or(tf.gather(s.finished, src_beam, batch_dims=1), tok == eos_id),
-            step_scores=_write_column(step_scores, chosen, s.t),
+            alive=Hypotheses(keep(new_raw), keep(grown), keep(grown_scores), a.lengths),
+            finished=finished,
             bad_step=tf.where(tf.logical_and(invalid, s.bad_step < 0), s.t, s.bad_step),
-            step_state=step.reorder(state, tf.reshape(first_row + src_beam, [-1]))),)  # (B*K,)
+            step_state=step.reorder(state, tf.reshape(first_row + tf.cast(keep(src), tf.int64), [-1]))),)
 
     (s,) = tf.while_loop(cond, body, (start,))
-    best = _argmax_lowest(s.rank)  # always 0: the beams are kept in ranking order
-    tokens = s.prefixes[..., 1:]
-    return {"tokens": tf.gather(tokens, best, batch_dims=1),
-            "scores": tf.gather(s.rank, best, batch_dims=1),
-            "step_scores": tf.gather(s.step_scores, best, batch_dims=1),
-            "lengths": tf.gather(s.lengths, best, batch_dims=1),
-            "all_tokens": tokens, "all_scores": s.rank, "all_lengths": s.lengths,
+    length = tf.cast(s.t, tf.int64)  # every alive hypothesis's: they join the finished set
+    a = s.alive
+    joined = _merge(s.finished, a._replace(scores=a.scores / _penalty(length, alpha),
+                                           lengths=tf.fill([b_, k_], length)), k_)
+    tokens = joined.prefixes[..., 1:]
+    return {"tokens": tokens[:, 0], "scores": joined.scores[:, 0],
+            "step_scores": joined.step_scores[:, 0], "lengths": joined.lengths[:, 0],
+            "all_tokens": tokens, "all_scores": joined.scores, "all_lengths": joined.lengths,
             "bad_step": s.bad_step}
 
 

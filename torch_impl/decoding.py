@@ -68,7 +68,7 @@ def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty
 
 
 class RecomputeStep:
-    """Each step runs the whole decoder on the prefix: ``prefixes[:, :t+1] -> log_probs (N, V)``
+    """Each step runs the whole decoder on the prefix: ``prefixes[:, :t+1] -> logits (N, V)``
     (a `shared.decoding.Step` without state: the prefixes carry it all)."""
 
     def __init__(self, model: Transformer, memory: torch.Tensor, src_mask: torch.Tensor, beams: int,
@@ -86,14 +86,14 @@ class RecomputeStep:
         tgt = prefixes[:, : t + 1]  # (N, t+1)
         tgt_mask = make_tgt_mask(tgt, padding_id(m.config), start_is_pad(m.config))  # (N, 1, t+1, t+1)
         hidden = m._decode(tgt, self.memory, self.src_mask, tgt_mask, None)  # (N, t+1, d)
-        return torch.log_softmax(m.generator(hidden[:, -1]), dim=-1), state  # (N, V), model dtype
+        return m.generator(hidden[:, -1]), state  # (N, V) logits, model dtype
 
     def reorder(self, state, rows: torch.Tensor):
         return state
 
 
 class CachedStep:
-    """Each step feeds the newest token (column ``t``) and the key/value cache -> log_probs (N, V)
+    """Each step feeds the newest token (column ``t``) and the key/value cache -> logits (N, V)
     (a `shared.decoding.Step` whose state is the `DecoderCache`)."""
 
     def __init__(self, model: Transformer, memory: torch.Tensor, src_mask: torch.Tensor, beams: int,
@@ -109,7 +109,7 @@ class CachedStep:
         if t != cache.length:  # the search and the cache must stay in step (a Python int: no sync)
             raise AssertionError(f"CachedStep: step {t}, cache of {cache.length} positions")
         logits, cache = self.model._decode_step(prefixes[:, t], cache)  # (N, V)
-        return torch.log_softmax(logits, dim=-1), cache
+        return logits, cache
 
     def reorder(self, cache, rows: torch.Tensor):
         return cache.reorder_beams(rows)
@@ -157,8 +157,8 @@ def beam_search(model: Transformer, src, max_len: int, beam_size: int = 4, lengt
     Args:
         model, src, max_len, src_mask, use_cache, observe: as `greedy_decode`.
         beam_size: hypotheses kept per item, 1 <= beam_size <= tgt_vocab - 1 (pad is never generated).
-        length_penalty: GNMT alpha >= 0; hypotheses are ranked by ``raw / ((5 + len) / 6) ** alpha``.
-        return_all: also return every kept beam, best first.
+        length_penalty: GNMT alpha >= 0; finished hypotheses score ``raw / ((5 + len) / 6) ** alpha``.
+        return_all: also return the K best hypotheses (K alive and K finished are kept), best first.
 
     Shape:
         tokens ``(B, max_len)``, scores ``(B,)`` ranking scores, step_scores ``(B, max_len)``

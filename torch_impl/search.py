@@ -6,81 +6,89 @@ state as the other translation, tf_impl.search. The loops know nothing of the ne
 `torch_impl.decoding` drives them with the model (cached or recomputing), tests with fixed tables.
 
 A step (`shared.decoding.Step`) declares ``vocab`` and ``dtype`` (they size the state before the
-first step), gives ``initial_state()``, maps ``(prefixes, t, state)`` to ``(log_probs (N, V),
+first step), gives ``initial_state()``, maps ``(prefixes, t, state)`` to ``(logits (N, V),
 state)`` and ``reorder(state, rows)`` to the state after a beam selection. ``prefixes`` is the
 whole buffer ``(N, 1 + T)`` int64 on ``device`` (BOS in column 0, the tokens chosen so far in
 columns ``1 .. t``, pad after), ``t`` the step as a Python int; rows are ``n = item * beams +
 beam``, and after a selection row ``n`` continues from row ``rows[n]`` ``(N,)``. A torch state may
-be changed in place (the key/value cache is), as long as the step returns it.
+be changed in place (the key/value cache is), as long as the step returns it. The loops never
+change the logits they are given.
 
 As in tf_impl.search, each search is a loop (`greedy_loop`, `beam_loop`: tensors in, a dict of
 tensors out), a conversion (`greedy_result`, `beam_result`: NumPy results) and the two together
 behind the spec's argument checks (`greedy_search`, `beam_search`). What differs is what each
-framework can do inside its loop: here a bad step output (NaN or +inf in a live row) raises the
-spec's ``ValueError`` from within the loop, at the one device sync a step makes (which also reads
-whether every row has finished), where TF records it in its loop state and raises afterwards.
+framework can do inside its loop: here a bad step output (NaN or +inf in a live row, or all -inf)
+raises the spec's ``ValueError`` from within the loop, at the one host read a step makes (which
+also reads whether the search is over), where TF records it in its loop state and raises
+afterwards.
 
-Ties are broken explicitly (docs/design.md, convention 11): greedy takes the lowest id among the
-maxima, not ``torch.argmax``, whose tie order is not promised; beam search keeps the first K of
-``torch.sort(descending=True, stable=True)`` over the flat index ``beam * V + token``.
+Selection is on the logits and ties are broken explicitly (docs/design.md, convention 11): greedy
+takes ``torch.max`` over the logits, documented to return the first maximal index; beam search
+ranks each beam's tokens and then the candidates with ``torch.sort(descending=True,
+stable=True)``, never ``torch.topk`` (whose tie order is not promised).
 
-``observe(t, top)``, when given, is called after every step with the best scores of that step,
-sorted descending: ``(B, 2)`` log-probs in greedy (top-two margins), ``(B, K + 1)`` candidate
-ranking scores in beam search (the K kept and the best one dropped). Tests and benchmarks use it
-to measure margins and per-step time; it changes nothing in the search.
+``observe(t, top)``, when given, is called after every step with the best log-probs of that step,
+sorted descending: ``(B, 2)`` in greedy (top-two margins), ``(B, 2K)`` candidate raw scores in beam
+search (the 2K drawn; NaN for an item that has stopped, whose rows are not read). Tests and benchmarks use it to measure margins and per-step time; it
+changes nothing in the search.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
 
-from shared.decoding import BeamResult, GreedyResult, Step, check_beam_args, check_greedy_args
+from shared.decoding import (BeamResult, GreedyResult, Step, bad_step_message, candidates_per_beam,
+                             check_beam_args, check_greedy_args)
 
 Observe = Callable[[int, torch.Tensor], object]
 
 
+class Hypotheses(NamedTuple):
+    """K hypotheses per item, alive or finished (``scores``: raw for alive ones, ranking scores for
+    finished ones; ``lengths`` only for finished ones: alive ones all have length t)."""
+    scores: torch.Tensor  # (B, K)
+    prefixes: torch.Tensor  # int64 (B, K, 1+T)
+    step_scores: torch.Tensor  # (B, K, T)
+    lengths: torch.Tensor  # int64 (B, K)
+
+
 # -- helpers --------------------------------------------------------------------------------------
-def _call_step(step: Step, prefixes: torch.Tensor, t: int, state, rows: int):
-    """Run ``step``; its output must be a ``(rows, V)`` tensor in ``step.dtype``."""
+def _call_step(step: Step, prefixes: torch.Tensor, t: int, state, read: torch.Tensor, pad_id: int):
+    """Run ``step``; its output must be a ``(rows, V)`` tensor in ``step.dtype``. Returns (logits
+    with unread rows zeroed and pad at -inf, lse (N,), invalid (0-d bool, read at the step's one
+    host read), state)."""
     out, state = step(prefixes, t, state)
+    rows = prefixes.shape[0]
     shape = tuple(out.shape) if isinstance(out, torch.Tensor) else np.shape(out)
     if not isinstance(out, torch.Tensor) or shape != (rows, step.vocab):
-        raise ValueError(f"step: expected log-probs of shape ({rows}, {step.vocab}), got shape {shape}")
+        raise ValueError(f"step: expected logits of shape ({rows}, {step.vocab}), got shape {shape}")
     if out.dtype != step.dtype:
-        raise TypeError(f"step: expected log-probs of dtype {str(step.dtype)[6:]}, "
-                        f"got {str(out.dtype)[6:]}")
-    return out, state
+        raise TypeError(f"step: expected logits of dtype {str(step.dtype)[6:]}, got {str(out.dtype)[6:]}")
+    logits = torch.where(read[:, None], out, 0.0)  # an unread row may hold anything (a new tensor)
+    lse = torch.logsumexp(logits, dim=-1)  # pad included: the model's own log-softmax
+    invalid = (~torch.isfinite(lse) & read).any()
+    logits[:, pad_id] = float("-inf")  # never generated (after lse: it stays in the softmax)
+    return logits, lse, invalid, state
 
 
-def _invalid(out: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-    """0-d bool: a live row holds NaN or +inf (read at the step's one sync, `_finished`)."""
-    return ((torch.isnan(out) | torch.isposinf(out)) & live[:, None]).any()
-
-
-def _finished(invalid: torch.Tensor, finished: torch.Tensor, t: int) -> bool:
-    """One device sync per step: raise on a bad step output, else say whether all rows finished."""
-    bad, done = torch.stack([invalid, finished.all()]).tolist()
+def _over(invalid: torch.Tensor, over: torch.Tensor, t: int) -> bool:
+    """One host read per step: raise on a bad step output, else say whether the search is over."""
+    bad, done = torch.stack([invalid, over]).tolist()
     if bad:
-        raise ValueError(f"step: expected log-probs without NaN or +inf (step {t})")
+        raise ValueError(bad_step_message(t))
     return bool(done)
 
 
-def _frozen_row(vocab: int, pad_id: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """The log-probs a finished row proposes: pad at +0, everything else impossible. ``(V,)``."""
-    row = torch.full((vocab,), float("-inf"), dtype=dtype, device=device)
-    row[pad_id] = 0.0
-    return row
+def _sort_lowest(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest along the last axis, best first, ties by lowest index."""
+    return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
 
 
-def _argmax_lowest(x: torch.Tensor) -> torch.Tensor:
-    """Index of the maximum along the last axis, the lowest index among equal maxima (explicit)."""
-    ids = torch.arange(x.shape[-1], device=x.device)
-    best = x.max(dim=-1, keepdim=True).values
-    # A NaN row matches nothing; clamped so that the gathers stay in range until the NaN check
-    # (`_finished`) raises.
-    return torch.where(x == best, ids, x.shape[-1]).min(dim=-1).values.clamp_max(x.shape[-1] - 1)
+def _penalty(length: int, alpha: float) -> float:
+    """GNMT ``((5 + L) / 6) ** alpha`` as a Python float (float64, as the spec's)."""
+    return ((5.0 + length) / 6.0) ** alpha
 
 
 def _numpy(outputs: dict) -> dict:
@@ -94,9 +102,7 @@ def greedy_loop(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, 
     """The greedy loop of `shared.decoding.greedy_search` on tensors (no argument checks: see
     `greedy_search`). Returns tensors ``tokens (B, T)`` int64, ``log_probs (B, T)`` in
     ``step.dtype``, ``lengths (B,)`` int64 (T = max_len columns whatever step the loop stops at)."""
-    dtype, vocab = step.dtype, step.vocab
-    frozen = _frozen_row(vocab, pad_id, dtype, device)
-    rows = torch.arange(batch, device=device)
+    dtype = step.dtype
     prefixes = torch.full((batch, max_len + 1), pad_id, dtype=torch.int64, device=device)  # (B, 1+T)
     prefixes[:, 0] = bos_id
     log_probs = torch.zeros(batch, max_len, dtype=dtype, device=device)
@@ -104,19 +110,15 @@ def greedy_loop(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, 
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     state = step.initial_state()
     for t in range(max_len):
-        out, state = _call_step(step, prefixes, t, state, batch)  # (B, V)
-        invalid = _invalid(out, ~finished)
-        lp = out.clone()
-        lp[:, pad_id] = float("-inf")
-        lp = torch.where(finished[:, None], frozen, lp)  # a finished row can only take pad, at +0
-        tok = _argmax_lowest(lp)  # (B,)
-        log_probs[:, t] = lp[rows, tok]
-        prefixes[:, t + 1] = tok
+        logits, lse, invalid, state = _call_step(step, prefixes, t, state, ~finished, pad_id)  # (B, V)
+        best, tok = logits.max(dim=-1)  # on the logits; torch.max: the first maximal index
+        prefixes[:, t + 1] = torch.where(finished, pad_id, tok)  # a finished row takes pad, at 0
+        log_probs[:, t] = torch.where(finished, 0.0, best - lse)  # the log-prob, afterwards
         lengths += (~finished).long()
-        finished |= tok == eos_id
+        finished |= prefixes[:, t + 1] == eos_id
         if observe is not None:
-            observe(t, lp.topk(2, dim=-1).values)
-        if _finished(invalid, finished, t):
+            observe(t, torch.sort(logits, dim=-1, descending=True).values[:, :2] - lse[:, None])
+        if _over(invalid, finished.all(), t):
             break
     return {"tokens": prefixes[:, 1:], "log_probs": log_probs, "lengths": lengths}
 
@@ -140,59 +142,73 @@ def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int
 
 
 # -- beam search ----------------------------------------------------------------------------------
+def _merge(finished: Hypotheses, new: Hypotheses, k: int) -> Hypotheses:
+    """The best ``k`` of two sets of hypotheses, best first; ties: ``finished`` first, then index."""
+    joined = [torch.cat([a, b], dim=1) for a, b in zip(finished, new)]
+    keep = _sort_lowest(joined[0], k)  # (B, k)
+    items = torch.arange(keep.shape[0], device=keep.device)[:, None]
+    return Hypotheses(*(x[items, keep] for x in joined))
+
+
 def beam_loop(step: Step, batch: int, max_len: int, beam_size: int, bos_id: int, eos_id: int,
               pad_id: int, length_penalty: float = 0.0, device: torch.device | str = "cpu",
               observe: Observe | None = None) -> dict[str, torch.Tensor]:
-    """The beam loop of `shared.decoding.beam_search` on tensors (no argument checks: see
-    `beam_search`). Returns the tensors of every `BeamResult` field (``all_*`` included)."""
+    """The beam loop of `shared.decoding.beam_search` on tensors, K alive and K finished hypotheses
+    per item (no argument checks: see `beam_search`). Returns the tensors of every `BeamResult`
+    field (``all_*`` included)."""
     dtype, vocab = step.dtype, step.vocab
     b_, k_ = batch, beam_size
+    per_beam = candidates_per_beam(k_, vocab)
     alpha = float(length_penalty)
-    frozen = _frozen_row(vocab, pad_id, dtype, device)
     items = torch.arange(b_, device=device)[:, None]  # (B, 1), for gathers
-    prefixes = torch.full((b_, k_, max_len + 1), pad_id, dtype=torch.int64, device=device)  # (B, K, 1+T)
+    prefixes = torch.full((b_, k_, max_len + 1), pad_id, dtype=torch.int64, device=device)  # alive
     prefixes[..., 0] = bos_id
     raw = torch.full((b_, k_), float("-inf"), dtype=dtype, device=device)
-    raw[:, 0] = 0.0  # one live beam: the first step has no duplicates
-    rank = raw.clone()
-    lengths = torch.zeros(b_, k_, dtype=torch.int64, device=device)
-    finished = torch.zeros(b_, k_, dtype=torch.bool, device=device)
+    raw[:, 0] = 0.0  # one real hypothesis: the first step has no duplicates
     step_scores = torch.zeros(b_, k_, max_len, dtype=dtype, device=device)
+    finished = Hypotheses(torch.full((b_, k_), float("-inf"), dtype=dtype, device=device),
+                          prefixes.clone(), step_scores.clone(),
+                          torch.zeros(b_, k_, dtype=torch.int64, device=device))
+    bound = _penalty(max_len, alpha)  # the largest penalty: the best a raw score can become
+    alive_order = torch.arange(2 * k_, device=device)  # the 2K candidates' positions
     state = step.initial_state()
     for t in range(max_len):
-        flat_prefixes = prefixes.view(b_ * k_, max_len + 1)  # (B*K, 1+T)
-        out, state = _call_step(step, flat_prefixes, t, state, b_ * k_)  # (B*K, V)
-        invalid = _invalid(out, ~finished.reshape(-1))
-        lp = out.reshape(b_, k_, vocab).clone()  # (B, K, V)
-        lp[..., pad_id] = float("-inf")
-        lp = torch.where(finished[..., None], frozen, lp)  # a finished beam proposes only itself + pad
-        cand_raw = raw[..., None] + lp  # (B, K, V)
-        cand_len = lengths + (~finished).long()  # (B, K)
-        if alpha == 0.0:  # penalty exactly 1.0: the ranking is the raw score
-            cand_rank = cand_raw
-        else:  # GNMT ((5 + L) / 6) ** alpha, in that order, in the score dtype
-            cand_rank = cand_raw / (((5.0 + cand_len.to(dtype)) / 6.0) ** alpha)[..., None]
-        top, order = torch.sort(cand_rank.reshape(b_, k_ * vocab), dim=-1, descending=True, stable=True)
-        order = order[:, :k_]  # (B, K), flat beam * V + token
-        src_beam, tok = order // vocab, order % vocab
-        prefixes = prefixes[items, src_beam]
-        prefixes[..., t + 1] = tok
-        step_scores = step_scores[items, src_beam]
-        step_scores[..., t] = lp[items, src_beam, tok]
-        lengths = cand_len[items, src_beam]
-        finished = finished[items, src_beam] | (tok == eos_id)
-        raw = cand_raw[items, src_beam, tok]
-        rank = cand_rank[items, src_beam, tok]
-        state = step.reorder(state, (items * k_ + src_beam).reshape(-1))  # (B*K,) source rows
+        flat = prefixes.view(b_ * k_, max_len + 1)  # (B*K, 1+T)
+        stopped = finished.scores.min(dim=1).values >= raw.max(dim=1).values / bound  # (B,)
+        read = ((raw > float("-inf")) & ~stopped[:, None]).view(-1)  # rows of hypotheses, not stopped
+        logits, lse, invalid, state = _call_step(step, flat, t, state, read, pad_id)  # (B*K, V)
+        x = logits.view(b_, k_, vocab)
+        top = _sort_lowest(x, per_beam)  # (B, K, P): each beam's best tokens, by logit
+        cand_lp = x.gather(-1, top) - lse.view(b_, k_, 1)  # (B, K, P)
+        cand_raw = (raw[..., None] + cand_lp).reshape(b_, k_ * per_beam)
+        order = torch.sort(cand_raw, dim=-1, descending=True, stable=True)
+        best = order.indices[:, : 2 * k_]  # (B, 2K) positions beam * P + rank in beam
+        src, tok = best // per_beam, top.reshape(b_, -1)[items, best]
+        new_raw, new_lp = order.values[:, : 2 * k_], cand_lp.reshape(b_, -1)[items, best]
+        eos = tok == eos_id
+        grown = prefixes[items, src]  # (B, 2K, 1+T): the candidates' hypotheses
+        grown[..., t + 1] = tok
+        grown_scores = step_scores[items, src]
+        grown_scores[..., t] = new_lp
+        # EOS among the K best finishes (else -inf: nothing); the finished set keeps the best K.
+        done = torch.where(eos[:, :k_], new_raw[:, :k_] / _penalty(t + 1, alpha), float("-inf"))
+        finished = _merge(finished, Hypotheses(done, grown[:, :k_], grown_scores[:, :k_],
+                                               torch.full((b_, k_), t + 1, device=device)), k_)
+        alive = torch.sort(alive_order + 2 * k_ * eos, dim=-1).indices[:, :k_]  # first K not EOS
+        prefixes, step_scores, raw = grown[items, alive], grown_scores[items, alive], new_raw[items, alive]
+        state = step.reorder(state, (items * k_ + src[items, alive]).view(-1))  # (B*K,) source rows
         if observe is not None:
-            observe(t, top[:, : k_ + 1])
-        if _finished(invalid, finished, t):
+            observe(t, torch.where(stopped[:, None], float("nan"), new_raw))  # nothing decided there
+        over = (finished.scores.min(dim=1).values >= raw.max(dim=1).values / bound).all()
+        if _over(invalid, over, t):
             break
-    best = _argmax_lowest(rank)  # always 0: the beams are kept in ranking order
-    pick = (torch.arange(b_, device=device), best)
+    length = t + 1  # every alive hypothesis's
+    scores, prefixes, step_scores, lengths = _merge(
+        finished, Hypotheses(raw / _penalty(length, alpha), prefixes, step_scores,
+                             torch.full((b_, k_), length, device=device)), k_)
     tokens = prefixes[..., 1:]
-    return {"tokens": tokens[pick], "scores": rank[pick], "step_scores": step_scores[pick],
-            "lengths": lengths[pick], "all_tokens": tokens, "all_scores": rank, "all_lengths": lengths}
+    return {"tokens": tokens[:, 0], "scores": scores[:, 0], "step_scores": step_scores[:, 0],
+            "lengths": lengths[:, 0], "all_tokens": tokens, "all_scores": scores, "all_lengths": lengths}
 
 
 def beam_result(outputs: dict, return_all: bool) -> BeamResult:

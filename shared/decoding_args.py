@@ -1,0 +1,123 @@
+"""The argument checks and result types of decoding (`shared.decoding`), shared verbatim by the
+reference and both backends, so that every implementation raises the same error for the same bad
+argument and returns the same arrays. `shared.decoding` re-exports every name here."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .config import TransformerConfig
+
+
+class GreedyResult(NamedTuple):
+    """tokens (B, T) int64 without BOS, pad after EOS; log_probs (B, T), 0 after EOS; lengths (B,)
+    = generated tokens including EOS."""
+    tokens: np.ndarray
+    log_probs: np.ndarray
+    lengths: np.ndarray
+
+
+class BeamResult(NamedTuple):
+    """The best hypothesis per item: tokens (B, T), scores (B,) ranking scores, step_scores (B, T)
+    per-token log-probs (0 after EOS), lengths (B,). With ``return_all``: the K best hypotheses,
+    best first: all_tokens (B, K, T), all_scores (B, K), all_lengths (B, K); otherwise None. A slot
+    no hypothesis reached (fewer than K possible ones) has score -inf, pad tokens and length 0."""
+    tokens: np.ndarray
+    scores: np.ndarray
+    step_scores: np.ndarray
+    lengths: np.ndarray
+    all_tokens: np.ndarray | None = None
+    all_scores: np.ndarray | None = None
+    all_lengths: np.ndarray | None = None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_max_len(max_len, limit: int | None = None) -> None:
+    """``max_len`` (new tokens, EOS included) is an int >= 1; with a model, the longest prefix fed
+    (BOS + max_len - 1 tokens) must fit the positional table, so ``max_len <= config.max_len``."""
+    if not _is_int(max_len) or max_len < 1:
+        raise ValueError(f"max_len: expected an int >= 1, got {max_len!r}")
+    if limit is not None and max_len > limit:
+        raise ValueError(f"max_len: expected at most config.max_len={limit} (the positional table "
+                         f"covers BOS plus max_len - 1 tokens), got {max_len}")
+
+
+def check_beam_size(beam_size, vocab: int | None = None) -> None:
+    """``beam_size`` is an int in [1, vocab - 1]: pad is never generated, so a beam has V - 1 children."""
+    if not _is_int(beam_size) or beam_size < 1:
+        raise ValueError(f"beam_size: expected an int >= 1, got {beam_size!r}")
+    if vocab is not None and beam_size > vocab - 1:
+        raise ValueError(f"beam_size: expected at most tgt_vocab - 1 = {vocab - 1} (pad is never "
+                         f"generated), got {beam_size}")
+
+
+def check_length_penalty(alpha) -> None:
+    """``alpha`` is a finite real >= 0 (0 = no penalty)."""
+    real = isinstance(alpha, (int, float, np.integer, np.floating))
+    if not real or isinstance(alpha, (bool, np.bool_)) or not np.isfinite(alpha) or alpha < 0:
+        raise ValueError(f"length_penalty: expected a finite float >= 0 (GNMT alpha; 0 = none), "
+                         f"got {alpha!r}")
+
+
+def check_search_args(config: TransformerConfig, max_len, beam_size=None, length_penalty=0.0) -> None:
+    """All decoding arguments of a model-level API, in the fixed order (after the source checks)."""
+    check_max_len(max_len, config.max_len)
+    if beam_size is not None:
+        check_beam_size(beam_size, config.tgt_vocab)
+    check_length_penalty(length_penalty)
+
+
+def _check_ids(vocab: int, bos_id: int, eos_id: int, pad_id: int) -> None:
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
+        if not _is_int(value) or not 0 <= value < vocab:
+            raise ValueError(f"{name}: expected an int in [0, {vocab}), got {value!r}")
+    # bos_id is the start token of column 0 (a model's ``config.start_id``); it may be pad
+    # (Marian's decoder_start_id), which the target mask then keeps (`shared.masks`). EOS may not:
+    # an EOS equal to pad would make every finished row look live and vice versa.
+    if pad_id == eos_id:
+        raise ValueError(f"pad_id: expected an id different from eos_id, got {pad_id}")
+
+
+def _check_batch(batch) -> None:
+    if not _is_int(batch) or batch < 1:
+        raise ValueError(f"batch: expected an int >= 1, got {batch!r}")
+
+
+def _check_vocab(step) -> int:
+    vocab = getattr(step, "vocab", None)
+    if not _is_int(vocab) or vocab < 2:
+        raise ValueError(f"step.vocab: expected an int >= 2 (the width of the logits), got {vocab!r}")
+    return int(vocab)
+
+
+def check_greedy_args(step, batch, max_len, bos_id, eos_id, pad_id) -> None:
+    """The arguments of a greedy search, all before the first step (V is ``step.vocab``); the
+    backends call this same function, so the errors are identical."""
+    _check_batch(batch)
+    check_max_len(max_len)
+    _check_ids(_check_vocab(step), bos_id, eos_id, pad_id)
+
+
+def check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id, length_penalty) -> None:
+    """The arguments of a beam search, in this order, all before the first step."""
+    _check_batch(batch)
+    check_max_len(max_len)
+    check_beam_size(beam_size)
+    check_length_penalty(length_penalty)
+    vocab = _check_vocab(step)
+    _check_ids(vocab, bos_id, eos_id, pad_id)
+    check_beam_size(beam_size, vocab)
+
+
+def bad_step_message(t) -> str:
+    """The error of a step whose logits a search cannot read, the same text everywhere."""
+    return f"step: expected logits without NaN or +inf and not all -inf in a live row (step {t})"
+
+
+def candidates_per_beam(beam_size: int, vocab: int) -> int:
+    """How many tokens each beam proposes in beam search: its ``2K`` best, or all ``V`` when fewer."""
+    return min(2 * beam_size, vocab)
