@@ -1,23 +1,33 @@
-"""Greedy decoding of 128 new tokens with the key/value cache vs full recomputation, per backend.
+"""Greedy decoding speed: torch_impl and tf_impl against CTranslate2, and cached vs recompute.
 
 Preset ``base`` (float32), `shared.weights.init_weights` (seed 0) with the generator bias of EOS set
-to -1e9, so that every row decodes exactly 128 tokens and all runs do equal work; sources of 32
-tokens with padding (row r keeps 32 - 3r). For each backend, batch (1 and 8) and mode, whole decodes
-are timed (median of the repeats; recompute, quadratic in the output length, gets fewer). Printed:
-tokens/second, the recompute/cached time ratio (target: cached >= 5x faster), and the time of the
-16th, 64th and 128th token (median of the 8 steps ending there; target: flat with the cache, growing
-linearly without it).
+to -1e9, so that every row of every contender decodes exactly the tokens asked (EOS suppressed: all
+do the same work); sources of 32 tokens with padding (row r keeps 32 - 3r).
 
-Per-token times come from timestamps taken inside the run (a backend's ``step_times``), so that the
-machine's speed drifting between runs (shared CI cores) cannot fake a slope. A backend without it
-(a compiled loop) is timed at max_len 16, 64 and 128 instead, and the marginal cost of the tokens in
+Part ``contenders`` (issue 14): torch_impl, tf_impl (compiled, XLA), CTranslate2 float32 and int8
+(a reference point: quantised weights) on the same weights (`shared.exporters.ctranslate2`),
+greedy, batch 1 and 8, 64 and 128 new tokens; each round decodes every (length, contender) once,
+interleaved, so a machine whose speed drifts (shared cores) slows every contender alike. Printed:
+ms per step (a whole decode, encoder included, divided by the new tokens; median of the rounds)
+and the ratio to CTranslate2 float32 (target: at most 1.0).
+
+Part ``cache``: per backend, cached vs recompute. Printed: tokens/second, the recompute/cached
+time ratio (target: cached >= 5x faster), and the time of the 16th, 64th and 128th token (median
+of the 8 steps ending there; target: flat with the cache, growing linearly without it).
+Per-token times come from timestamps taken inside the run (a backend's ``step_times``), so that
+the machine's speed drifting between runs cannot fake a slope. A backend without it (a compiled
+loop) is timed at max_len 16, 64 and 128 instead, and the marginal cost of the tokens in
 (0,16], (16,64], (64,128] is printed.
 
-    python3 dev.py bench decoding [--backends torch tf] [--batches 1 8] [--repeats 3]
-                                  [--recompute-repeats 1] [--modes cached recompute]
-                                  [--threads N] [--device cpu|cuda]
+Thread policy (`shared.threads`): ``OMP_WAIT_POLICY=PASSIVE`` is set before any framework starts,
+and every contender gets ``--threads`` (default 1: on shared cores one thread per decoder is the
+fair and the fast setting; give the core count on a quiet machine).
 
-Adding a backend: write a factory ``(config, weights, args) -> Backend`` and list it in BACKENDS.
+    python3 dev.py bench decoding [--parts contenders cache] [--contenders torch tf ct2-float32 ct2-int8]
+                                  [--batches 1 8] [--tokens 64 128] [--rounds 3] [--threads N]
+                                  [--backends torch tf] [--repeats 3] [--recompute-repeats 1]
+                                  [--modes cached recompute] [--device cpu|cuda]
+
 tf_impl runs as users get it by default: compiled, one ``tf.function`` per (batch, max_len, mode),
 with XLA for the cached loop (`tf_impl.decoding.JIT_COMPILE`); it is warmed up at every timed
 length, so that no tracing or compilation is timed.
@@ -25,6 +35,7 @@ length, so that no tracing or compilation is timed.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -35,8 +46,10 @@ from typing import Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _decoding_contenders
 
 from shared import TransformerConfig  # noqa: E402
+from shared.threads import apply_thread_policy, available_cores  # noqa: E402
 from shared.decoding import GreedyResult  # noqa: E402
 from shared.weights import init_weights  # noqa: E402
 
@@ -104,8 +117,11 @@ def tf_backend(config: TransformerConfig, weights: dict, args) -> Backend:
     import tf_impl
     from tf_impl.decoding import JIT_COMPILE
 
-    if args.threads:  # before TF starts its thread pools (nothing has run yet)
+    try:  # before TF starts its thread pools (part contenders may have started them already)
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    except RuntimeError:
+        pass
     tf.config.experimental.enable_tensor_float_32_execution(False)
     tf.get_logger().setLevel("ERROR")  # the retracing notice: a trace per max_len is by design here
     model = tf_impl.Transformer(config)
@@ -172,30 +188,80 @@ def report(name: str, batch: int, mode: str, total: float, at: list[float], how:
           f"{per_token}   ({how})", flush=True)
 
 
+def run_contenders(config: TransformerConfig, weights: dict, args) -> None:
+    """Part ``contenders``: interleaved rounds, ms per step and the ratio to CTranslate2 float32."""
+    from _decoding_contenders import CONTENDERS
+
+    made = {}
+    for name in args.contenders:
+        try:
+            description, made[name] = CONTENDERS[name](config, weights, args.threads)
+        except (NotImplementedError, ImportError) as exc:
+            print(f"{name}: skipped ({exc})")
+            continue
+        print(f"{name}: {description}")
+    print("contender     batch  tokens  ms/step   vs ct2-float32")
+    for batch in args.batches:
+        src = sources(config, batch)
+        for n in args.tokens:  # warm-up: compilation, first-call allocations; equal work checked
+            for name, decode in made.items():
+                lengths = decode(src, n)
+                if not (lengths == n).all():
+                    raise AssertionError(f"{name}: expected {n} tokens per row, got {lengths}")
+        seconds = {(name, n): [] for name in made for n in args.tokens}
+        for _ in range(args.rounds):
+            for n in args.tokens:
+                for name, decode in made.items():
+                    start = time.perf_counter()
+                    decode(src, n)
+                    seconds[(name, n)].append(time.perf_counter() - start)
+        for n in args.tokens:
+            base = seconds.get(("ct2-float32", n))
+            for name in made:
+                ms = statistics.median(seconds[(name, n)]) / n * 1e3
+                ratio = (f"{statistics.median(seconds[(name, n)]) / statistics.median(base):6.2f}x"
+                         if base else "     -")
+                print(f"{name:12s} {batch:6d} {n:7d} {ms:8.2f}   {ratio}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--parts", nargs="+", default=["contenders", "cache"],
+                        choices=["contenders", "cache"])
+    parser.add_argument("--contenders", nargs="+", default=["torch", "tf", "ct2-float32", "ct2-int8"],
+                        choices=["torch", "tf", "ct2-float32", "ct2-int8"])
+    parser.add_argument("--tokens", nargs="+", type=int, default=[64, 128],
+                        help="new tokens per decode, part contenders")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds, part contenders")
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per length, cached")
     parser.add_argument("--recompute-repeats", type=int, default=1,
                         help="timed runs per length, recompute")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="threads per backend: torch.set_num_threads, TF intra-op threads "
-                             "(default: each framework's)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads per contender: torch.set_num_threads, TF intra- and inter-op "
+                             "threads, CTranslate2 intra_threads (default 1)")
     parser.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
     parser.add_argument("--modes", nargs="+", default=["cached", "recompute"],
                         choices=["cached", "recompute"],
                         help="decoding modes to time (recompute, quadratic, is the slow one)")
     args = parser.parse_args(argv)
+    apply_thread_policy(args.threads)  # before any framework is imported
 
     config = TransformerConfig.preset("base")
     weights = init_weights(config, 0)
     weights["generator.bias"] = weights["generator.bias"].copy()
     weights["generator.bias"][config.eos_id] = -1e9  # never chosen: every row decodes max_len tokens
+    print(f"threads {args.threads} per contender, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, "
+          f"{available_cores()} cores available")
     print(f"preset base float32 ({config.n_encoder_layers}+{config.n_decoder_layers} layers, "
           f"vocab {config.tgt_vocab}), greedy, EOS suppressed, sources of {SRC_LEN} tokens with padding; "
           f"lengths {LENGTHS}; repeats {args.repeats} cached / {args.recompute_repeats} recompute "
           "(median)")
+    if "contenders" in args.parts:
+        run_contenders(config, weights, args)
+    if "cache" not in args.parts:
+        return 0
     header = ("backend batch  mode          tok/s   s/decode   ms per token at 16 / 64 / 128")
     ratios = []
     for name in args.backends:

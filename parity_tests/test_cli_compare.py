@@ -39,8 +39,8 @@ def test_float64_agrees_to_1e12(tmp_path):
 
 
 def _perturbed(make, name_to_break):
-    def build(name, config, weights):
-        adapter = make(name, config, weights)
+    def build(name, config, weights, **kwargs):
+        adapter = make(name, config, weights, **kwargs)
         if name == "torch":
             trace = adapter.trace
 
@@ -64,8 +64,8 @@ def test_reports_where_the_backends_part_and_fails(monkeypatch, capsys):
 def test_decode_divergence_is_reported_with_step_tokens_and_margin(monkeypatch, capsys):
     make = backends.make_adapter
 
-    def build(name, config, weights):
-        adapter = make(name, config, weights)
+    def build(name, config, weights, **kwargs):
+        adapter = make(name, config, weights, **kwargs)
         if name == "tf":
             greedy = adapter.greedy
 
@@ -154,3 +154,24 @@ def test_adapters_share_one_interface_and_agree(tmp_path):
             assert adapter.time_forward(src, tgt, repeats=1) > 0
             np.testing.assert_array_equal(adapter.greedy(src, 4).tokens, ref.greedy(src, 4).tokens)
             np.testing.assert_array_equal(adapter.beam(src, 4, beam_size=2).tokens, want.tokens)
+
+
+def test_threads_option_and_the_wait_policy(monkeypatch, capsys):
+    """``--threads N`` sizes each framework's pool (checked first); whatever it is, the command
+    line sets OMP_WAIT_POLICY=PASSIVE before a framework starts, unless the user chose one."""
+    import os
+    import torch
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    threads = torch.get_num_threads()
+    try:
+        assert main(ARGS + ["--backends", "torch", "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert main(ARGS + ["--threads", "0"]) == 2
+    assert "twins compare: error: --threads: expected an int >= 1, got 0" in capsys.readouterr().err
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert main(ARGS + ["--backends", "torch", "--threads", "1"]) == 0
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    torch.set_num_threads(threads)

@@ -46,3 +46,25 @@ def test_one_host_sync_per_step(kind, monkeypatch):
         steps = int(result.all_lengths.max())
     # The source check reads the ids' range once, before the loop; then one read a step.
     assert reads == ["tolist"] * (1 + steps), reads
+
+
+def test_step_weights_follow_the_parameters():
+    """The cached step's prepared weights (`torch_impl.cache.StepWeights`) are kept between
+    decodes only while no parameter changes: new weights imported, or an in-place update (an
+    optimizer step), give the decode of a fresh model holding those weights."""
+    config = tiny_configs()["tiny-post-standard"].replace(dtype="float64")
+    model = build(config, weights_for(config, 0))
+    src = sources(config, 0)
+    first = torch_impl.greedy_decode(model, src, MAX_LEN)
+    assert model._step_weights() is model._step_weights()  # kept while nothing changes
+    model.import_weights(weights_for(config, 1))
+    np.testing.assert_array_equal(torch_impl.greedy_decode(model, src, MAX_LEN).tokens,
+                                  torch_impl.greedy_decode(build(config, weights_for(config, 1)), src,
+                                                           MAX_LEN).tokens)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(-1.0)  # in place: the version counters move
+    fresh = build(config, {k: -v for k, v in weights_for(config, 1).items()})
+    for x, y in zip(torch_impl.beam_search(model, src, MAX_LEN, 2), torch_impl.beam_search(fresh, src, MAX_LEN, 2)):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(first.tokens, torch_impl.greedy_decode(model, src, MAX_LEN).tokens)

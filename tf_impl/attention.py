@@ -18,7 +18,7 @@ import math
 import keras
 import tensorflow as tf
 
-from .cache import filled_mask, write_position
+from .cache import dense, filled_mask, write_position
 from .inputs import dims
 
 
@@ -126,8 +126,32 @@ class MultiHeadAttention(keras.layers.Layer):
                              [b, q_len, self.n_heads * self.d_k])  # (B, Q, H*d_k)
         return self.output(context), (weights if return_weights else None)  # (B, Q, d)
 
+    def step_kernels(self) -> tuple[tf.Tensor, ...]:
+        """``(query | key | value kernel (d, 3 * H * d_k), its bias, query kernel (d, H * d_k), its
+        bias, output kernel (H * d_k, d), its bias)``: `tf_impl.cache.StepWeights`' layout."""
+        qkv = (self.query, self.key, self.value)
+        return (tf.concat([d.kernel for d in qkv], axis=1), tf.concat([d.bias for d in qkv], axis=0),
+                tf.convert_to_tensor(self.query.kernel), tf.convert_to_tensor(self.query.bias),
+                tf.convert_to_tensor(self.output.kernel), tf.convert_to_tensor(self.output.bias))
+
+    def attend_prepared(self, query_in: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor,
+                        keep: tf.Tensor, query: tuple, output: tuple) -> tf.Tensor:
+        """`attend` of one decoding step (the cross-attention of a cached step): the query and
+        output projections given as ``(kernel (in, out), bias)`` (`step_kernels`), the mask made
+        ready once (`tf_impl.cache.prepare_mask`: every row may attend some key, ``keep`` zeroes
+        the rows that had none), no dropout, no weights. Shape: query_in ``(N, 1, d_model)``, k/v
+        ``(N, H, S, d_k)`` -> ``(N, 1, d_model)``."""
+        n = dims(query_in, 1)[0]
+        q = dense(query_in, *query) * tf.constant(1.0 / math.sqrt(self.d_k), query_in.dtype)
+        q = tf.reshape(q, [n, self.n_heads, 1, self.d_k])  # (N, H, 1, d_k): one position
+        scores = tf.matmul(q, k, transpose_b=True)  # (N, H, 1, S)
+        weights = tf.nn.softmax(tf.where(mask, scores, tf.constant(scores.dtype.min, scores.dtype)))
+        context = tf.matmul(weights, v) * keep  # (N, H, 1, d_k)
+        return dense(tf.reshape(context, [n, 1, self.n_heads * self.d_k]), *output)
+
     def extend(self, query_in: tf.Tensor, key_cache: tf.Tensor, value_cache: tf.Tensor,
-               position: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+               position: tf.Tensor, qkv: tuple | None = None,
+               output: tuple | None = None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """Self-attention of one new position over itself and every earlier one, with a cache.
 
         The new key and value (projections of ``query_in``) are written at ``position`` of the
@@ -139,13 +163,24 @@ class MultiHeadAttention(keras.layers.Layer):
 
         Shape: query_in ``(N, 1, d_model)``, position int32 scalar -> ``(output (N, 1, d_model),
         key_cache, value_cache)``, the caches updated (tensors are immutable: new ones returned).
+        With ``qkv`` and ``output`` (``(kernel (in, out), bias)`` of `step_kernels`, as a cache
+        keeps them) the query, key and value come from one matrix product; the same to rounding.
         """
-        k, v = self.keys_values(query_in)  # (N, H, 1, d_k)
-        key_cache = write_position(key_cache, k[:, :, 0], position)
-        value_cache = write_position(value_cache, v[:, :, 0], position)
         mask = filled_mask(key_cache.shape[2], position)  # (1, 1, 1, capacity)
-        output, _ = self.attend(query_in, key_cache, value_cache, mask)
-        return output, key_cache, value_cache
+        if qkv is None:
+            k, v = self.keys_values(query_in)  # (N, H, 1, d_k)
+            key_cache = write_position(key_cache, k[:, :, 0], position)
+            value_cache = write_position(value_cache, v[:, :, 0], position)
+            out, _ = self.attend(query_in, key_cache, value_cache, mask)
+            return out, key_cache, value_cache
+        n = dims(query_in, 1)[0]
+        q, k, v = tf.unstack(tf.reshape(dense(query_in, *qkv), [n, 3, self.n_heads, self.d_k]), axis=1)
+        key_cache = write_position(key_cache, k, position)  # (N, H, d_k) each
+        value_cache = write_position(value_cache, v, position)
+        q = q[:, :, None] * tf.constant(1.0 / math.sqrt(self.d_k), query_in.dtype)  # (N, H, 1, d_k)
+        weights = masked_softmax(tf.matmul(q, key_cache, transpose_b=True), mask)  # (N, H, 1, C)
+        context = tf.reshape(tf.matmul(weights, value_cache), [n, 1, self.n_heads * self.d_k])
+        return dense(context, *output), key_cache, value_cache
 
     def get_config(self) -> dict:
         return {**super().get_config(), "d_model": self.d_model, "n_heads": self.n_heads,

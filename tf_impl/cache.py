@@ -30,6 +30,44 @@ from typing import NamedTuple
 import tensorflow as tf
 
 
+class StepWeights(NamedTuple):
+    """One decoder layer's weights laid out for a decoding step, as torch_impl.cache's: kernels
+    ``(in, out)`` (the Keras layout already), the self-attention's query, key and value stacked
+    into one kernel so that a step projects its token with one product instead of three. Taken
+    when the cache is made (inside a compiled decode: once per call, before the loop)."""
+    qkv_kernel: tf.Tensor  # (d, 3 * H * d_k): query | key | value
+    qkv_bias: tf.Tensor
+    self_output_kernel: tf.Tensor  # (H * d_k, d)
+    self_output_bias: tf.Tensor
+    cross_query_kernel: tf.Tensor  # (d, H * d_k)
+    cross_query_bias: tf.Tensor
+    cross_output_kernel: tf.Tensor  # (H * d_k, d)
+    cross_output_bias: tf.Tensor
+    inner_kernel: tf.Tensor  # (d, d_ff)
+    inner_bias: tf.Tensor
+    outer_kernel: tf.Tensor  # (d_ff, d)
+    outer_bias: tf.Tensor
+
+
+def dense(x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
+    """``x @ kernel + bias`` with an ``(in, out)`` kernel: ``(N, L, in) -> (N, L, out)``, as one
+    2-D product."""
+    n, length = tf.shape(x)[0], tf.shape(x)[1]
+    flat = tf.matmul(tf.reshape(x, [-1, kernel.shape[0]]), kernel) + bias
+    return tf.reshape(flat, [n, length, kernel.shape[1]])
+
+
+def prepare_mask(mask: tf.Tensor, dtype: tf.DType) -> tuple[tf.Tensor, tf.Tensor]:
+    """A cross-attention mask made ready once per source rather than in every layer at every step:
+    ``(mask | no key at all, has a key)``; a row with no allowed key attends every key and its
+    output is multiplied by 0 (docs/design.md, convention 3).
+
+    Shape: mask bool ``(N|1, 1|H, 1, S)`` -> ``(the same shape, (N|1, 1|H, 1, 1) in dtype)``.
+    """
+    has_key = tf.reduce_any(mask, axis=-1, keepdims=True)
+    return tf.logical_or(mask, tf.logical_not(has_key)), tf.cast(has_key, dtype)
+
+
 class LayerCache(NamedTuple):
     """One decoder layer's cached keys and values, per head.
 
@@ -37,11 +75,13 @@ class LayerCache(NamedTuple):
         self_key, self_value: ``(N, H, capacity, d_k)``; positions ``0 .. length - 1`` of the owning
             `DecoderCache` are filled, the rest is scratch.
         cross_key, cross_value: ``(N, H, S, d_k)``, from the encoder memory, never changed.
+        weights: the layer's weights as a step reads them (`StepWeights`).
     """
     self_key: tf.Tensor
     self_value: tf.Tensor
     cross_key: tf.Tensor
     cross_value: tf.Tensor
+    weights: StepWeights
 
     def updated(self, self_key: tf.Tensor, self_value: tf.Tensor) -> "LayerCache":
         """This layer's cache holding the self-attention buffers of a step (those
@@ -55,12 +95,19 @@ class DecoderCache(NamedTuple):
     Attributes:
         layers: one `LayerCache` per decoder layer (a tuple).
         src_mask: bool, True = may attend, ``(N|1, 1|H, 1, S)``: the source padding, for
-            cross-attention.
+            cross-attention, prepared once (`prepare_mask`): a row with no key may attend every
+            key, and ``src_keep`` zeroes its output after.
+        src_keep: ``(N|1, 1|H, 1, 1)`` in the model dtype, 0 for a row with no source key, else 1.
+        generator: the output projection as a step reads it, ``(matrix, bias (V,))``: the matrix
+            ``(d, V)`` for one row, ``(V, d)`` used transposed for more (the faster layout for
+            each under XLA, `tf_impl.Transformer._step_weights`).
         length: int32 scalar tensor, positions already decoded; the next token goes to position
             ``length`` (and gets row ``length`` of the positional table).
     """
     layers: tuple[LayerCache, ...]
     src_mask: tf.Tensor
+    src_keep: tf.Tensor
+    generator: tuple[tf.Tensor, tf.Tensor]
     length: tf.Tensor
 
     @property

@@ -88,7 +88,7 @@ class CachedStep:
     def __init__(self, model: Transformer, memory: tf.Tensor, src_mask: tf.Tensor, beams: int,
                  max_len: int):
         self.model = model
-        self.cache = model.decoder.init_cache(memory, src_mask, max_len, beams)
+        self.cache = model._init_cache(memory, src_mask, max_len, beams)
         self.vocab, self.dtype = model.config.tgt_vocab, tf.as_dtype(model.config.dtype)
 
     def initial_state(self):

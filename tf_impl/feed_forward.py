@@ -7,6 +7,8 @@ import math
 import keras
 import tensorflow as tf
 
+from .cache import dense
+
 
 def _gelu(x: tf.Tensor) -> tf.Tensor:
     """Exact GELU, ``0.5 * x * (1 + erf(x / sqrt(2)))``, written out: ``tf.nn.gelu(approximate=False)``
@@ -51,6 +53,16 @@ class FeedForward(keras.layers.Layer):
     def call(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
         hidden = self.activation(self.inner(x))  # (B, L, d_ff)
         return self.outer(self.dropout(hidden, training=training))
+
+    def step_kernels(self) -> tuple[tf.Tensor, ...]:
+        """``(inner kernel (d, d_ff), bias, outer kernel (d_ff, d), bias)`` (`tf_impl.cache.StepWeights`)."""
+        return tuple(tf.convert_to_tensor(w) for w in (self.inner.kernel, self.inner.bias,
+                                                       self.outer.kernel, self.outer.bias))
+
+    def step(self, x: tf.Tensor, inner: tuple, outer: tuple) -> tf.Tensor:
+        """`call` in inference, as a decoding step runs it, with the kernels of `step_kernels`: no
+        dropout, no layer calls. Same shapes, same values to rounding."""
+        return dense(self.activation(dense(x, *inner)), *outer)
 
     def get_config(self) -> dict:
         return {**super().get_config(), "d_model": self.d_model, "d_ff": self.d_ff, "dropout": self.rate,

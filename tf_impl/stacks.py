@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from shared import TransformerConfig
 
-from .cache import DecoderCache, LayerCache, repeat_rows
+from .cache import DecoderCache, LayerCache, StepWeights, prepare_mask, repeat_rows
 from .inputs import dims
 from .layers import DecoderLayer, EncoderLayer, Trace, _TracingLayer, norm_layer, record
 from .norm import LayerNorm
@@ -61,21 +61,29 @@ class Decoder(_TracingLayer):
             record(trace, "decoder.final_norm", x)
         return x
 
-    def init_cache(self, memory: tf.Tensor, src_mask: tf.Tensor, capacity: int,
-                   beams: int = 1) -> DecoderCache:
+    def init_cache(self, memory: tf.Tensor, src_mask: tf.Tensor, capacity: int, beams: int,
+                   weights: list[StepWeights], generator: tuple[tf.Tensor, tf.Tensor]) -> DecoderCache:
         """An empty cache for ``capacity`` positions: cross-attention keys/values of ``memory``
-        computed once, then repeated for ``beams`` rows per item.
+        computed once, then repeated for ``beams`` rows per item; the source mask prepared once;
+        ``weights`` (`step_weights`) and ``generator`` (kernel (d, V), bias) kept for the steps.
 
         Shape: memory ``(B, S, d)``, src_mask ``(B|1, 1|H, 1, S)`` -> a cache of ``N = B * beams`` rows.
         """
         n = dims(memory, 1)[0] * beams
         layers = []
-        for layer in self.layers:
+        for layer, layer_weights in zip(self.layers, weights):
             attn = layer.self_attn
             k, v = layer.cross_attn.keys_values(memory)  # (B, H, S, d_k), once per source
             empty = tf.zeros([n, attn.n_heads, capacity, attn.d_k], memory.dtype)  # (N, H, capacity, d_k)
-            layers.append(LayerCache(empty, empty, repeat_rows(k, beams), repeat_rows(v, beams)))
-        return DecoderCache(tuple(layers), repeat_rows(src_mask, beams), tf.constant(0, tf.int32))
+            layers.append(LayerCache(empty, empty, repeat_rows(k, beams), repeat_rows(v, beams),
+                                     layer_weights))
+        mask, keep = prepare_mask(src_mask, memory.dtype)  # once per source, not per layer and step
+        return DecoderCache(tuple(layers), repeat_rows(mask, beams), repeat_rows(keep, beams),
+                            generator, tf.constant(0, tf.int32))
+
+    def step_weights(self) -> list[StepWeights]:
+        """Every layer's weights as a decoding step reads them (`tf_impl.cache.StepWeights`)."""
+        return [layer.step_weights() for layer in self.layers]
 
     def step(self, x: tf.Tensor, cache: DecoderCache) -> tuple[tf.Tensor, DecoderCache]:
         """`call` for the target position ``cache.length`` only, reading and filling ``cache``.
@@ -83,7 +91,7 @@ class Decoder(_TracingLayer):
         self-attention keys/values written and ``length`` advanced)`` (a new cache)."""
         layers = []
         for layer, layer_cache in zip(self.layers, cache.layers):
-            x, layer_cache = layer.step(x, layer_cache, cache.length, cache.src_mask)
+            x, layer_cache = layer.step(x, layer_cache, cache.length, cache.src_mask, cache.src_keep)
             layers.append(layer_cache)
         if self.final_norm is not None:
             x = self.final_norm(x)

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cache import dense
+
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Softmax over the last axis where ``mask`` is True; masked entries are exactly 0 and a row with
@@ -116,8 +118,34 @@ class MultiHeadAttention(nn.Module):
         context = context.transpose(1, 2).reshape(b, q_len, self.n_heads * self.d_k)  # (B, Q, H*d_k)
         return self.output(context), weights
 
+    def step_kernels(self) -> tuple[torch.Tensor, ...]:
+        """``(query | key | value kernel (d, 3 * H * d_k), its bias, query kernel (d, H * d_k), its
+        bias, output kernel (H * d_k, d), its bias)``: `torch_impl.cache.StepWeights`' layout,
+        copies detached from autograd."""
+        def kernel(*linears):
+            return torch.cat([lin.weight for lin in linears]).t().contiguous().detach()
+
+        def bias(*linears):
+            return torch.cat([lin.bias for lin in linears]).detach()
+        qkv = (self.query, self.key, self.value)
+        return (kernel(*qkv), bias(*qkv), kernel(self.query), bias(self.query), kernel(self.output),
+                bias(self.output))
+
+    def attend_prepared(self, query_in: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        mask: torch.Tensor, keep: torch.Tensor, query: tuple, output: tuple) -> torch.Tensor:
+        """`attend` of one decoding step (the cross-attention of a cached step): the query and
+        output projections given as ``(kernel (in, out), bias)`` (`step_kernels`), the mask made
+        ready once (`torch_impl.cache.prepare_mask`: every row may attend some key, ``keep``
+        zeroes the rows that had none), no dropout, no weights. Shape: query_in ``(N, 1,
+        d_model)``, k/v ``(N, H, S, d_k)`` -> ``(N, 1, d_model)``."""
+        n = query_in.shape[0]
+        q = dense(query_in, *query).view(n, self.n_heads, 1, self.d_k)  # (N, H, 1, d_k): one position
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * keep
+        return dense(context.view(n, 1, self.n_heads * self.d_k), *output)
+
     def extend(self, query_in: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-               position: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               position: int, qkv: tuple | None = None, output: tuple | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Self-attention of one new position over itself and every earlier one, with a cache.
 
         The new key and value (projections of ``query_in``) are written at ``position`` of the
@@ -127,13 +155,26 @@ class MultiHeadAttention(nn.Module):
         position of a live row is a real token, and the padding-AND-subsequent target mask of the
         full pass reduces to "all previous positions".
 
+        With ``qkv`` and ``output`` (``(kernel (in, out), bias)`` of `step_kernels`, as a cache
+        keeps them) the query, key and value come from one matrix product and no module is
+        called; the result is the same to rounding.
+
         Shape: query_in ``(N, 1, d_model)``, position an int -> ``(output (N, 1, d_model),
         key_cache, value_cache)``: the buffers written, returned as tf_impl returns its new ones,
         so that the calling code is the same in both.
         """
-        k, v = self.keys_values(query_in)  # (N, H, 1, d_k)
-        key_cache[:, :, position] = k[:, :, 0]
-        value_cache[:, :, position] = v[:, :, 0]
+        if qkv is None:
+            k, v = self.keys_values(query_in)  # (N, H, 1, d_k)
+            key_cache[:, :, position] = k[:, :, 0]
+            value_cache[:, :, position] = v[:, :, 0]
+            end = position + 1
+            output, _ = self.attend(query_in, key_cache[:, :, :end], value_cache[:, :, :end], None)
+            return output, key_cache, value_cache
+        n = query_in.shape[0]
+        q, k, v = dense(query_in, *qkv).view(n, 3, self.n_heads, self.d_k).unbind(1)  # (N, H, d_k)
+        key_cache[:, :, position] = k
+        value_cache[:, :, position] = v
         end = position + 1
-        output, _ = self.attend(query_in, key_cache[:, :, :end], value_cache[:, :, :end], None)
-        return output, key_cache, value_cache
+        context = F.scaled_dot_product_attention(q[:, :, None], key_cache[:, :, :end],
+                                                 value_cache[:, :, :end])  # (N, H, 1, d_k)
+        return dense(context.view(n, 1, self.n_heads * self.d_k), *output), key_cache, value_cache

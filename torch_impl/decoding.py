@@ -99,7 +99,7 @@ class CachedStep:
     def __init__(self, model: Transformer, memory: torch.Tensor, src_mask: torch.Tensor, beams: int,
                  max_len: int):
         self.model = model
-        self.cache = model.decoder.init_cache(memory, src_mask, max_len, beams)
+        self.cache = model._init_cache(memory, src_mask, max_len, beams)
         self.vocab, self.dtype = model.config.tgt_vocab, getattr(torch, model.config.dtype)
 
     def initial_state(self):

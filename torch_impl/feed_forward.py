@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cache import dense
+
 
 def _relu(x: torch.Tensor) -> torch.Tensor:
     # In place: saves a (B, L, d_ff) allocation per call; safe under autograd, as the Linear does
@@ -49,3 +51,14 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.outer(self.dropout(self.activation(self.inner(x))))  # (B, L, d_ff) inside
+
+    def step_kernels(self) -> tuple[torch.Tensor, ...]:
+        """``(inner kernel (d, d_ff), bias, outer kernel (d_ff, d), bias)``, `(in, out)` copies
+        detached from autograd (`torch_impl.cache.StepWeights`)."""
+        return (self.inner.weight.t().contiguous().detach(), self.inner.bias.detach(),
+                self.outer.weight.t().contiguous().detach(), self.outer.bias.detach())
+
+    def step(self, x: torch.Tensor, inner: tuple, outer: tuple) -> torch.Tensor:
+        """`forward` in inference, as a decoding step runs it, with the kernels of `step_kernels`:
+        no dropout, no module calls. Same shapes, same values to rounding."""
+        return dense(self.activation(dense(x, *inner)), *outer)

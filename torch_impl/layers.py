@@ -19,7 +19,7 @@ from torch import nn
 from shared import TransformerConfig
 
 from .attention import MultiHeadAttention
-from .cache import LayerCache
+from .cache import LayerCache, StepWeights
 from .feed_forward import FeedForward
 from .norm import LayerNorm
 
@@ -32,9 +32,10 @@ def record(trace: Trace | None, name: str, value: torch.Tensor) -> None:
         trace[name] = value
 
 
-def sublayer_connection(x: torch.Tensor, sublayer: Sublayer, norm: LayerNorm, dropout: nn.Dropout,
+def sublayer_connection(x: torch.Tensor, sublayer: Sublayer, norm: LayerNorm, dropout: nn.Dropout | None,
                         norm_first: bool, trace: Trace | None, name: str) -> torch.Tensor:
-    """One residual sublayer; ``sublayer`` maps its input to ``(output, attention weights or None)``."""
+    """One residual sublayer; ``sublayer`` maps its input to ``(output, attention weights or None)``.
+    ``dropout`` None: none (a decoding step, where no module call is spent on an inactive one)."""
     if norm_first:
         normed = norm(x)
         record(trace, f"{name}_norm", normed)
@@ -44,10 +45,12 @@ def sublayer_connection(x: torch.Tensor, sublayer: Sublayer, norm: LayerNorm, dr
     if weights is not None:
         record(trace, f"{name}.weights", weights)
     record(trace, f"{name}.output", out)
+    if dropout is not None:
+        out = dropout(out)
     if norm_first:
-        result = x + dropout(out)
+        result = x + out
     else:
-        result = norm(x + dropout(out))
+        result = norm(x + out)
         record(trace, f"{name}_norm", result)
     record(trace, f"{name}.residual", result)
     return result
@@ -117,29 +120,39 @@ class DecoderLayer(nn.Module):
         return sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm,
                                    self.dropout, self.norm_first, trace, f"{prefix}.ffn")
 
-    def step(self, x: torch.Tensor, cache: LayerCache, position: int,
-             src_mask: torch.Tensor) -> tuple[torch.Tensor, LayerCache]:
-        """`forward` for one new target position, with cached keys and values: self-attention writes
-        its key/value at ``position`` and attends to positions ``0 .. position`` (see
-        `MultiHeadAttention.extend`); cross-attention uses the cached source keys/values.
+    def step(self, x: torch.Tensor, cache: LayerCache, position: int, src_mask: torch.Tensor,
+             src_keep: torch.Tensor) -> tuple[torch.Tensor, LayerCache]:
+        """`forward` for one new target position, with cached keys and values (inference only: no
+        dropout): self-attention writes its key/value at ``position`` and attends to positions
+        ``0 .. position`` (see `MultiHeadAttention.extend`, with the cache's fused projection);
+        cross-attention uses the cached source keys/values and the prepared mask.
 
-        Shape: x ``(N, 1, d)``, src_mask bool broadcastable to ``(N, H, 1, S)`` -> ``((N, 1, d),
-        the layer's cache with its self-attention keys/values updated)`` (in place, and returned).
+        Shape: x ``(N, 1, d)``, src_mask bool broadcastable to ``(N, H, 1, S)`` and src_keep
+        (`torch_impl.cache.prepare_mask`) -> ``((N, 1, d), the layer's cache with its
+        self-attention keys/values updated)`` (in place, and returned).
         """
-        kept = {}
+        kept, w = {}, cache.weights
 
         def self_attn(h: torch.Tensor):
-            out, kept["key"], kept["value"] = self.self_attn.extend(h, cache.self_key, cache.self_value,
-                                                                    position)
+            out, kept["key"], kept["value"] = self.self_attn.extend(
+                h, cache.self_key, cache.self_value, position, w[0:2], w[2:4])
             return out, None
 
         def cross_attn(h: torch.Tensor):
-            return self.cross_attn.attend(h, cache.cross_key, cache.cross_value, src_mask)
+            return self.cross_attn.attend_prepared(h, cache.cross_key, cache.cross_value, src_mask,
+                                                   src_keep, w[4:6], w[6:8]), None
 
-        x = sublayer_connection(x, self_attn, self.self_attn_norm, self.dropout, self.norm_first,
-                                None, "self_attn")
-        x = sublayer_connection(x, cross_attn, self.cross_attn_norm, self.dropout, self.norm_first,
-                                None, "cross_attn")
-        x = sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm, self.dropout,
+        x = sublayer_connection(x, self_attn, self.self_attn_norm, None, self.norm_first, None,
+                                "self_attn")
+        x = sublayer_connection(x, cross_attn, self.cross_attn_norm, None, self.norm_first, None,
+                                "cross_attn")
+        x = sublayer_connection(x, lambda h: (self.ffn.step(h, w[8:10], w[10:12]), None), self.ffn_norm, None,
                                 self.norm_first, None, "ffn")
         return x, cache.updated(kept["key"], kept["value"])
+
+    def step_weights(self) -> StepWeights:
+        """This layer's weights as `step` reads them (`torch_impl.cache.StepWeights`)."""
+        qkv, qkv_bias, _, _, out, out_bias = self.self_attn.step_kernels()
+        _, _, query, query_bias, cross_out, cross_out_bias = self.cross_attn.step_kernels()
+        return StepWeights(qkv, qkv_bias, out, out_bias, query, query_bias, cross_out, cross_out_bias,
+                           *self.ffn.step_kernels())

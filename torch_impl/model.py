@@ -199,7 +199,27 @@ class Transformer(nn.Module):
         check_max_len(max_len, c.max_len)
         if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
             raise ValueError(f"beams: expected an int >= 1, got {beams!r}")
-        return self.decoder.init_cache(memory, src_mask, max_len, beams)
+        return self._init_cache(memory, src_mask, max_len, beams)
+
+    def _init_cache(self, memory: torch.Tensor, src_mask: torch.Tensor, max_len: int,
+                    beams: int) -> DecoderCache:
+        """`init_cache` without the checks (the decoders call it)."""
+        with torch.no_grad():
+            weights, generator = self._step_weights()
+            return self.decoder.init_cache(memory, src_mask, max_len, beams, weights, generator)
+
+    def _step_weights(self):
+        """The decoder's `torch_impl.cache.StepWeights` and the generator's ``(kernel (d, V),
+        bias)``, made once and kept while no parameter changes: the key is every parameter's
+        storage and version counter, which any in-place update (an optimizer step,
+        `import_weights`, ``.to()``) changes."""
+        key = tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in self.parameters())
+        if getattr(self, "_step_cache", (None,))[0] != key:
+            with torch.no_grad():
+                table = self.generator._tied[0].table.weight if self.generator._tied else self.generator.kernel.weight
+                generator = (table.t().contiguous(), self.generator.bias.detach())  # (d, V), (V,)
+                self._step_cache = (key, (self.decoder.step_weights(), generator))
+        return self._step_cache[1]
 
     def decode_step(self, tokens: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
         """Logits for the next position of every row, from its newest token and the cache.
@@ -241,9 +261,9 @@ class Transformer(nn.Module):
         x = self.tgt_embed(tokens[:, None])  # (N, 1, d)
         # Position t gets PE row t: the same addition the full pass makes for column t of its input.
         table = self.positional.select(self.tgt_embed.positions)  # fixed or learned (max_len, d)
-        x = self.positional.dropout(x + table[t: t + 1])
+        x = x + table[t: t + 1]  # inference: no dropout (nor a call of the inactive module)
         hidden, cache = self.decoder.step(x, cache)  # (N, 1, d); cache.length is now t + 1
-        return self.generator(hidden[:, 0]), cache  # (N, V)
+        return torch.addmm(cache.generator[1], hidden[:, 0], cache.generator[0]), cache  # (N, V)
 
     # -- canonical weights ------------------------------------------------------------------------
     def import_weights(self, weights: Mapping[str, np.ndarray]) -> None:

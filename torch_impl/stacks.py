@@ -6,7 +6,7 @@ from torch import nn
 
 from shared import TransformerConfig
 
-from .cache import DecoderCache, LayerCache, repeat_rows
+from .cache import DecoderCache, LayerCache, StepWeights, prepare_mask, repeat_rows
 from .layers import DecoderLayer, EncoderLayer, Trace, record
 from .norm import LayerNorm
 
@@ -59,22 +59,28 @@ class Decoder(nn.Module):
             record(trace, "decoder.final_norm", x)
         return x
 
-    def init_cache(self, memory: torch.Tensor, src_mask: torch.Tensor, capacity: int,
-                   beams: int = 1) -> DecoderCache:
+    def init_cache(self, memory: torch.Tensor, src_mask: torch.Tensor, capacity: int, beams: int,
+                   weights: list[StepWeights], generator: tuple[torch.Tensor, torch.Tensor]) -> DecoderCache:
         """An empty cache for ``capacity`` positions: cross-attention keys/values of ``memory``
-        computed once, then repeated for ``beams`` rows per item.
+        computed once, then repeated for ``beams`` rows per item; the source mask prepared once;
+        ``weights`` (`step_weights`) and ``generator`` (kernel (d, V), bias) kept for the steps.
 
         Shape: memory ``(B, S, d)``, src_mask ``(B|1, 1|H, 1, S)`` -> a cache of ``N = B * beams`` rows.
         """
         n = memory.shape[0] * beams
         layers = []
-        for layer in self.layers:
+        for layer, layer_weights in zip(self.layers, weights):
             attn = layer.self_attn
             k, v = layer.cross_attn.keys_values(memory)  # (B, H, S, d_k), once per source
             empty = memory.new_zeros(n, attn.n_heads, capacity, attn.d_k)  # (N, H, capacity, d_k)
             layers.append(LayerCache(empty, torch.zeros_like(empty), repeat_rows(k, beams),
-                                     repeat_rows(v, beams)))
-        return DecoderCache(layers, repeat_rows(src_mask, beams), 0)
+                                     repeat_rows(v, beams), layer_weights))
+        mask, keep = prepare_mask(src_mask, memory.dtype)  # once per source, not per layer and step
+        return DecoderCache(layers, repeat_rows(mask, beams), repeat_rows(keep, beams), generator, 0)
+
+    def step_weights(self) -> list[StepWeights]:
+        """Every layer's weights as a decoding step reads them (`torch_impl.cache.StepWeights`)."""
+        return [layer.step_weights() for layer in self.layers]
 
     def step(self, x: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
         """`forward` for the target position ``cache.length`` only, reading and filling ``cache``.
@@ -82,7 +88,7 @@ class Decoder(nn.Module):
         self-attention keys/values written and ``length`` advanced)`` (in place, and returned)."""
         layers = []
         for layer, layer_cache in zip(self.layers, cache.layers):
-            x, layer_cache = layer.step(x, layer_cache, cache.length, cache.src_mask)
+            x, layer_cache = layer.step(x, layer_cache, cache.length, cache.src_mask, cache.src_keep)
             layers.append(layer_cache)
         if self.final_norm is not None:
             x = self.final_norm(x)

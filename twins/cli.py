@@ -10,7 +10,10 @@ log lines, which are hidden otherwise).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+from shared.threads import WAIT_POLICY
 
 from . import compare, convert, decode, figures, train
 
@@ -60,6 +63,8 @@ def describe(err: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Before any framework is imported: idle OpenMP threads sleep (shared.threads explains why).
+    os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
     args = build_parser().parse_args(argv)  # usage errors: argparse exits 2, "twins <cmd>: error:"
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `twins train --workers` relaunches it
     args.verbose = getattr(args, "verbose", False)

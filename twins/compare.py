@@ -8,6 +8,7 @@ from itertools import combinations
 import numpy as np
 
 from shared.batches import src_tgt
+from shared.threads import check_threads
 from shared.tolerances import bound_for, max_abs_diff, max_rel_diff
 from shared import TransformerConfig
 from shared import reference
@@ -34,6 +35,9 @@ def add_arguments(parser) -> None:
                         help="also decode greedily in every implementation and compare the tokens")
     parser.add_argument("--max-new", type=int, default=10, help="tokens to decode with --decode (default 10)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="CPU threads of each framework (default: its own, one per core; idle "
+                             "threads sleep, OMP_WAIT_POLICY=PASSIVE, see shared/threads.py)")
 
 
 def _load(args) -> tuple[TransformerConfig, dict]:
@@ -59,6 +63,7 @@ def run(args) -> int:
     for name in ("batch", "src_len", "tgt_len", "max_new"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: expected a positive int, got {getattr(args, name)}")
+    check_threads(args.threads)
     backends = [b for b in args.backends.split(",") if b]
     unknown = [b for b in backends if b not in IMPLEMENTATIONS[1:]]
     if unknown:
@@ -75,7 +80,7 @@ def run(args) -> int:
     adapters, skipped = {"reference": make_adapter("reference", config, weights)}, {}
     for name in backends:
         try:
-            adapters[name] = make_adapter(name, config, weights)
+            adapters[name] = make_adapter(name, config, weights, threads=args.threads)
         except Unavailable as err:
             skipped[name] = str(err)
         else:

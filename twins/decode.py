@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shared.saving import recover
+from shared.threads import check_threads
 
 from . import demo_tasks as tasks
 from .backends import BACKENDS, make_adapter
@@ -38,7 +39,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-len", type=int,
                         help="new tokens at most, EOS included (default: target length + 1; for "
                              "copy inputs, the longest input + 1)")
-    parser.add_argument("--threads", type=int, help="CPU threads of the framework (default: its own)")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="CPU threads of the framework (default: its own, one per core; idle "
+                             "threads sleep, OMP_WAIT_POLICY=PASSIVE, see shared/threads.py)")
 
 
 def load(path: str):
@@ -66,6 +69,7 @@ def run(args) -> int:
         raise ValueError("nothing to decode: give INPUT arguments or --heldout N")
     if args.inputs and args.heldout is not None:
         raise ValueError("give INPUT arguments or --heldout N, not both")
+    check_threads(args.threads)
     if args.beam_size < 1:
         raise ValueError(f"--beam-size: expected an int >= 1, got {args.beam_size}")
     if args.max_len is not None and args.max_len < 1:

@@ -1,0 +1,89 @@
+"""The contenders of `benchmarks/decoding.py`: one greedy decoder each, on the same weights.
+
+A contender is ``decode(src (B, S) NumPy ids, max_len) -> lengths (B,)``, run to completion (host
+results). torch_impl and tf_impl run as users get them (cached; tf_impl compiled, XLA on the cached
+path); CTranslate2 runs the model `shared.exporters.ctranslate2` writes from the same canonical
+weights (`twins convert --to ctranslate2`), float32 and, as a reference point, int8 (weights
+quantised: not the same function, so not a parity contender). Every contender gets the same thread
+count (`shared.threads`).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Callable
+
+import numpy as np
+
+from shared import TransformerConfig
+
+Decode = Callable[[np.ndarray, int], np.ndarray]
+
+
+def torch_contender(config: TransformerConfig, weights: dict, threads: int) -> tuple[str, Decode]:
+    import torch
+
+    import torch_impl
+
+    torch.set_num_threads(threads)
+    model = torch_impl.Transformer(config)
+    model.import_weights(weights)
+    model.eval()
+
+    def decode(src: np.ndarray, max_len: int) -> np.ndarray:
+        return torch_impl.greedy_decode(model, src, max_len).lengths
+
+    return f"torch {torch.__version__}, {torch.get_num_threads()} threads", decode
+
+
+def tf_contender(config: TransformerConfig, weights: dict, threads: int) -> tuple[str, Decode]:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    import tf_impl
+
+    try:  # only before TensorFlow's runtime starts
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:
+        pass
+    tf.get_logger().setLevel("ERROR")  # the retracing notice: a trace per shape is by design here
+    model = tf_impl.Transformer(config)
+    model.import_weights(weights)
+
+    def decode(src: np.ndarray, max_len: int) -> np.ndarray:
+        return tf_impl.greedy_decode(model, src, max_len).lengths
+
+    return (f"tf {tf.__version__}, compiled, XLA, intra-op "
+            f"{tf.config.threading.get_intra_op_parallelism_threads()} threads"), decode
+
+
+def ctranslate2_contender(config: TransformerConfig, weights: dict, threads: int,
+                          compute_type: str) -> tuple[str, Decode]:
+    """CTranslate2's ``Translator`` on this project's export, greedy (``beam_size=1``); raises
+    NotImplementedError when the export is not available in this checkout."""
+    import ctranslate2
+    try:
+        from shared.exporters import ctranslate2 as export
+    except ImportError as err:
+        raise NotImplementedError(f"no CTranslate2 export in this checkout ({err})") from None
+    path = os.path.join(tempfile.mkdtemp(prefix="twins-bench-ct2-"), "model")
+    export.to_ctranslate2(config, weights, path)
+    translator = ctranslate2.Translator(path, device="cpu", compute_type=compute_type,
+                                        intra_threads=threads, inter_threads=1)
+
+    def decode(src: np.ndarray, max_len: int) -> np.ndarray:
+        results = translator.translate_batch(export.source_tokens(config, src), beam_size=1,
+                                             max_decoding_length=max_len, return_end_token=True,
+                                             max_input_length=0)
+        return np.array([len(r.hypotheses[0]) for r in results])
+
+    return f"ctranslate2 {ctranslate2.__version__}, {compute_type}, {threads} threads", decode
+
+
+CONTENDERS = {
+    "torch": torch_contender,
+    "tf": tf_contender,
+    "ct2-float32": lambda c, w, t: ctranslate2_contender(c, w, t, "float32"),
+    "ct2-int8": lambda c, w, t: ctranslate2_contender(c, w, t, "int8"),
+}
