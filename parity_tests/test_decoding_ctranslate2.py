@@ -25,7 +25,7 @@ import pytest
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 torch = pytest.importorskip("torch")
-export = pytest.importorskip("shared.exporters.ctranslate2")
+from shared.exporters import ctranslate2 as export  # noqa: E402
 
 import torch_impl  # noqa: E402
 from parity_tests.decoding_cases import MAX_LEN, config64, sources, weights_for  # noqa: E402
