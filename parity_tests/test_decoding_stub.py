@@ -115,6 +115,21 @@ def test_greedy_never_generates_pad_and_breaks_ties_to_lowest_id(search_backend)
     assert_scores(result.log_probs, [padded(path_log_probs(step, 0, [A, B, EOS]), 4)])
 
 
+@pytest.mark.parametrize("pad", [A, C], ids=["pad-inside", "pad-last"])
+def test_greedy_skips_pad_anywhere_and_breaks_a_tie_across_it_to_the_lower_id(search_backend, pad):
+    """Pad inside the vocabulary or last (token 0, PAD elsewhere, is an ordinary token here): the
+    likeliest token is still never generated, and two tokens tied on either side of it go to the
+    lower id."""
+    others = [tok for tok in (PAD, A, B, C) if tok != pad]
+    low, high = others[0], others[-1]  # low < pad < high, or low < high < pad
+    tables = [{(): {pad: .4, low: .25, high: .25, EOS: .1}, (low,): {pad: .8, high: .15, EOS: .05},
+               (low, high): {EOS: 1.0}}]
+    step = TableStep(tables)
+    result = search_backend.greedy_search(step, 1, 3, BOS, EOS, pad)
+    np.testing.assert_array_equal(result.tokens, [[low, high, EOS]])
+    assert_scores(result.log_probs, [path_log_probs(step, 0, [low, high, EOS])])
+
+
 def test_greedy_max_len_without_eos(search_backend):
     tables = [{(): {A: .9, EOS: .1}, (A,): {B: .8, EOS: .2}, (A, B): {A: .7, EOS: .3}}]
     result, step = run_greedy(search_backend, tables, max_len=3)

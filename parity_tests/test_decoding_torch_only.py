@@ -48,15 +48,19 @@ def test_one_host_sync_per_step(kind, monkeypatch):
     assert reads == ["tolist"] * (1 + steps), reads
 
 
-def test_step_weights_follow_the_parameters():
-    """The cached step's prepared weights (`torch_impl.cache.StepWeights`) are kept between
-    decodes only while no parameter changes: new weights imported, or an in-place update (an
-    optimizer step), give the decode of a fresh model holding those weights."""
-    config = tiny_configs()["tiny-post-standard"].replace(dtype="float64")
+PACKABLE = torch_impl.cache.step_layout(2, torch.device("cpu"), torch.float32) == torch_impl.cache.PACKED
+
+
+@pytest.mark.parametrize("dtype, rows", [("float64", 5), ("float32", 1), ("float32", 5)])
+def test_step_weights_follow_the_parameters(dtype, rows):
+    """The cached step's prepared weights (`torch_impl.cache.StepWeights`, in each layout) are
+    kept between decodes only while no parameter changes: new weights imported, or an in-place
+    update (an optimizer step), give the decode of a fresh model holding those weights."""
+    config = tiny_configs()["tiny-post-standard"].replace(dtype=dtype)
     model = build(config, weights_for(config, 0))
-    src = sources(config, 0)
+    src = sources(config, 0)[:rows]
     first = torch_impl.greedy_decode(model, src, MAX_LEN)
-    assert model._step_weights() is model._step_weights()  # kept while nothing changes
+    assert model._step_weights(rows) is model._step_weights(rows)  # kept while nothing changes
     model.import_weights(weights_for(config, 1))
     np.testing.assert_array_equal(torch_impl.greedy_decode(model, src, MAX_LEN).tokens,
                                   torch_impl.greedy_decode(build(config, weights_for(config, 1)), src,
@@ -68,3 +72,46 @@ def test_step_weights_follow_the_parameters():
     for x, y in zip(torch_impl.beam_search(model, src, MAX_LEN, 2), torch_impl.beam_search(fresh, src, MAX_LEN, 2)):
         np.testing.assert_array_equal(x, y)
     assert not np.array_equal(first.tokens, torch_impl.greedy_decode(model, src, MAX_LEN).tokens)
+
+
+@pytest.mark.skipif(not PACKABLE, reason="this torch build has no oneDNN packed-weight linear")
+def test_step_layouts_by_rows():
+    """One row multiplies ``(in, out)`` kernels (addmm), two or more the oneDNN-packed ones
+    (`torch_impl.cache.step_layout`); float64 and CUDA always the dense ones. Both products are
+    within the worst-case rounding error of a float32 dot product (Higham's ``gamma_n``: ``n * u``
+    times the sum of the terms' magnitudes), not a tuned tolerance."""
+    from torch_impl.cache import DENSE, PACKED, dense, lay_out, step_layout
+    cpu = torch.device("cpu")
+    assert [step_layout(n, cpu, torch.float32) for n in (1, 2, 8, None)] == [DENSE, PACKED, PACKED, DENSE]
+    assert step_layout(8, cpu, torch.float64) == DENSE
+    assert step_layout(8, torch.device("cuda"), torch.float32) == DENSE
+    g = torch.Generator().manual_seed(0)
+    kernel, bias = torch.randn(96, 40, generator=g), torch.randn(40, generator=g)
+    for rows in (1, 3, 8, 33):
+        x = torch.randn(rows, 1, 96, generator=g)
+        exact = (x.double() @ kernel.double() + bias.double()).numpy()
+        magnitude = (x.double().abs() @ kernel.double().abs() + bias.double().abs()).numpy()
+        bound = (96 + 1) * 2.0 ** -24 * magnitude  # 96 products and the bias, float32's u
+        for layout in (DENSE, PACKED):
+            y = dense(x, lay_out(kernel, layout), bias)
+            assert y.shape == (rows, 1, 40) and y.dtype == torch.float32
+            assert (np.abs(y.double().numpy() - exact) <= bound).all(), layout
+
+
+def test_a_model_that_decoded_still_pickles_and_copies():
+    """The prepared weights are a cache outside the model's state: ``torch.save(model)`` and
+    ``copy.deepcopy`` work after a decode (oneDNN's packed tensors alone could not be pickled),
+    and the copy decodes as the original."""
+    import copy
+    import io
+    config = tiny_configs()["tiny-post-standard"]
+    model = build(config, weights_for(config, 0))
+    src = sources(config, 0)
+    before = torch_impl.greedy_decode(model, src, MAX_LEN)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for other in (copy.deepcopy(model), torch.load(buffer, weights_only=False)):
+        assert "_step_cache" not in other.__dict__
+        for x, y in zip(before, torch_impl.greedy_decode(other, src, MAX_LEN)):
+            np.testing.assert_array_equal(x, y)

@@ -30,15 +30,16 @@ import torch
 
 
 class StepWeights(NamedTuple):
-    """One decoder layer's weights laid out for a decoding step: kernels ``(in, out)`` (the
-    canonical layout) and contiguous, the self-attention's query, key and value stacked into one.
+    """One decoder layer's weights laid out for a decoding step: the self-attention's query, key
+    and value stacked into one kernel, and every kernel in the layout of `step_layout` (made by
+    `lay_out`; `dense` multiplies by either).
 
     Why: a step multiplies one row per hypothesis by each kernel, and there the layout decides the
     speed. Measured (torch 2.13 CPU, 1 thread, 2 loaded cores): a (1, 512) row times the 37000 x
     512 output projection took 22 ms with ``nn.Linear``'s ``(out, in)`` weight and 9 ms with the
     ``(in, out)`` copy (``torch.addmm``); 0.50 vs 0.08 ms for a 512 -> 2048 layer. The stacked
     projection makes one product of three. `torch_impl.Transformer` keeps these copies between
-    decodes while its parameters are unchanged (their version counters say so).
+    decodes while its parameters are unchanged (their version counters say so), one set per layout.
     """
     qkv_kernel: torch.Tensor  # (d, 3 * H * d_k): query | key | value
     qkv_bias: torch.Tensor
@@ -54,9 +55,60 @@ class StepWeights(NamedTuple):
     outer_bias: torch.Tensor
 
 
+# -- kernel layouts -------------------------------------------------------------------------------
+# A step's products have as many rows as the search has hypotheses (N = batch * beams), and which
+# CPU kernel is fastest depends on N. Measured (torch 2.13 CPU, 1 thread, quiet 2-core AMD EPYC;
+# `base`'s decoder products and its 37000 x 512 output projection, weights out of cache as in a
+# step, median of 9, 3 interleaved rounds): rows 1: addmm 11.2-11.8 ms, oneDNN packed 13.0-13.8;
+# rows 2: 17.5-18.0 vs 14.3-15.5; rows 4: 23.4-24.9 vs 10.5-10.7; rows 8: 27.3-30.0 vs 13.5-14.5;
+# rows 16: 35-38 vs 18-22. MKL's sgemm repacks the whole weight matrix at every call, which costs
+# more than the product at a few rows; oneDNN's kernel reads weights packed once, ahead of time,
+# for its own blocking. One packing serves every row count (packed for 8 rows: 14.3 ms at rows 2,
+# 16.1 at 8, 31.3 at 32; packed for 64: 13.8, 21.4, 30.1).
+DENSE, PACKED = "dense (in, out)", "packed for oneDNN"
+PACKED_MIN_ROWS = 2  # from this many rows up, packed (above); one row: addmm on (in, out)
+_PACKING_ROWS = 8  # the row count the packing is tuned for (any count runs on it, see above)
+
+
+def step_layout(rows: int | None, device: torch.device, dtype: torch.dtype) -> str:
+    """The kernel layout of a step over ``rows`` rows (`DENSE` or `PACKED`): packed from
+    `PACKED_MIN_ROWS` rows, where oneDNN's packed-weight kernel exists (float32, on the CPU, with a
+    torch that has it); else dense ``(in, out)`` for ``torch.addmm``. ``rows`` None: unknown."""
+    packable = (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+                and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return PACKED if packable and rows is not None and rows >= PACKED_MIN_ROWS else DENSE
+
+
+def lay_out(kernel: torch.Tensor, layout: str) -> torch.Tensor:
+    """An ``(in, out)`` kernel in ``layout``: packed by oneDNN (`PACKED`: an opaque ``is_mkldnn``
+    tensor of shape ``(out, in)`` that only `dense` reads), or (`DENSE`) an ``(in, out)`` tensor
+    whose longer axis is the contiguous one: one row times a widening kernel (in <= out) reads it
+    row by row, a narrowing one (in > out) as dot products along ``in``. Measured (torch 2.13 CPU,
+    1 thread, one row, 12 copies of each kernel in turn, so from memory): 2048 -> 512 took
+    0.43 ms ``(in, out)``-contiguous and 0.31 ms ``(out, in)``; 512 -> 2048 0.20 and 0.47 ms;
+    512 -> 1536 0.19 and 0.35 ms (the 37000-wide output projection: 3.7 and 8.6 ms)."""
+    if layout == PACKED:
+        return torch.ops.mkldnn._reorder_linear_weight(kernel.t().contiguous(), _PACKING_ROWS)
+    if kernel.shape[0] > kernel.shape[1]:  # narrowing: (out, in) in memory, seen as (in, out)
+        return kernel.t().contiguous().t()
+    return kernel.contiguous()
+
+
+def lay_out_weights(weights: "StepWeights", layout: str) -> "StepWeights":
+    """`StepWeights` with every kernel in ``layout`` (`lay_out`); biases as they are."""
+    return StepWeights(*(lay_out(w, layout) if name.endswith("_kernel") else w
+                         for name, w in zip(StepWeights._fields, weights)))
+
+
 def dense(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``x @ kernel + bias`` with an ``(in, out)`` kernel, in one ``addmm``: ``(..., in) -> (..., out)``."""
-    return torch.addmm(bias, x.reshape(-1, x.shape[-1]), kernel).view(*x.shape[:-1], kernel.shape[1])
+    """``x @ kernel + bias`` in one product, with ``kernel`` in either layout of `lay_out`:
+    ``(..., in) -> (..., out)``. Same values to float32 rounding (the summation order differs)."""
+    rows = x.reshape(-1, x.shape[-1])
+    if kernel.is_mkldnn:  # PACKED: (out, in)
+        out = torch.ops.mkldnn._linear_pointwise(rows, kernel, bias, "none", [], "")
+        return out.view(*x.shape[:-1], kernel.shape[0])
+    return torch.addmm(bias, rows, kernel).view(*x.shape[:-1], kernel.shape[1])
 
 
 @dataclass
@@ -95,7 +147,8 @@ class DecoderCache:
             key, and ``src_keep`` zeroes its output after.
         src_keep: ``(N|1, 1|H, 1, 1)`` in the model dtype, 0 for a row with no source key, else 1.
         generator: the output projection as a step reads it, ``(kernel (d, V), bias (V,))``
-            (the tied table transposed, or the generator's own kernel; see `StepWeights`).
+            (the tied table transposed, or the generator's own kernel), the kernel in the
+            layout of the layers' (`step_layout`).
         length: positions already decoded; the next token goes to position ``length`` (and gets
             row ``length`` of the positional table).
     """

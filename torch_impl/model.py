@@ -14,7 +14,7 @@ from shared.decoding import check_max_len
 from shared.masks import padding_id, start_is_pad
 
 from . import weights_io
-from .cache import DecoderCache
+from .cache import DecoderCache, dense, lay_out, lay_out_weights, step_layout
 from .embedding import PositionalEncoding, TokenEmbedding
 from .inputs import _is_integer, check_ids, check_mask, check_same_batch, make_src_mask, make_tgt_mask
 from .layers import Trace, record
@@ -73,6 +73,14 @@ class Transformer(nn.Module):
         self.generator = Generator(config.d_model, config.tgt_vocab,
                                    self.tgt_embed if config.tie_output else None, dtype)
         weights_io.reset_parameters(self)
+
+    def __getstate__(self):
+        """Pickling and copying (``torch.save(model)``, ``copy.deepcopy``) leave out the decoding
+        step's prepared weights (`_step_weights`): a cache, remade when next needed, and oneDNN's
+        packed tensors have no storage to pickle."""
+        state = self.__dict__.copy()
+        state.pop("_step_cache", None)
+        return state
 
     # -- input checks (all before any compute) ----------------------------------------------------
     def _src_mask(self, src: torch.Tensor, src_mask, q_len: int = 1) -> torch.Tensor:
@@ -205,21 +213,27 @@ class Transformer(nn.Module):
                     beams: int) -> DecoderCache:
         """`init_cache` without the checks (the decoders call it)."""
         with torch.no_grad():
-            weights, generator = self._step_weights()
+            weights, generator = self._step_weights(memory.shape[0] * beams)
             return self.decoder.init_cache(memory, src_mask, max_len, beams, weights, generator)
 
-    def _step_weights(self):
+    def _step_weights(self, rows: int):
         """The decoder's `torch_impl.cache.StepWeights` and the generator's ``(kernel (d, V),
-        bias)``, made once and kept while no parameter changes: the key is every parameter's
-        storage and version counter, which any in-place update (an optimizer step,
-        `import_weights`, ``.to()``) changes."""
+        bias)`` for a step over ``rows`` rows, every kernel in that step's layout
+        (`torch_impl.cache.step_layout`). Made once per layout and kept while no parameter
+        changes: the key is every parameter's storage and version counter, which any in-place
+        update (an optimizer step, `import_weights`, ``.to()``) changes. At most two sets are kept
+        (one per layout), each the size of the decoder and generator weights."""
+        generator = self.generator.bias
+        layout = step_layout(rows, generator.device, generator.dtype)
         key = tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in self.parameters())
-        if getattr(self, "_step_cache", (None,))[0] != key:
+        kept = self.__dict__.setdefault("_step_cache", {})
+        if kept.get(layout, (None,))[0] != key:
             with torch.no_grad():
-                table = self.generator._tied[0].table.weight if self.generator._tied else self.generator.kernel.weight
-                generator = (table.t().contiguous(), self.generator.bias.detach())  # (d, V), (V,)
-                self._step_cache = (key, (self.decoder.step_weights(), generator))
-        return self._step_cache[1]
+                g = self.generator
+                table = g._tied[0].table.weight if g._tied else g.kernel.weight  # (V, d)
+                weights = [lay_out_weights(w, layout) for w in self.decoder.step_weights()]
+                kept[layout] = (key, (weights, (lay_out(table.t(), layout), g.bias.detach())))
+        return kept[layout][1]
 
     def decode_step(self, tokens: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
         """Logits for the next position of every row, from its newest token and the cache.
@@ -263,7 +277,7 @@ class Transformer(nn.Module):
         table = self.positional.select(self.tgt_embed.positions)  # fixed or learned (max_len, d)
         x = x + table[t: t + 1]  # inference: no dropout (nor a call of the inactive module)
         hidden, cache = self.decoder.step(x, cache)  # (N, 1, d); cache.length is now t + 1
-        return torch.addmm(cache.generator[1], hidden[:, 0], cache.generator[0]), cache  # (N, V)
+        return dense(hidden[:, 0], *cache.generator), cache  # (N, V)
 
     # -- canonical weights ------------------------------------------------------------------------
     def import_weights(self, weights: Mapping[str, np.ndarray]) -> None:

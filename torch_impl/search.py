@@ -55,10 +55,8 @@ class Hypotheses(NamedTuple):
 
 
 # -- helpers --------------------------------------------------------------------------------------
-def _call_step(step: Step, prefixes: torch.Tensor, t: int, state, read: torch.Tensor, pad_id: int):
-    """Run ``step``; its output must be a ``(rows, V)`` tensor in ``step.dtype``. Returns (logits
-    with unread rows zeroed and pad at -inf, lse (N,), invalid (0-d bool, read at the step's one
-    host read), state)."""
+def _checked_step(step: Step, prefixes: torch.Tensor, t: int, state):
+    """Run ``step``; its output must be a ``(rows, V)`` tensor in ``step.dtype``."""
     out, state = step(prefixes, t, state)
     rows = prefixes.shape[0]
     shape = tuple(out.shape) if isinstance(out, torch.Tensor) else np.shape(out)
@@ -66,11 +64,34 @@ def _call_step(step: Step, prefixes: torch.Tensor, t: int, state, read: torch.Te
         raise ValueError(f"step: expected logits of shape ({rows}, {step.vocab}), got shape {shape}")
     if out.dtype != step.dtype:
         raise TypeError(f"step: expected logits of dtype {str(step.dtype)[6:]}, got {str(out.dtype)[6:]}")
+    return out, state
+
+
+def _call_step(step: Step, prefixes: torch.Tensor, t: int, state, read: torch.Tensor, pad_id: int):
+    """Run ``step`` (`_checked_step`). Returns (logits with unread rows zeroed and pad at -inf, a
+    new tensor; lse (N,); invalid (0-d bool, read at the step's one host read); state)."""
+    out, state = _checked_step(step, prefixes, t, state)
     logits = torch.where(read[:, None], out, 0.0)  # an unread row may hold anything (a new tensor)
     lse = torch.logsumexp(logits, dim=-1)  # pad included: the model's own log-softmax
     invalid = (~torch.isfinite(lse) & read).any()
     logits[:, pad_id] = float("-inf")  # never generated (after lse: it stays in the softmax)
     return logits, lse, invalid, state
+
+
+def _best_but(logits: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's largest logit and its token, pad left out (never generated), ties to the lowest
+    id, without writing or copying the logits: the maxima left and right of pad (``torch.max``
+    returns the first maximal index), the left one unless the right one is larger.
+    Shape: ``(N, V) -> ((N,), (N,) int64)``."""
+    if pad_id == 0:
+        best, tok = logits[:, 1:].max(dim=-1)
+        return best, tok + 1
+    if pad_id == logits.shape[1] - 1:
+        return logits[:, :-1].max(dim=-1)
+    left, left_tok = logits[:, :pad_id].max(dim=-1)
+    right, right_tok = logits[:, pad_id + 1:].max(dim=-1)
+    take_right = right > left
+    return torch.where(take_right, right, left), torch.where(take_right, right_tok + pad_id + 1, left_tok)
 
 
 def _over(invalid: torch.Tensor, over: torch.Tensor, t: int) -> bool:
@@ -110,14 +131,20 @@ def greedy_loop(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, 
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     state = step.initial_state()
     for t in range(max_len):
-        logits, lse, invalid, state = _call_step(step, prefixes, t, state, ~finished, pad_id)  # (B, V)
-        best, tok = logits.max(dim=-1)  # on the logits; torch.max: the first maximal index
+        # Two passes over the (B, V) logits a step, which at batch 8 cost more than the rest of
+        # the loop: log-softmax's normaliser and the best token. An unread (finished) row may
+        # hold anything: its values reach no output (torch.where replaces them below).
+        logits, state = _checked_step(step, prefixes, t, state)  # (B, V)
+        lse = torch.logsumexp(logits, dim=-1)  # pad included: the model's own log-softmax
+        invalid = (~torch.isfinite(lse) & ~finished).any()
+        best, tok = _best_but(logits, pad_id)  # on the logits, pad left out, lowest id on a tie
         prefixes[:, t + 1] = torch.where(finished, pad_id, tok)  # a finished row takes pad, at 0
         log_probs[:, t] = torch.where(finished, 0.0, best - lse)  # the log-prob, afterwards
         lengths += (~finished).long()
         finished |= prefixes[:, t + 1] == eos_id
         if observe is not None:
-            observe(t, torch.sort(logits, dim=-1, descending=True).values[:, :2] - lse[:, None])
+            others = logits.index_fill(1, torch.tensor([pad_id], device=logits.device), float("-inf"))
+            observe(t, others.topk(2, dim=-1).values - lse[:, None])  # values only: no tie order
         if _over(invalid, finished.all(), t):
             break
     return {"tokens": prefixes[:, 1:], "log_probs": log_probs, "lengths": lengths}
