@@ -19,7 +19,8 @@ the machine's speed drifting between runs cannot fake a slope. A backend without
 loop) is timed at max_len 16, 64 and 128 instead, and the marginal cost of the tokens in
 (0,16], (16,64], (64,128] is printed.
 
-Thread policy (`shared.threads`): ``OMP_WAIT_POLICY=PASSIVE`` is set before any framework starts,
+Thread and memory policy (`shared.threads`): ``OMP_WAIT_POLICY=PASSIVE`` and
+``THP_MEM_ALLOC_ENABLE=1`` (torch's large allocations on huge pages) are set before any framework starts,
 and every contender gets ``--threads`` (default 1: on shared cores one thread per decoder is the
 fair and the fast setting; give the core count on a quiet machine).
 
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     weights["generator.bias"] = weights["generator.bias"].copy()
     weights["generator.bias"][config.eos_id] = -1e9  # never chosen: every row decodes max_len tokens
     print(f"threads {args.threads} per contender, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, "
-          f"{available_cores()} cores available")
+          f"THP_MEM_ALLOC_ENABLE={os.environ['THP_MEM_ALLOC_ENABLE']}, {available_cores()} cores available")
     print(f"preset base float32 ({config.n_encoder_layers}+{config.n_decoder_layers} layers, "
           f"vocab {config.tgt_vocab}), greedy, EOS suppressed, sources of {SRC_LEN} tokens with padding; "
           f"lengths {LENGTHS}; repeats {args.repeats} cached / {args.recompute_repeats} recompute "

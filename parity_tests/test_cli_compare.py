@@ -156,22 +156,25 @@ def test_adapters_share_one_interface_and_agree(tmp_path):
             np.testing.assert_array_equal(adapter.beam(src, 4, beam_size=2).tokens, want.tokens)
 
 
-def test_threads_option_and_the_wait_policy(monkeypatch, capsys):
+def test_threads_option_and_the_runtime_policy(monkeypatch, capsys):
     """``--threads N`` sizes each framework's pool (checked first); whatever it is, the command
-    line sets OMP_WAIT_POLICY=PASSIVE before a framework starts, unless the user chose one."""
+    line sets OMP_WAIT_POLICY=PASSIVE and THP_MEM_ALLOC_ENABLE=1 before a framework starts,
+    unless the user chose otherwise."""
     import os
     import torch
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
     threads = torch.get_num_threads()
     try:
         assert main(ARGS + ["--backends", "torch", "--threads", "1"]) == 0
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
-    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert (os.environ["OMP_WAIT_POLICY"], os.environ["THP_MEM_ALLOC_ENABLE"]) == ("PASSIVE", "1")
     assert main(ARGS + ["--threads", "0"]) == 2
     assert "twins compare: error: --threads: expected an int >= 1, got 0" in capsys.readouterr().err
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
     assert main(ARGS + ["--backends", "torch", "--threads", "1"]) == 0
-    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert (os.environ["OMP_WAIT_POLICY"], os.environ["THP_MEM_ALLOC_ENABLE"]) == ("ACTIVE", "0")
     torch.set_num_threads(threads)

@@ -10,10 +10,9 @@ log lines, which are hidden otherwise).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from shared.threads import WAIT_POLICY
+from shared.threads import set_runtime_policy
 
 from . import compare, convert, decode, figures, train
 
@@ -63,8 +62,9 @@ def describe(err: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Before any framework is imported: idle OpenMP threads sleep (shared.threads explains why).
-    os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
+    # Before any framework is imported: idle OpenMP threads sleep, torch's large allocations take
+    # huge pages (shared.threads explains why).
+    set_runtime_policy()
     args = build_parser().parse_args(argv)  # usage errors: argparse exits 2, "twins <cmd>: error:"
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `twins train --workers` relaunches it
     args.verbose = getattr(args, "verbose", False)
