@@ -17,9 +17,11 @@ framework starts.
   huge pages (``madvise``) for allocations of 2 MB and more. A decoding step streams every weight
   once (about 165 MB for ``base``), and with 4 KB pages the walk through the page tables is a
   large part of that: measured (base, greedy, 64 tokens, batch 1, 1 thread, quiet 2-core AMD EPYC,
-  the kernel's THP mode ``madvise``, two interleaved pairs of runs) 11.9-12.7 ms a step with the
-  variable against 13.5-15.8 without; at batch 8 23.3-25.1 against 24.2-25.6 (products there are
-  bound by arithmetic more than by memory). torch reads it once, at its first allocation.
+  the kernel's THP mode ``madvise``, interleaved pairs of runs, 3 decodes each) 11.9-12.7 ms a step
+  with the variable against 13.5-15.8 without in two pairs, 11.6-13.5 against 12.1-13.3 in three
+  later ones (a gain of 4 to 12%, the size of this machine's run-to-run noise); at batch 8
+  23.3-25.1 against 24.2-25.6 (products there are bound by arithmetic more than by memory).
+  torch reads it once, at its first allocation.
   Library users who import torch_impl themselves can set it the same way.
 
 Framework-free: environment variables and a count only.
