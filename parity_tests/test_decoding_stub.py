@@ -14,7 +14,7 @@ from parity_tests.decoding_backends import (NATIVE_SEARCH_BACKENDS, SEARCH_BACKE
                                             SearchBackend, search_backend)
 from shared import decoding as D
 from shared.decoding import StatelessStep, length_penalty, stateless_step
-from shared.tolerances import FLOAT64, assert_close
+from shared.tolerances import SEARCH_FLOAT64, assert_close
 
 PAD, BOS, EOS, A, B, C = range(6)
 V = 6
@@ -77,8 +77,8 @@ def run_beam(backend: SearchBackend, tables, max_len, beam_size, alpha=0.0, defa
 
 def assert_scores(got, want) -> None:
     """Scores and log-probs: each implementation takes the log-softmax with its own exp and log,
-    so they agree with the hand-derived values (NumPy's) to rounding, the float64 bound."""
-    assert_close(got, np.asarray(want, dtype=float), FLOAT64, "scores")
+    so they agree with the hand-derived values (NumPy's) to a few ulps (SEARCH_FLOAT64)."""
+    assert_close(got, np.asarray(want, dtype=float), SEARCH_FLOAT64, "scores")
 
 
 def padded(tokens, max_len):
@@ -519,10 +519,10 @@ def test_every_search_backend_runs_this_suite():
 # -- every backend's loops against the spec, on random and on markov tables -----------------------
 def assert_same_result(got, want, where: str) -> None:
     """Identical tokens and lengths; scores equal to rounding (each implementation's own exp and
-    log in the log-softmax, TF's pow in the length penalty): the float64 bound."""
+    log in the log-softmax, TF's pow in the length penalty): a few ulps (SEARCH_FLOAT64)."""
     for name, x, y in zip(type(want)._fields, got, want):
         if "scores" in name or name == "log_probs":
-            assert_close(x, y, FLOAT64, f"{name} {where}")
+            assert_close(x, y, SEARCH_FLOAT64, f"{name} {where}")
         else:
             np.testing.assert_array_equal(x, y, err_msg=f"{name} {where}")
 

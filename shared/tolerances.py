@@ -50,6 +50,15 @@ FLOAT64 = Bound(rtol=1e-12, reason="float64 op-order differences only; docs/desi
 # extra padding): identical maths, differing only in reduction lengths, so a few ulps.
 SELF_FLOAT64 = Bound(rtol=1e-13, reason="same NumPy float64 maths, reductions of different length")
 
+# A search over fixed float64 tables (parity_tests/test_decoding_stub.py): the implementations add
+# the same log-probs in the same order, each log-softmax taken with its own exp and log
+# (torch.logsumexp, tf.reduce_logsumexp, NumPy's), so scores part by a few ulps, not by op order
+# through a network. Measured max 6.7e-16 of the scale (random prefix tables, seeds 0-3, K 1-5,
+# alpha 0-1, torch and TF eager vs the spec). Before selection moved onto the logits (issue 14)
+# the torch loop was bit-exact at alpha 0; now the chosen log-prob is logit - logsumexp.
+SEARCH_FLOAT64 = Bound(rtol=2e-15, reason="float64 search on fixed tables: one logsumexp per step in "
+                                          "each framework's own exp/log; measured 6.7e-16 of the scale")
+
 # Keyed by (dtype, pair). A pair names what is compared: "torch:reference" (torch_impl vs the
 # float64 oracle), "tf:reference", "torch:tf". Each float32 entry is measured; see its reason.
 BOUNDS: dict[tuple[str, str], Bound] = {
