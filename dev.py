@@ -64,11 +64,13 @@ def setup() -> None:
 
 
 def _workers(args: list[str]) -> list[str]:
-    """``-n N`` for pytest-xdist: one worker per core (at most 4: each holds both frameworks, about
-    1 GB), unless the caller chose (``-n``, ``--numprocesses``, ``-p no:xdist``) or runs one core."""
+    """``-n N --dist loadgroup`` for pytest-xdist: one worker per core (at most 4: each holds both
+    frameworks, about 1 GB), unless the caller chose (``-n``, ``--numprocesses``, ``-p no:xdist``)
+    or runs one core. ``loadgroup``: tests share out one at a time, except those marked
+    ``xdist_group``, which run on one worker together (an expensive module fixture is built once)."""
     chosen = any(a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in args)
     cores = min(os.cpu_count() or 1, 4)
-    return [] if chosen or cores < 2 else ["-n", str(cores)]
+    return [] if chosen or cores < 2 else ["-n", str(cores), "--dist", "loadgroup"]
 
 
 def main(argv: list[str]) -> int:
