@@ -102,6 +102,7 @@ def main(backend: str, out: str) -> None:
         from tf_impl import distributed
     seen = bad_input(parallel, distributed, parallel.rank)
     (out_dir / f"{backend}-errors-{parallel.rank}.json").write_text(json.dumps(seen))
+    del parallel  # before close: its DDP wrapper is freed there, not during interpreter shutdown
     distributed.close()
 
 

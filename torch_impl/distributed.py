@@ -22,6 +22,7 @@ process group), so a worker that died or went astray never leaves the others han
 """
 from __future__ import annotations
 
+import gc
 import os
 from datetime import timedelta
 from typing import Mapping
@@ -100,7 +101,14 @@ def broadcast(value: float) -> float:
 
 
 def close() -> None:
-    """Leave the process group (every worker, at the end)."""
+    """Leave the process group (every worker, at the end; drop your `DataParallel` first).
+
+    A DDP wrapper sits in a reference cycle, so it outlives its last reference until a garbage
+    collection; collected during interpreter shutdown, its reducer (which holds the group and the
+    Python communication hook) can abort the process ("terminate called without an active
+    exception", seen once in CI). Collecting here frees it while the interpreter is whole.
+    """
+    gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
 
