@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -126,26 +127,51 @@ def test_a_live_process_staging_folder_is_never_removed(tmp_path):
 
 
 # -- twins train: a killed save never restarts the run ------------------------------------------
+# Each case kills one real `python -m twins train` process at a real step of its save, and that is
+# the only fresh interpreter it starts: one costs 2 to 3 s of CPU, nearly all of it importing torch
+# and torch._dynamo (which torch.optim loads for its first optimizer), against 0.1 s of training.
+# The run it continues (2 steps, saved) is trained once for the module and copied into each case;
+# the resume after the kill runs in this process through `twins.cli.main`, the code `python -m
+# twins` runs (docs/design.md, "Tests": SIGKILLs in subprocesses, the rest in-process).
+TRAIN = ["train", "--task", "copy", "--backend", "torch", "--checkpoint", "RUN", "--batch", "8",
+         "--heldout", "2", "--eval-every", "0", "--no-progress"]
+
+
+def _args(run: Path, steps: int) -> list[str]:
+    args = [str(run) if a == "RUN" else a for a in TRAIN]
+    return [*args, "--steps", str(steps)]
+
+
 def _train(run: Path, steps: int, **env) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "twins", "train", "--task", "copy", "--backend", "torch",
-         "--steps", str(steps), "--checkpoint", str(run), "--batch", "8", "--heldout", "2",
-         "--eval-every", "0", "--no-progress"],
-        env=_env(**env), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "twins", *_args(run, steps)], env=_env(**env),
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """A `twins train` run directory saved at step 2, for each case to copy."""
+    from twins.cli import main
+    run = tmp_path_factory.mktemp("trained") / "run"
+    assert main(_args(run, 2)) == 0
+    assert json.loads((run / "train_log.json").read_text())["step"] == 2
+    return run
 
 
 @pytest.mark.parametrize("step, protocol, resumed_at", [
     ("staged", "exchange", 2), ("swapped", "exchange", 4), ("moved-old", "marker", 4)])
-def test_twins_train_killed_while_saving_resumes_from_the_right_step(tmp_path, step, protocol,
-                                                                     resumed_at):
+def test_twins_train_killed_while_saving_resumes_from_the_right_step(tmp_path, trained_run, capsys,
+                                                                     step, protocol, resumed_at):
+    from twins.cli import main
     run = tmp_path / "run"
-    assert _train(run, 2).returncode == 0
+    shutil.copytree(trained_run, run)
     extra = {"TWINS_FAULT_AT": step, **({"TWINS_NO_EXCHANGE": "1"} if protocol == "marker" else {})}
     killed = _train(run, 2, **extra)
     assert killed.returncode == -9, killed.stderr
-    resumed = _train(run, 1)
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"resuming at step {resumed_at}," in resumed.stdout
+    assert "resuming at step 2, " in killed.stdout and "steps 3..4;" in killed.stdout  # it trained
+    capsys.readouterr()
+    assert main(_args(run, 1)) == 0  # the resume
+    resumed = capsys.readouterr()
+    assert f"resuming at step {resumed_at}," in resumed.out, resumed.err
     log = json.loads((run / "train_log.json").read_text())
     assert log["step"] == resumed_at + 1 and log["history"]["step"][-1] == resumed_at + 1
     assert _temporaries(run) == []
