@@ -3,8 +3,9 @@ applies (`parity_tests.decoding_backends`: ``torch``, ``torch-cuda`` where prese
 ``tf-function``, ``tf-xla``): the key/value cache against full recomputation, parity with the
 float64 oracle (greedy and beam, cached and recompute), float32 tokens with near-ties reported,
 TF vs torch, all-padding sources, masks and bad input. Behaviour one framework alone has is in
-test_decoding_torch_only.py and test_decoding_tf_only.py; the search loops alone, on fixed tables,
-in test_decoding_stub.py.
+test_decoding_torch_only.py and test_decoding_tf_only.py, except TF's modes against each other,
+which compare the very loops the contract cases compile and so run here, beside them (see that
+section); the search loops alone, on fixed tables, in test_decoding_stub.py.
 
 A test takes the ``model_backend`` fixture when it holds for every backend; where a check was
 measured on chosen cases per backend (a TF trace costs about a second, XLA several), its cases are
@@ -327,6 +328,44 @@ def test_tf_and_torch_decode_the_same_tokens(name):
     divergences = float32_divergences(name, seed, greedy("torch", name, "float32", seed),
                                       greedy("tf-function", name, "float32", seed))
     assert not unexplained(divergences), "float32 torch vs tf: " + report(divergences)
+
+
+# -- TF only: its modes against each other ---------------------------------------------------------
+# TF-only behaviour, kept here rather than in test_decoding_tf_only.py because it compares exactly
+# the decodes the contract cases above memoise (`decoding_cases.greedy` / `.beams`: tf-function and
+# XLA, cached, on the float64 tiny-post-standard seed 0 and float32 tiny-pre-annotated seed 1 cases).
+# Under `--dist loadfile` a module runs on one worker, which has not necessarily run this one, so
+# from another module these would trace and XLA-compile those loops a second time: measured 11 s
+# there (most of test_decoding_tf_only.py's time in the full suite), 3 s here (the float32 XLA
+# beam loop alone is new).
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_compiled_and_eager_give_the_same_tokens(dtype):
+    """Eager, tf.function and XLA: identical tokens and lengths, scores equal to rounding. Not bit
+    for bit: in a tf.function TF's graph optimizer (grappler's constant folding) rewrites divisions
+    by constants (the layer norm's, the length penalty's) into multiplications by the rounded
+    reciprocal, as it does for the model's plain forward pass; XLA compiles its own kernels."""
+    pytest.importorskip("tensorflow")
+    name, seed = ("tiny-post-standard", 0) if dtype == "float64" else ("tiny-pre-annotated", 1)
+    tol = bound_for(dtype, "tf:reference")
+    eager_greedy, eager_beams = greedy("tf-eager", name, dtype, seed), beams("tf-eager", name, dtype, seed)
+    for mode in ("tf-function", "tf-xla"):
+        where = f"{mode} vs eager, {dtype}"
+        assert_same_greedy(greedy(mode, name, dtype, seed), eager_greedy, tol, where)
+        assert_same_beams(beams(mode, name, dtype, seed), eager_beams, tol, where)
+
+
+@pytest.mark.parametrize("use_cache, name", [(True, "tiny-post-standard"), (False, "tiny-pre-annotated")])
+def test_default_is_the_measured_mode(use_cache, name):
+    """compiled=True by default, with XLA where it was measured to help (decoding.JIT_COMPILE)."""
+    pytest.importorskip("tensorflow")
+    import tf_impl
+    from tf_impl import decoding
+
+    model = model_for("tf-eager", name, "float64", 0)
+    mode = "tf-xla" if decoding.JIT_COMPILE[use_cache] else "tf-function"
+    for x, y in zip(tf_impl.greedy_decode(model, sources(config64(name), 0), MAX_LEN, use_cache=use_cache),
+                    greedy(mode, name, "float64", 0, use_cache)):
+        np.testing.assert_array_equal(x, y)
 
 
 # -- all-padding sources, masks and inputs --------------------------------------------------------
