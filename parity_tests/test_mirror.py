@@ -37,8 +37,8 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
                                   "unpickler on torch's load path; h5py needs no such guard",
         "checkpoints:read_foreign_state_dict": "the importers read state dicts of other PyTorch models "
                                                "(nn.Transformer, the Annotated Transformer)",
-        "cache:step_layout": "eager torch picks a CPU kernel per product (addmm on (in, out) for one "
-                             "row, oneDNN's packed weights from two); XLA compiles the step's "
+        "cache:step_layout": "eager torch picks a kernel layout per product (oneDNN's packed weights "
+                             "for float32 on the CPU, addmm on (in, out) elsewhere); XLA compiles the step's "
                              "products itself, so tf_impl only transposes its generator by row count",
         "cache:lay_out": "a kernel in step_layout's layout",
         "cache:lay_out_weights": "every kernel of a StepWeights in step_layout's layout",

@@ -56,24 +56,27 @@ class StepWeights(NamedTuple):
 
 
 # -- kernel layouts -------------------------------------------------------------------------------
-# A step's products have as many rows as the search has hypotheses (N = batch * beams), and which
-# CPU kernel is fastest depends on N. Measured (torch 2.13 CPU, 1 thread, quiet 2-core AMD EPYC;
-# `base`'s decoder products and its 37000 x 512 output projection, weights out of cache as in a
-# step, median of 9, 3 interleaved rounds): rows 1: addmm 11.2-11.8 ms, oneDNN packed 13.0-13.8;
-# rows 2: 17.5-18.0 vs 14.3-15.5; rows 4: 23.4-24.9 vs 10.5-10.7; rows 8: 27.3-30.0 vs 13.5-14.5;
-# rows 16: 35-38 vs 18-22. MKL's sgemm repacks the whole weight matrix at every call, which costs
-# more than the product at a few rows; oneDNN's kernel reads weights packed once, ahead of time,
-# for its own blocking. One packing serves every row count (packed for 8 rows: 14.3 ms at rows 2,
-# 16.1 at 8, 31.3 at 32; packed for 64: 13.8, 21.4, 30.1).
+# A step's products have as many rows as the search has hypotheses (N = batch * beams). MKL's sgemm
+# repacks the whole weight matrix at every call, which costs more than the product at a few rows;
+# oneDNN's kernel reads weights packed once, ahead of time, for its own blocking, and one packing
+# (for 8 rows) serves every row count. `python3 dev.py bench step_layouts` times both on `base`'s
+# step products (its 36 decoder kernels and the 37000 x 512 output projection, 164 MB, from memory
+# as in a step; torch 2.13 CPU, 1 thread, quiet 2-core AMD EPYC with AVX-512, median of 5
+# interleaved rounds): dense / packed ms at rows 1: 7.03 / 4.90; 2: 12.1 / 5.3; 4: 13.9 / 5.8; 8:
+# 17.4 / 7.3; 16: 23.3 / 9.7. The whole greedy step of base at batch 1 took 8.8-8.9 ms dense and
+# 6.8-7.1 packed. An earlier machine (AMD EPYC, where CTranslate2 took 9 ms a step against 6.5
+# here) measured the other way at 1 row (addmm 11.2-11.8 ms, packed 13.0-13.8) and the same from
+# 2 rows up; `PACKED_MIN_ROWS` is the one setting to change where a machine says otherwise.
 DENSE, PACKED = "dense (in, out)", "packed for oneDNN"
-PACKED_MIN_ROWS = 2  # from this many rows up, packed (above); one row: addmm on (in, out)
+PACKED_MIN_ROWS = 1  # from this many rows up, packed (above); fewer: addmm on (in, out)
 _PACKING_ROWS = 8  # the row count the packing is tuned for (any count runs on it, see above)
 
 
 def step_layout(rows: int | None, device: torch.device, dtype: torch.dtype) -> str:
     """The kernel layout of a step over ``rows`` rows (`DENSE` or `PACKED`): packed from
-    `PACKED_MIN_ROWS` rows, where oneDNN's packed-weight kernel exists (float32, on the CPU, with a
-    torch that has it); else dense ``(in, out)`` for ``torch.addmm``. ``rows`` None: unknown."""
+    `PACKED_MIN_ROWS` rows (every row count), where oneDNN's packed-weight kernel exists (float32,
+    on the CPU, with a torch that has it); else (float64, bfloat16, CUDA, ``rows`` None: unknown)
+    dense ``(in, out)`` for ``torch.addmm``."""
     packable = (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
                 and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
                 and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
