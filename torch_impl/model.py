@@ -228,7 +228,11 @@ class Transformer(nn.Module):
         key = tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in self.parameters())
         kept = self.__dict__.setdefault("_step_cache", {})
         if kept.get(layout, (None,))[0] != key:
-            with torch.no_grad():
+            # Ordinary tensors even when a decode (under torch.inference_mode) asks first: they
+            # outlive it, and a later decode_step outside inference mode (float64: addmm, which
+            # saves its kernel for backward when the input records gradients) could not use an
+            # inference tensor.
+            with torch.inference_mode(False), torch.no_grad():
                 g = self.generator
                 table = g._tied[0].table.weight if g._tied else g.kernel.weight  # (V, d)
                 weights = [lay_out_weights(w, layout) for w in self.decoder.step_weights()]
