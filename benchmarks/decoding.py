@@ -54,13 +54,14 @@ Measured again on a later machine (quiet 2-core AMD EPYC with AVX-512, CTranslat
     torch_impl                            batch 1       batch 8
     packed from 2 rows (addmm at 1 row)   1.42 / 1.34   -
     packed from 1 row (PACKED_MIN_ROWS 1) 1.10 / 1.06   0.73 / 0.71
+    + torch.inference_mode                1.02 / 1.05   0.72 / 0.66
     tf_impl (same run)                    0.78 / 0.75   0.92 / 0.92
     CTranslate2 int8                      0.63 / 0.64   0.37 / 0.39
 
 There, at 1 row, oneDNN's packed products read `base`'s 164 MB of kernels at about 33 GB/s against
 MKL addmm's 23 (`python3 dev.py bench step_layouts`); what is left of a torch step beyond its
 products is about 0.8 ms (Python, attention over the cache, layer norms, the two passes over the
-logits). Part ``cache``, torch (``--parts cache --backends torch``): cached 6.6x faster than
+logits; under ``torch.no_grad``, before inference mode). Part ``cache``, torch (``--parts cache --backends torch``): cached 6.6x faster than
 recompute at 128 tokens at batch 1 and 21.7x at batch 8; cached per-token time at 128 / at 16
 tokens 1.00 and 1.10.
 
