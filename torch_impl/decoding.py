@@ -40,8 +40,8 @@ def _inference(model: Transformer):
     tensors a decode makes (its caches, logits and prefixes, none of which outlives it), which a
     step's hundred-odd small ops pay for. Measured (base, float32, greedy, 128 tokens, 1 thread,
     5 interleaved runs): 6.35-6.53 ms a step against 6.57-6.71 at batch 1, 11.30-12.08 against
-    11.75-12.00 at batch 8. The weights a decode
-    prepares and the model keeps are made outside it (`Transformer._step_weights`)."""
+    11.75-12.00 at batch 8. The weights a decode prepares and the model keeps are made outside
+    it (`Transformer._step_weights`)."""
     was_training = model.training
     model.eval()
     try:
