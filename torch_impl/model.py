@@ -255,6 +255,12 @@ class Transformer(nn.Module):
             ``(logits (N, tgt_vocab), cache)``, ``length`` advanced by one. The cache is updated in
             place and returned, so that code written as ``logits, cache = model.decode_step(tokens,
             cache)`` also fits tf_impl, whose tensors are immutable.
+
+        For inference: run it under ``torch.no_grad()`` or ``torch.inference_mode()``. Gradients
+        through it are not supported: its weights are detached copies, float32 CPU products go
+        through oneDNN's packed kernels (no autograd formula: torch warns and passes no gradient
+        on), and the key/value buffers are written in place, so a backward through two steps
+        raises.
         """
         if not isinstance(cache, DecoderCache):
             raise TypeError(f"cache: expected a torch_impl.cache.DecoderCache from init_cache, "
