@@ -57,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{torch.backends.cpu.get_cpu_capability()}; {len(kernels)} products, {megabytes:.0f} MB "
           f"of kernels a step; {args.rounds} rounds of {args.repeats} steps")
     print(" rows   dense ms (range)        packed ms (range)       packed/dense   step_layout picks")
+    laid = {layout: [(lay_out(k, layout), b) for k, b in kernels] for layout in (DENSE, PACKED)}
     for rows in args.rows:
-        laid = {layout: [(lay_out(k, layout), b) for k, b in kernels] for layout in (DENSE, PACKED)}
-        xs = {n: torch.randn(rows, n, generator=g) for n in {i for i, _ in shapes} | {d}}
+        xs = {n: torch.randn(rows, n, generator=g) for n in {i for i, _ in shapes}}
 
         def step(layout: str) -> None:
             for kernel, bias in laid[layout]:

@@ -133,13 +133,10 @@ def test_a_live_process_staging_folder_is_never_removed(tmp_path):
 # The run it continues (2 steps, saved) is trained once for the module and copied into each case;
 # the resume after the kill runs in this process through `twins.cli.main`, the code `python -m
 # twins` runs (docs/design.md, "Tests": SIGKILLs in subprocesses, the rest in-process).
-TRAIN = ["train", "--task", "copy", "--backend", "torch", "--checkpoint", "RUN", "--batch", "8",
-         "--heldout", "2", "--eval-every", "0", "--no-progress"]
-
-
 def _args(run: Path, steps: int) -> list[str]:
-    args = [str(run) if a == "RUN" else a for a in TRAIN]
-    return [*args, "--steps", str(steps)]
+    """`twins train` on the copy task for ``steps`` steps, saving to (or resuming) ``run``."""
+    return ["train", "--task", "copy", "--backend", "torch", "--steps", str(steps), "--checkpoint",
+            str(run), "--batch", "8", "--heldout", "2", "--eval-every", "0", "--no-progress"]
 
 
 def _train(run: Path, steps: int, **env) -> subprocess.CompletedProcess:
