@@ -10,11 +10,18 @@ per round), so a machine whose speed drifts slows every layout alike. Printed: t
 step's products over the rounds, their range, and the ratio packed / dense; which layout
 `step_layout` picks for that row count.
 
-    python3 dev.py bench step_layouts [--rows 1 2 4 8 16] [--rounds 5] [--repeats 20] [--threads 1]
+Then the same for the products of a decode's one encoder pass over ``--encoder-rows`` rows (``batch
+* source length``: 32 and 256 are batch 1 and 8 of the decoding benchmark's 32-token sources): every
+encoder layer's kernels as ``nn.Linear`` runs them (``F.linear`` on the ``(out, in)`` weight: what
+the model's forward and, where nothing is packed, a decode run; query, key and value apart) against
+`torch_impl.cache.EncoderWeights` packed (`Encoder.infer`: query, key and value in one product).
+
+    python3 dev.py bench step_layouts [--rows 1 2 4 8 16] [--encoder-rows 32 256] [--rounds 5]
+                                      [--repeats 20] [--threads 1]
 
 Measured (quiet 2-core AMD EPYC with AVX-512, torch 2.13 CPU, 1 thread, OMP_WAIT_POLICY=PASSIVE,
 THP_MEM_ALLOC_ENABLE=1, 5 rounds of 20): see the figures in `torch_impl/cache.py`'s comment above
-`PACKED_MIN_ROWS`, which this script reproduces.
+`PACKED_MIN_ROWS`, and in `EncoderWeights`' docstring, which this script reproduces.
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ from shared.threads import apply_thread_policy  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--encoder-rows", nargs="+", type=int, default=[32, 256])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--repeats", type=int, default=20, help="timed steps per layout and round")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
@@ -58,28 +66,57 @@ def main(argv: list[str] | None = None) -> int:
           f"of kernels a step; {args.rounds} rounds of {args.repeats} steps")
     print(" rows   dense ms (range)        packed ms (range)       packed/dense   step_layout picks")
     laid = {layout: [(lay_out(k, layout), b) for k, b in kernels] for layout in (DENSE, PACKED)}
-    for rows in args.rows:
-        xs = {n: torch.randn(rows, n, generator=g) for n in {i for i, _ in shapes}}
 
-        def step(layout: str) -> None:
-            for kernel, bias in laid[layout]:
+    def products(layers: list[tuple[torch.Tensor, torch.Tensor]], xs: dict, linear: bool) -> None:
+        for kernel, bias in layers:
+            if linear:  # nn.Linear: F.linear on the (out, in) weight
+                torch.nn.functional.linear(xs[kernel.shape[1]], kernel, bias)
+            else:
                 width = kernel.shape[1] if kernel.is_mkldnn else kernel.shape[0]  # packed: (out, in)
                 dense(xs[width], kernel, bias)
 
-        for layout in laid:
-            step(layout)  # first-call allocations
-        ms = {layout: [] for layout in laid}
+    def compare(rows: int, contenders: dict) -> tuple[dict, dict]:
+        """Median ms and every round's ms of each contender's products."""
+        xs = {n: torch.randn(rows, n, generator=g) for n in (d, inner, ff)}
+        for layers, linear in contenders.values():
+            products(layers, xs, linear)  # first-call allocations
+        ms = {name: [] for name in contenders}
         for _ in range(args.rounds):
-            for layout in laid:
+            for name, (layers, linear) in contenders.items():
                 start = time.perf_counter()
                 for _ in range(args.repeats):
-                    step(layout)
-                ms[layout].append((time.perf_counter() - start) / args.repeats * 1e3)
-        med = {layout: statistics.median(v) for layout, v in ms.items()}
-        cells = [f"{med[lay]:7.2f} ({min(ms[lay]):.2f}-{max(ms[lay]):.2f})" for lay in (DENSE, PACKED)]
-        picks = step_layout(rows, torch.device("cpu"), torch.float32)
-        print(f"{rows:5d}   {cells[0]:22s}  {cells[1]:22s}  {med[PACKED] / med[DENSE]:6.2f}x        {picks}",
-              flush=True)
+                    products(layers, xs, linear)
+                ms[name].append((time.perf_counter() - start) / args.repeats * 1e3)
+        return {name: statistics.median(v) for name, v in ms.items()}, ms
+
+    def row(rows: int, med: dict, ms: dict, a: str, b: str, note: str = "") -> None:
+        cells = [f"{med[n]:7.2f} ({min(ms[n]):.2f}-{max(ms[n]):.2f})" for n in (a, b)]
+        print(f"{rows:5d}   {cells[0]:22s}  {cells[1]:22s}  {med[b] / med[a]:6.2f}x        {note}", flush=True)
+
+    for rows in args.rows:
+        med, ms = compare(rows, {layout: (laid[layout], False) for layout in (DENSE, PACKED)})
+        row(rows, med, ms, DENSE, PACKED, step_layout(rows, torch.device("cpu"), torch.float32))
+
+    # The encoder pass: (q, k, v, output, inner, outer) per layer as nn.Linear holds them, against
+    # EncoderWeights packed (q|k|v, output, inner, outer).
+    encoder = [(torch.randn(o, i, generator=g) * i ** -0.5, torch.randn(o, generator=g))
+               for _ in range(config.n_encoder_layers)
+               for i, o in [(d, inner), (d, inner), (d, inner), (inner, d), (d, ff), (ff, d)]]
+    packed = []
+    for layer in range(config.n_encoder_layers):
+        q, k, v, out, ffn_in, ffn_out = encoder[6 * layer: 6 * layer + 6]
+        qkv = (torch.cat([q[0], k[0], v[0]]).t(), torch.cat([q[1], k[1], v[1]]))
+        packed += [(lay_out(w.t() if n else w, PACKED), b) for n, (w, b) in
+                   enumerate([qkv, out, ffn_in, ffn_out])]  # lay_out takes (in, out)
+    megabytes = sum(w.numel() for w, _ in encoder) * 4 / 1e6
+    print(f"encoder pass: {len(encoder)} nn.Linear products against {len(packed)} packed, "
+          f"{megabytes:.0f} MB of kernels")
+    print(" rows   nn.Linear ms (range)    packed ms (range)       packed/linear")
+    for rows in args.encoder_rows:
+        med, ms = compare(rows, {"linear": (encoder, True), "packed": (packed, False)})
+        flops = 2 * rows * megabytes / 4 * 1e6
+        row(rows, med, ms, "linear", "packed", f"{flops / med['linear'] / 1e6:.0f} vs "
+            f"{flops / med['packed'] / 1e6:.0f} GFLOP/s")
     return 0
 
 

@@ -8,7 +8,10 @@ torch = pytest.importorskip("torch")
 
 import torch_impl  # noqa: E402
 from parity_tests.decoding_cases import MAX_LEN, model_for, sources, tiny_configs, weights_for  # noqa: E402
+from parity_tests.matrix import VARIANTS  # noqa: E402
 from parity_tests.torch_support import build  # noqa: E402
+from shared import reference as R  # noqa: E402
+from shared.tolerances import assert_close, bound_for  # noqa: E402
 
 
 def test_decoding_uses_eval_mode_and_restores_train_mode():
@@ -99,6 +102,27 @@ def test_step_layouts_by_rows():
             assert (np.abs(y.double().numpy() - exact) <= bound).all(), layout
 
 
+@pytest.mark.skipif(not PACKABLE, reason="this torch build has no oneDNN packed-weight linear")
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_encoder_pass_of_a_decode_matches_the_oracle(variant):
+    """A float32 decode on the CPU encodes its source on oneDNN-packed kernels, query, key and value
+    from one product (`Transformer._encode_for_decoding`, `torch_impl.stacks.Encoder.infer`): its
+    memory agrees with the float64 oracle's within the bound `encode` meets (``float32
+    torch:reference``), a padded row and an all-padding row included; the packed kernels are made
+    once and kept."""
+    config = VARIANTS[variant].replace(dtype="float32")
+    weights = weights_for(config, 0)
+    model = build(config, weights)
+    src = sources(config, 0)  # rows of 7, 5, 2, 1 and 0 tokens
+    want = R.encode({name: w.astype(np.float64) for name, w in weights.items()},
+                    config.replace(dtype="float64"), src)
+    src_t = torch.from_numpy(src)
+    with torch.inference_mode():
+        memory = model._encode_for_decoding(src_t, model._src_mask(src_t, None))
+    assert memory.dtype == torch.float32 and model._encoder_weights() is model._encoder_weights()
+    assert_close(memory.numpy(), want, bound_for("float32", "torch:reference"), f"{variant} memory")
+
+
 def test_a_model_that_decoded_still_pickles_and_copies():
     """The prepared weights are a cache outside the model's state: ``torch.save(model)`` and
     ``copy.deepcopy`` work after a decode (oneDNN's packed tensors alone could not be pickled),
@@ -113,6 +137,6 @@ def test_a_model_that_decoded_still_pickles_and_copies():
     torch.save(model, buffer)
     buffer.seek(0)
     for other in (copy.deepcopy(model), torch.load(buffer, weights_only=False)):
-        assert "_step_cache" not in other.__dict__
+        assert "_prepared_weights" not in other.__dict__
         for x, y in zip(before, torch_impl.greedy_decode(other, src, MAX_LEN)):
             np.testing.assert_array_equal(x, y)

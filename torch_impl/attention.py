@@ -143,6 +143,20 @@ class MultiHeadAttention(nn.Module):
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * keep
         return dense(context.view(n, 1, self.n_heads * self.d_k), *output)
 
+    def self_attend_prepared(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor,
+                             qkv: tuple, output: tuple) -> torch.Tensor:
+        """Self-attention in inference (decoding's encoder pass, `torch_impl.stacks.Encoder.infer`):
+        the query, key and value from one product with ``qkv``, then the ``output`` projection
+        (each ``(kernel, bias)`` of `step_kernels`, in a `torch_impl.cache.lay_out` layout), the
+        mask made ready once (`torch_impl.cache.prepare_mask`), no dropout, no weights. Same
+        values as `forward` to rounding. Shape: x ``(B, S, d_model)``, mask bool broadcastable to
+        ``(B, H, S, S)``, keep to ``(B, H, S, 1)`` -> ``(B, S, d_model)``."""
+        b, length, _ = x.shape
+        # (B, S, 3, H, d_k) -> three (B, H, S, d_k) views; SDPA reads them strided
+        q, k, v = dense(x, *qkv).view(b, length, 3, self.n_heads, self.d_k).permute(2, 0, 3, 1, 4)
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * keep  # (B, H, S, d_k)
+        return dense(context.transpose(1, 2).reshape(b, length, self.n_heads * self.d_k), *output)
+
     def extend(self, query_in: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                position: int, qkv: tuple | None = None, output: tuple | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

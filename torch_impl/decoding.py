@@ -124,7 +124,7 @@ class CachedStep:
 
 def _step(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, beams: int, max_len: int,
           use_cache: bool):
-    memory = model._encode(src, src_mask, None)  # (B, S, d), once per source
+    memory = model._encode_for_decoding(src, src_mask)  # (B, S, d), once per source
     kind = CachedStep if use_cache else RecomputeStep
     return kind(model, memory, src_mask, beams, max_len)
 

@@ -59,6 +59,6 @@ class FeedForward(nn.Module):
                 self.outer.weight.t().contiguous().detach(), self.outer.bias.detach())
 
     def step(self, x: torch.Tensor, inner: tuple, outer: tuple) -> torch.Tensor:
-        """`forward` in inference, as a decoding step runs it, with the kernels of `step_kernels`:
-        no dropout, no module calls. Same shapes, same values to rounding."""
+        """`forward` in inference, as a decoding step (and decoding's encoder pass) runs it, with the
+        kernels of `step_kernels`: no dropout, no module calls. Same shapes, same values to rounding."""
         return dense(self.activation(dense(x, *inner)), *outer)

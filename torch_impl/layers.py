@@ -19,7 +19,7 @@ from torch import nn
 from shared import TransformerConfig
 
 from .attention import MultiHeadAttention
-from .cache import LayerCache, StepWeights
+from .cache import EncoderWeights, LayerCache, StepWeights
 from .feed_forward import FeedForward
 from .norm import LayerNorm
 
@@ -85,6 +85,26 @@ class EncoderLayer(nn.Module):
                                 self.dropout, self.norm_first, trace, f"{prefix}.self_attn")
         return sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm,
                                    self.dropout, self.norm_first, trace, f"{prefix}.ffn")
+
+    def infer(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor,
+              weights: EncoderWeights) -> torch.Tensor:
+        """`forward` in inference, as decoding's encoder pass runs it: the kernels of
+        `infer_weights` (in a `torch_impl.cache.lay_out` layout), the query, key and value from one
+        product, no dropout, no module calls but the norms. Same values to rounding.
+
+        Shape: x ``(B, S, d)``, mask and keep from `torch_impl.cache.prepare_mask` -> ``(B, S, d)``.
+        """
+        w = weights
+        x = sublayer_connection(x, lambda h: (self.self_attn.self_attend_prepared(h, mask, keep, w[0:2], w[2:4]), None),
+                                self.self_attn_norm, None, self.norm_first, None, "self_attn")
+        return sublayer_connection(x, lambda h: (self.ffn.step(h, w[4:6], w[6:8]), None), self.ffn_norm,
+                                   None, self.norm_first, None, "ffn")
+
+    def infer_weights(self) -> EncoderWeights:
+        """This layer's weights as `infer` reads them (`torch_impl.cache.EncoderWeights`), ``(in,
+        out)`` copies detached from autograd."""
+        qkv, qkv_bias, _, _, out, out_bias = self.self_attn.step_kernels()
+        return EncoderWeights(qkv, qkv_bias, out, out_bias, *self.ffn.step_kernels())
 
 
 class DecoderLayer(nn.Module):

@@ -6,7 +6,7 @@ from torch import nn
 
 from shared import TransformerConfig
 
-from .cache import DecoderCache, LayerCache, StepWeights, prepare_mask, repeat_rows
+from .cache import DecoderCache, EncoderWeights, LayerCache, StepWeights, prepare_mask, repeat_rows
 from .layers import DecoderLayer, EncoderLayer, Trace, record
 from .norm import LayerNorm
 
@@ -36,6 +36,19 @@ class Encoder(nn.Module):
             x = self.final_norm(x)
             record(trace, "encoder.final_norm", x)
         return x
+
+    def infer(self, x: torch.Tensor, mask: torch.Tensor, weights: list[EncoderWeights]) -> torch.Tensor:
+        """`forward` in inference, as decoding encodes its source: every layer's `EncoderLayer.infer`
+        with its ``weights`` (`infer_weights`, laid out), the mask made ready once for all layers.
+        Same shapes, same values to rounding."""
+        mask, keep = prepare_mask(mask, x.dtype)
+        for layer, layer_weights in zip(self.layers, weights):
+            x = layer.infer(x, mask, keep, layer_weights)
+        return x if self.final_norm is None else self.final_norm(x)
+
+    def infer_weights(self) -> list[EncoderWeights]:
+        """Every layer's weights as `infer` reads them (`torch_impl.cache.EncoderWeights`)."""
+        return [layer.infer_weights() for layer in self.layers]
 
 
 class Decoder(nn.Module):
