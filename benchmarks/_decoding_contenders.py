@@ -6,18 +6,35 @@ path); CTranslate2 runs the model `shared.exporters.ctranslate2` writes from the
 weights (`twins convert --to ctranslate2`), float32 and, as a reference point, int8 (weights
 quantised: not the same function, so not a parity contender). Every contender gets the same thread
 count (`shared.threads`).
+
+`serve` runs one contender in a process of its own, as a user runs one framework, and decodes what
+the benchmark sends it: frameworks loaded side by side in one process slow each other down
+(measured, base, greedy, batch 1, 1 thread, one core: torch_impl took 6.0-6.4 ms a step in a process
+with CTranslate2 alone and 6.5-6.7 in one where tf_impl had decoded too, CTranslate2 6.4-6.6 in
+both; an effect of the shared address space, not of the framework the benchmark measures).
 """
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 from typing import Callable
 
 import numpy as np
 
 from shared import TransformerConfig
+from shared.weights import init_weights
 
 Decode = Callable[[np.ndarray, int], np.ndarray]
+
+
+def bench_weights(config: TransformerConfig) -> dict:
+    """`shared.weights.init_weights` (seed 0) with the generator bias of EOS at -1e9: EOS is never
+    chosen, so every row decodes exactly the tokens asked and all contenders do the same work."""
+    weights = init_weights(config, 0)
+    weights["generator.bias"] = weights["generator.bias"].copy()
+    weights["generator.bias"][config.eos_id] = -1e9
+    return weights
 
 
 def torch_contender(config: TransformerConfig, weights: dict, threads: int) -> tuple[str, Decode]:
@@ -87,3 +104,24 @@ CONTENDERS = {
     "ct2-float32": lambda c, w, t: ctranslate2_contender(c, w, t, "float32"),
     "ct2-int8": lambda c, w, t: ctranslate2_contender(c, w, t, "int8"),
 }
+
+
+def serve(conn, name: str, threads: int, cpus: list[int] | None) -> None:
+    """Run contender ``name`` of preset ``base`` in this process (started by `multiprocessing`, with
+    the thread policy already in its environment), on ``cpus`` when given. Sends ``("ready",
+    description)`` or ``("skipped", reason)``; then, for each ``(src, max_len)`` received, the
+    seconds of one decode (timed here, so no messaging is timed) and its lengths; stops on None."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    config = TransformerConfig.preset("base")
+    try:
+        description, decode = CONTENDERS[name](config, bench_weights(config), threads)
+    except (NotImplementedError, ImportError) as exc:
+        conn.send(("skipped", str(exc)))
+        return
+    conn.send(("ready", description))
+    while (request := conn.recv()) is not None:
+        src, max_len = request
+        start = time.perf_counter()
+        lengths = decode(src, max_len)
+        conn.send((time.perf_counter() - start, lengths))

@@ -7,9 +7,13 @@ do the same work); sources of 32 tokens with padding (row r keeps 32 - 3r).
 Part ``contenders`` (issue 14): torch_impl, tf_impl (compiled, XLA), CTranslate2 float32 and int8
 (a reference point: quantised weights) on the same weights (`shared.exporters.ctranslate2`),
 greedy, batch 1 and 8, 64 and 128 new tokens; each round decodes every (length, contender) once,
-interleaved, so a machine whose speed drifts (shared cores) slows every contender alike. Printed:
-ms per step (a whole decode, encoder included, divided by the new tokens; median of the rounds)
-and the ratio to CTranslate2 float32 (target: at most 1.0).
+interleaved, so a machine whose speed drifts (shared cores) slows every contender alike. Each
+contender runs in a process of its own, as users run one framework (`_decoding_contenders.serve`:
+frameworks side by side in one process slowed torch_impl by about 5%), and all of them on the same
+``--threads`` cores (``--no-pin``: the scheduler's; unpinned, a contender whose process waited
+while another worked resumes on a core that idled, and ran 10-20% slower here). Printed: ms per
+step (a whole decode, encoder included, divided by the new tokens; median of the rounds) and the
+ratio to CTranslate2 float32, the median of the per-round ratios (target: at most 1.0).
 
 Part ``cache``: per backend, cached vs recompute. Printed: tokens/second, the recompute/cached
 time ratio (target: cached >= 5x faster), and the time of the 16th, 64th and 128th token (median
@@ -25,7 +29,7 @@ and every contender gets ``--threads`` (default 1: on shared cores one thread pe
 fair and the fast setting; give the core count on a quiet machine).
 
     python3 dev.py bench decoding [--parts contenders cache] [--contenders torch tf ct2-float32 ct2-int8]
-                                  [--batches 1 8] [--tokens 64 128] [--rounds 3] [--threads N]
+                                  [--batches 1 8] [--tokens 64 128] [--rounds 5] [--threads N] [--no-pin]
                                   [--backends torch tf] [--repeats 3] [--recompute-repeats 1]
                                   [--modes cached recompute] [--device cpu|cuda]
 
@@ -58,6 +62,19 @@ Measured again on a later machine (quiet 2-core AMD EPYC with AVX-512, CTranslat
     tf_impl (same run)                    0.78 / 0.75   0.92 / 0.92
     CTranslate2 int8                      0.63 / 0.64   0.37 / 0.39
 
+Those runs held every contender in one process, unpinned. Then the encoder pass went onto oneDNN's
+packed kernels (`torch_impl.cache.EncoderWeights`), and the benchmark to a process per contender,
+pinned to one core, with paired ratios (5 rounds; CTranslate2 float32 at 6.3-6.5 ms a step at
+batch 1, 16.7-16.9 at batch 8):
+
+    torch_impl                            0.96 / 0.97   0.67 / 0.67
+    tf_impl (same run)                    0.81 / 0.78   0.93 / 0.92
+    CTranslate2 int8                      0.64 / 0.64   0.37 / 0.38
+
+Other runs of the same setting: 0.95 / 0.95 (3 rounds, ratio of medians, before the pairing), and
+0.98 / 1.10 in one (3 rounds, ratio of medians) where the host was busy: CTranslate2 itself took
+7.5 ms a step there against 6.4, and the pairing by round is the answer to that drift.
+
 There, at 1 row, oneDNN's packed products read `base`'s 164 MB of kernels at about 33 GB/s against
 MKL addmm's 23 (`python3 dev.py bench step_layouts`); what is left of a torch step beyond its
 products is about 0.8 ms (Python, attention over the cache, layer norms, the two passes over the
@@ -88,7 +105,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _decoding_contenders
 from shared import TransformerConfig  # noqa: E402
 from shared.threads import apply_thread_policy, available_cores  # noqa: E402
 from shared.decoding import GreedyResult  # noqa: E402
-from shared.weights import init_weights  # noqa: E402
+from _decoding_contenders import bench_weights  # noqa: E402
 
 LENGTHS = (16, 64, 128)
 SRC_LEN = 32
@@ -225,40 +242,76 @@ def report(name: str, batch: int, mode: str, total: float, at: list[float], how:
           f"{per_token}   ({how})", flush=True)
 
 
-def run_contenders(config: TransformerConfig, weights: dict, args) -> None:
-    """Part ``contenders``: interleaved rounds, ms per step and the ratio to CTranslate2 float32."""
-    from _decoding_contenders import CONTENDERS
+class Contender:
+    """A contender (`_decoding_contenders.serve`) in a process of its own, pinned to ``cpus``."""
 
+    def __init__(self, name: str, threads: int, cpus: list[int] | None):
+        import multiprocessing
+
+        from _decoding_contenders import serve
+
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no framework inherited
+        self.name, (self.conn, child) = name, context.Pipe()
+        self.process = context.Process(target=serve, args=(child, name, threads, cpus), daemon=True)
+        self.process.start()
+
+    def ready(self) -> tuple[str, str]:
+        """``("ready", description)`` or ``("skipped", reason)``, once the contender is built."""
+        return self.conn.recv()
+
+    def decode(self, src: np.ndarray, max_len: int) -> tuple[float, np.ndarray]:
+        """Seconds of one decode (timed in the contender's process) and its lengths ``(B,)``."""
+        self.conn.send((src, max_len))
+        return self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.process.join()
+
+
+def pinned_cpus(threads: int, pin: bool) -> list[int] | None:
+    """The cores every contender runs on: the last ``threads`` of this process's (all of them when
+    there are fewer), or None (``--no-pin``: the scheduler's choice)."""
+    if not pin or not hasattr(os, "sched_getaffinity"):
+        return None
+    return sorted(os.sched_getaffinity(0))[-threads:]
+
+
+def run_contenders(config: TransformerConfig, args) -> None:
+    """Part ``contenders``: interleaved rounds, ms per step and the ratio to CTranslate2 float32."""
+    cpus = pinned_cpus(args.threads, args.pin)
+    print(f"each contender in a process of its own, on cores {cpus if cpus else 'of the scheduler'}")
+    started = [Contender(name, args.threads, cpus) for name in args.contenders]
     made = {}
-    for name in args.contenders:
-        try:
-            description, made[name] = CONTENDERS[name](config, weights, args.threads)
-        except (NotImplementedError, ImportError) as exc:
-            print(f"{name}: skipped ({exc})")
-            continue
-        print(f"{name}: {description}")
+    for contender in started:  # built side by side; nothing is timed until all are ready
+        status, text = contender.ready()
+        print(f"{contender.name}: {text if status == 'ready' else f'skipped ({text})'}")
+        if status == "ready":
+            made[contender.name] = contender
     print("contender     batch  tokens  ms/step   vs ct2-float32")
     for batch in args.batches:
         src = sources(config, batch)
         for n in args.tokens:  # warm-up: compilation, first-call allocations; equal work checked
-            for name, decode in made.items():
-                lengths = decode(src, n)
+            for name, contender in made.items():
+                _, lengths = contender.decode(src, n)
                 if not (lengths == n).all():
                     raise AssertionError(f"{name}: expected {n} tokens per row, got {lengths}")
         seconds = {(name, n): [] for name in made for n in args.tokens}
         for _ in range(args.rounds):
             for n in args.tokens:
-                for name, decode in made.items():
-                    start = time.perf_counter()
-                    decode(src, n)
-                    seconds[(name, n)].append(time.perf_counter() - start)
+                for name, contender in made.items():
+                    seconds[(name, n)].append(contender.decode(src, n)[0])
         for n in args.tokens:
             base = seconds.get(("ct2-float32", n))
             for name in made:
                 ms = statistics.median(seconds[(name, n)]) / n * 1e3
-                ratio = (f"{statistics.median(seconds[(name, n)]) / statistics.median(base):6.2f}x"
+                # Paired by round (decodes seconds apart), so that the machine's drift between
+                # rounds cancels: the median of the per-round ratios.
+                ratio = (f"{statistics.median(a / b for a, b in zip(seconds[(name, n)], base)):6.2f}x"
                          if base else "     -")
                 print(f"{name:12s} {batch:6d} {n:7d} {ms:8.2f}   {ratio}", flush=True)
+    for contender in made.values():
+        contender.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["torch", "tf", "ct2-float32", "ct2-int8"])
     parser.add_argument("--tokens", nargs="+", type=int, default=[64, 128],
                         help="new tokens per decode, part contenders")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds, part contenders")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds, part contenders")
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per length, cached")
@@ -278,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="threads per contender: torch.set_num_threads, TF intra- and inter-op "
                              "threads, CTranslate2 intra_threads (default 1)")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                        help="part contenders: run every contender on the same --threads cores "
+                             "(default; --no-pin: where the scheduler puts them)")
     parser.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
     parser.add_argument("--modes", nargs="+", default=["cached", "recompute"],
                         choices=["cached", "recompute"],
@@ -286,9 +342,6 @@ def main(argv: list[str] | None = None) -> int:
     apply_thread_policy(args.threads)  # before any framework is imported
 
     config = TransformerConfig.preset("base")
-    weights = init_weights(config, 0)
-    weights["generator.bias"] = weights["generator.bias"].copy()
-    weights["generator.bias"][config.eos_id] = -1e9  # never chosen: every row decodes max_len tokens
     print(f"threads {args.threads} per contender, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, "
           f"THP_MEM_ALLOC_ENABLE={os.environ['THP_MEM_ALLOC_ENABLE']}, {available_cores()} cores available")
     print(f"preset base float32 ({config.n_encoder_layers}+{config.n_decoder_layers} layers, "
@@ -296,9 +349,10 @@ def main(argv: list[str] | None = None) -> int:
           f"lengths {LENGTHS}; repeats {args.repeats} cached / {args.recompute_repeats} recompute "
           "(median)")
     if "contenders" in args.parts:
-        run_contenders(config, weights, args)
+        run_contenders(config, args)
     if "cache" not in args.parts:
         return 0
+    weights = bench_weights(config)
     header = ("backend batch  mode          tok/s   s/decode   ms per token at 16 / 64 / 128")
     ratios = []
     for name in args.backends:
