@@ -1,4 +1,5 @@
-"""Decoding behaviour only tf_impl has: the mode arguments and the compiled loops on a GPU. The
+"""Decoding behaviour only tf_impl has: the mode arguments, the compiled loops on a GPU, and a cached
+step that records gradients (torch_impl's is inference-only: its `decode_step` says why). The
 contract both backends share is test_decoding.py; so are, though TF-only, the modes (eager,
 tf.function, XLA) against each other and the measured default mode, because they compare the very
 loops its contract cases trace and XLA-compile (in this module they would compile them again)."""
@@ -9,11 +10,11 @@ tf = pytest.importorskip("tensorflow")
 import tf_impl  # noqa: E402
 from parity_tests.decoding_backends import TF_MODES  # noqa: E402
 from parity_tests.decoding_cases import (ALPHAS, BEAM, MAX_LEN, config64, model_for,  # noqa: E402
-                                         reference_decodes, sources, weights_for)
+                                         reference_decodes, sources, targets, weights_for)
 from parity_tests.test_decoding import MODEL64, SRC, W64, assert_same_beams, assert_same_greedy  # noqa: E402
 from parity_tests.tf_support import DEVICES  # noqa: E402  (importing it switches TF32 off)
 from shared import reference as R  # noqa: E402
-from shared.tolerances import bound_for  # noqa: E402
+from shared.tolerances import FLOAT64, assert_close, bound_for  # noqa: E402
 
 
 @pytest.mark.parametrize("device", DEVICES[1:] or [pytest.param("/GPU:0", marks=pytest.mark.skip("no GPU"))])
@@ -45,3 +46,36 @@ def test_mode_arguments():
     # The model-type check of test_decoding, here with the reference model of the same weights.
     with pytest.raises(TypeError, match=r"model: expected a tf_impl.Transformer, got _?Model"):
         tf_impl.greedy_decode(R.Model(W64, MODEL64), SRC, 5)
+
+
+def test_decode_step_records_gradients_as_the_full_pass():
+    """tf_impl's cached step is differentiable: its caches are immutable tensors and its step
+    weights are read from the variables when the cache is made. Made and stepped under a
+    ``tf.GradientTape``, a target fed token by token gives every variable the gradient the full
+    pass gives it (float64: to op order)."""
+    model = model_for("tf-eager", "tiny-post-final-norm", "float64", 0)
+    config = model.config
+    src = sources(config, 0)[:4]  # rows of 7, 5, 2 and 1 source tokens
+    tgt = targets(config, 4, 3, 0)  # BOS, then two tokens fed and scored
+
+    def log_probs(logits):  # of the token fed next (arbitrary but fixed targets)
+        return tf.reduce_sum(tf.nn.log_softmax(logits) * tf.one_hot(tgt[:, 1:], config.tgt_vocab,
+                                                                     dtype=logits.dtype))
+
+    with tf.GradientTape() as tape:
+        memory = model.encode(src)
+        cache = model.init_cache(memory, src[:, None, None, :] != config.pad_id, 2)
+        steps = []
+        for t in range(2):
+            logits, cache = model.decode_step(tgt[:, t], cache)
+            steps.append(logits)
+        stepped = log_probs(tf.stack(steps, axis=1))
+    got = tape.gradient(stepped, model.trainable_variables)
+    with tf.GradientTape() as tape:
+        full = log_probs(model(src, tgt[:, :2]))
+    want = tape.gradient(full, model.trainable_variables)
+    assert_close(stepped.numpy(), full.numpy(), FLOAT64, "log-probs")
+    for variable, g, w in zip(model.trainable_variables, got, want):
+        assert g is not None, variable.path
+        assert_close(tf.convert_to_tensor(g).numpy(), tf.convert_to_tensor(w).numpy(), FLOAT64,
+                     variable.path)

@@ -262,6 +262,11 @@ class Transformer(keras.Model):
             ``(logits (N, tgt_vocab), cache)``: a new cache (tensors are immutable), ``length``
             advanced by one. Works eagerly and inside ``tf.function`` / XLA; the id range and the
             free position are checked eagerly (in a compiled loop they are the caller's).
+
+        Differentiable: with the cache made (`init_cache`) and stepped under a ``tf.GradientTape``,
+        the variables get the gradients the full pass gives them (the caches are immutable tensors
+        and the step's weights are read from the variables). torch_impl's step is inference-only
+        (its `decode_step` says why).
         """
         if not isinstance(cache, DecoderCache):
             raise TypeError(f"cache: expected a tf_impl.cache.DecoderCache from init_cache, "
