@@ -81,7 +81,13 @@ products is about 0.8 ms (Python, attention over the cache, layer norms, the two
 logits; under ``torch.no_grad``, before inference mode). Part ``cache``, torch (``--parts cache
 --backends torch``): cached 6.6x faster than recompute at 128 tokens at batch 1 and 21.7x at batch
 8; cached per-token time at 128 / at 16 tokens 1.00 and 1.10. With the encoder pass packed: 7.0x
-and 22.5x, per-token 1.02 and 1.08 (6.15 / 6.26 ms at batch 1, 10.6 / 11.4 at batch 8).
+and 22.5x, per-token 1.02 and 1.08 (6.15 / 6.26 ms at batch 1, 10.6 / 11.4 at batch 8). TF on
+this machine (``--parts cache --backends tf``): 4.3-4.5x at batch 1 (``--recompute-repeats 3``:
+0.59 s cached, 2.63 s recompute) and 8.3x at batch 8. Its cached step is at the memory wall: 4.4 ms
+a token for about 164 MB of weights is 37 GB/s, what one core streams here (a NumPy sgemv over the
+76 MB output projection: 36 GB/s), so the ratio can only grow by recompute growing slower, and
+tf.function's recompute runs on oneDNN's AVX-512 products here, faster than on the first machine
+(5.8x there).
 
 tf_impl runs as users get it by default: compiled, one ``tf.function`` per (batch, max_len, mode),
 with XLA for the cached loop (`tf_impl.decoding.JIT_COMPILE`); it is warmed up at every timed
