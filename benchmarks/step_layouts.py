@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def row(rows: int, med: dict, ms: dict, a: str, b: str, note: str = "") -> None:
         cells = [f"{med[n]:7.2f} ({min(ms[n]):.2f}-{max(ms[n]):.2f})" for n in (a, b)]
-        print(f"{rows:5d}   {cells[0]:22s}  {cells[1]:22s}  {med[b] / med[a]:6.2f}x        {note}", flush=True)
+        print(f"{rows:5d}   {cells[0]:22s}  {cells[1]:22s}  {med[b] / med[a]:6.2f}x        {note}",
+              flush=True)
 
     for rows in args.rows:
         med, ms = compare(rows, {layout: (laid[layout], False) for layout in (DENSE, PACKED)})

@@ -65,7 +65,8 @@ class EncoderWeights(NamedTuple):
     layers, 75 MB of kernels, median of 5 interleaved rounds): at 32 rows (batch 1 of 32 tokens)
     16.6 ms through ``nn.Linear`` (73 GFLOP/s) and 7.5 ms packed (162 GFLOP/s); at 256 rows 97.7
     and 42.2 ms: about 0.15 ms a step of a 64-token greedy decode at batch 1, 0.9 ms at batch 8
-    (benchmarks/decoding.py). `torch_impl.Transformer` keeps them, as the step's, while its parameters are unchanged.
+    (benchmarks/decoding.py). `torch_impl.Transformer` keeps them, as the step's, while its
+    parameters are unchanged.
     """
     qkv_kernel: torch.Tensor  # (d, 3 * H * d_k): query | key | value
     qkv_bias: torch.Tensor

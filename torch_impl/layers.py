@@ -95,10 +95,14 @@ class EncoderLayer(nn.Module):
         Shape: x ``(B, S, d)``, mask and keep from `torch_impl.cache.prepare_mask` -> ``(B, S, d)``.
         """
         w = weights
-        x = sublayer_connection(x, lambda h: (self.self_attn.self_attend_prepared(h, mask, keep, w[0:2], w[2:4]), None),
-                                self.self_attn_norm, None, self.norm_first, None, "self_attn")
-        return sublayer_connection(x, lambda h: (self.ffn.step(h, w[4:6], w[6:8]), None), self.ffn_norm,
-                                   None, self.norm_first, None, "ffn")
+
+        def self_attn(h: torch.Tensor):
+            return self.self_attn.self_attend_prepared(h, mask, keep, w[0:2], w[2:4]), None
+
+        x = sublayer_connection(x, self_attn, self.self_attn_norm, None, self.norm_first, None,
+                                "self_attn")
+        return sublayer_connection(x, lambda h: (self.ffn.step(h, w[4:6], w[6:8]), None),
+                                   self.ffn_norm, None, self.norm_first, None, "ffn")
 
     def infer_weights(self) -> EncoderWeights:
         """This layer's weights as `infer` reads them (`torch_impl.cache.EncoderWeights`), ``(in,

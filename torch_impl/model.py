@@ -249,7 +249,8 @@ class Transformer(nn.Module):
         """The encoder's `torch_impl.cache.EncoderWeights`, packed for oneDNN (`_encode_for_decoding`
         asks only where that layout exists), kept as `_prepared` says (the size of the encoder's
         layers)."""
-        return self._prepared("encoder", lambda: [lay_out_weights(w, PACKED) for w in self.encoder.infer_weights()])
+        return self._prepared("encoder", lambda: [lay_out_weights(w, PACKED)
+                                                  for w in self.encoder.infer_weights()])
 
     def _prepared(self, name: str, make):
         """``make()``, the model's weights laid out for decoding, made once and kept under ``name``
