@@ -291,9 +291,13 @@ class ModelBackend:
         return self.impl.beam_search(model, src, max_len, *args, **self.mode, **kwargs)
 
     def tensor(self, array, dtype=None):
-        """``array`` as this backend's tensor (on its device)."""
+        """``array`` (a NumPy array, or already this backend's tensor on any device) as this
+        backend's tensor on its device; a tensor is moved, never read back through NumPy (a CUDA
+        tensor has no NumPy view)."""
         if self.framework == "torch":
-            out = _torch().as_tensor(np.asarray(array)).to(self.device)
+            torch = _torch()
+            out = (array if isinstance(array, torch.Tensor) else torch.as_tensor(np.asarray(array)))
+            out = out.to(self.device)
             return out if dtype is None else out.to(getattr(_torch(), dtype))
         tf = _tf()
         return tf.constant(array) if dtype is None else tf.cast(tf.constant(array), dtype)
