@@ -36,6 +36,17 @@ def masked_softmax(scores: tf.Tensor, mask: tf.Tensor | None) -> tf.Tensor:
     return tf.where(mask, weights, tf.zeros((), scores.dtype))
 
 
+def _scores(q: tf.Tensor, k: tf.Tensor, d_k: int) -> tf.Tensor:
+    """Scaled scores ``q k^T / sqrt(d_k)``, ``(B, H, Q, d_k) x (B, H, K, d_k) -> (B, H, Q, K)``. In
+    a half precision (`shared.precision`) they are computed in float32 from the half query and key
+    (their products are exact in float32) and scaled in float32: torch's SDPA kernels' rounding.
+    Otherwise the query is scaled first (the same product as scaling the scores, cheaper)."""
+    if q.dtype in (tf.bfloat16, tf.float16):
+        scores = tf.matmul(tf.cast(q, tf.float32), tf.cast(k, tf.float32), transpose_b=True)
+        return scores * tf.constant(1.0 / math.sqrt(d_k), tf.float32)
+    return tf.matmul(q * tf.constant(1.0 / math.sqrt(d_k), q.dtype), k, transpose_b=True)
+
+
 class MultiHeadAttention(keras.layers.Layer):
     """Attention of ``query_in`` over ``memory`` with ``n_heads`` heads of width ``d_k`` (``head_dim``,
     or ``d_model // n_heads`` when that is None), scores scaled by ``1 / sqrt(d_k)``.
@@ -109,19 +120,10 @@ class MultiHeadAttention(keras.layers.Layer):
         cache); the other arguments and the result are those of `call`."""
         b, q_len = dims(query_in, 2)
         q = self._heads(self.query(query_in))  # (B, H, Q, d_k)
-        if q.dtype == tf.bfloat16:
-            # Mixed precision (tf_impl.precision): scores and softmax in float32 from the bfloat16
-            # query and key (their products are exact in float32), scaled in float32, the weights
-            # back to bfloat16 for the product with the values: torch's SDPA CPU kernel's rounding.
-            scores = tf.matmul(tf.cast(q, tf.float32), tf.cast(k, tf.float32), transpose_b=True)
-            weights = masked_softmax(scores * tf.constant(1.0 / math.sqrt(self.d_k), tf.float32), mask)
-            context = tf.matmul(tf.cast(self.dropout(weights, training=training), v.dtype), v)
-        else:
-            # Scaling q (B, H, Q, d_k) rather than the scores (B, H, Q, K) is the same product, cheaper.
-            q = q * tf.constant(1.0 / math.sqrt(self.d_k), q.dtype)
-            scores = tf.matmul(q, k, transpose_b=True)  # (B, H, Q, K)
-            weights = masked_softmax(scores, mask)
-            context = tf.matmul(self.dropout(weights, training=training), v)  # (B, H, Q, d_k)
+        # Mixed precision (tf_impl.precision): softmax in float32 (`_scores`), the weights back
+        # to the half dtype for the product with the values: torch's SDPA kernels' rounding.
+        weights = masked_softmax(_scores(q, k, self.d_k), mask)  # (B, H, Q, K)
+        context = tf.matmul(tf.cast(self.dropout(weights, training=training), v.dtype), v)  # (B, H, Q, d_k)
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]),
                              [b, q_len, self.n_heads * self.d_k])  # (B, Q, H*d_k)
         return self.output(context), (weights if return_weights else None)  # (B, Q, d)
@@ -142,11 +144,10 @@ class MultiHeadAttention(keras.layers.Layer):
         the rows that had none), no dropout, no weights. Shape: query_in ``(N, 1, d_model)``, k/v
         ``(N, H, S, d_k)`` -> ``(N, 1, d_model)``."""
         n = dims(query_in, 1)[0]
-        q = dense(query_in, *query) * tf.constant(1.0 / math.sqrt(self.d_k), query_in.dtype)
-        q = tf.reshape(q, [n, self.n_heads, 1, self.d_k])  # (N, H, 1, d_k): one position
-        scores = tf.matmul(q, k, transpose_b=True)  # (N, H, 1, S)
+        q = tf.reshape(dense(query_in, *query), [n, self.n_heads, 1, self.d_k])  # (N, H, 1, d_k)
+        scores = _scores(q, k, self.d_k)  # (N, H, 1, S)
         weights = tf.nn.softmax(tf.where(mask, scores, tf.constant(scores.dtype.min, scores.dtype)))
-        context = tf.matmul(weights, v) * keep  # (N, H, 1, d_k)
+        context = tf.matmul(tf.cast(weights, v.dtype), v) * keep  # (N, H, 1, d_k)
         return dense(tf.reshape(context, [n, 1, self.n_heads * self.d_k]), *output)
 
     def extend(self, query_in: tf.Tensor, key_cache: tf.Tensor, value_cache: tf.Tensor,
@@ -177,9 +178,9 @@ class MultiHeadAttention(keras.layers.Layer):
         q, k, v = tf.unstack(tf.reshape(dense(query_in, *qkv), [n, 3, self.n_heads, self.d_k]), axis=1)
         key_cache = write_position(key_cache, k, position)  # (N, H, d_k) each
         value_cache = write_position(value_cache, v, position)
-        q = q[:, :, None] * tf.constant(1.0 / math.sqrt(self.d_k), query_in.dtype)  # (N, H, 1, d_k)
-        weights = masked_softmax(tf.matmul(q, key_cache, transpose_b=True), mask)  # (N, H, 1, C)
-        context = tf.reshape(tf.matmul(weights, value_cache), [n, 1, self.n_heads * self.d_k])
+        weights = masked_softmax(_scores(q[:, :, None], key_cache, self.d_k), mask)  # (N, H, 1, C)
+        context = tf.matmul(tf.cast(weights, value_cache.dtype), value_cache)  # (N, H, 1, d_k)
+        context = tf.reshape(context, [n, 1, self.n_heads * self.d_k])
         return dense(context, *output), key_cache, value_cache
 
     def get_config(self) -> dict:

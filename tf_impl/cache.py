@@ -51,7 +51,10 @@ class StepWeights(NamedTuple):
 
 def dense(x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor) -> tf.Tensor:
     """``x @ kernel + bias`` with an ``(in, out)`` kernel: ``(N, L, in) -> (N, L, out)``, as one
-    2-D product."""
+    2-D product. In a half precision the kernel is half (`Transformer._step_weights`) and ``x``
+    (the float32 residual stream) is cast to it, as torch's autocast casts its operands."""
+    if x.dtype != kernel.dtype:
+        x = tf.cast(x, kernel.dtype)
     n, length = tf.shape(x)[0], tf.shape(x)[1]
     flat = tf.matmul(tf.reshape(x, [-1, kernel.shape[0]]), kernel) + bias
     return tf.reshape(flat, [n, length, kernel.shape[1]])

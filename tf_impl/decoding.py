@@ -76,7 +76,7 @@ class RecomputeStep:
         tgt_mask = make_tgt_mask(tgt, padding_id(m.config), start_is_pad(m.config))  # (N, 1, L, L)
         hidden = m._decode(tgt, self.memory, self.src_mask, tgt_mask, None, False)  # (N, L, d)
         logits = m.generator(tf.gather(hidden, [t], axis=1))[:, 0]  # (N, V)
-        return logits, state
+        return tf.cast(logits, self.dtype), state  # a half precision's widened for the search
 
     def reorder(self, state, rows: tf.Tensor):
         return state
@@ -97,7 +97,7 @@ class CachedStep:
     def __call__(self, prefixes: tf.Tensor, t: tf.Tensor, cache):
         # The search and the cache stay in step: cache.length == t, the position this token fills.
         logits, cache = self.model._decode_step(tf.gather(prefixes, t, axis=1), cache)  # (N, V)
-        return logits, cache
+        return tf.cast(logits, self.dtype), cache  # a half precision's widened for the search
 
     def reorder(self, cache, rows: tf.Tensor):
         return cache.reorder_beams(rows)

@@ -11,6 +11,7 @@ from shared import TransformerConfig
 from shared.checks import check_ids_range
 from shared.decoding import check_max_len
 from shared.masks import padding_id, start_is_pad
+from shared.precision import compute_dtype_name
 
 from . import weights_io
 from .cache import DecoderCache
@@ -244,7 +245,11 @@ class Transformer(keras.Model):
         matrix = g._tied().embeddings if g._tied is not None else g.kernel  # (V, d) | (d, V)
         if _generator_transposed(rows) != (g._tied is not None):
             matrix = tf.transpose(matrix)
-        return self.decoder.step_weights(), (tf.convert_to_tensor(matrix), tf.convert_to_tensor(g.bias))
+        weights = (self.decoder.step_weights(), (tf.convert_to_tensor(matrix), tf.convert_to_tensor(g.bias)))
+        # a half precision (tf_impl.precision): every kernel and bias cast once, here
+        dtype = compute_dtype_name(getattr(self, "precision", "float32"), self.config.dtype)
+        return weights if dtype == self.config.dtype else tf.nest.map_structure(
+            lambda w: tf.cast(w, dtype), weights)
 
     def decode_step(self, tokens, cache: DecoderCache) -> tuple[tf.Tensor, DecoderCache]:
         """Logits for the next position of every row, from its newest token and the cache.
@@ -297,8 +302,9 @@ class Transformer(keras.Model):
         x = x + tf.gather(table, t)  # inference: no dropout (nor a call of the inactive layer)
         hidden, cache = self.decoder.step(x, cache)  # (N, 1, d); cache.length is now t + 1
         matrix, bias = cache.generator  # (V, d) used transposed, or (d, V): see _step_weights
-        logits = tf.matmul(hidden[:, 0], matrix, transpose_b=_generator_transposed(cache.rows))
-        return logits + bias, cache  # (N, V)
+        rows = tf.cast(hidden[:, 0], matrix.dtype)  # a half precision's product (shared.precision)
+        logits = tf.matmul(rows, matrix, transpose_b=_generator_transposed(cache.rows))
+        return logits + bias, cache  # (N, V), in the compute dtype
 
     def predict(self, x, *args, **kwargs):
         """``keras.Model.predict`` with the ids of array inputs checked eagerly first: under XLA

@@ -1,17 +1,25 @@
-"""Mixed precision in Keras: the ``mixed_bfloat16`` dtype policy (float32 variables, bfloat16
-compute) on the layers whose products torch's autocast runs in bfloat16; mirrored by
-`torch_impl.precision` (``torch.autocast``).
+"""Mixed precision in Keras: the ``mixed_bfloat16`` / ``mixed_float16`` dtype policy (float32
+variables, half-precision compute) on the layers whose products torch's autocast runs in half
+precision; mirrored by `torch_impl.precision` (``torch.autocast``).
 
     set_precision(model, "bfloat16")   # before the first (traced) call that should use it
     logits = model(src, tgt)           # bfloat16 logits; the loss casts them to float32
+    greedy_decode(model, src, 32)      # bfloat16 products, float32 search
 
-The policy goes on every ``keras.layers.Dense`` (the four attention projections, the feed-forward
-network) and on the generator: each casts its input and reads its variables as bfloat16. The
-attention products follow torch's SDPA CPU kernel: scores in float32 from the bfloat16 query and key
-(bfloat16 products are exact in float32), softmax in float32, weights cast to bfloat16 for the
-product with the values (`tf_impl.attention`). Everything else keeps the model's float32 policy:
-embeddings, the positional encoding, layer norm, the residual stream (a sublayer's bfloat16 output
-is cast to float32 before the residual add, the promotion torch makes) and the loss.
+The rule is `shared.precision`'s. The policy goes on every ``keras.layers.Dense`` (the four
+attention projections, the feed-forward network) and on the generator: each casts its input and
+reads its variables in the half dtype. The attention products follow torch's SDPA kernels: scores
+in float32 from the half query and key (half products are exact in float32), softmax in float32,
+weights cast to the half dtype for the product with the values (`tf_impl.attention._scores`).
+Everything else keeps the model's float32 policy: embeddings, the positional encoding, layer norm,
+the residual stream (a sublayer's half output is cast to float32 before the residual add, the
+promotion torch makes) and the loss.
+
+Decoding's cached step reads its kernels and biases cast once per decode
+(`Transformer._step_weights`), casts its float32 activation rows to them (`tf_impl.cache.dense`,
+as autocast does), keeps its key/value cache in the half dtype, and its logits are cast to float32
+for the search. One rounding differs from torch's (docs/design.md, "Mixed precision"): a half
+product's bias is added after the product is rounded, where torch adds it before its one rounding.
 
 A ``tf.function`` keeps the precision it was traced with: set it before the first call.
 """
@@ -20,18 +28,22 @@ from __future__ import annotations
 import contextlib
 
 import keras
+import tensorflow as tf
 
-from shared.precision import check_precision
+from shared.precision import check_precision, compute_dtype_name
 
 from .model import Generator
 
+POLICIES = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
+
 
 def set_precision(model: keras.Model, precision: str) -> str:
-    """Make ``model`` compute in ``precision`` ("float32" or "bfloat16"; "fp32" / "bf16" accepted);
-    returns the previous one. The variables are untouched (float32)."""
+    """Make ``model`` compute in ``precision`` ("float32", "bfloat16" or "float16"; "fp32", "bf16",
+    "fp16" accepted): its forward pass, training and decoding; returns the previous one.
+    The variables are untouched (float32)."""
     name = check_precision(precision, model.config.dtype)
     previous = getattr(model, "precision", "float32")
-    policy = "mixed_bfloat16" if name == "bfloat16" else model.config.dtype
+    policy = POLICIES.get(name, model.config.dtype)
     for layer in model._flatten_layers(include_self=False):
         if isinstance(layer, (keras.layers.Dense, Generator)):
             layer.dtype_policy = policy
@@ -39,7 +51,12 @@ def set_precision(model: keras.Model, precision: str) -> str:
     return previous
 
 
+def compute_dtype(model: keras.Model) -> tf.DType:
+    """The dtype of ``model``'s matrix products: its precision's half dtype, else the model's."""
+    return tf.as_dtype(compute_dtype_name(getattr(model, "precision", "float32"), model.config.dtype))
+
+
 def autocast(model: keras.Model):
-    """As torch_impl's: the context a forward pass runs in. The policies set by `set_precision` do
-    the work in Keras, so this is nothing."""
+    """As torch_impl's: the context a forward pass or a decoding step runs in. The policies set by
+    `set_precision` do the work in Keras, so this is nothing."""
     return contextlib.nullcontext()

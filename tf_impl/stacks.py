@@ -74,10 +74,12 @@ class Decoder(_TracingLayer):
         for layer, layer_weights in zip(self.layers, weights):
             attn = layer.self_attn
             k, v = layer.cross_attn.keys_values(memory)  # (B, H, S, d_k), once per source
-            empty = tf.zeros([n, attn.n_heads, capacity, attn.d_k], memory.dtype)  # (N, H, capacity, d_k)
+            # (N, H, capacity, d_k) in the keys' dtype: the model's, or half under a mixed policy
+            empty = tf.zeros([n, attn.n_heads, capacity, attn.d_k], k.dtype)
             layers.append(LayerCache(empty, empty, repeat_rows(k, beams), repeat_rows(v, beams),
                                      layer_weights))
-        mask, keep = prepare_mask(src_mask, memory.dtype)  # once per source, not per layer and step
+        # once per source, not per layer and step; src_keep in the dtype of the context it scales
+        mask, keep = prepare_mask(src_mask, layers[0].cross_key.dtype if layers else memory.dtype)
         return DecoderCache(tuple(layers), repeat_rows(mask, beams), repeat_rows(keep, beams),
                             generator, tf.constant(0, tf.int32))
 

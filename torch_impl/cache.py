@@ -121,11 +121,15 @@ def lay_out(kernel: torch.Tensor, layout: str) -> torch.Tensor:
     return kernel.contiguous()
 
 
-def lay_out_weights(weights: StepWeights | EncoderWeights, layout: str) -> StepWeights | EncoderWeights:
-    """`StepWeights` or `EncoderWeights` with every kernel in ``layout`` (`lay_out`); biases as
-    they are."""
-    return type(weights)(*(lay_out(w, layout) if name.endswith("_kernel") else w
-                           for name, w in zip(weights._fields, weights)))
+def lay_out_weights(weights: StepWeights | EncoderWeights, layout: str,
+                    dtype: torch.dtype | None = None) -> StepWeights | EncoderWeights:
+    """`StepWeights` or `EncoderWeights` with every kernel in ``layout`` (`lay_out`) and, with
+    ``dtype`` (a half precision's, `torch_impl.precision.compute_dtype`), every kernel and bias
+    cast to it first, once, so that autocast has nothing to cast at each step."""
+    def prepared(name: str, w: torch.Tensor) -> torch.Tensor:
+        w = w if dtype is None else w.to(dtype)
+        return lay_out(w, layout) if name.endswith("_kernel") else w
+    return type(weights)(*(prepared(name, w) for name, w in zip(weights._fields, weights)))
 
 
 def dense(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

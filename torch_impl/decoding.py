@@ -13,7 +13,8 @@ float64 oracle), plus ``use_cache``. The search is `torch_impl.search` (the algo
 
 Both give the same tokens; their log-probs agree to rounding (the cache test measures it).
 Decoding runs on the model's device and dtype, in eval mode (restored afterwards) and without
-gradients. Results are NumPy arrays, as the oracle's, so the three implementations compare directly;
+gradients; with a half precision (`torch_impl.precision.set_precision`) its products run in that
+precision and its search in float32 (`shared.precision`). Results are NumPy arrays, as the oracle's, so the three implementations compare directly;
 scores are in the model's dtype (float32 by default; the oracle's are float64).
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ from . import search
 from .cache import repeat_rows
 from .inputs import check_ids, make_tgt_mask
 from .model import Transformer
+from .precision import autocast
 
 
 @contextmanager
@@ -41,11 +43,12 @@ def _inference(model: Transformer):
     step's hundred-odd small ops pay for. Measured (base, float32, greedy, 128 tokens, 1 thread,
     5 interleaved runs): 6.35-6.53 ms a step against 6.57-6.71 at batch 1, 11.30-12.08 against
     11.75-12.00 at batch 8. The weights a decode prepares and the model keeps are made outside
-    it (`Transformer._step_weights`)."""
+    it (`Transformer._step_weights`). In a half precision the whole decode runs under the
+    model's autocast (`torch_impl.precision`)."""
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(model):
             yield
     finally:
         model.train(was_training)
@@ -93,7 +96,8 @@ class RecomputeStep:
         tgt = prefixes[:, : t + 1]  # (N, t+1)
         tgt_mask = make_tgt_mask(tgt, padding_id(m.config), start_is_pad(m.config))  # (N, 1, t+1, t+1)
         hidden = m._decode(tgt, self.memory, self.src_mask, tgt_mask, None)  # (N, t+1, d)
-        return m.generator(hidden[:, -1]), state  # (N, V) logits, model dtype
+        # (N, V) logits in the model's dtype: a half precision's are widened for the search
+        return m.generator(hidden[:, -1]).to(self.dtype), state
 
     def reorder(self, state, rows: torch.Tensor):
         return state
@@ -116,7 +120,7 @@ class CachedStep:
         if t != cache.length:  # the search and the cache must stay in step (a Python int: no sync)
             raise AssertionError(f"CachedStep: step {t}, cache of {cache.length} positions")
         logits, cache = self.model._decode_step(prefixes[:, t], cache)  # (N, V)
-        return logits, cache
+        return logits.to(self.dtype), cache  # a half precision's widened for the search
 
     def reorder(self, cache, rows: torch.Tensor):
         return cache.reorder_beams(rows)

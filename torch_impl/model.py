@@ -18,7 +18,7 @@ from .cache import PACKED, DecoderCache, dense, lay_out, lay_out_weights, step_l
 from .embedding import PositionalEncoding, TokenEmbedding
 from .inputs import _is_integer, check_ids, check_mask, check_same_batch, make_src_mask, make_tgt_mask
 from .layers import Trace, record
-from .precision import autocast
+from .precision import autocast, compute_dtype
 from .stacks import Decoder, Encoder
 
 
@@ -111,8 +111,7 @@ class Transformer(nn.Module):
         encoder pass then takes 2.4 times less time in its products (`EncoderWeights` has the
         figures). Elsewhere (float64, CUDA) the layers' own ``nn.Linear`` (addmm) is that fast
         path already."""
-        weight = self.generator.bias
-        if step_layout(src.numel(), weight.device, weight.dtype) != PACKED:
+        if step_layout(src.numel(), self.generator.bias.device, compute_dtype(self)) != PACKED:
             return self._encode(src, src_mask, None)
         x = self.positional(self.src_embed(src), self.src_embed.positions)  # (B, S, d); eval: no dropout
         return self.encoder.infer(x, src_mask, self._encoder_weights())
@@ -220,11 +219,13 @@ class Transformer(nn.Module):
         check_max_len(max_len, c.max_len)
         if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
             raise ValueError(f"beams: expected an int >= 1, got {beams!r}")
-        return self._init_cache(memory, src_mask, max_len, beams)
+        with autocast(self):
+            return self._init_cache(memory, src_mask, max_len, beams)
 
     def _init_cache(self, memory: torch.Tensor, src_mask: torch.Tensor, max_len: int,
                     beams: int) -> DecoderCache:
-        """`init_cache` without the checks (the decoders call it)."""
+        """`init_cache` without the checks, in the caller's autocast (the decoders call it under
+        the model's, `torch_impl.decoding`)."""
         with torch.no_grad():
             weights, generator = self._step_weights(memory.shape[0] * beams)
             return self.decoder.init_cache(memory, src_mask, max_len, beams, weights, generator)
@@ -232,18 +233,22 @@ class Transformer(nn.Module):
     def _step_weights(self, rows: int):
         """The decoder's `torch_impl.cache.StepWeights` and the generator's ``(kernel (d, V),
         bias)`` for a step over ``rows`` rows, every kernel in that step's layout
-        (`torch_impl.cache.step_layout`), kept as `_prepared` says (one set per layout, each the
-        size of the decoder and generator weights)."""
-        generator = self.generator.bias
-        layout = step_layout(rows, generator.device, generator.dtype)
+        (`torch_impl.cache.step_layout`) and, in a half precision, kernels and biases cast to it
+        (`torch_impl.precision`), kept as `_prepared` says (one set per layout and dtype, each the
+        size of the decoder and generator weights in that dtype)."""
+        dtype = compute_dtype(self)
+        layout = step_layout(rows, self.generator.bias.device, dtype)
+        cast = None if dtype == getattr(torch, self.config.dtype) else dtype
 
         def make():
             g = self.generator
             table = g._tied[0].table.weight if g._tied else g.kernel.weight  # (V, d)
-            weights = [lay_out_weights(w, layout) for w in self.decoder.step_weights()]
-            return weights, (lay_out(table.t(), layout), g.bias.detach())
+            weights = [lay_out_weights(w, layout, cast) for w in self.decoder.step_weights()]
+            bias = g.bias.detach() if cast is None else g.bias.detach().to(cast)
+            table = table.t() if cast is None else table.t().to(cast)
+            return weights, (lay_out(table, layout), bias)
 
-        return self._prepared(layout, make)
+        return self._prepared(f"{layout}, {str(dtype)[6:]}", make)
 
     def _encoder_weights(self):
         """The encoder's `torch_impl.cache.EncoderWeights`, packed for oneDNN (`_encode_for_decoding`
@@ -304,11 +309,13 @@ class Transformer(nn.Module):
         if cache.length >= cache.capacity:
             raise ValueError(f"cache: expected a free position, got a full cache "
                              f"({cache.capacity} positions; init_cache(max_len=...) sets it)")
-        return self._decode_step(tokens, cache)
+        with autocast(self):
+            return self._decode_step(tokens, cache)
 
     def _decode_step(self, tokens: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
-        """`decode_step` without the checks (the search loops call it): ``(N,)`` -> ``(logits (N, V),
-        cache)``, the cache updated in place."""
+        """`decode_step` without the checks, in the caller's autocast (the search loops call it
+        under the model's, `torch_impl.decoding`): ``(N,)`` -> ``(logits (N, V), cache)``, the
+        cache updated in place; logits in the model's compute dtype (half in a half precision)."""
         t = cache.length
         x = self.tgt_embed(tokens[:, None])  # (N, 1, d)
         # Position t gets PE row t: the same addition the full pass makes for column t of its input.

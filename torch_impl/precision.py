@@ -1,16 +1,21 @@
-"""Mixed precision in PyTorch: ``torch.autocast`` with bfloat16 around the model's forward pass;
-mirrored by `tf_impl.precision` (the Keras ``mixed_bfloat16`` policy).
+"""Mixed precision in PyTorch: ``torch.autocast`` in bfloat16 or float16 around the model's forward
+pass and its decoding; mirrored by `tf_impl.precision` (the Keras mixed policies).
 
-    set_precision(model, "bfloat16")   # forward passes (and so training) now autocast
+    set_precision(model, "bfloat16")   # forward passes, training and decoding now autocast
     logits = model(src, tgt)           # bfloat16 logits; the loss casts them to float32
+    greedy_decode(model, src, 32)      # bfloat16 products, float32 search
 
-Which operations run in bfloat16 is autocast's CPU list: ``linear`` / ``matmul`` (the four
-attention projections, the feed-forward network, the generator) and
-``scaled_dot_product_attention``; embeddings, the positional encoding, the residual stream
-(float32 + bfloat16 promotes to float32), layer norm and the loss stay float32. The explicit
-attention path (traces) computes its scores in float32 from the bfloat16 query and key, as SDPA's
-CPU kernel does (`torch_impl.attention`). Decoding (`greedy_decode`, `beam_search`) does not go
-through ``forward`` and computes in float32.
+Which operations run in half precision is `shared.precision`'s rule, which is autocast's list for
+this model: ``linear`` / ``addmm`` / ``matmul`` (the four attention projections, the feed-forward
+network, the generator) and ``scaled_dot_product_attention``; embeddings, the positional encoding,
+the residual stream (float32 + half promotes to float32), layer norm and the loss stay float32.
+The explicit attention path (traces) computes its scores in float32 from the half query and key,
+as SDPA's CPU kernel does (`torch_impl.attention`).
+
+Decoding keeps half-precision copies of the step's kernels and biases (made once and kept while
+the parameters are unchanged, `Transformer._step_weights`), so a step casts no weight, only its
+few activation rows; its key/value cache is half precision; its logits are cast to float32 for the
+search (`shared.precision`).
 """
 from __future__ import annotations
 
@@ -18,22 +23,29 @@ import contextlib
 
 import torch
 
-from shared.precision import check_precision
+from shared.precision import check_precision, compute_dtype_name
 
 
 def set_precision(model: torch.nn.Module, precision: str) -> str:
-    """Make ``model``'s forward pass compute in ``precision`` ("float32" or "bfloat16"; "fp32" /
-    "bf16" accepted); returns the previous one. The weights are untouched (float32)."""
+    """Make ``model`` compute in ``precision`` ("float32", "bfloat16" or "float16"; "fp32", "bf16",
+    "fp16" accepted): its forward pass, training and decoding; returns the previous one.
+    The weights are untouched (float32)."""
     name = check_precision(precision, model.config.dtype)
     previous = getattr(model, "precision", "float32")
     model.precision = name
     return previous
 
 
+def compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of ``model``'s matrix products: its precision's half dtype, else the model's."""
+    return getattr(torch, compute_dtype_name(getattr(model, "precision", "float32"), model.config.dtype))
+
+
 def autocast(model: torch.nn.Module):
-    """The context a forward pass of ``model`` runs in: ``torch.autocast`` with bfloat16 on the
-    model's device when its precision is bfloat16, else nothing."""
-    if getattr(model, "precision", "float32") != "bfloat16":
+    """The context a forward pass or a decoding step of ``model`` runs in: ``torch.autocast`` in
+    its half dtype on the model's device when its precision is a half one, else nothing."""
+    precision = getattr(model, "precision", "float32")
+    if precision == "float32":
         return contextlib.nullcontext()
     device = next(model.parameters()).device.type
-    return torch.autocast(device_type=device, dtype=torch.bfloat16)
+    return torch.autocast(device_type=device, dtype=getattr(torch, precision))

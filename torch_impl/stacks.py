@@ -85,10 +85,12 @@ class Decoder(nn.Module):
         for layer, layer_weights in zip(self.layers, weights):
             attn = layer.self_attn
             k, v = layer.cross_attn.keys_values(memory)  # (B, H, S, d_k), once per source
-            empty = memory.new_zeros(n, attn.n_heads, capacity, attn.d_k)  # (N, H, capacity, d_k)
+            # (N, H, capacity, d_k) in the keys' dtype: the model's, or half under autocast
+            empty = k.new_zeros(n, attn.n_heads, capacity, attn.d_k)
             layers.append(LayerCache(empty, torch.zeros_like(empty), repeat_rows(k, beams),
                                      repeat_rows(v, beams), layer_weights))
-        mask, keep = prepare_mask(src_mask, memory.dtype)  # once per source, not per layer and step
+        # once per source, not per layer and step; src_keep in the dtype of the context it scales
+        mask, keep = prepare_mask(src_mask, layers[0].cross_key.dtype if layers else memory.dtype)
         return DecoderCache(layers, repeat_rows(mask, beams), repeat_rows(keep, beams), generator, 0)
 
     def step_weights(self) -> list[StepWeights]:
