@@ -1,0 +1,190 @@
+"""Half-precision inference (bfloat16, float16) against the float64 oracle, and its tokens against
+float32's: the measurements behind the "bfloat16" / "float16" inference bounds of
+`shared/tolerances.py`.
+
+Two parts, each for torch_impl (on ``--device``) and, where TensorFlow is installed, tf_impl (CPU):
+
+* ``parity``: for each precision, preset and seed, from the same `random_weights`: the largest
+  difference of the forward logits, of every named intermediate of the trace, and of the logits of
+  cached decoding steps (teacher-forced on a target without padding) from the float64 oracle;
+* ``agreement``: trained checkpoints (``twins train`` directories, e.g. the copy and dates demos)
+  decode their held-out sources greedily and with beam search (4, alpha 0.6) in float32 and in each
+  half precision; the fraction of sequences whose tokens equal float32's is reported.
+
+Every difference is ``max|a - b| / max(max|b|, 1)``, the rule of `shared.tolerances`.
+
+    PYTHONPATH=. python benchmarks/half_precision.py parity [--presets tiny small] [--seeds 0 1 2]
+        [--device cpu|cuda] [--backends torch tf]
+    PYTHONPATH=. python benchmarks/half_precision.py agreement --checkpoint runs/copy runs/dates
+        [--device cpu|cuda] [--backends torch tf]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import torch_impl  # noqa: E402
+from shared import TransformerConfig, reference  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
+from shared.tolerances import max_rel_diff  # noqa: E402
+from shared.weights import random_weights  # noqa: E402
+from torch_impl.precision import set_precision as torch_set_precision  # noqa: E402
+
+HALF = ("bfloat16", "float16")
+
+
+def as_f64(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().float().cpu().numpy().astype(np.float64)
+    return np.asarray(x).astype(np.float64)
+
+
+def build(backend: str, config, weights, precision: str, device: str):
+    if backend == "torch":
+        model = torch_impl.Transformer(config)
+        model.import_weights(weights)
+        model.to(device).eval()
+        torch_set_precision(model, precision)
+        return model
+    import tf_impl
+    from tf_impl.precision import set_precision
+    model = tf_impl.Transformer(config)
+    model.import_weights(weights)
+    set_precision(model, precision)
+    return model
+
+
+def inputs(config, seed: int):
+    """(src (4, 12) with padding and an all-padding row, tgt (4, 10) without padding)."""
+    src, tgt = src_tgt(config, batch=4, src_len=12, tgt_len=10, seed=seed, src_lengths=[12, 9, 4, 0],
+                       tgt_lengths=[10] * 4)
+    return src, tgt
+
+
+def forward_and_steps(backend: str, model, src: np.ndarray, tgt: np.ndarray, device: str):
+    """Logits ``(B, T, V)``, the trace, and the cached steps' logits ``(B, T, V)`` of ``model``."""
+    if backend == "torch":
+        s, t = torch.from_numpy(src).to(device), torch.from_numpy(tgt).to(device)
+        with torch.inference_mode():
+            logits, trace = model(s, t, return_trace=True)
+            cache = model.init_cache(model.encode(s), torch_impl.inputs.make_src_mask(s, model.config.pad_id),
+                                     t.shape[1])
+            steps = []
+            for i in range(t.shape[1]):
+                out, cache = model.decode_step(t[:, i], cache)
+                steps.append(out)
+        return as_f64(logits), {k: as_f64(v) for k, v in trace.items()}, as_f64(torch.stack(steps, 1))
+    from tf_impl.inputs import make_src_mask
+    logits, trace = model(src, tgt, return_trace=True)
+    cache = model.init_cache(model.encode(src), make_src_mask(src, model.config.pad_id), tgt.shape[1])
+    steps = []
+    for i in range(tgt.shape[1]):
+        out, cache = model.decode_step(tgt[:, i], cache)
+        steps.append(as_f64(out))
+    return as_f64(logits), {k: as_f64(v) for k, v in trace.items()}, np.stack(steps, 1)
+
+
+def parity(args) -> None:
+    worst: dict[str, float] = {}
+    print("| precision | backend | preset | seed | logits vs f64 | every intermediate | cached steps' logits |")
+    print("|---|---|---|---|---|---|---|")
+    for precision in args.precisions:
+        for preset in args.presets:
+            for seed in args.seeds:
+                config = TransformerConfig.preset(preset, dropout=0.0)
+                weights = random_weights(config, seed)
+                src, tgt = inputs(config, seed)
+                f64 = config.replace(dtype="float64")
+                ref_logits, ref = reference.forward({k: v.astype(np.float64) for k, v in weights.items()},
+                                                    f64, src, tgt, return_trace=True)
+                ran = {}
+                for backend in args.backends:
+                    model = build(backend, config, weights, precision, args.device)
+                    ran[backend] = logits, trace, steps = forward_and_steps(backend, model, src, tgt,
+                                                                            args.device)
+                    row = (max_rel_diff(logits, ref_logits), max(max_rel_diff(trace[k], ref[k]) for k in ref),
+                           max_rel_diff(steps, ref_logits))
+                    print(f"| {precision} | {backend} | {preset} | {seed} | {row[0]:.1e} | {row[1]:.1e} "
+                          f"| {row[2]:.1e} |")
+                    key = f"{precision} {backend}:reference"
+                    worst[key] = max(worst.get(key, 0.0), *row)
+                if len(ran) == 2:  # torch vs TF: logits, every intermediate, steps
+                    (tl, tt, ts), (fl, ft, fs) = ran["torch"], ran["tf"]
+                    row = (max_rel_diff(tl, fl), max(max_rel_diff(tt[k], ft[k]) for k in ref), max_rel_diff(ts, fs))
+                    print(f"| {precision} | torch vs tf | {preset} | {seed} | {row[0]:.1e} | {row[1]:.1e} "
+                          f"| {row[2]:.1e} |")
+                    worst[f"{precision} torch:tf"] = max(worst.get(f"{precision} torch:tf", 0.0), *row)
+    print("\nmaxima (every intermediate, logits and steps):")
+    for key, value in worst.items():
+        print(f"  {key}: {value:.2e}")
+
+
+def decode(backend: str, model, src: np.ndarray, max_len: int, device: str, beam: bool) -> np.ndarray:
+    if backend == "torch":
+        s = torch.from_numpy(src).to(device)
+        if beam:
+            return torch_impl.beam_search(model, s, max_len, beam_size=4, length_penalty=0.6).tokens
+        return torch_impl.greedy_decode(model, s, max_len).tokens
+    import tf_impl
+    if beam:
+        return tf_impl.beam_search(model, src, max_len, beam_size=4, length_penalty=0.6).tokens
+    return tf_impl.greedy_decode(model, src, max_len).tokens
+
+
+def agreement(args) -> None:
+    from shared.weights import load_checkpoint
+    from twins import demo_tasks as tasks
+    print("| checkpoint | backend | search | precision | sequences equal to float32's | exact vs targets |")
+    print("|---|---|---|---|---|---|")
+    for path in args.checkpoint:
+        config, weights = load_checkpoint(path)[:2]
+        task = tasks.infer_task(config)
+        data = tasks.heldout(task, args.heldout)
+        src = tasks.pad(data.sources)
+        max_len = tasks.spec(task).target_len + 1
+        for backend in args.backends:
+            for beam in (False, True):
+                base = None
+                for precision in ("float32", *args.precisions):
+                    model = build(backend, config, weights, precision, args.device)
+                    tokens = np.asarray(decode(backend, model, src, max_len, args.device, beam))
+                    base = tokens if base is None else base
+                    same = float(np.mean(np.all(tokens == base, axis=1)))
+                    exact = float(np.mean(tasks.exact(tokens, data.targets)))
+                    print(f"| {os.path.basename(os.path.normpath(path))} ({task}) | {backend} "
+                          f"| {'beam 4' if beam else 'greedy'} | {precision} | {same:.2%} ({len(src)}) "
+                          f"| {exact:.2%} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("part", choices=["parity", "agreement"])
+    parser.add_argument("--presets", nargs="+", default=["tiny", "small"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--precisions", nargs="+", default=list(HALF), choices=HALF)
+    parser.add_argument("--device", default="cpu", help="torch_impl's device (tf_impl runs on its own)")
+    parser.add_argument("--backends", nargs="+", choices=["torch", "tf"],
+                        default=["torch", "tf"] if importlib.util.find_spec("tensorflow") else ["torch"])
+    parser.add_argument("--checkpoint", nargs="+", default=[], help="agreement: twins train directories")
+    parser.add_argument("--heldout", type=int, default=500, help="agreement: held-out sources per task")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
+    print(f"torch {torch.__version__} on {args.device} ({gpu}), {torch.get_num_threads()} CPU threads; "
+          f"backends {args.backends}")
+    if args.device.startswith("cuda"):  # TF32 off, as every comparison in the project (docs/design.md)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    parity(args) if args.part == "parity" else agreement(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Half-precision inference (bfloat16, float16; `shared.precision`) in both backends: the forward
+pass, every intermediate and the cached decoding steps against the float64 oracle within the
+measured bounds of `shared.tolerances`; decoding's search in float32 on the half logits, cached
+equal to recompute, and the half precision really running (its weights cast once, its cache half).
+torch on the CPU and, where present, CUDA; TF on the CPU. One tiny model, to stay fast."""
+import numpy as np
+import pytest
+
+from shared import TransformerConfig, reference
+from shared.batches import src_tgt
+from shared.tolerances import assert_close, bound_for, max_rel_diff
+from shared.weights import random_weights
+
+from .decoding_backends import ModelBackend
+
+CONFIG = TransformerConfig.preset("tiny", dropout=0.0)
+HALF = ("bfloat16", "float16")
+
+
+
+@pytest.fixture(params=["torch", "torch-cuda", "tf-eager", "tf-xla"])
+def be(request) -> ModelBackend:
+    pytest.importorskip("torch" if request.param.startswith("torch") else "tensorflow")
+    if request.param == "torch-cuda":
+        import torch
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA device")
+    return ModelBackend(request.param)
+
+
+@pytest.fixture(scope="module")
+def case():
+    weights = random_weights(CONFIG, 0)
+    src, tgt = src_tgt(CONFIG, batch=4, src_len=12, tgt_len=10, seed=0, src_lengths=[12, 9, 4, 0],
+                       tgt_lengths=[10] * 4)  # targets without padding: cached steps = full pass
+    f64 = CONFIG.replace(dtype="float64")
+    logits, trace = reference.forward({k: v.astype(np.float64) for k, v in weights.items()}, f64, src, tgt,
+                                      return_trace=True)
+    return weights, src, tgt, logits, trace
+
+
+def set_precision(be: ModelBackend, model, precision: str) -> str:
+    import importlib
+    return importlib.import_module(f"{be.framework}_impl.precision").set_precision(model, precision)
+
+
+@pytest.fixture
+def half_model():
+    """``half_model(be, weights, precision)``: the backend's model of CONFIG in ``precision``; its
+    precision is restored after the test (the TF harness shares its models between tests)."""
+    made = []
+
+    def make(be: ModelBackend, weights, precision: str):
+        model = be.build(CONFIG, weights)
+        made.append((be, model, set_precision(be, model, precision)))
+        return model
+    yield make
+    for be, model, previous in reversed(made):
+        set_precision(be, model, previous)
+
+
+def dtype_name(x) -> str:
+    """``x``'s dtype as NumPy names it (``torch.bfloat16`` and TF's ``<dtype: 'bfloat16'>`` alike)."""
+    return str(x.dtype).replace("torch.", "").replace("<dtype: '", "").rstrip("'>")
+
+
+def as_f64(be: ModelBackend, x) -> np.ndarray:
+    if be.framework == "torch":
+        return x.detach().float().cpu().numpy().astype(np.float64)
+    return np.asarray(x).astype(np.float64)
+
+
+@pytest.mark.parametrize("precision", HALF)
+def test_forward_and_cached_steps_against_the_oracle(be, precision, case, half_model):
+    weights, src, tgt, ref_logits, ref_trace = case
+    model = half_model(be, weights, precision)
+    bound = bound_for(precision, f"{be.framework}:reference")
+    s, t = be.tensor(src), be.tensor(tgt)
+    with be.no_grad():
+        logits, trace = model(s, t, return_trace=True)
+        assert dtype_name(logits) == precision  # the generator's product ran in half
+        for name, expected in ref_trace.items():
+            assert_close(as_f64(be, trace[name]), expected, bound, name)
+        cache = model.init_cache(model.encode(s), be.make_src_mask(src, CONFIG.pad_id), tgt.shape[1])
+        assert dtype_name(cache.layers[0].self_key) == precision  # the cache is half
+        steps = []
+        for i in range(tgt.shape[1]):
+            out, cache = model.decode_step(t[:, i], cache)
+            steps.append(as_f64(be, out))
+    steps = np.stack(steps, axis=1)
+    assert_close(steps, ref_logits, bound, f"{precision} cached steps' logits")
+    # Far from float32's agreement: half precision really ran (not a silent float32 pass).
+    assert max_rel_diff(steps, ref_logits) > 10 * bound_for("float32", f"{be.framework}:reference").rtol
+
+
+@pytest.mark.parametrize("precision", HALF)
+def test_half_decoding_searches_in_float32_and_cached_equals_recompute(be, precision, case, half_model):
+    weights, src = case[0], case[1]
+    model = half_model(be, weights, precision)
+    if be.framework == "torch":
+        src = be.tensor(src)
+    cached = be.greedy_decode(model, src, 12)
+    assert cached.log_probs.dtype == np.float32  # the search ran on widened logits
+    beams = be.beam_search(model, src, 12, 3, 0.6)
+    assert beams.scores.dtype == np.float32
+    if be.name == "tf-xla":
+        return  # use_cache=False is the same under XLA's compiled step; eager covers it
+    recomputed = be.greedy_decode(model, src, 12, use_cache=False)
+    np.testing.assert_array_equal(cached.tokens, recomputed.tokens)
+    np.testing.assert_allclose(cached.log_probs, recomputed.log_probs,
+                               atol=bound_for(precision, f"{be.framework}:reference").rtol)
+
+
+@pytest.mark.parametrize("precision", HALF)
+def test_torch_and_tf_agree_in_half_precision(precision, case, half_model):
+    pytest.importorskip("torch")
+    pytest.importorskip("tensorflow")
+    weights, src, tgt = case[:3]
+    t_be, f_be = ModelBackend("torch"), ModelBackend("tf-eager")
+    t_model, f_model = half_model(t_be, weights, precision), half_model(f_be, weights, precision)
+    with t_be.no_grad():
+        t_logits = as_f64(t_be, t_model(t_be.tensor(src), t_be.tensor(tgt)))
+    f_logits = as_f64(f_be, f_model(src, tgt))
+    assert_close(t_logits, f_logits, bound_for(precision, "torch:tf"), f"{precision} logits torch vs tf")
+
+
+@pytest.mark.parametrize("framework", ["torch", "tf"])
+def test_the_step_weights_are_cast_once_and_float32_comes_back(framework, case):
+    """Switching precision changes what a decode computes, in both directions, and the model's own
+    weights never leave float32."""
+    be = ModelBackend("torch" if framework == "torch" else "tf-eager")
+    pytest.importorskip("torch" if framework == "torch" else "tensorflow")
+    weights, src = case[0], case[1]
+    model = be.build(CONFIG, weights)
+    first = be.greedy_decode(model, be.src(src), 12).log_probs
+    previous = set_precision(be, model, "bfloat16")
+    try:
+        half = be.greedy_decode(model, be.src(src), 12).log_probs
+    finally:
+        set_precision(be, model, previous)
+    again = be.greedy_decode(model, be.src(src), 12).log_probs
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, half)
+    assert {w.dtype for w in model.export_weights().values()} == {np.dtype("float32")}
