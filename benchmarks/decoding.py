@@ -32,6 +32,7 @@ fair and the fast setting; give the core count on a quiet machine).
                                   [--batches 1 8] [--tokens 64 128] [--rounds 5] [--threads N] [--no-pin]
                                   [--backends torch tf] [--repeats 3] [--recompute-repeats 1]
                                   [--modes cached recompute] [--device cpu|cuda]
+                                  [--precision float32|bfloat16|float16]
 
 Measured (quiet 2-core AMD EPYC, load average 0.5-1.2, 1 thread per contender; ratio to
 CTranslate2 float32 per step, at 64 / 128 tokens; the median of 3 rounds, the last of 5):
@@ -140,6 +141,7 @@ def torch_backend(config: TransformerConfig, weights: dict, args) -> Backend:
     import torch
 
     import torch_impl
+    from torch_impl.precision import set_precision
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -148,6 +150,7 @@ def torch_backend(config: TransformerConfig, weights: dict, args) -> Backend:
     model = torch_impl.Transformer(config)
     model.import_weights(weights)
     model = model.to(args.device).eval()
+    set_precision(model, args.precision)
 
     def decode(src: np.ndarray, max_len: int, use_cache: bool) -> GreedyResult:
         return torch_impl.greedy_decode(model, src, max_len, use_cache=use_cache)
@@ -163,8 +166,8 @@ def torch_backend(config: TransformerConfig, weights: dict, args) -> Backend:
         result = torch_impl.greedy_decode(model, src, max_len, use_cache=use_cache, observe=observe)
         return result, np.diff(stamps)
 
-    return Backend("torch", f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} "
-                   f"threads", decode, step_times)
+    return Backend("torch", f"torch {torch.__version__}, {args.device}, {args.precision}, "
+                   f"{torch.get_num_threads()} threads", decode, step_times)
 
 
 def tf_backend(config: TransformerConfig, weights: dict, args) -> Backend:
@@ -342,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="part contenders: run every contender on the same --threads cores "
                              "(default; --no-pin: where the scheduler puts them)")
     parser.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
+    parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="torch_impl's precision (torch_impl.precision; part cache)")
     parser.add_argument("--modes", nargs="+", default=["cached", "recompute"],
                         choices=["cached", "recompute"],
                         help="decoding modes to time (recompute, quadratic, is the slow one)")

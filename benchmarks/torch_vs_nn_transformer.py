@@ -12,11 +12,13 @@ the medians, their ratio, and achieved GFLOP/s against a plain matmul measured i
 printed. FLOPs are counted analytically (2*m*n*k per matmul, attention included, padded tokens
 included, since both models compute them unless nn's nested-tensor fast path skips them).
 
-    python3 dev.py bench torch_vs_nn_transformer [--repeats N] [--threads N]
+    python3 dev.py bench torch_vs_nn_transformer [--repeats N] [--threads N] [--device cpu|cuda]
+        [--precision float32|bfloat16|float16] [--batch B] [--length L]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch_impl  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
 
-BATCH, SRC_LEN, TGT_LEN = 8, 64, 64
+BATCH, SRC_LEN, TGT_LEN = 8, 64, 64  # --batch, --length change them
 
 
 class NNTransformerBaseline(nn.Module):
@@ -116,24 +118,37 @@ def inputs(c: TransformerConfig) -> tuple[torch.Tensor, torch.Tensor]:
     src = torch.randint(3, c.src_vocab, (BATCH, SRC_LEN), generator=g)
     tgt = torch.randint(3, c.tgt_vocab, (BATCH, TGT_LEN), generator=g)
     tgt[:, 0] = c.bos_id
-    for row in range(BATCH):  # 64, 60, ..., 36 real tokens
-        src[row, SRC_LEN - 4 * row:] = c.pad_id
-        tgt[row, TGT_LEN - 4 * row:] = c.pad_id
+    for row in range(BATCH):  # 64, 60, ..., 36 real tokens at length 64 (at most half padding)
+        pad = 4 * row % (SRC_LEN // 2)
+        src[row, SRC_LEN - pad:] = c.pad_id
+        tgt[row, TGT_LEN - pad:] = c.pad_id
     return src, tgt
 
 
-def time_once(fn) -> float:
+def time_once(fn, sync=lambda: None) -> float:
+    sync()
     start = time.perf_counter()
     fn()
+    sync()
     return time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> None:
+    global BATCH, SRC_LEN, TGT_LEN
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15, help="timed calls of each model")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (TF32 off, as in the parity tests)")
+    parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="both models under torch.autocast in this dtype (torch_impl.precision)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--length", type=int, default=64, help="source and target tokens")
     args = parser.parse_args(argv)
+    BATCH, SRC_LEN, TGT_LEN = args.batch, args.length, args.length
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -145,18 +160,25 @@ def main(argv: list[str] | None = None) -> None:
         models[label] = NNTransformerBaseline(ours, nested=nested).eval()
         copy_weights(ours, models[label])
     src, tgt = inputs(config)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+    for model in models.values():
+        model.to(args.device)
+    src, tgt = src.to(args.device), tgt.to(args.device)
+    autocast = (torch.autocast(args.device, dtype=getattr(torch, args.precision)) if args.precision != "float32"
+                else contextlib.nullcontext())
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    print(f"torch {torch.__version__} on {args.device} ({torch.cuda.get_device_name() if args.device == 'cuda' else 'CPU'}), "
+          f"precision {args.precision}, {torch.get_num_threads()} threads, "
           f"mkldnn={torch.backends.mkldnn.is_available()}, mha fast path enabled="
           f"{torch.backends.mha.get_fastpath_enabled()}; preset base float32, batch {BATCH}, src {SRC_LEN} / "
           f"tgt {TGT_LEN} tokens with padding ({int((src != config.pad_id).sum())} / {src.numel()} real "
           f"source tokens), {config.n_encoder_layers}+{config.n_decoder_layers} layers")
 
     flops = model_flops(config, BATCH, SRC_LEN, TGT_LEN)
-    x = torch.randn(BATCH * TGT_LEN, config.d_model)
-    w = torch.randn(config.d_model, config.d_ff)
+    x = torch.randn(BATCH * TGT_LEN, config.d_model, device=args.device)
+    w = torch.randn(config.d_model, config.d_ff, device=args.device)
     mm_flops = 2 * x.shape[0] * x.shape[1] * w.shape[1]
     times: dict[str, list[float]] = {name: [] for name in [*models, "matmul"]}
-    with torch.inference_mode():
+    with torch.inference_mode(), autocast:
         a = ours(src, tgt)
         real = tgt != config.pad_id  # compare where targets are real
         for label, model in list(models.items())[1:]:
@@ -173,8 +195,8 @@ def main(argv: list[str] | None = None) -> None:
                 model(src, tgt)
         for _ in range(args.repeats):  # interleaved: A, B, C, matmul, A, B, C, ...
             for name, model in models.items():
-                times[name].append(time_once(lambda: model(src, tgt)))
-            times["matmul"].append(min(time_once(lambda: x @ w) for _ in range(5)))
+                times[name].append(time_once(lambda: model(src, tgt), sync))
+            times["matmul"].append(min(time_once(lambda: x @ w, sync) for _ in range(5)))
 
     med = {name: statistics.median(t) for name, t in times.items()}
     print(f"model FLOPs per forward (analytic, every token counted): {flops / 1e9:.1f} GFLOP")
