@@ -141,7 +141,7 @@ class MultiHeadAttention(nn.Module):
         n = query_in.shape[0]
         q = dense(query_in, *query).view(n, self.n_heads, 1, self.d_k)  # (N, H, 1, d_k): one position
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * keep
-        return dense(context.view(n, 1, self.n_heads * self.d_k), *output)
+        return dense(context.reshape(n, 1, self.n_heads * self.d_k), *output)
 
     def self_attend_prepared(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor,
                              qkv: tuple, output: tuple) -> torch.Tensor:
@@ -189,6 +189,7 @@ class MultiHeadAttention(nn.Module):
         key_cache[:, :, position] = k
         value_cache[:, :, position] = v
         end = position + 1
+        # (N, H, 1, d_k); CUDA's half-precision kernels may return it with other strides: reshape
         context = F.scaled_dot_product_attention(q[:, :, None], key_cache[:, :, :end],
-                                                 value_cache[:, :, :end])  # (N, H, 1, d_k)
-        return dense(context.view(n, 1, self.n_heads * self.d_k), *output), key_cache, value_cache
+                                                 value_cache[:, :, :end])
+        return dense(context.reshape(n, 1, self.n_heads * self.d_k), *output), key_cache, value_cache
