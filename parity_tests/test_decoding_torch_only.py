@@ -140,3 +140,59 @@ def test_a_model_that_decoded_still_pickles_and_copies():
         assert "_prepared_weights" not in other.__dict__
         for x, y in zip(before, torch_impl.greedy_decode(other, src, MAX_LEN)):
             np.testing.assert_array_equal(x, y)
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("variant", ["tiny-pre-annotated", "tiny-post-standard"])
+def test_a_step_at_a_tensor_position_is_the_eager_step(variant, dtype, device):
+    """What a CUDA graph replays (`torch_impl.graphs`: the position a device tensor, the whole
+    buffer masked to the filled positions) gives the eager step's logits, step by step, within the
+    dtype's bound of the oracle; and writes the same keys and values."""
+    config = tiny_configs()[variant].replace(dtype=dtype)
+    model = build(config, weights_for(config, 4), device)
+    src = torch.from_numpy(sources(config, 4)).to(device)  # padded, an all-padding row
+    tokens = torch.from_numpy(np.random.default_rng(4).integers(3, config.tgt_vocab, (src.shape[0], 6)))
+    tokens = tokens.to(device)
+    bound = bound_for(dtype, "torch:reference")
+    with torch.inference_mode():
+        mask = torch_impl.inputs.make_src_mask(src, config.pad_id)
+        eager = model.init_cache(model.encode(src), mask, 6)
+        graphed = model.init_cache(model.encode(src), mask, 6)
+        position = torch.zeros((), dtype=torch.int64, device=device)
+        for t in range(6):
+            want, eager = model.decode_step(tokens[:, t], eager)
+            position.fill_(t)
+            got = model._step_logits(tokens[:, t], graphed, position)
+            assert_close(got.cpu().numpy(), want.cpu().numpy(), bound, f"step {t}")
+        for a, b in zip(graphed.layers, eager.layers):
+            assert_close(a.self_key.cpu().numpy(), b.self_key.cpu().numpy(), bound, "keys")
+            assert_close(a.self_value.cpu().numpy(), b.self_value.cpu().numpy(), bound, "values")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_graphed_decoding_equals_the_eager_step(precision, monkeypatch):
+    """On CUDA cached decoding replays one CUDA graph a step: greedy and beam search (its cache
+    reordered in place between replays) give the eager step's tokens, and log-probs within the
+    bound of the precision."""
+    from torch_impl import graphs
+    from torch_impl.precision import set_precision
+    config = tiny_configs()["tiny-post-standard"]
+    model = build(config, weights_for(config, 2), "cuda")
+    set_precision(model, precision)
+    src = torch.from_numpy(sources(config, 2)).to("cuda")
+    bound = bound_for(precision, "torch:reference").rtol
+    results = {}
+    for enabled in (True, False):
+        monkeypatch.setattr(graphs, "ENABLED", enabled)
+        results[enabled] = (torch_impl.greedy_decode(model, src, MAX_LEN),
+                            torch_impl.beam_search(model, src, MAX_LEN, 3, 0.6))
+    (g, b), (eg, eb) = results[True], results[False]
+    np.testing.assert_array_equal(g.tokens, eg.tokens)
+    np.testing.assert_allclose(g.log_probs, eg.log_probs, atol=bound)
+    np.testing.assert_array_equal(b.tokens, eb.tokens)
+    np.testing.assert_allclose(b.scores, eb.scores, atol=bound)

@@ -118,7 +118,9 @@ FRAMEWORK_ARGS: dict[str, dict[str, dict[str, str]]] = {
 
 # Modules one backend has and the other cannot: framework -> {module: reason}.
 FRAMEWORK_ONLY_MODULES: dict[str, dict[str, str]] = {
-    "torch": {},
+    "torch": {"graphs": "cached decoding steps replayed from one CUDA graph (kernel launches, not "
+                        "arithmetic, bound an eager step on a GPU); tf_impl compiles its whole "
+                        "decoding loop with XLA instead"},
     "tf": {"saved_model": "exports a TensorFlow SavedModel that decodes (TF Serving, TFLite "
                           "converters); a TensorFlow file format with no torch counterpart"},
 }

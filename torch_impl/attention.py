@@ -173,6 +173,11 @@ class MultiHeadAttention(nn.Module):
         keeps them) the query, key and value come from one matrix product and no module is
         called; the result is the same to rounding.
 
+        ``position`` may also be a 0-d int64 tensor on the cache's device (with ``qkv``): the key
+        and value are then written with ``index_copy_`` and the query attends to the whole buffer
+        masked to positions ``<= position``, so that one captured CUDA graph serves every step
+        (`torch_impl.graphs`); the same values to rounding (masked keys get exactly zero weight).
+
         Shape: query_in ``(N, 1, d_model)``, position an int -> ``(output (N, 1, d_model),
         key_cache, value_cache)``: the buffers written, returned as tf_impl returns its new ones,
         so that the calling code is the same in both.
@@ -186,6 +191,14 @@ class MultiHeadAttention(nn.Module):
             return output, key_cache, value_cache
         n = query_in.shape[0]
         q, k, v = dense(query_in, *qkv).view(n, 3, self.n_heads, self.d_k).unbind(1)  # (N, H, d_k)
+        if isinstance(position, torch.Tensor):  # a CUDA graph's step: one program for every position
+            key_cache.index_copy_(2, position.view(1), k[:, :, None])
+            value_cache.index_copy_(2, position.view(1), v[:, :, None])
+            capacity = key_cache.shape[2]
+            filled = (torch.arange(capacity, device=position.device) <= position).view(1, 1, 1, capacity)
+            context = F.scaled_dot_product_attention(q[:, :, None], key_cache, value_cache,
+                                                     attn_mask=filled)
+            return dense(context.reshape(n, 1, self.n_heads * self.d_k), *output), key_cache, value_cache
         key_cache[:, :, position] = k
         value_cache[:, :, position] = v
         end = position + 1

@@ -27,7 +27,7 @@ import torch
 from shared.decoding import BeamResult, GreedyResult, check_search_args
 from shared.masks import padding_id, start_is_pad
 
-from . import search
+from . import graphs, search
 from .cache import repeat_rows
 from .inputs import check_ids, make_tgt_mask
 from .model import Transformer
@@ -141,7 +141,10 @@ class CachedStep:
 def _step(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, beams: int, max_len: int,
           use_cache: bool):
     memory = model._encode_for_decoding(src, src_mask)  # (B, S, d), once per source
-    kind = CachedStep if use_cache else RecomputeStep
+    if not use_cache:
+        kind = RecomputeStep
+    else:  # on CUDA the step's launches are replayed from one graph (torch_impl.graphs)
+        kind = graphs.GraphedStep if graphs.usable(src.device) else CachedStep
     return kind(model, memory, src_mask, beams, max_len)
 
 

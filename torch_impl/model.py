@@ -324,6 +324,21 @@ class Transformer(nn.Module):
         hidden, cache = self.decoder.step(x, cache)  # (N, 1, d); cache.length is now t + 1
         return dense(hidden[:, 0], *cache.generator), cache  # (N, V)
 
+    def _step_logits(self, tokens: torch.Tensor, cache: DecoderCache, position) -> torch.Tensor:
+        """The logits of one cached step at ``position`` (an int, or a 0-d int64 tensor on the
+        cache's device, as a CUDA graph replays it: `torch_impl.graphs`), writing every layer's
+        key/value at that position and leaving ``cache.length`` as it is. ``(N,)`` -> ``(N, V)``."""
+        x = self.tgt_embed(tokens[:, None])  # (N, 1, d)
+        table = self.positional.select(self.tgt_embed.positions)  # fixed or learned (max_len, d)
+        row = (table[position: position + 1] if isinstance(position, int)
+               else table.index_select(0, position.view(1)))
+        x = x + row  # inference: no dropout
+        for layer, layer_cache in zip(self.decoder.layers, cache.layers):
+            x, _ = layer.step(x, layer_cache, position, cache.src_mask, cache.src_keep)
+        if self.decoder.final_norm is not None:
+            x = self.decoder.final_norm(x)
+        return dense(x[:, 0], *cache.generator)  # (N, V)
+
     # -- canonical weights ------------------------------------------------------------------------
     def import_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         """Load canonical weights (`shared.weights` schema, ``config.dtype``). Everything is checked

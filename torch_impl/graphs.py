@@ -1,0 +1,74 @@
+"""Cached decoding steps replayed from one CUDA graph: the step at GPU speed.
+
+On a GPU a cached step is a few hundred small kernels (six decoder layers of projections,
+attention, layer norms and residual adds, then the generator), each of which takes longer to
+launch from Python than to run: the eager step of ``base`` costs about the same at batch 1, 8 and
+64 (docs/performance.md). A CUDA graph records those launches once and replays them with one call.
+
+A graph replays fixed kernels on fixed memory, so the step it records must not depend on the
+position: `GraphedStep` keeps the token and the position in device tensors that each step
+overwrites, and the self-attention writes its key and value with ``index_copy_`` and attends to the
+whole preallocated buffer masked to the filled positions (`MultiHeadAttention.extend` with a tensor
+position), instead of the eager step's slice of the positions so far, whose shape changes every
+step. Masked keys get exactly zero weight, so the graph's logits are the eager step's to rounding
+(`parity_tests/test_decoding_torch_only.py` measures it against the eager step and the oracle).
+
+Used by `torch_impl.decoding` for cached decoding on CUDA (``ENABLED``); the search loop
+(`torch_impl.search`) drives it as any other step. Torch-only: TensorFlow compiles its whole
+decoding loop with XLA instead (`tf_impl.decoding`).
+"""
+from __future__ import annotations
+
+import torch
+
+ENABLED = True  # cached decoding on CUDA replays a graph; False: the eager step (tests compare them)
+
+
+def usable(device: torch.device) -> bool:
+    """Whether cached decoding on ``device`` replays a graph (`ENABLED`, and a CUDA device)."""
+    return ENABLED and device.type == "cuda"
+
+
+class GraphedStep:
+    """A cached decoding step (`shared.decoding.Step`, as `torch_impl.decoding.CachedStep`) whose
+    work is one CUDA graph, captured for this decode's rows, source length and capacity.
+
+    The graph reads ``tokens`` ``(N,)`` and ``position`` (0-d) and writes the cache's key/value
+    buffers and ``logits`` ``(N, V)``, all allocated before the capture and never replaced; beam
+    search's `reorder` gathers the buffers in place, so the graph keeps reading the right rows.
+    """
+
+    def __init__(self, model, memory: torch.Tensor, src_mask: torch.Tensor, beams: int, max_len: int):
+        self.model = model
+        self.cache = model._init_cache(memory, src_mask, max_len, beams)
+        self.vocab, self.dtype = model.config.tgt_vocab, getattr(torch, model.config.dtype)
+        device = memory.device
+        self.tokens = torch.zeros(self.cache.rows, dtype=torch.int64, device=device)
+        self.position = torch.zeros((), dtype=torch.int64, device=device)
+        # Warm up on a side stream first (kernel selection, cuBLAS workspaces), as capture requires;
+        # these runs write position 0 of the buffers, which the first real step overwrites.
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                model._step_logits(self.tokens, self.cache, self.position)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = model._step_logits(self.tokens, self.cache, self.position)  # (N, V)
+
+    def initial_state(self):
+        return self.cache
+
+    def __call__(self, prefixes: torch.Tensor, t: int, cache):
+        if t != cache.length:  # the search and the cache must stay in step (a Python int: no sync)
+            raise AssertionError(f"GraphedStep: step {t}, cache of {cache.length} positions")
+        self.tokens.copy_(prefixes[:, t])
+        self.position.fill_(t)
+        self.graph.replay()
+        cache.length += 1
+        # a copy (the next replay overwrites the graph's output), widened for the search
+        return self.logits.to(self.dtype, copy=True), cache
+
+    def reorder(self, cache, rows: torch.Tensor):
+        return cache.reorder_beams(rows)
