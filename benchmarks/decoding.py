@@ -166,8 +166,12 @@ def torch_backend(config: TransformerConfig, weights: dict, args) -> Backend:
         result = torch_impl.greedy_decode(model, src, max_len, use_cache=use_cache, observe=observe)
         return result, np.diff(stamps)
 
+    # On CUDA, timestamps inside the run would need a synchronisation a step, which stops the host
+    # from running ahead of the GPU (torch_impl.search reads each step's flags one step late): time
+    # whole decodes at several lengths instead.
     return Backend("torch", f"torch {torch.__version__}, {args.device}, {args.precision}, "
-                   f"{torch.get_num_threads()} threads", decode, step_times)
+                   f"{torch.get_num_threads()} threads", decode,
+                   None if args.device == "cuda" else step_times)
 
 
 def tf_backend(config: TransformerConfig, weights: dict, args) -> Backend:

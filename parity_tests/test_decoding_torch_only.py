@@ -1,6 +1,8 @@
 """Decoding behaviour only torch_impl has: decoding switches a module to eval mode and gives the
 caller's mode back (Keras layers take ``training`` per call instead), and the search makes one
 host sync per step. The contract both backends share is test_decoding.py."""
+import re
+
 import numpy as np
 import pytest
 
@@ -196,3 +198,43 @@ def test_graphed_decoding_equals_the_eager_step(precision, monkeypatch):
     np.testing.assert_allclose(g.log_probs, eg.log_probs, atol=bound)
     np.testing.assert_array_equal(b.tokens, eb.tokens)
     np.testing.assert_allclose(b.scores, eb.scores, atol=bound)
+
+
+class _NaNAt:
+    """A stub step on CUDA: uniform logits, NaN in row 0 from step ``bad`` on (None: never), EOS
+    best in every row from step ``end`` on."""
+
+    def __init__(self, bad, end: int, vocab: int = 7, eos: int = 2):
+        self.bad, self.end, self.vocab, self.eos, self.dtype = bad, end, vocab, eos, torch.float32
+        self.calls = 0
+
+    def initial_state(self):
+        return ()
+
+    def __call__(self, prefixes, t, state):
+        self.calls += 1
+        logits = torch.zeros(prefixes.shape[0], self.vocab, device=prefixes.device)
+        if t >= self.end:
+            logits[:, self.eos] = 1.0
+        if self.bad is not None and t >= self.bad:
+            logits[0] = float("nan")
+        return logits, state
+
+    def reorder(self, state, rows):
+        return state
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the lagged read is CUDA's")
+def test_cuda_greedy_reads_a_step_late_and_still_names_the_bad_step():
+    """On CUDA greedy reads step t's flags at step t + 1 (`torch_impl.search._LaggedReads`): a NaN
+    step still raises naming its own step, and the results are the one-read-a-step results (at
+    most one step more runs after every row finished)."""
+    from shared.decoding import bad_step_message
+    from torch_impl import search
+    with pytest.raises(ValueError, match=re.escape(bad_step_message(3))):
+        search.greedy_search(_NaNAt(3, 99), 2, 8, 1, 2, 0, "cuda")
+    on_gpu, stub = search.greedy_search(_NaNAt(None, 4), 2, 8, 1, 2, 0, "cuda"), _NaNAt(None, 4)
+    on_cpu = search.greedy_search(stub, 2, 8, 1, 2, 0, "cpu")
+    for a, b in zip(on_gpu, on_cpu):
+        np.testing.assert_array_equal(a, b)
+    assert stub.calls == 5  # the CPU read each step at once: steps 0-4, the last one EOS

@@ -102,6 +102,45 @@ def _over(invalid: torch.Tensor, over: torch.Tensor, t: int) -> bool:
     return bool(done)
 
 
+class _LaggedReads:
+    """Greedy's one host read a step, on CUDA one step late: step ``t``'s flags (a bad step output,
+    all finished) are copied to pinned host memory without waiting, and the loop reads step
+    ``t - 1``'s, whose work the GPU has finished meanwhile, so the host launches step ``t + 1``
+    while the GPU still runs step ``t`` instead of the two taking turns. The price is at most one
+    step after every row finished, which changes no output (a finished row takes pad at log-prob 0
+    and keeps its length); a bad step still raises, naming its own step. Elsewhere (the CPU, where
+    nothing runs ahead) each step's flags are read at once."""
+
+    def __init__(self, device: torch.device):
+        self.lag = device.type == "cuda"
+        if self.lag:  # two pinned buffers, written in turn (allocating pinned memory is slow)
+            self.host = [torch.empty(2, dtype=torch.bool, pin_memory=True) for _ in range(2)]
+            self.events = [torch.cuda.Event(), torch.cuda.Event()]
+        self.pending: int | None = None  # the step whose flags are in flight
+
+    def over(self, invalid: torch.Tensor, over: torch.Tensor, t: int) -> bool:
+        if not self.lag:
+            return _over(invalid, over, t)
+        slot = t % 2
+        self.host[slot].copy_(torch.stack([invalid, over]), non_blocking=True)
+        self.events[slot].record()
+        previous, self.pending = self.pending, t
+        return previous is not None and self._read(previous)
+
+    def finish(self) -> None:
+        """Read the last step's flags (raises on a bad step), when the loop ended without it."""
+        if self.lag and self.pending is not None:
+            self._read(self.pending)
+
+    def _read(self, t: int) -> bool:
+        self.events[t % 2].synchronize()
+        bad, done = self.host[t % 2].tolist()
+        if bad:
+            raise ValueError(bad_step_message(t))
+        self.pending = None if done else self.pending
+        return bool(done)
+
+
 def _sort_lowest(x: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k largest along the last axis, best first, ties by lowest index."""
     return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
@@ -130,6 +169,7 @@ def greedy_loop(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, 
     lengths = torch.zeros(batch, dtype=torch.int64, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     state = step.initial_state()
+    reads = _LaggedReads(torch.device(device))
     for t in range(max_len):
         # Two passes over the (B, V) logits a step, which at batch 8 cost more than the rest of
         # the loop: log-softmax's normaliser and the best token. An unread (finished) row may
@@ -145,8 +185,9 @@ def greedy_loop(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, 
         if observe is not None:
             others = logits.index_fill(1, torch.tensor([pad_id], device=logits.device), float("-inf"))
             observe(t, others.topk(2, dim=-1).values - lse[:, None])  # values only: no tie order
-        if _over(invalid, finished.all(), t):
+        if reads.over(invalid, finished.all(), t):
             break
+    reads.finish()
     return {"tokens": prefixes[:, 1:], "log_probs": log_probs, "lengths": lengths}
 
 
