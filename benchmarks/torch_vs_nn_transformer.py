@@ -13,7 +13,7 @@ printed. FLOPs are counted analytically (2*m*n*k per matmul, attention included,
 included, since both models compute them unless nn's nested-tensor fast path skips them).
 
     python3 dev.py bench torch_vs_nn_transformer [--repeats N] [--threads N] [--device cpu|cuda]
-        [--precision float32|bfloat16|float16] [--batch B] [--length L]
+        [--precision float32|bfloat16|float16] [--batch B] [--length L] [--train]
 """
 from __future__ import annotations
 
@@ -125,6 +125,33 @@ def inputs(c: TransformerConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return src, tgt
 
 
+def forward(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, autocast) -> None:
+    with torch.inference_mode(), autocast:
+        model(src, tgt)
+
+
+def training_steps(models: dict, src: torch.Tensor, tgt: torch.Tensor, pad_id: int, autocast) -> dict:
+    """One training step per model (train mode, the loss on float32 logits, backward, Adam), as
+    callables; each model its own optimizer (the shared embedding and generator get both's steps,
+    which changes the numbers, not the work)."""
+    target = tgt.roll(-1, dims=1)
+    steps = {}
+    for name, model in models.items():
+        model.train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+        def step(model=model, optimizer=optimizer) -> None:
+            optimizer.zero_grad(set_to_none=True)
+            with autocast:
+                logits = model(src, tgt)
+            loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), target.flatten(),
+                                               ignore_index=pad_id)
+            loss.backward()
+            optimizer.step()
+        steps[name] = step
+    return steps
+
+
 def time_once(fn, sync=lambda: None) -> float:
     sync()
     start = time.perf_counter()
@@ -144,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="both models under torch.autocast in this dtype (torch_impl.precision)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=64, help="source and target tokens")
+    parser.add_argument("--train", action="store_true", help="time training steps, not forward passes")
     args = parser.parse_args(argv)
     BATCH, SRC_LEN, TGT_LEN = args.batch, args.length, args.length
     if args.device == "cuda":
@@ -190,16 +218,22 @@ def main(argv: list[str] | None = None) -> None:
               "(torch._transformer_encoder_layer_fwd) "
               f"{'with' if encoder.use_nested_tensor else 'without'} nested tensors, which skip padded "
               "source tokens; the decoder has no fast path. '(no nested)' computes every token, as we do.")
-        for _ in range(args.warmup):
-            for model in models.values():
-                model(src, tgt)
-        for _ in range(args.repeats):  # interleaved: A, B, C, matmul, A, B, C, ...
-            for name, model in models.items():
-                times[name].append(time_once(lambda: model(src, tgt), sync))
-            times["matmul"].append(min(time_once(lambda: x @ w, sync) for _ in range(5)))
+    work = training_steps(models, src, tgt, config.pad_id, autocast) if args.train else {
+        name: (lambda m=model: forward(m, src, tgt, autocast)) for name, model in models.items()}
+    for _ in range(args.warmup):
+        for step in work.values():
+            step()
+    for _ in range(args.repeats):  # interleaved: A, B, C, matmul, A, B, C, ...
+        for name, step in work.items():
+            times[name].append(time_once(step, sync))
+        times["matmul"].append(min(time_once(lambda: x @ w, sync) for _ in range(5)))
 
     med = {name: statistics.median(t) for name, t in times.items()}
-    print(f"model FLOPs per forward (analytic, every token counted): {flops / 1e9:.1f} GFLOP")
+    if args.train:  # a training step: forward, backward (twice the forward's products) and Adam
+        flops *= 3
+        print("timed: training steps (train mode, cross-entropy on float32 logits, backward, Adam)")
+    print(f"model FLOPs per {'training step' if args.train else 'forward'} (analytic, every token "
+          f"counted): {flops / 1e9:.1f} GFLOP")
     for name in models:
         print(f"{name:28s} median {med[name] * 1e3:8.1f} ms  {flops / med[name] / 1e9:6.1f} GFLOP/s  "
               f"(min {min(times[name]) * 1e3:.1f}, max {max(times[name]) * 1e3:.1f})")

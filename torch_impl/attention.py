@@ -81,20 +81,39 @@ class MultiHeadAttention(nn.Module):
         Returns:
             output ``(B, Q, d_model)``, and the weights ``(B, H, Q, K)`` (before dropout) or ``None``.
         """
-        k, v = self.keys_values(memory)
-        return self.attend(query_in, k, v, mask, return_weights)
+        if query_in is memory:  # self-attention: the query, key and value from one product
+            q, k, v = self._project(query_in, self.query, self.key, self.value)
+        else:
+            q, (k, v) = self._heads(self.query(query_in)), self.keys_values(memory)
+        return self._attend(q, k, v, mask, return_weights)
+
+    def _project(self, x: torch.Tensor, *linears: nn.Linear) -> list[torch.Tensor]:
+        """The per-head projections of ``x (B, L, d_model)`` by ``linears``, each ``(B, H, L, d_k)``,
+        from one product with their weights stacked (as ``nn.MultiheadAttention``'s ``in_proj``):
+        one launch where there were as many as linears, and under autocast one cast of the
+        stacked weight instead of one per linear. Differentiable (the stacking is a ``cat``)."""
+        b, length, _ = x.shape
+        weight = torch.cat([lin.weight for lin in linears])
+        bias = torch.cat([lin.bias for lin in linears])
+        out = F.linear(x, weight, bias).view(b, length, len(linears), self.n_heads, self.d_k)
+        return list(out.permute(2, 0, 3, 1, 4).unbind(0))  # views; SDPA reads them strided
 
     def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-head keys and values of ``memory (B, K, d_model)``, each ``(B, H, K, d_k)``: what a
-        decoding cache (`torch_impl.cache`) keeps instead of recomputing."""
-        return self._heads(self.key(memory)), self._heads(self.value(memory))
+        """Per-head keys and values of ``memory (B, K, d_model)``, each ``(B, H, K, d_k)``, from one
+        product: what a decoding cache (`torch_impl.cache`) keeps instead of recomputing."""
+        k, v = self._project(memory, self.key, self.value)
+        return k, v
 
     def attend(self, query_in: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                return_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`forward` with the keys and values given (``(B, H, K, d_k)``, from `keys_values` or a
         cache); the other arguments and the result are those of `forward`."""
-        b, q_len, _ = query_in.shape
-        q = self._heads(self.query(query_in))  # (B, H, Q, d_k)
+        return self._attend(self._heads(self.query(query_in)), k, v, mask, return_weights)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                return_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`attend` from the per-head query ``(B, H, Q, d_k)``."""
+        b, _, q_len, _ = q.shape
         p = self.dropout if self.training else 0.0
         weights = None
         if return_weights and q.dtype == torch.bfloat16:
