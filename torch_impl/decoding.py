@@ -170,6 +170,10 @@ def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cach
     src, src_mask = _decode_inputs(model, src, max_len, src_mask)
     c = model.config
     with _inference(model):
+        if use_cache and observe is None and graphs.usable(src.device):  # step and selection: one graph
+            memory = model._encode_for_decoding(src, src_mask)
+            return search.greedy_result(graphs.greedy_loop(model, memory, src_mask, max_len, c.start_id,
+                                                           c.eos_id, c.pad_id))
         step = _step(model, src, src_mask, 1, max_len, use_cache)
         return search.greedy_search(step, src.shape[0], max_len, c.start_id, c.eos_id, c.pad_id,
                                     _device(model), observe)

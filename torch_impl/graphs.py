@@ -13,8 +13,10 @@ position), instead of the eager step's slice of the positions so far, whose shap
 step. Masked keys get exactly zero weight, so the graph's logits are the eager step's to rounding
 (`parity_tests/test_decoding_torch_only.py` measures it against the eager step and the oracle).
 
-Used by `torch_impl.decoding` for cached decoding on CUDA (``ENABLED``); the search loop
-(`torch_impl.search`) drives it as any other step. Torch-only: TensorFlow compiles its whole
+Used by `torch_impl.decoding` for cached decoding on CUDA (``ENABLED``): beam search drives a
+`GraphedStep` as any other step (`torch_impl.search`); greedy decoding replays its step and its
+selection as one graph (`greedy_loop`), so that a step costs the host one replay and one lagged
+read, not the few dozen launches of the loop's bookkeeping. Torch-only: TensorFlow compiles its whole
 decoding loop with XLA instead (`tf_impl.decoding`).
 """
 from __future__ import annotations
@@ -72,3 +74,56 @@ class GraphedStep:
 
     def reorder(self, cache, rows: torch.Tensor):
         return cache.reorder_beams(rows)
+
+
+def greedy_loop(model, memory: torch.Tensor, src_mask: torch.Tensor, max_len: int, bos_id: int,
+                eos_id: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """`torch_impl.search.greedy_loop` with a cached step whose step and selection are one CUDA
+    graph: the step (`GraphedStep`'s work) and the loop's bookkeeping
+    (`torch_impl.search.greedy_update`, the same function the eager loop runs) read the position
+    from a device tensor, so a step is one position write, one replay and the loop's one
+    (lagged) host read. The same tensors out as `search.greedy_loop`; no ``observe`` (a hook
+    would run between the kernels the graph fuses)."""
+    from .search import _LaggedReads, greedy_update  # the eager loop's own step and read
+
+    cache = model._init_cache(memory, src_mask, max_len, 1)
+    batch, device, dtype = cache.rows, memory.device, getattr(torch, model.config.dtype)
+    prefixes = torch.empty(batch, max_len + 1, dtype=torch.int64, device=device)  # (B, 1+T)
+    log_probs = torch.empty(batch, max_len, dtype=dtype, device=device)
+    lengths = torch.empty(batch, dtype=torch.int64, device=device)
+    finished = torch.empty(batch, dtype=torch.bool, device=device)
+    position = torch.zeros((), dtype=torch.int64, device=device)
+
+    def reset() -> None:  # the loop's start (the warm-up runs below change it)
+        prefixes.fill_(pad_id)
+        prefixes[:, 0] = bos_id
+        log_probs.zero_()
+        lengths.zero_()
+        finished.zero_()
+
+    def step() -> torch.Tensor:
+        tokens = prefixes.index_select(1, position.view(1))[:, 0]  # (B,): column t
+        logits = model._step_logits(tokens, cache, position).to(dtype)  # half widened for the search
+        invalid, _ = greedy_update(logits, prefixes, log_probs, lengths, finished, position,
+                                   eos_id, pad_id)
+        return torch.stack([invalid, finished.all()])  # what the host reads
+
+    reset()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flags = step()
+    reset()
+    reads = _LaggedReads(device)
+    for t in range(max_len):
+        position.fill_(t)
+        graph.replay()
+        if reads.over(flags[0], flags[1], t):
+            break
+    reads.finish()
+    return {"tokens": prefixes[:, 1:], "log_probs": log_probs, "lengths": lengths}

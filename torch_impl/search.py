@@ -156,6 +156,36 @@ def _numpy(outputs: dict) -> dict:
 
 
 # -- greedy ---------------------------------------------------------------------------------------
+def _put(x: torch.Tensor, column, values: torch.Tensor) -> None:
+    """``x[:, column] = values``, ``column`` an int or a 0-d int64 tensor (a CUDA graph's step)."""
+    if isinstance(column, torch.Tensor):
+        x.index_copy_(1, column.view(1), values[:, None])
+    else:
+        x[:, column] = values
+
+
+def greedy_update(logits: torch.Tensor, prefixes: torch.Tensor, log_probs: torch.Tensor,
+                  lengths: torch.Tensor, finished: torch.Tensor, t, eos_id: int,
+                  pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of `greedy_loop` after its step: the best token of each live row appended at
+    ``prefixes[:, t + 1]``, its log-prob at ``log_probs[:, t]``, ``lengths`` and ``finished``
+    updated, all in place; ``t`` an int or a 0-d int64 tensor (`torch_impl.graphs` replays it).
+    Returns ``(invalid (0-d bool): a live row's logits unreadable, lse (B,))``.
+
+    Two passes over the (B, V) logits, which at batch 8 cost more than the rest of the loop:
+    log-softmax's normaliser and the best token. An unread (finished) row may hold anything: its
+    values reach no output (torch.where replaces them)."""
+    lse = torch.logsumexp(logits, dim=-1)  # pad included: the model's own log-softmax
+    invalid = (~torch.isfinite(lse) & ~finished).any()
+    best, tok = _best_but(logits, pad_id)  # on the logits, pad left out, lowest id on a tie
+    chosen = torch.where(finished, pad_id, tok)  # a finished row takes pad, at log-prob 0
+    _put(prefixes, t + 1, chosen)
+    _put(log_probs, t, torch.where(finished, 0.0, best - lse))  # the log-prob, afterwards
+    lengths += (~finished).long()
+    finished |= chosen == eos_id
+    return invalid, lse
+
+
 def greedy_loop(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, pad_id: int,
                 device: torch.device | str = "cpu",
                 observe: Observe | None = None) -> dict[str, torch.Tensor]:
@@ -171,17 +201,8 @@ def greedy_loop(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, 
     state = step.initial_state()
     reads = _LaggedReads(torch.device(device))
     for t in range(max_len):
-        # Two passes over the (B, V) logits a step, which at batch 8 cost more than the rest of
-        # the loop: log-softmax's normaliser and the best token. An unread (finished) row may
-        # hold anything: its values reach no output (torch.where replaces them below).
         logits, state = _checked_step(step, prefixes, t, state)  # (B, V)
-        lse = torch.logsumexp(logits, dim=-1)  # pad included: the model's own log-softmax
-        invalid = (~torch.isfinite(lse) & ~finished).any()
-        best, tok = _best_but(logits, pad_id)  # on the logits, pad left out, lowest id on a tie
-        prefixes[:, t + 1] = torch.where(finished, pad_id, tok)  # a finished row takes pad, at 0
-        log_probs[:, t] = torch.where(finished, 0.0, best - lse)  # the log-prob, afterwards
-        lengths += (~finished).long()
-        finished |= prefixes[:, t + 1] == eos_id
+        invalid, lse = greedy_update(logits, prefixes, log_probs, lengths, finished, t, eos_id, pad_id)
         if observe is not None:
             others = logits.index_fill(1, torch.tensor([pad_id], device=logits.device), float("-inf"))
             observe(t, others.topk(2, dim=-1).values - lse[:, None])  # values only: no tie order
