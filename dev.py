@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Set-up and everyday commands; needs only Python >= 3.10 on the machine.
+"""Set-up and everyday commands; needs only Python >= 3.11 on the machine.
 
     python3 dev.py demo [ARGS]   set up if needed, then run the main job (`twins compare ARGS`)
     python3 dev.py test [ARGS]   set up if needed, then run the parity suite (`pytest ARGS`)
@@ -42,8 +42,8 @@ def _run(cmd: list[str], **kwargs) -> int:
 
 
 def setup() -> None:
-    if sys.version_info < (3, 10):
-        sys.exit(f"dev.py: Python >= 3.10 is required, this is {sys.version.split()[0]}")
+    if sys.version_info < (3, 11):  # constraints.txt's pins (numpy 2.4, hypothesis) need 3.11
+        sys.exit(f"dev.py: Python >= 3.11 is required, this is {sys.version.split()[0]}")
     stamp = _stamp()
     if stamp.exists():
         return

@@ -2,6 +2,14 @@ import gc
 import importlib.util
 import os
 
+from parity_tests import importable
+
+# TWINS_BLOCK=tensorflow,keras (or torch): the suite as in an environment without those packages,
+# here and, through the environment, in every subprocess a test starts (parity_tests/importable.py).
+# First: nothing may import them before the blocker is in place.
+importable.install_from_env()
+os.environ.update(importable.environ())
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # Under pytest-xdist every worker is a process of its own, and `python3 dev.py test` starts one per
@@ -61,3 +69,32 @@ def pytest_collection_finish(session):
     if not DEFAULT_GC:
         gc.collect()
         gc.freeze()
+
+
+# Parameter values that name a backend of one framework: `backends.Backend` and the decoding
+# backends carry ``.framework``; the string params name a framework or its package.
+_PARAM_FRAMEWORKS = {"torch": "torch", "torch-cuda": "torch", "torch_impl": "torch",
+                     "tf": "tf", "tf-eager": "tf", "tf-function": "tf", "tf-xla": "tf", "tf_impl": "tf"}
+
+
+def _frameworks(item) -> set[str]:
+    """The frameworks ``item`` needs: its ``torch`` / ``tf`` markers, and any parameter (fixture
+    params included) whose value names a backend of one framework."""
+    needed = {m.name for m in item.iter_markers() if m.name in importable.FRAMEWORKS}
+    callspec = getattr(item, "callspec", None)
+    for value in callspec.params.values() if callspec else ():
+        name = getattr(value, "framework", value)
+        if isinstance(name, str) and name in _PARAM_FRAMEWORKS:
+            needed.add(_PARAM_FRAMEWORKS[name])
+    return needed
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that needs a framework that is not importable here (not installed, or blocked by
+    TWINS_BLOCK) is skipped with the reason, never run to fail on the import."""
+    missing = {name: importable.absence(name) for name in importable.FRAMEWORKS
+               if not importable.present(name)}
+    for item in items:
+        reasons = [missing[name] for name in sorted(_frameworks(item)) if name in missing]
+        if reasons:
+            item.add_marker(pytest.mark.skip(reason="needs " + "; ".join(reasons)))

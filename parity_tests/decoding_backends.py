@@ -216,6 +216,13 @@ def _markov_loop(beam_size, batch, max_len, ids, jit_compile):
     return _tf().function(loop, jit_compile=jit_compile, autograph=False)
 
 
+def installed_search_backends() -> list[SearchBackend]:
+    """The `SEARCH_BACKENDS` whose framework can be imported here (the reference always)."""
+    from parity_tests.importable import present
+    return [SearchBackend(name) for name in SEARCH_BACKENDS
+            if name == "reference" or present(name.partition("-")[0])]
+
+
 @pytest.fixture(params=SEARCH_BACKENDS)
 def search_backend(request) -> SearchBackend:
     if request.param != "reference":

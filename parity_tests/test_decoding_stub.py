@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from parity_tests.decoding_backends import (NATIVE_SEARCH_BACKENDS, SEARCH_BACKENDS, MarkovStep,  # noqa: F401
-                                            SearchBackend, search_backend)
+                                            SearchBackend, installed_search_backends, search_backend)
 from shared import decoding as D
 from shared.decoding import StatelessStep, length_penalty, stateless_step
 from shared.tolerances import SEARCH_FLOAT64, assert_close
@@ -294,7 +294,7 @@ def test_an_eos_below_the_k_best_is_pruned():
     and Hugging Face's rule, which keeps beam size 1 greedy; the TF Model Garden keeps it):
     K = 1, EOS second at step 0 (p .4 < .6), and A's path ends lower (-1.02 - 0.69 < -0.92)."""
     tables = [{(): {A: .6, EOS: .4}, (A,): {B: .6, EOS: .4}, (A, B): {EOS: 1.0}}]
-    for backend in map(SearchBackend, SEARCH_BACKENDS):
+    for backend in installed_search_backends():
         result, step = run_beam(backend, tables, max_len=3, beam_size=1)
         np.testing.assert_array_equal(result.tokens, [[A, B, EOS]])
         assert sum(path_log_probs(step, 0, [A, B, EOS])) < step.lp(0, (), EOS)
@@ -381,7 +381,7 @@ def test_beam_size_one_with_a_length_penalty_outscores_greedy():
     """Greedy ends with EOS at once (p .5); with alpha = 1 the beam goes on, because A (raw
     -0.73) could still reach -0.73 / penalty(4) = -0.49 > -0.69, and A EOS does: -0.74 / (7/6)."""
     tables = [{(): {EOS: .5, A: .48, B: .02}, (A,): {EOS: .99, A: .01}}]
-    for backend in map(SearchBackend, SEARCH_BACKENDS):
+    for backend in installed_search_backends():
         greedy, _ = run_greedy(backend, tables, max_len=4)
         off, step_off = run_beam(backend, tables, max_len=4, beam_size=1, alpha=0.0)
         on, step_on = run_beam(backend, tables, max_len=4, beam_size=1, alpha=1.0)

@@ -22,6 +22,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("tensorflow")
 
+from parity_tests import importable  # noqa: E402
 from parity_tests.distributed_worker import STEPS, WARMUP, FACTOR, config  # noqa: E402
 from shared import noam_lr  # noqa: E402
 from shared.tolerances import FLOAT64, assert_close, bound_for  # noqa: E402
@@ -31,8 +32,9 @@ EPS = 1e-9  # Adam's (both backends)
 
 
 def _env() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
-               TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    env = importable.environ(base=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
+                                       TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1",
+                                       TF_CPP_MIN_LOG_LEVEL="2"))
     return env
 
 

@@ -7,20 +7,14 @@ from pathlib import Path
 
 import pytest
 
-BLOCKER = textwrap.dedent("""
-    import sys
-    class _Block:
-        def __init__(self, names): self.names = names
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in self.names:
-                raise ImportError(f"blocked import of {name}")
-    sys.meta_path.insert(0, _Block(BLOCKED))
-""")
+from parity_tests import importable
 
 
 def run(code: str, blocked: set[str]) -> subprocess.CompletedProcess:
-    script = BLOCKER.replace("BLOCKED", repr(blocked)) + textwrap.dedent(code)
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    """``code`` in a fresh interpreter where the packages ``blocked`` (and any the suite's
+    ``TWINS_BLOCK`` blocks) look absent (`parity_tests.importable`)."""
+    return subprocess.run([sys.executable, "-c", "import sys\n" + textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=300, env=importable.environ(blocked))
 
 
 def test_shared_imports_neither_framework():
@@ -74,8 +68,9 @@ def test_optional_libraries_are_never_imported_by_the_product():
     Marian/FSMT importers and the Marian exporter run with them blocked)."""
     result = run("""
         import pkgutil, importlib
-        import shared, torch_impl, tf_impl, twins
-        for pkg in (shared, torch_impl, tf_impl, twins):
+        from parity_tests.importable import present
+        names = ["shared", "twins"] + [f"{f}_impl" for f in ("torch", "tf") if present(f)]  # the backends here
+        for pkg in map(importlib.import_module, names):
             for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
                 if not info.name.endswith("__main__"):  # running the command line is not importing
                     importlib.import_module(info.name)
@@ -108,9 +103,28 @@ def test_the_command_line_imports_without_a_framework():
 
 
 def test_the_blocker_blocks():
-    """Guards the tests above against passing vacuously."""
-    result = run("import json; import torch", blocked={"torch"})
-    assert result.returncode != 0 and "blocked import of torch" in result.stderr
+    """Guards the tests above (and the suite's TWINS_BLOCK legs) against passing vacuously: a
+    blocked package that is installed everywhere (the standard library's ``csv``) looks absent, to
+    ``find_spec`` and to ``import``, here and in a subprocess started from here."""
+    result = run("""
+        import importlib.util, subprocess
+        assert importlib.util.find_spec("csv") is None
+        child = "import importlib.util; assert importlib.util.find_spec('csv') is None; import csv"
+        child = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+        assert child.returncode == 1 and "No module named 'csv'" in child.stderr, child.stderr
+        import csv
+    """, blocked={"csv"})
+    assert result.returncode == 1 and "ModuleNotFoundError: No module named 'csv'" in result.stderr, result.stderr
+
+
+def test_the_blocker_refuses_a_package_already_imported():
+    """Blocking what is already loaded would be a lie: the suite would test what it claims not to."""
+    result = run("""
+        import csv
+        from parity_tests.importable import install
+        install({"csv"})
+    """, blocked=set())
+    assert result.returncode == 1 and "cannot block ['csv']: already imported: ['csv']" in result.stderr, result.stderr
 
 
 # -- the import graph, read from the source (deferred imports inside functions count too) ----------

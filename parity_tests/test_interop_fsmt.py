@@ -111,6 +111,23 @@ def test_greedy_tokens_equal_generate(impl):
     assert max(distinct) > 1, "degenerate cases: every source decodes alike in each"
 
 
+def test_cached_decoding_is_the_forward_pass():
+    """The oracle of the float64 logits and the greedy tests: transformers' cached decoding (one
+    token a call, what ``generate`` runs) equals its own uncached forward pass, since 5.18. Before
+    it only the first position agrees (every cached step is embedded at the first position; the
+    tests that need the cached path skip there, naming the versions)."""
+    model, _, config, _ = case("unequal-relu", "float32")
+    src, tgt = C.batch(config, seed=1, tgt_full=True)
+    full = H.hf_logits(model, src, tgt, config.pad_id, False)  # float32: the uncached pass
+    cached = H.hf_cached_logits(model, src, tgt, config.pad_id, exact_only=False)
+    tol = C.bound("float32", "torch")
+    assert_close(cached[:, 0], full[:, 0], tol, "the first position")
+    if H.fsmt_cache_is_exact():
+        assert_close(cached, full, tol, f"transformers {transformers.__version__}, every position")
+    else:
+        assert max_rel_diff(cached[:, 1:], full[:, 1:]) > 1e-2, "the bug of transformers < 5.18 is gone"
+
+
 def test_greedy_float32_torch():
     model, _, config, weights = case("unequal-relu", "float32")
     src = C.sources(config)

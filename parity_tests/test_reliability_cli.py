@@ -156,6 +156,8 @@ def test_json_to_stdout_is_json_alone_and_tf_logs_are_hidden():
         assert "oneDNN" not in line and "absl" not in line and not line.startswith("I0000"), line
 
 
+@pytest.mark.torch
+@pytest.mark.tf
 def test_tf_errors_from_call_read_as_torchs():
     """Before: Keras re-raised the error as "Exception encountered when calling Transformer.call()"
     with the text in terminal bold (ESC[1m ... ESC[0m) and the arguments listed."""

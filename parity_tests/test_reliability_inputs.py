@@ -9,17 +9,18 @@ from collections.abc import Mapping
 
 import numpy as np
 import pytest
-import tensorflow as tf
-import torch
 
-import tf_impl
-import torch_impl
-from shared import TransformerConfig
-from shared.config import POSITIONAL_TABLE_LIMIT
-from shared.loss import label_smoothed_cross_entropy
-from shared.weights import WeightsError, check_weights, random_weights
-from tf_impl.training import label_smoothed_loss as tf_loss
-from torch_impl.training import label_smoothed_loss as torch_loss
+tf = pytest.importorskip("tensorflow")
+torch = pytest.importorskip("torch")
+
+import tf_impl  # noqa: E402
+import torch_impl  # noqa: E402
+from shared import TransformerConfig  # noqa: E402
+from shared.config import POSITIONAL_TABLE_LIMIT  # noqa: E402
+from shared.loss import label_smoothed_cross_entropy  # noqa: E402
+from shared.weights import WeightsError, check_weights, random_weights  # noqa: E402
+from tf_impl.training import label_smoothed_loss as tf_loss  # noqa: E402
+from torch_impl.training import label_smoothed_loss as torch_loss  # noqa: E402
 
 CONFIG = TransformerConfig.preset("tiny", dropout=0.0, n_encoder_layers=1, n_decoder_layers=1)
 IDS = tf.TensorSpec([None, None], tf.int64)

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parity_tests import importable
 from shared import TransformerConfig
 from shared import saving
 from shared.weights import init_weights, load_checkpoint, save_checkpoint
@@ -48,7 +49,7 @@ MARKER = {"config-written": "old", "staging": "old", "staged": "old", "marked": 
 
 
 def _env(**extra) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3", **extra}
+    env = importable.environ(base={**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"})
     env.pop("TWINS_FAULT_AT", None)
     env.pop("TWINS_NO_EXCHANGE", None)
     env.update(extra)
@@ -154,6 +155,7 @@ def trained_run(tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("step, protocol, resumed_at", [
     ("staged", "exchange", 2), ("swapped", "exchange", 4), ("moved-old", "marker", 4)])
 def test_twins_train_killed_while_saving_resumes_from_the_right_step(tmp_path, trained_run, capsys,

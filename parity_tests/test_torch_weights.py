@@ -93,8 +93,10 @@ def test_pickle_that_would_run_code_is_refused_not_executed(tmp_path, where):
     torch.save(obj, path)  # a genuine torch.save zip archive
     for load in (lambda: torch_impl.load_checkpoint(path),
                  lambda: checkpoints.read_foreign_state_dict(path)):
+        # The project's words exactly; torch's own after the parenthesis only by the global it names
+        # (torch 2.13: "Unsupported global: GLOBAL io.open", 2.11: "... GLOBAL _io.open").
         with pytest.raises(ValueError, match=r"evil.pt'?: refused: the pickle holds more than tensors "
-                                             r"and plain containers \(Unsupported global: GLOBAL io.open"):
+                                             r"and plain containers \(.*\b_?io\.open\b"):
             load()
         assert not marker.exists(), "the pickle's code ran"
     # Sanity: the file really does run code when unpickled without weights_only.

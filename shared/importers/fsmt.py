@@ -47,6 +47,18 @@ target (with the cache on, transformers 5 builds no causal mask for it). An all-
 attends uniformly there (``masked_fill`` with ``finfo.min``) and has zero attention here
 (docs/design.md, convention 3); a boolean mask cannot express it. The tokenizer ends every source
 with EOS, so it never produces such a row.
+
+**Which transformers.** The import follows FSMT's forward pass (fairseq's computation), which
+transformers 5.17 and 5.23 compute alike (the float32 logits of the uncached forward agree with
+this import in both). Their cached decoding differs: up to 5.17 (and by its source back to 5.0.0),
+a decoding step with ``past_key_values`` embeds the positions of the tokens it is given, one new
+token, as if they started the sequence (``embed_positions(input_ids)``, the cache's length
+ignored), so every generated token is decoded at the first position; ``generate()`` there is not
+FSMT's own forward pass (the suite with 5.17: greedy tokens differ on 47 of 72, float64 cached
+logits by up to 0.97). transformers 5.18 passes ``past_key_values_length`` and agrees with the
+forward pass (5.23: to 3e-16). The import does not reproduce the old behaviour; the interop tests
+compare against ``generate()`` and cached logits only on transformers >= 5.18 and skip there,
+naming the versions, before it (parity_tests/hf_models.py, `test_cached_decoding_is_the_forward_pass`).
 """
 from __future__ import annotations
 
