@@ -329,6 +329,8 @@ def test_convert_refusals_leave_nothing(tmp_path, capsys):
     assert "--rename: only for --from" in capsys.readouterr().err
     _, path, _, _ = case("shared-swish", "float32")
     assert main(["convert", str(path), str(tmp_path / "y"), "--from", "marian", "--n-heads", "2"]) == 2
-    assert "--n-heads: --from marian reads these from the directory's config.json" in capsys.readouterr().err
-    assert main(["convert", str(path), str(tmp_path / "z")]) == 2
-    assert "a transformers marian directory, not a neutral checkpoint; pass --from marian" in capsys.readouterr().err
+    assert ("--n-heads: only for --from nn-transformer / annotated, not --from marian, which reads "
+            "the config from the directory's config.json") in capsys.readouterr().err
+    # The directory's config.json says marian: recognised without --from (shared.formats.hf).
+    assert main(["convert", str(path), str(tmp_path / "z")]) == 0
+    assert f"{path} (marian) -> " in capsys.readouterr().out
