@@ -209,3 +209,14 @@ def exact(tokens: np.ndarray, targets: list[list[int]]) -> np.ndarray:
     """Per example: the decoded sequence (up to EOS, which must come) equals the target."""
     return np.array([strip(row) == list(t) and data.EOS_ID in np.asarray(row).tolist()
                      for row, t in zip(tokens, targets)], dtype=bool)
+
+
+def resolve_task(given: str | None, log: dict | None, config: TransformerConfig) -> str:
+    """The demo task of a checkpoint: ``--task`` as given (it must agree with the run's log), else
+    the log's, else the one its vocabulary fits; checked against the config."""
+    task = given or (log or {}).get("task") or infer_task(config)
+    if log and given and log.get("task") != given:
+        raise ValueError(f"--task {given}: the checkpoint's train log says {log.get('task')}")
+    check_config(task, config)
+    return task
+

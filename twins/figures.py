@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shared import formats
 from shared import tasks as data
 from shared.masks import make_src_mask, make_tgt_mask, subsequent_mask
 from shared.positional import positional_encoding
@@ -218,11 +219,11 @@ def _copy_token(t: int) -> str:
 
 
 def attention_figure(path: Path, dpi: int, task: str, checkpoint: str, text: str | None) -> Path:
-    from .decode import load, resolve_task
     from .backends import make_adapter
+    from .runs import read_log
     plt = _pyplot()
-    config, weights, log = load(checkpoint)
-    resolve_task(task, log, config)
+    config, weights = formats.read(checkpoint)
+    tasks.resolve_task(task, read_log(checkpoint), config)
     spec = tasks.spec(task)
     text = text or spec.example[0]
     src = tasks.pad([tasks.parse_input(task, text)])
@@ -284,7 +285,7 @@ def attention_figure(path: Path, dpi: int, task: str, checkpoint: str, text: str
 
 # -- the command ----------------------------------------------------------------------------------
 def run(args) -> int:
-    from .train import read_log, read_log_file
+    from .runs import read_log, read_log_file
     if args.dpi < 20:
         raise ValueError(f"--dpi: expected an int >= 20, got {args.dpi}")
     runs: list[tuple[str, str | None, dict]] = []  # (label, checkpoint or None, log)

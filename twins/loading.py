@@ -15,9 +15,10 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_arguments(parser, write: bool = False, skip: tuple[str, ...] = ()) -> None:
-    """``--from`` (``--to`` with ``write``), ``--config`` and every format's options (those named
-    in ``skip`` are the command's own), each help naming the formats that take it."""
+def add_arguments(parser, write: bool = False, config: bool = True, skip: tuple[str, ...] = ()) -> None:
+    """``--from`` (``--to`` with ``write``), ``--config`` (unless the command has its own) and every
+    format's options (those named in ``skip`` are the command's own), each help naming the formats
+    that take it."""
     listed = "`twins convert --list-formats`"
     parser.add_argument("--from", dest="src_format", metavar="FORMAT", choices=formats.names("read"),
                         help=f"the source's format, one of {', '.join(formats.names('read'))} "
@@ -26,10 +27,12 @@ def add_arguments(parser, write: bool = False, skip: tuple[str, ...] = ()) -> No
         parser.add_argument("--to", dest="dst_format", metavar="FORMAT", choices=formats.names("write"),
                             help=f"the destination's format, one of {', '.join(formats.names('write'))} "
                                  f"(default: recognised from the path)")
-    parser.add_argument("--config", metavar="FILE.json",
-                        help="the config, for a .pt holding a bare torch_impl state dict or a "
-                             ".weights.h5 written by plain Keras save_weights (files written by "
-                             "this project hold theirs)")
+    if config:
+        parser.add_argument("--config", metavar="FILE.json",
+                            help="the config, for a .pt holding a bare torch_impl state dict or "
+                                 "a .weights.h5 written by plain Keras save_weights (files written "
+                                 "by this project hold theirs)")
+    parser.set_defaults(format_options_skipped=skip)
     group = parser.add_argument_group("format options (what a file does not store; each says "
                                       "which formats take it)")
     for option in formats.options(None if write else "read").values():
@@ -43,12 +46,13 @@ def add_arguments(parser, write: bool = False, skip: tuple[str, ...] = ()) -> No
 
 def given_options(args, direction: str | None = None) -> dict:
     """The format options given on the command line (``direction``: only that side's)."""
+    skipped = getattr(args, "format_options_skipped", ())
     return {name: getattr(args, name) for name in formats.options(direction)
-            if getattr(args, name, None) not in (None, [])}
+            if name not in skipped and getattr(args, name, None) not in (None, [])}
 
 
 def config_of(args) -> TransformerConfig | None:
-    if not getattr(args, "config", None):
+    if not getattr(args, "config", None) or getattr(args, "checkpoint", None):
         return None
     with open(args.config, encoding="utf-8") as f:
         return TransformerConfig.from_json(f.read())

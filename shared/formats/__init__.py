@@ -16,7 +16,7 @@ module             formats             docs
 `.native`          neutral torch tf    docs/formats/native.md
 `.state_dicts`     nn-transformer      docs/formats/state_dicts.md
                    annotated
-`.hf`              marian fsmt         docs/formats/transformers.md
+`.hf`              marian fsmt         docs/formats/hf.md
 `.keras`           tf-tutorial         docs/formats/keras.md
                    keras-hub
 `.ctranslate2`     ctranslate2         docs/formats/ctranslate2.md

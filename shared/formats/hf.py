@@ -1,5 +1,5 @@
 """transformers ``save_pretrained`` directories: MarianMT (OPUS-MT) and FSMT
-(docs/formats/transformers.md). NumPy + safetensors: neither transformers nor torch is needed to
+(docs/formats/hf.md). NumPy + safetensors: neither transformers nor torch is needed to
 read or write one; transformers runs one only in ``twins convert --verify``.
 
 Recognised as a source by the directory's own ``config.json`` (``"model_type": "marian"`` /

@@ -1,0 +1,85 @@
+"""The format registry (`shared.formats`): every record well formed and documented, recognition
+without a framework, the options' checks, `twins convert --list-formats`, and every native format
+loading in both backends through the one function."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("tensorflow")
+
+import tf_impl  # noqa: E402
+import torch_impl  # noqa: E402
+from shared import TransformerConfig, formats  # noqa: E402
+from shared.formats import native  # noqa: E402
+from shared.weights import random_weights, save_checkpoint  # noqa: E402
+from twins.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = TransformerConfig.preset("tiny")
+
+
+def test_every_record_is_complete_and_documented():
+    assert len(formats.REGISTRY) == len(set(formats.names())) == 11
+    for fmt in formats.REGISTRY:
+        assert fmt.read or fmt.write, fmt.name
+        assert set(fmt.required) <= {o.name for o in fmt.read_options}, fmt.name
+        assert (ROOT / "docs" / "formats" / f"{fmt.family}.md").is_file(), fmt.family
+    formats.options()  # one declaration per option name (raises otherwise)
+
+
+def test_native_suffixes_are_the_backends_own():
+    from tf_impl import checkpoints as tf_ckpt
+    from torch_impl import checkpoints as torch_ckpt
+    assert native.PT_SUFFIXES == torch_ckpt.PT_SUFFIXES and native.H5_SUFFIXES == (tf_ckpt.H5_SUFFIX,)
+
+
+def test_recognition_imports_no_framework():
+    code = ("import sys; from shared import formats; "
+            "print(formats.detect('m.pt').name, formats.detect('m.weights.h5', 'destination').name, "
+            "formats.detect('out', 'destination').name, formats.detect('m.keras').name); "
+            "print(sorted(m for m in ('torch', 'tensorflow', 'keras', 'h5py') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:2] == ["torch tf neutral keras-hub", "[]"], out
+
+
+def test_options_are_checked_and_named_as_typed():
+    nn = formats.get("nn-transformer")
+    with pytest.raises(ValueError, match=r"--from nn-transformer: n_heads, norm_first required"):
+        formats.check_options(nn, "read", {"pad_id": 0, "bos_id": 1, "eos_id": 2})
+    with pytest.raises(ValueError, match=r"^--beam-size: only for --to saved-model, not --from marian"):
+        formats.check_options(formats.get("marian"), "read", {"beam_size": 2},
+                              spell=lambda n: "--" + n.replace("_", "-"))
+    with pytest.raises(ValueError, match="always pre-norm"):
+        formats.check_options(formats.get("annotated"), "read", {"norm_first": True})
+    with pytest.raises(ValueError, match="readable formats .* got 'ctranslate2' .*write only"):
+        formats.read("x", "ctranslate2")
+
+
+def test_list_formats_prints_the_registry(capsys):
+    assert main(["convert", "--list-formats"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines] == [[f.name, f.directions] for f in formats.REGISTRY]
+
+
+@pytest.fixture(scope="module")
+def native_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("native")
+    weights = random_weights(TINY, 0)
+    save_checkpoint(folder / "n", TINY, weights)
+    for name in ("m.pt", "m.weights.h5"):
+        formats.write(formats.detect(folder / name, "destination"), TINY, weights, folder / name)
+    return folder, weights
+
+
+@pytest.mark.parametrize("name", ["n", "m.pt", "m.weights.h5"])
+def test_each_native_format_loads_in_both_backends(native_files, name):
+    folder, weights = native_files
+    for backend in (torch_impl, tf_impl):
+        model = backend.load_checkpoint(folder / name)
+        assert model.config == TINY
+        exported = model.export_weights()
+        assert all(exported[k].tobytes() == weights[k].tobytes() for k in weights), (backend, name)
+        backend.checkpoints.load_into(backend.Transformer(TINY), folder / name)  # into a model, too
