@@ -37,7 +37,8 @@ def _stamp() -> Path:
 
 
 def _run(cmd: list[str], **kwargs) -> int:
-    print("+", " ".join(str(c) for c in cmd), flush=True)
+    # On stderr: stdout is the command's own (`python3 dev.py demo --json - | python3 -m json.tool`).
+    print("+", " ".join(str(c) for c in cmd), file=sys.stderr, flush=True)
     return subprocess.call([str(c) for c in cmd], cwd=ROOT, **kwargs)
 
 
@@ -48,7 +49,8 @@ def setup() -> None:
     if stamp.exists():
         return
     if not PYTHON.exists():
-        print(f"creating {VENV}", flush=True)
+        print(f"creating {VENV} and installing the project (about 2 minutes; pip is quiet)",
+              file=sys.stderr, flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
     env = {**os.environ, "PIP_CONSTRAINT": str(ROOT / "constraints.txt"),
            "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
