@@ -83,3 +83,13 @@ def test_each_native_format_loads_in_both_backends(native_files, name):
         exported = model.export_weights()
         assert all(exported[k].tobytes() == weights[k].tobytes() for k in weights), (backend, name)
         backend.checkpoints.load_into(backend.Transformer(TINY), folder / name)  # into a model, too
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/formats/README.md"])
+def test_the_documented_format_tables_are_the_registry(doc):
+    """The README's and docs/formats/'s tables: one row per record, in order, with its directions
+    and description (`twins convert --list-formats` prints the same)."""
+    rows = [line.split("|")[1:4] for line in (ROOT / doc).read_text(encoding="utf-8").splitlines()
+            if line.startswith("| `")]
+    documented = [tuple(cell.strip().strip("`") for cell in row) for row in rows]
+    assert documented == [(f.name, f.directions, f.describe) for f in formats.REGISTRY]

@@ -249,8 +249,9 @@ class _Framework(Adapter):
         return result.loss, result.lr
 
     def export_moments(self) -> dict[str, np.ndarray]:
-        """Adam's moments in the canonical layout; zeros for a weight that has none yet."""
-        raise NotImplementedError
+        """Adam's moments in the canonical layout; zeros for a weight that has none yet (the
+        backend's ``training.export_moments``)."""
+        return self._training.export_moments(self.model, self.optimizer)
 
 
 def _numpy(tensor) -> np.ndarray:
@@ -313,32 +314,9 @@ class Torch(_Framework):
             return _numpy(self.model(self._ids(src), self._ids(tgt)))
 
     def make_optimizer(self, warmup, factor, step, moments=None):
-        from torch_impl.weights_io import weight_table
-        torch = self._torch
         self.optimizer = self._new_optimizer(warmup, factor, step)
-        if moments is None:
-            return
-        for name, (param, transposed) in weight_table(self.model).items():
-            m, v = (np.asarray(moments[f"{k}.{name}"]) for k in ("m", "v"))
-            as_param = (lambda a: torch.from_numpy(np.ascontiguousarray(a.T if transposed else a).copy())
-                        .to(param.device, param.dtype))
-            self.optimizer.state[param] = {"step": torch.tensor(float(step)), "exp_avg": as_param(m),
-                                           "exp_avg_sq": as_param(v)}
-
-    def export_moments(self):
-        from torch_impl.weights_io import weight_table
-        out = {}
-        table = weight_table(self.model)
-        for kind, key in (("m", "exp_avg"), ("v", "exp_avg_sq")):
-            for name, (param, transposed) in table.items():
-                state = self.optimizer.state.get(param) if self.optimizer is not None else None
-                if state and key in state:
-                    a = state[key].detach().cpu().numpy()
-                    out[f"{kind}.{name}"] = np.ascontiguousarray(a.T if transposed else a)
-                else:
-                    out[f"{kind}.{name}"] = np.zeros(tuple(reversed(param.shape)) if transposed
-                                                     else tuple(param.shape), dtype=self.config.dtype)
-        return out
+        if moments is not None:
+            self._training.import_moments(self.model, self.optimizer, moments, step)
 
 
 class TF(_Framework):
@@ -399,31 +377,11 @@ class TF(_Framework):
         self._compiled(tf.constant(src), tf.constant(tgt)).numpy()
 
     def make_optimizer(self, warmup, factor, step, moments=None):
-        from tf_impl.weights_io import weight_table
         # With moments the optimizer's own step count carries the position (Adam's bias corrections
         # and the schedule both read it); without, only the schedule is offset and Adam starts fresh.
-        self.optimizer = opt = self._new_optimizer(warmup, factor, 0 if moments is not None else step)
-        if moments is None:
-            return
-        opt.iterations.assign(step)
-        for name, variable in weight_table(self.model).items():
-            index = opt._get_variable_index(variable)
-            opt._momentums[index].assign(np.asarray(moments[f"m.{name}"], dtype=self.config.dtype))
-            opt._velocities[index].assign(np.asarray(moments[f"v.{name}"], dtype=self.config.dtype))
-
-    def export_moments(self):
-        from tf_impl.weights_io import weight_table
-        out = {}
-        table = weight_table(self.model)
-        opt = self.optimizer
-        for kind in ("m", "v"):
-            for name, variable in table.items():
-                if opt is None:
-                    out[f"{kind}.{name}"] = np.zeros(tuple(variable.shape), dtype=self.config.dtype)
-                    continue
-                slots = opt._momentums if kind == "m" else opt._velocities
-                out[f"{kind}.{name}"] = np.asarray(slots[opt._get_variable_index(variable)].numpy())
-        return out
+        self.optimizer = self._new_optimizer(warmup, factor, 0 if moments is not None else step)
+        if moments is not None:
+            self._training.import_moments(self.model, self.optimizer, moments, step)
 
 
 _ADAPTERS = {"reference": Reference, "torch": Torch, "tf": TF}

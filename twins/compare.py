@@ -175,7 +175,8 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out
         for a, b in pairs:
             p = r["pairs"][f"{a}:{b}"]
             verdict = "ok" if p.get("pass") else "FAIL"  # one width, so FAIL shifts nothing
-            cell = "missing" if p.get("missing") else f"{p['max_abs']:.2e} {p['max_rel']:.2e} {verdict:<4}"
+            cell = ("missing" if p.get("missing")
+                    else f"{p['max_abs']:.2e} {p['max_rel']:.2e} {verdict:<4}")
             line += f"  {cell:>28}"
         if not pairs:
             stats = r["reference"]

@@ -38,7 +38,8 @@ TF_TUTORIAL = Format(
     required=("bos_id", "eos_id"), config_from=_FROM_FILE)
 KERAS_HUB = Format(
     "keras-hub", "keras", "a .keras or .weights.h5 of KerasHub TransformerEncoder/Decoder layers",
-    read=_reader(importers.from_keras_hub, refuse_archive=False), recognise=suffixes(".keras"), looks_like="*.keras",
+    read=_reader(importers.from_keras_hub, refuse_archive=False), recognise=suffixes(".keras"),
+    looks_like="*.keras",
     read_options=(BOS_ID, EOS_ID, PAD_ID, NORM_EPS, DTYPE, MASK_ZERO, NORMALIZE_FIRST, ACTIVATION,
                   ALLOW_NONFINITE),
     required=("bos_id", "eos_id"), config_from=_FROM_FILE,

@@ -61,17 +61,20 @@ def _writer(module: str):
 
 NEUTRAL_FORMAT = Format(
     "neutral", "native", "a directory: config.json + model.safetensors (NumPy, no framework)",
-    read=_read_neutral, write=_write_neutral, recognise=_directory, fallback=True, looks_like="another directory",
+    read=_read_neutral, write=_write_neutral, recognise=_directory, fallback=True,
+    looks_like="another directory",
     read_options=(ALLOW_NONFINITE,), runs_in="reference")
 TORCH = Format(
     "torch", "native", "a torch_impl .pt / .pth (torch.load(weights_only=True) reads it)",
     read=_reader("torch_impl.checkpoints"), write=_writer("torch_impl.checkpoints"),
-    recognise=suffixes(*PT_SUFFIXES), looks_like="*.pt / *.pth", read_options=(ALLOW_NONFINITE,), takes_config=True,
+    recognise=suffixes(*PT_SUFFIXES), looks_like="*.pt / *.pth", read_options=(ALLOW_NONFINITE,),
+    takes_config=True,
     runs_in="torch")
 TF = Format(
     "tf", "native", "a tf_impl .weights.h5 (Keras save_weights, the config inside)",
     read=_reader("tf_impl.checkpoints"), write=_writer("tf_impl.checkpoints"),
-    recognise=suffixes(*H5_SUFFIXES), looks_like="*.weights.h5", read_options=(ALLOW_NONFINITE,), takes_config=True,
+    recognise=suffixes(*H5_SUFFIXES), looks_like="*.weights.h5", read_options=(ALLOW_NONFINITE,),
+    takes_config=True,
     runs_in="tf")
 
 FORMATS = (NEUTRAL_FORMAT, TORCH, TF)

@@ -60,8 +60,8 @@ class Format:
     the source can be built here, its imported weights are compared in all three
     implementations). ``notes``: said after every conversion from it. ``hints``: for an option it
     does not take, why (``{"norm_first": "always pre-norm"}``). ``verify_full_rows``: ``--verify``
-    compares unpadded target rows (a format whose padded positions differ by design). ``family``: the module declaring
-    it (and the docs page, ``docs/formats/<family>.md``)."""
+    compares unpadded target rows (a format whose padded positions differ by design).
+    ``family``: the module declaring it (and the docs page, ``docs/formats/<family>.md``)."""
     name: str
     family: str
     describe: str
