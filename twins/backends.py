@@ -413,6 +413,21 @@ def prepare(name: str, seed: int | None = None, threads: int | None = None):
     return _adapter_class(name)._setup(seed, threads)
 
 
+def distributed(name: str, threads: int | None = None):
+    """Backend ``name``'s ``distributed`` module, the framework set up first (`prepare`: thread
+    pools before TensorFlow's runtime starts)."""
+    prepare(name, threads=threads)
+    return _adapter_class(name)._distributed()
+
+
+def saved_model_report(model, path, src: np.ndarray) -> dict[str, dict[str, bool]]:
+    """`tf_impl.saved_model.compare_export` of a tf_impl ``model`` and the SavedModel at ``path``
+    on source ids ``src (B, S)`` (``twins convert --to saved-model --verify``)."""
+    prepare("tf")
+    from tf_impl.saved_model import compare_export
+    return compare_export(model, path, src)
+
+
 def load_adapter(name: str, path, config: TransformerConfig | None = None, seed: int | None = None,
                  threads: int | None = None) -> Adapter:
     """The adapter of implementation ``name`` loaded from the checkpoint at ``path`` by that

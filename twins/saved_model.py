@@ -13,14 +13,14 @@ from __future__ import annotations
 def verify(model, path: str, seed: int = 0) -> int:
     """Decode one batch with the SavedModel and with tf_impl; print the table; the exit status."""
     from shared.batches import token_batch
-    from tf_impl.saved_model import compare_export
+    from .backends import saved_model_report
     config = model.config
     src = token_batch(config, config.src_vocab, batch=4, length=min(9, config.max_len), seed=seed)
     src[-1, 0] = config.src_vocab  # the last row: an id out of range, to be returned as the sentinel
     print(f"verify: DST = {path} loaded with tf.saved_model.load, against tf_impl decoding the "
           f"source weights; one batch of {src.shape[0]} x {src.shape[1]} source tokens (seed "
           f"{seed}), the last row with an id out of range")
-    report = compare_export(model, path, src)
+    report = saved_model_report(model, path, src)
     print(f"{'signature':<16} {'tokens':<10} {'lengths':<10} {'scores':<10} {'bad row':<10} result")
     ok = True
     for name, checks in report.items():
