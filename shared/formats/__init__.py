@@ -157,7 +157,7 @@ def write(fmt: str | Format, config, weights: Mapping, path: str | os.PathLike, 
 
 
 def _record(fmt: str | Format, direction: str) -> Format:
-    return fmt if isinstance(fmt, Format) else get(fmt, direction)
+    return get(fmt.name if isinstance(fmt, Format) else fmt, direction)
 
 
 def table() -> list[str]:
