@@ -93,3 +93,21 @@ def test_the_documented_format_tables_are_the_registry(doc):
             if line.startswith("| `")]
     documented = [tuple(cell.strip().strip("`") for cell in row) for row in rows]
     assert documented == [(f.name, f.directions, f.describe) for f in formats.REGISTRY]
+
+
+def test_a_native_file_without_its_framework_is_an_error_naming_the_extra(tmp_path):
+    """The registry imports a backend only to read its file; without the framework, one ImportError
+    says which extra installs it (docs/design.md, the dependency rule's plugin seam)."""
+    (tmp_path / "m.pt").write_bytes(b"not read")
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] == 'torch': raise ImportError('blocked import of ' + name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "from shared import formats\n"
+            "try:\n"
+            f"    formats.read({str(tmp_path / 'm.pt')!r})\n"
+            "except ImportError as err:\n"
+            "    print(err)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "read and written by torch_impl, which is not installed" in out and "'torch' extra" in out, out
