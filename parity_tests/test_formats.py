@@ -111,3 +111,23 @@ def test_a_native_file_without_its_framework_is_an_error_naming_the_extra(tmp_pa
             "    print(err)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "read and written by torch_impl, which is not installed" in out and "'torch' extra" in out, out
+
+
+def test_decode_reads_ids_from_a_file_and_names_a_bad_line(native_files, tmp_path, capsys):
+    folder, _ = native_files
+    rows = tmp_path / "rows.txt"
+    rows.write_text("5 6 7 8\n\n3 4\n", encoding="utf-8")
+    out = tmp_path / "out.json"
+    assert main(["decode", "--checkpoint", str(folder / "m.pt"), "--src-file", str(rows),
+                 "--max-new", "5", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    import json
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert [r["src"] for r in report["results"]] == [[5, 6, 7, 8], [3, 4]]  # the blank line skipped
+    assert printed == [" ".join(map(str, r["tokens"])) for r in report["results"]]
+    assert all(len(r["tokens"]) + r["eos"] <= 5 for r in report["results"])
+    rows.write_text("5 6\n3 x\n", encoding="utf-8")
+    assert main(["decode", "--checkpoint", str(folder / "m.pt"), "--src-file", str(rows)]) == 2
+    assert f"--src-file {str(rows)!r} line 2: expected token ids" in capsys.readouterr().err
+    assert main(["decode", "--checkpoint", str(folder / "m.pt"), "--src", "5 99"]) == 2
+    assert "--src '5 99': expected ids in [0, 13)" in capsys.readouterr().err
