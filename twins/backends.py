@@ -114,10 +114,11 @@ class Reference(Adapter):
     @classmethod
     def from_checkpoint(cls, path, config: TransformerConfig | None = None, seed: int | None = None,
                         threads: int | None = None) -> "Reference":
-        """From a neutral checkpoint directory (the only format that needs no framework); a
-        ``config``, when given, must be the one the directory holds."""
-        from shared.weights import config_differences, load_checkpoint
-        held, weights = load_checkpoint(path)
+        """From a checkpoint in any format `shared.formats` reads (a framework's file needs that
+        framework to be read); a ``config``, when given, must be the one the file holds."""
+        from shared import formats
+        from shared.weights import config_differences
+        held, weights = formats.read(path)
         if config is not None and config != held:
             raise ValueError(f"config: expected the config of {str(path)!r}, got another "
                              f"({config_differences(config, held)})")
@@ -431,5 +432,5 @@ def saved_model_report(model, path, src: np.ndarray) -> dict[str, dict[str, bool
 def load_adapter(name: str, path, config: TransformerConfig | None = None, seed: int | None = None,
                  threads: int | None = None) -> Adapter:
     """The adapter of implementation ``name`` loaded from the checkpoint at ``path`` by that
-    implementation itself (the reference reads neutral directories only)."""
+    implementation itself (any format `shared.formats` reads)."""
     return _adapter_class(name).from_checkpoint(path, config, seed, threads)

@@ -24,7 +24,7 @@ COMMANDS = {
                          "--list-formats), exactly (--verify: exit 1 when parity fails)"),
     "train": (train, "train the copy or dates demo in torch or tf (resumable, in either backend); a "
                      "neutral checkpoint at the end"),
-    "decode": (decode, "decode inputs or the held-out set with a demo checkpoint, in either backend"),
+    "decode": (decode, "decode token ids with any checkpoint (or a demo's text), in either backend"),
     "figures": (figures, "write PNG figures: positional encoding, masks, Noam curves, training "
                          "curves and attention of trained demo models"),
 }
