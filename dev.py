@@ -3,6 +3,9 @@
 
     python3 dev.py demo [ARGS]   set up if needed, then run the main job (`twins compare ARGS`)
     python3 dev.py test [ARGS]   set up if needed, then run the parity suite (`pytest ARGS`)
+    python3 dev.py test --quick  the contract parity tests of both backends only (under a minute:
+                                 forward parity on the tiny variants, the mirror rule, attention,
+                                 masks, reference decoding), for "I changed tf_impl"
     python3 dev.py bench NAME    set up if needed, then run benchmarks/NAME.py
     python3 dev.py setup         create .venv and install the project with pinned versions
 
@@ -23,6 +26,11 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
 EXTRAS = "torch,tf-cpu,test,demo,interop"
+# `dev.py test --quick`: the contract parity tests of both backends, without the slow cases (the
+# base-sized model, the compiled modes); measured in docs/performance.md.
+QUICK = ["parity_tests/test_parity.py", "parity_tests/test_mirror.py", "parity_tests/test_attention.py",
+         "parity_tests/test_masks.py", "parity_tests/test_decoding_reference.py",
+         "-k", "not base and not compiled_modes"]
 # Installed without their dependencies: keras-hub requires tensorflow-text, which would pull the full
 # `tensorflow` distribution over tensorflow-cpu (keras_hub's layers import without it).
 NO_DEPS = ("keras-hub",)
@@ -37,7 +45,8 @@ def _stamp() -> Path:
 
 
 def _run(cmd: list[str], **kwargs) -> int:
-    print("+", " ".join(str(c) for c in cmd), flush=True)
+    # On stderr: stdout is the command's own (`python3 dev.py demo --json - | python3 -m json.tool`).
+    print("+", " ".join(str(c) for c in cmd), file=sys.stderr, flush=True)
     return subprocess.call([str(c) for c in cmd], cwd=ROOT, **kwargs)
 
 
@@ -48,7 +57,8 @@ def setup() -> None:
     if stamp.exists():
         return
     if not PYTHON.exists():
-        print(f"creating {VENV}", flush=True)
+        print(f"creating {VENV} and installing the project (about 2 minutes; pip is quiet)",
+              file=sys.stderr, flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
     env = {**os.environ, "PIP_CONSTRAINT": str(ROOT / "constraints.txt"),
            "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
@@ -95,6 +105,8 @@ def main(argv: list[str]) -> int:
             print(f"dev.py bench: expected a benchmark name, one of {names}", file=sys.stderr)
             return 2
         return _run([PYTHON, ROOT / "benchmarks" / f"{args[0]}.py", *args[1:]], env=env)
+    if "--quick" in args:
+        args = QUICK + [a for a in args if a != "--quick"]
     code = _run([PYTHON, "-m", "pytest", *_workers(args), *args], env=env)
     if code == 5:  # pytest: no tests were collected; never a pass
         print("dev.py test: pytest collected no tests; failing", file=sys.stderr)

@@ -11,7 +11,7 @@ For each preset and seed, from the same `random_weights`:
   (scale max(|w|, 1)) against a float64 torch run, and bfloat16 torch against bfloat16 TF.
 
 Every figure is ``max|a - b| / max(max|b|, 1)``, the rule of `shared.tolerances`. Prints a Markdown
-table (the README's) and the maxima the bounds in `shared/tolerances.py` were set from.
+table (docs/demos.md's) and the maxima the bounds in `shared/tolerances.py` were set from.
 
     PYTHONPATH=. python benchmarks/bf16_parity.py [--presets tiny small] [--seeds 0 1 2] [--steps 20]
 """

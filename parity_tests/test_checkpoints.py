@@ -180,19 +180,14 @@ def native_cases(name):
         s.poison(path, "decoder.final_norm.beta")
         return path, WeightsError, r"decoder.final_norm.beta\)?: contains NaN or Inf"
 
-    def foreign_file(tmp):  # the neutral sibling format is fine; a file of the other backend is not
-        other = write_native(tmp, s.other)
-        return other, ValueError, ("reads and writes a neutral checkpoint directory or a "
-                                   f"{s.suffix} file; this is neither")
-
     return {f.__name__: f for f in (missing, truncated, text, other_format, contradicting_config,
-                                    version, wrong_dtype, nonfinite, foreign_file)}
+                                    version, wrong_dtype, nonfinite)}
 
 
 NEUTRAL_CASES = ["missing", "truncated", "corrupted", "other_format", "contradicting_config", "version",
                  "wrong_dtype", "nonfinite"]
 NATIVE_CASES = ["missing", "truncated", "text", "other_format", "contradicting_config", "version",
-                "wrong_dtype", "nonfinite", "foreign_file"]
+                "wrong_dtype", "nonfinite"]  # the other backend's file loads: test_formats.py
 CASES = [("neutral", n) for n in NEUTRAL_CASES] + [("native", n) for n in NATIVE_CASES]
 
 

@@ -58,7 +58,22 @@ def test_reports_where_the_backends_part_and_fails(monkeypatch, capsys):
     monkeypatch.setattr("twins.compare.make_adapter", _perturbed(backends.make_adapter, target))
     assert main(ARGS) == 1
     text = capsys.readouterr().out
-    assert f"FAIL: the implementations first part at {target} (torch:reference)" in text
+    assert (f"FAIL: torch first diverges from the float64 reference at {target} (failing: torch vs "
+            "reference, torch vs tf)") in text
+    table = [line for line in text.splitlines() if line.startswith(("encoder.", "decoder."))]
+    assert any("FAIL" in line for line in table) and len({len(line) for line in table}) == 1  # aligned
+
+
+def test_a_cross_pair_failure_blames_the_implementation_farther_from_the_reference():
+    """float32: a planted tf bug can pass tf vs reference narrowly and fail only torch vs tf; the
+    summary must still name tf, the one nearer its bound of the reference (issue 24)."""
+    from twins.compare import diverging
+    row = {"pairs": {"torch:reference": {"max_rel": 1e-7, "bound": 3e-6, "pass": True},
+                     "tf:reference": {"max_rel": 5.83e-6, "bound": 6e-6, "pass": True},
+                     "torch:tf": {"max_rel": 5.9e-6, "bound": 5e-6, "pass": False}}}
+    assert diverging(row) == "tf"
+    row["pairs"]["torch:reference"]["pass"] = False
+    assert diverging(row) == "torch"
 
 
 def test_decode_divergence_is_reported_with_step_tokens_and_margin(monkeypatch, capsys):
@@ -97,7 +112,7 @@ def test_bad_arguments(args, needle, capsys):
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
     assert main(["compare", "--checkpoint", str(tmp_path / "nope")]) == 2
-    assert "no checkpoint at" in capsys.readouterr().err
+    assert "--checkpoint" in (err := capsys.readouterr().err) and "nope': no such file or directory" in err
 
 
 def test_runs_from_a_checkpoint(tmp_path, capsys):

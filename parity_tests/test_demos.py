@@ -5,6 +5,7 @@ uninterrupted run bit for bit), the output formats, the figures, and the errors.
 import json
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,6 +155,20 @@ def test_figures_written(runs, tmp_path, capsys):
                                                       "training_copy.png", "attention_copy.png")]
 
 
+def test_figures_of_a_model_in_another_format(runs, tmp_path, capsys):
+    """A demo model that is no run directory (here a .pt): its attention, its task told by its
+    vocabulary, and no training curve (it has no log)."""
+    pytest.importorskip("matplotlib")
+    from shared import formats
+    config, weights = formats.read(runs["torch"])
+    formats.write("torch", config, weights, tmp_path / "copy.pt")
+    code, out, err = cli(capsys, "figures", "--out", tmp_path / "fig", "--checkpoint",
+                         tmp_path / "copy.pt", "--dpi", "40")
+    assert code == 0, err
+    assert [Path(p).name for p in out.split()] == ["positional_encoding.png", "masks.png", "noam.png",
+                                                   "attention_copy.png"]
+
+
 # -- one adapter module, each framework imported only when its adapter is built -------------------
 def _fresh_python(code: str) -> None:
     import subprocess
@@ -279,4 +294,4 @@ def test_decode_errors(runs, tmp_path, capsys):
     code, _, err = cli(capsys, "decode", "--checkpoint", runs["torch"], "--task", "dates", "jan 1 2000")
     assert code == 2 and "train log says copy" in err
     code, _, err = cli(capsys, "figures", "--out", tmp_path / "f", "--checkpoint", tmp_path / "missing")
-    assert code == 2 and "no such directory" in err
+    assert code == 2 and "no such file or directory" in err

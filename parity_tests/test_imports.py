@@ -219,3 +219,30 @@ def test_the_product_never_imports_the_test_package():
     offenders = {m: sorted(d for d in deps if d.split(".")[0] == "parity_tests")
                  for m, deps in graph.items() if m.split(".")[0] in PRODUCT}
     assert {m: d for m, d in offenders.items() if d} == {}
+
+
+def _imports_of(path: Path) -> set[str]:
+    """Every module a file imports, at the top or inside a function ("." prefixes resolved for twins)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ("twins." if node.level else "") + (node.module or "")
+            found |= {base.rstrip(".")} | {f"{base}.{a.name}".replace("..", ".") for a in node.names}
+    return found
+
+
+def test_commands_import_no_command_and_reach_backends_through_the_adapter():
+    """twins/cli.py lists the commands; no command module imports another (shared code has its own
+    modules: loading, runs, verify), and only twins/backends.py imports torch_impl or tf_impl."""
+    from twins.cli import COMMANDS
+    root = Path(__file__).resolve().parents[1] / "twins"
+    commands = {f"twins.{name}" for name in COMMANDS}
+    for path in sorted(root.glob("*.py")):
+        imported = _imports_of(path)
+        if f"twins.{path.stem}" in commands:
+            assert not imported & (commands - {f"twins.{path.stem}"}), (path.name, imported & commands)
+        if path.name != "backends.py":
+            backends = {m for m in imported if m.split(".")[0] in ("torch_impl", "tf_impl")}
+            assert not backends, (path.name, backends)

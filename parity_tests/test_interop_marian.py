@@ -329,6 +329,38 @@ def test_convert_refusals_leave_nothing(tmp_path, capsys):
     assert "--rename: only for --from" in capsys.readouterr().err
     _, path, _, _ = case("shared-swish", "float32")
     assert main(["convert", str(path), str(tmp_path / "y"), "--from", "marian", "--n-heads", "2"]) == 2
-    assert "--n-heads: --from marian reads these from the directory's config.json" in capsys.readouterr().err
-    assert main(["convert", str(path), str(tmp_path / "z")]) == 2
-    assert "a transformers marian directory, not a neutral checkpoint; pass --from marian" in capsys.readouterr().err
+    assert ("--n-heads: only for --from nn-transformer / annotated, not --from marian, which reads "
+            "the config from the directory's config.json") in capsys.readouterr().err
+    # The directory's config.json says marian: recognised without --from (shared.formats.hf).
+    assert main(["convert", str(path), str(tmp_path / "z")]) == 0
+    assert f"{path} (marian) -> " in capsys.readouterr().out
+
+
+def test_decode_an_imported_marian_directory_in_both_backends(capsys):
+    """`twins decode --checkpoint MARIAN_DIR`: recognised from its config.json, decoded from ids in
+    torch and in tf, identical tokens and scores within the float32 bound (greedy: beam search's
+    parity across backends is test_decoding.py's)."""
+    from twins.cli import main
+    _, path, config, _ = case("shared-swish", "float32")
+    capsys.readouterr()  # transformers' progress lines, if it saved the case just now
+    rows = ["5 6 7 8", "9 3 4"]
+    results = {}
+    for backend in ("torch", "tf"):
+        for beam in ("1",):
+            argv = ["decode", "--checkpoint", str(path), "--backend", backend, "--beam-size", beam,
+                    "--max-new", "6", "--json", "-"]
+            for row in rows:
+                argv += ["--src", row]
+            assert main(argv) == 0
+            captured = capsys.readouterr()
+            report = json.loads(captured.out)
+            assert [r["src"] for r in report["results"]] == [[int(t) for t in r.split()] for r in rows]
+            assert captured.err.splitlines() == [" ".join(map(str, r["tokens"])) for r in report["results"]]
+            results[backend, beam] = report["results"]
+    for beam in ("1",):
+        torch_rows, tf_rows = results["torch", beam], results["tf", beam]
+        assert [r["tokens"] for r in torch_rows] == [r["tokens"] for r in tf_rows]
+        assert any(r["tokens"] for r in torch_rows)  # something was decoded
+        from shared.tolerances import bound_for
+        assert_close(np.array([r["score"] for r in tf_rows]), np.array([r["score"] for r in torch_rows]),
+                     bound_for("float32", "torch:tf"), "decoded scores, tf vs torch")

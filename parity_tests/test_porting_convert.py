@@ -15,7 +15,7 @@ from shared.batches import src_tgt  # noqa: E402
 from shared.tolerances import FLOAT64, Bound, assert_close  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
 from shared.weights import random_weights, save_checkpoint  # noqa: E402
-from twins import convert  # noqa: E402
+from twins import verify  # noqa: E402
 from twins.cli import main  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.tf,
@@ -88,7 +88,7 @@ def test_verify_fails_with_exit_1_when_parity_fails(tmp_path, capsys, monkeypatc
     main(["convert", str(tmp_path / "n"), str(tmp_path / "a.pt")])
     capsys.readouterr()
     # A bound of zero between two frameworks: their float32 roundings differ, so this must fail.
-    monkeypatch.setattr(convert, "_bound", lambda config, a, b: Bound(0.0, "test"))
+    monkeypatch.setattr(verify, "_bound", lambda config, a, b: Bound(0.0, "test"))
     assert main(["convert", str(tmp_path / "a.pt"), str(tmp_path / "b.weights.h5"), "--verify"]) == 1
     out = capsys.readouterr().out
     assert table_rows(out)[0].endswith(" FAIL") and out.rstrip().endswith("FAIL")
@@ -142,7 +142,7 @@ def test_annotated_checkpoint_converts_and_verifies(tmp_path, capsys, target):
     assert main(["convert", str(tmp_path / "annotated.pt"), str(dst), "--from", "annotated", *ANN,
                  "--verify"]) == 0
     out = capsys.readouterr().out
-    assert "annotated state dict cannot be rebuilt" in out
+    assert "annotated source cannot be rebuilt" in out
     assert_passing_table(out, rows=3)
     net = (torch_impl if target == "torch" else tf_impl).load_checkpoint(dst)
     assert (net.config.norm_style, net.config.norm_eps, net.config.dtype) == ("annotated", 1e-6, "float64")
@@ -212,30 +212,6 @@ def test_importer_source_that_would_run_code_is_refused(tmp_path, capsys):
     err = run_error(capsys, [str(tmp_path / "evil.pt"), str(tmp_path / "n"), "--from", "nn-transformer",
                              "--norm-first", "false", *NN])
     assert "evil.pt" in err and "refused" in err and not marker.exists()
-
-
-# -- the formats come from shared.checkpoints ----------------------------------------------------
-def test_convert_formats_are_the_backends_formats():
-    """`twins convert` tells formats apart without importing a framework, so it declares their
-    suffixes itself: they must be the backends' own, and reading/writing goes to the backends."""
-    from tf_impl import checkpoints as tf_ckpt
-    from torch_impl import checkpoints as torch_ckpt
-    assert convert.FORMATS == tuple(convert.FORMAT_OF)
-    for fmt in (torch_ckpt.PT, tf_ckpt.H5):
-        declared = convert.FORMAT_OF[fmt.name]
-        assert (declared.name, declared.suffixes, declared.describe) == (fmt.name, fmt.suffixes, fmt.describe)
-    assert convert.FORMAT_OF["neutral"].suffixes == ()
-
-
-def test_detect_imports_no_framework():
-    import subprocess
-    import sys
-    code = ("import sys; from twins import convert; "
-            "print(convert.detect('m.pt', 'source'), convert.detect('m.weights.h5', 'destination'), "
-            "convert.detect('out', 'destination')); "
-            "print(sorted(m for m in ('torch', 'tensorflow', 'keras') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split("\n")[:2] == ["torch tf neutral", "[]"], out
 
 
 def test_forced_formats_ignore_the_path(tmp_path, capsys):

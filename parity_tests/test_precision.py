@@ -1,7 +1,7 @@
 """bfloat16 mixed precision in both backends (torch.autocast / Keras mixed_bfloat16): float32 weights
 and loss, bfloat16 products; against the float64 reference and against each other, within the
 measured bounds of `shared.tolerances` ("bfloat16" entries; the full table is
-benchmarks/bf16_parity.py's, in the README). One tiny model, seed 0, to stay fast."""
+benchmarks/bf16_parity.py's, in docs/demos.md). One tiny model, seed 0, to stay fast."""
 import numpy as np
 import pytest
 

@@ -68,10 +68,10 @@ def test_train_names_the_option_as_typed(tmp_path):
     one_line_error(proc, "train", "--factor: expected a positive number, got nan")
 
 
-def test_decode_max_len_over_the_model_is_an_error_not_clamped(copy_checkpoint):
+def test_decode_max_new_over_the_model_is_an_error_not_clamped(copy_checkpoint):
     # Before: --max-len 1000 was silently clamped to the model's 64.
-    proc = twins("decode", "--checkpoint", str(copy_checkpoint), "--max-len", "1000", "4 5 6")
-    one_line_error(proc, "decode", "--max-len: expected at most the model's max_len=64, got 1000")
+    proc = twins("decode", "--checkpoint", str(copy_checkpoint), "--max-new", "1000", "4 5 6")
+    one_line_error(proc, "decode", "--max-new: expected an int in [1, the model's max_len=64], got 1000")
 
 
 # -- OS errors: one line naming the user's path ----------------------------------------------------

@@ -84,28 +84,6 @@ def test_read_for_checks_the_config(tmp_path, formats):
     assert calls[-1][3] == TINY
 
 
-def test_detect_for_conversions(tmp_path, formats):
-    fmts, _ = formats
-    assert C.detect(str(tmp_path / "m.pt"), "source", fmts) == "pt"
-    assert C.detect(str(tmp_path), "source", fmts) == "neutral"
-    assert C.detect(str(tmp_path / "out"), "destination", fmts) == "neutral"
-    with pytest.raises(ValueError, match=r"cannot tell the source format from the path \(a directory "
-                                         r"is neutral, \*.pt pt, \*.weights.h5 h5\); pass --from"):
-        C.detect(str(tmp_path / "out"), "source", fmts)  # a source must exist
-    with pytest.raises(ValueError, match="cannot tell the destination format.*pass --to"):
-        C.detect(str(tmp_path / "m.bin"), "destination", fmts)  # a suffix no format has
-
-
-def test_deferred_format_resolves_on_use(formats):
-    fmts, calls = formats
-    resolved = []
-    lazy = C.deferred("pt", (".pt",), "a .pt file", lambda: resolved.append(1) or fmts[1])
-    assert lazy.matches("m.pt") and not resolved  # telling a path apart resolves nothing
-    lazy.read("m.pt", None)
-    lazy.write("m.pt", TINY, {})
-    assert len(resolved) == 2 and [c[0] for c in calls] == ["read", "write"]
-
-
 # -- read_stored ----------------------------------------------------------------------------------
 def stored_of(weights, transpose=()):
     return {n: Stored(v.T.shape if n in transpose else v.shape, v.dtype.name,

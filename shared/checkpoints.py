@@ -11,7 +11,9 @@ directory), and its ``read`` / ``write`` in canonical weights (`shared.weights`)
 ``model.safetensors``); each backend registers its native file (torch_impl ``.pt``, tf_impl
 ``.weights.h5``) in its own ``checkpoints`` module and passes ``(NEUTRAL, its format)`` here. A
 path is dispatched by its suffix first; any other path is a neutral directory, except an existing
-file, which is refused with a message naming the path and the formats the caller reads.
+file, which is refused with a message naming the path and the formats the caller reads. Every
+format of the project, these and the importers' and exporters', is a record of `shared.formats`,
+which recognises paths for conversions and reads any of them.
 
 The native readers share the per-tensor checks too (`read_stored`): the expected shape and dtype
 from the config, finite values unless allowed, copies of one tied weight equal; one error naming
@@ -65,14 +67,6 @@ NEUTRAL = CheckpointFormat("neutral", (), _read_neutral, save_checkpoint,
                            "a neutral checkpoint directory", takes_config=False)
 
 
-def deferred(name: str, suffixes: tuple[str, ...], describe: str,
-             resolve: Callable[[], CheckpointFormat]) -> CheckpointFormat:
-    """A format whose ``read`` / ``write`` are looked up by ``resolve()`` when first used, so that a
-    caller (the command line) tells paths apart without importing the framework that reads them."""
-    return CheckpointFormat(name, suffixes, lambda *a, **k: resolve().read(*a, **k),
-                            lambda *a, **k: resolve().write(*a, **k), describe)
-
-
 # -- dispatch -------------------------------------------------------------------------------------
 def format_of(path: str | os.PathLike, formats: tuple[CheckpointFormat, ...],
               owner: str = "this reader") -> CheckpointFormat:
@@ -90,25 +84,6 @@ def format_of(path: str | os.PathLike, formats: tuple[CheckpointFormat, ...],
     raise ValueError(f"{str(path)!r}: {owner} reads and writes {described}; this is "
                      f"{'neither' if len(formats) == 2 else 'none of them'} (another format converts "
                      "with `twins convert`)")
-
-
-def detect(path: str | os.PathLike, role: str, formats: tuple[CheckpointFormat, ...]) -> str:
-    """The name of the format of ``path`` as ``role`` ("source" or "destination") of a conversion:
-    the format whose suffix ends it; the neutral directory for a directory or, as a destination, a
-    path without a file suffix that does not exist yet; anything else needs ``--from`` / ``--to``.
-    Stricter than `format_of`: a conversion never guesses."""
-    p = Path(path)
-    for fmt in formats:
-        if fmt.matches(p):
-            return fmt.name
-    directories = [f for f in formats if not f.suffixes]
-    if directories and (p.is_dir() or (role == "destination" and not p.exists() and not p.suffix)):
-        return directories[0].name
-    flag = "--from" if role == "source" else "--to"
-    known = ", ".join("a directory is " + f.name if not f.suffixes else f"*{f.suffixes[0]} {f.name}"
-                      for f in formats)
-    raise ValueError(f"{str(path)!r}: cannot tell the {role} format from the path ({known}); "
-                     f"pass {flag}")
 
 
 def read_checkpoint(path: str | os.PathLike, formats: tuple[CheckpointFormat, ...],

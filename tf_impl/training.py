@@ -286,3 +286,33 @@ def gradients(model: Transformer, batch: Batch, smoothing: float = 0.0,
         loss = _loss(model, src, tgt_in, tgt_out, smoothing, training)
     grads = tape.gradient(loss, list(table.values()))
     return {name: np.asarray(tf.convert_to_tensor(g)) for name, g in zip(table, grads)}
+
+
+# -- Adam's moments in the canonical layout (the same functions in torch_impl.training) -----------
+def export_moments(model: Transformer, optimizer: keras.optimizers.Optimizer | None) -> dict[str, np.ndarray]:
+    """Adam's moments as ``{"m.<name>": first, "v.<name>": second}`` for every canonical weight
+    name, in the canonical layout (kernels ``(in, out)``, as Keras keeps them); zeros without an
+    optimizer. With `import_moments` a run saved from either backend resumes in the other. Keras
+    keeps them in private slots (``_momentums``, ``_velocities``): read here and nowhere else."""
+    out = {}
+    table = weight_table(model)
+    for kind in ("m", "v"):
+        for name, variable in table.items():
+            if optimizer is None:
+                out[f"{kind}.{name}"] = np.zeros(tuple(variable.shape), dtype=model.config.dtype)
+                continue
+            slots = optimizer._momentums if kind == "m" else optimizer._velocities
+            out[f"{kind}.{name}"] = np.asarray(slots[optimizer._get_variable_index(variable)].numpy())
+    return out
+
+
+def import_moments(model: Transformer, optimizer: keras.optimizers.Optimizer, moments, step: int) -> None:
+    """Set ``optimizer``'s Adam state to ``moments`` (the layout of `export_moments`) after
+    ``step`` updates, so that the next update is the one the saved run would have made. Keras'
+    optimizer keeps one step count (``iterations``), which both Adam's bias corrections and the
+    schedule read: it is set here, so the optimizer must be made with ``start_step=0``."""
+    optimizer.iterations.assign(step)
+    for name, variable in weight_table(model).items():
+        index = optimizer._get_variable_index(variable)
+        optimizer._momentums[index].assign(np.asarray(moments[f"m.{name}"], dtype=model.config.dtype))
+        optimizer._velocities[index].assign(np.asarray(moments[f"v.{name}"], dtype=model.config.dtype))

@@ -46,6 +46,7 @@ import torch
 
 from shared import TransformerConfig
 from shared import checkpoints as dispatch
+from shared import formats
 from shared.checkpoints import NEUTRAL, CheckpointFormat, Slot, Stored, read_stored
 from shared.weights import WeightsError, check_weights, config_differences, write_atomically
 
@@ -244,10 +245,24 @@ FORMATS = (NEUTRAL, PT)  # what torch_impl reads and writes; the path chooses (s
 
 # -- the model-level functions (the same names and signatures in tf_impl) -------------------------
 def read_checkpoint(path: str | os.PathLike, config: TransformerConfig | None = None,
-                    allow_nonfinite: bool = False) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
-    """``(config, canonical weights)`` from a ``.pt`` file or a neutral checkpoint directory,
-    fully validated (``config`` only for a ``.pt`` holding a bare state dict)."""
-    return dispatch.read_checkpoint(path, FORMATS, config, allow_nonfinite, owner=OWNER)
+                    allow_nonfinite: bool = False, format: str | None = None, **options
+                    ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
+    """``(config, canonical weights)`` of ``path`` in any format `shared.formats` reads, fully
+    validated: a .pt file or a neutral directory here, any other through `shared.formats.read`
+    (``format``: its name, when the path does not say it; ``options``: that format's own, e.g.
+    ``n_heads=`` for a foreign state dict). ``config`` only for a native file that holds none."""
+    fmt = formats.get(format, "read", "format") if format else _recognised(path)
+    if fmt is None or (fmt.name in {f.name for f in FORMATS} and not options):
+        return dispatch.read_checkpoint(path, FORMATS, config, allow_nonfinite, owner=OWNER)
+    return formats.read(path, fmt, config, allow_nonfinite=allow_nonfinite, **options)
+
+
+def _recognised(path) -> "formats.Format | None":
+    """The registry's format of ``path``, or None (this module's dispatcher then refuses it)."""
+    try:
+        return formats.detect(path, "source")
+    except ValueError:
+        return None
 
 
 def write_checkpoint(path: str | os.PathLike, config: TransformerConfig,
@@ -257,11 +272,12 @@ def write_checkpoint(path: str | os.PathLike, config: TransformerConfig,
 
 
 def load_checkpoint(path: str | os.PathLike, config: TransformerConfig | None = None,
-                    allow_nonfinite: bool = False) -> Transformer:
-    """A new `Transformer` (eval mode) from a neutral checkpoint directory or a ``.pt`` file, fully
+                    allow_nonfinite: bool = False, format: str | None = None, **options) -> Transformer:
+    """A new `Transformer` (eval mode) from a checkpoint in any format `shared.formats` reads (a
+    neutral directory, a ``.pt``, a ``.weights.h5``, a Marian directory, ...; `read_checkpoint`), fully
     checked first (one error naming the file lists every problem). ``config`` only for a ``.pt``
     that holds a bare state dict; ``allow_nonfinite`` accepts NaN/Inf weights (refused by default)."""
-    config, weights = read_checkpoint(path, config, allow_nonfinite)
+    config, weights = read_checkpoint(path, config, allow_nonfinite, format, **options)
     model = Transformer(config)
     weights_io.import_weights(model, weights, allow_nonfinite=allow_nonfinite)
     return model.eval()
@@ -277,7 +293,14 @@ def load_into(model: Transformer, path: str | os.PathLike, allow_nonfinite: bool
     """Load a checkpoint into an existing model. The file is read and checked completely, and its
     config must equal ``model.config``, before any parameter is written: on error the model keeps
     its weights. (A ``.pt`` holding a bare state dict is read with ``model.config``.)"""
-    weights = dispatch.read_for(path, model.config, FORMATS, allow_nonfinite, owner=OWNER)
+    fmt = _recognised(path)
+    if fmt is None or fmt.name in {f.name for f in FORMATS}:
+        weights = dispatch.read_for(path, model.config, FORMATS, allow_nonfinite, owner=OWNER)
+    else:  # another format: read and checked completely, its config compared, before any write
+        stored, weights = formats.read(path, fmt, allow_nonfinite=allow_nonfinite)
+        if stored != model.config:
+            raise ValueError(f"{str(path)!r}: the checkpoint's config differs from the model's in "
+                             f"{config_differences(model.config, stored)}")
     weights_io.import_weights(model, weights, allow_nonfinite=allow_nonfinite)
 
 

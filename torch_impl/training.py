@@ -175,3 +175,40 @@ def gradients(model: Transformer, batch: Batch, smoothing: float = 0.0,
     grads = torch.autograd.grad(loss, [param for param, _ in table.values()])
     return {name: np.ascontiguousarray((g.T if transposed else g).detach().cpu().numpy())
             for (name, (_, transposed)), g in zip(table.items(), grads)}
+
+
+# -- Adam's moments in the canonical layout (the same functions in tf_impl.training) --------------
+def export_moments(model: Transformer, optimizer: torch.optim.Optimizer | None) -> dict[str, np.ndarray]:
+    """Adam's moments as ``{"m.<name>": first, "v.<name>": second}`` for every canonical weight
+    name, in the canonical layout (kernels ``(in, out)``: ``nn.Linear``'s ``(out, in)``
+    transposed back); zeros for a weight without state yet (or without an optimizer). With
+    `import_moments` a run saved from either backend resumes in the other."""
+    out = {}
+    table = weight_table(model)
+    for kind, key in (("m", "exp_avg"), ("v", "exp_avg_sq")):
+        for name, (param, transposed) in table.items():
+            state = optimizer.state.get(param) if optimizer is not None else None
+            if state and key in state:
+                a = state[key].detach().cpu().numpy()
+                out[f"{kind}.{name}"] = np.ascontiguousarray(a.T if transposed else a)
+            else:
+                out[f"{kind}.{name}"] = np.zeros(tuple(reversed(param.shape)) if transposed
+                                                 else tuple(param.shape), dtype=model.config.dtype)
+    return out
+
+
+def import_moments(model: Transformer, optimizer: torch.optim.Optimizer, moments, step: int) -> None:
+    """Set ``optimizer``'s Adam state to ``moments`` (the layout of `export_moments`) after
+    ``step`` updates, so that the next update is the one the saved run would have made. The
+    schedule's offset is ``make_optimizer(start_step=step)``'s: torch's Adam keeps its step per
+    parameter, which is set here."""
+    for name, (param, transposed) in weight_table(model).items():
+        m, v = (np.asarray(moments[f"{k}.{name}"]) for k in ("m", "v"))
+        optimizer.state[param] = {"step": torch.tensor(float(step)),
+                                  "exp_avg": _as_param(m, param, transposed),
+                                  "exp_avg_sq": _as_param(v, param, transposed)}
+
+
+def _as_param(array: np.ndarray, param: torch.Tensor, transposed: bool) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array.T if transposed else array).copy()).to(
+        param.device, param.dtype)

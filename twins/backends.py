@@ -114,10 +114,11 @@ class Reference(Adapter):
     @classmethod
     def from_checkpoint(cls, path, config: TransformerConfig | None = None, seed: int | None = None,
                         threads: int | None = None) -> "Reference":
-        """From a neutral checkpoint directory (the only format that needs no framework); a
-        ``config``, when given, must be the one the directory holds."""
-        from shared.weights import config_differences, load_checkpoint
-        held, weights = load_checkpoint(path)
+        """From a checkpoint in any format `shared.formats` reads (a framework's file needs that
+        framework to be read); a ``config``, when given, must be the one the file holds."""
+        from shared import formats
+        from shared.weights import config_differences
+        held, weights = formats.read(path)
         if config is not None and config != held:
             raise ValueError(f"config: expected the config of {str(path)!r}, got another "
                              f"({config_differences(config, held)})")
@@ -249,8 +250,9 @@ class _Framework(Adapter):
         return result.loss, result.lr
 
     def export_moments(self) -> dict[str, np.ndarray]:
-        """Adam's moments in the canonical layout; zeros for a weight that has none yet."""
-        raise NotImplementedError
+        """Adam's moments in the canonical layout; zeros for a weight that has none yet (the
+        backend's ``training.export_moments``)."""
+        return self._training.export_moments(self.model, self.optimizer)
 
 
 def _numpy(tensor) -> np.ndarray:
@@ -313,32 +315,9 @@ class Torch(_Framework):
             return _numpy(self.model(self._ids(src), self._ids(tgt)))
 
     def make_optimizer(self, warmup, factor, step, moments=None):
-        from torch_impl.weights_io import weight_table
-        torch = self._torch
         self.optimizer = self._new_optimizer(warmup, factor, step)
-        if moments is None:
-            return
-        for name, (param, transposed) in weight_table(self.model).items():
-            m, v = (np.asarray(moments[f"{k}.{name}"]) for k in ("m", "v"))
-            as_param = (lambda a: torch.from_numpy(np.ascontiguousarray(a.T if transposed else a).copy())
-                        .to(param.device, param.dtype))
-            self.optimizer.state[param] = {"step": torch.tensor(float(step)), "exp_avg": as_param(m),
-                                           "exp_avg_sq": as_param(v)}
-
-    def export_moments(self):
-        from torch_impl.weights_io import weight_table
-        out = {}
-        table = weight_table(self.model)
-        for kind, key in (("m", "exp_avg"), ("v", "exp_avg_sq")):
-            for name, (param, transposed) in table.items():
-                state = self.optimizer.state.get(param) if self.optimizer is not None else None
-                if state and key in state:
-                    a = state[key].detach().cpu().numpy()
-                    out[f"{kind}.{name}"] = np.ascontiguousarray(a.T if transposed else a)
-                else:
-                    out[f"{kind}.{name}"] = np.zeros(tuple(reversed(param.shape)) if transposed
-                                                     else tuple(param.shape), dtype=self.config.dtype)
-        return out
+        if moments is not None:
+            self._training.import_moments(self.model, self.optimizer, moments, step)
 
 
 class TF(_Framework):
@@ -399,31 +378,11 @@ class TF(_Framework):
         self._compiled(tf.constant(src), tf.constant(tgt)).numpy()
 
     def make_optimizer(self, warmup, factor, step, moments=None):
-        from tf_impl.weights_io import weight_table
         # With moments the optimizer's own step count carries the position (Adam's bias corrections
         # and the schedule both read it); without, only the schedule is offset and Adam starts fresh.
-        self.optimizer = opt = self._new_optimizer(warmup, factor, 0 if moments is not None else step)
-        if moments is None:
-            return
-        opt.iterations.assign(step)
-        for name, variable in weight_table(self.model).items():
-            index = opt._get_variable_index(variable)
-            opt._momentums[index].assign(np.asarray(moments[f"m.{name}"], dtype=self.config.dtype))
-            opt._velocities[index].assign(np.asarray(moments[f"v.{name}"], dtype=self.config.dtype))
-
-    def export_moments(self):
-        from tf_impl.weights_io import weight_table
-        out = {}
-        table = weight_table(self.model)
-        opt = self.optimizer
-        for kind in ("m", "v"):
-            for name, variable in table.items():
-                if opt is None:
-                    out[f"{kind}.{name}"] = np.zeros(tuple(variable.shape), dtype=self.config.dtype)
-                    continue
-                slots = opt._momentums if kind == "m" else opt._velocities
-                out[f"{kind}.{name}"] = np.asarray(slots[opt._get_variable_index(variable)].numpy())
-        return out
+        self.optimizer = self._new_optimizer(warmup, factor, 0 if moments is not None else step)
+        if moments is not None:
+            self._training.import_moments(self.model, self.optimizer, moments, step)
 
 
 _ADAPTERS = {"reference": Reference, "torch": Torch, "tf": TF}
@@ -455,8 +414,23 @@ def prepare(name: str, seed: int | None = None, threads: int | None = None):
     return _adapter_class(name)._setup(seed, threads)
 
 
+def distributed(name: str, threads: int | None = None):
+    """Backend ``name``'s ``distributed`` module, the framework set up first (`prepare`: thread
+    pools before TensorFlow's runtime starts)."""
+    prepare(name, threads=threads)
+    return _adapter_class(name)._distributed()
+
+
+def saved_model_report(model, path, src: np.ndarray) -> dict[str, dict[str, bool]]:
+    """`tf_impl.saved_model.compare_export` of a tf_impl ``model`` and the SavedModel at ``path``
+    on source ids ``src (B, S)`` (``twins convert --to saved-model --verify``)."""
+    prepare("tf")
+    from tf_impl.saved_model import compare_export
+    return compare_export(model, path, src)
+
+
 def load_adapter(name: str, path, config: TransformerConfig | None = None, seed: int | None = None,
                  threads: int | None = None) -> Adapter:
     """The adapter of implementation ``name`` loaded from the checkpoint at ``path`` by that
-    implementation itself (the reference reads neutral directories only)."""
+    implementation itself (any format `shared.formats` reads)."""
     return _adapter_class(name).from_checkpoint(path, config, seed, threads)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from shared import formats
 from shared.threads import set_runtime_policy
 
 from . import compare, convert, decode, figures, train
@@ -19,12 +20,11 @@ from . import compare, convert, decode, figures, train
 COMMANDS = {
     "compare": (compare, "run one set of weights in every implementation and compare every "
                          "intermediate (exit 1 when parity fails)"),
-    "convert": (convert, "convert weights between a neutral checkpoint directory, a torch_impl .pt "
-                         "and a tf_impl .weights.h5, or import an nn.Transformer / Annotated "
-                         "Transformer state dict (--verify: exit 1 when parity fails)"),
+    "convert": (convert, f"convert weights between formats ({', '.join(formats.names())}; "
+                         "--list-formats), exactly (--verify: exit 1 when parity fails)"),
     "train": (train, "train the copy or dates demo in torch or tf (resumable, in either backend); a "
                      "neutral checkpoint at the end"),
-    "decode": (decode, "decode inputs or the held-out set with a demo checkpoint, in either backend"),
+    "decode": (decode, "decode token ids with any checkpoint (or a demo's text), in either backend"),
     "figures": (figures, "write PNG figures: positional encoding, masks, Noam curves, training "
                          "curves and attention of trained demo models"),
 }

@@ -11,17 +11,21 @@ from shared.batches import src_tgt
 from shared.threads import check_threads
 from shared.tolerances import bound_for, max_abs_diff, max_rel_diff
 from shared import TransformerConfig
+from shared.config import PRESETS
 from shared import reference
-from shared.weights import load_checkpoint, random_weights
+from shared.weights import random_weights
 
+from . import loading
 from .backends import IMPLEMENTATIONS, Unavailable, make_adapter
 
 
 def add_arguments(parser) -> None:
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--preset", default="small", help="named config (default: small)")
+    source.add_argument("--preset", default="small", choices=sorted(PRESETS),
+                        help="named config (default: small)")
     source.add_argument("--config", metavar="FILE.json", help="a TransformerConfig as JSON")
-    source.add_argument("--checkpoint", metavar="DIR", help="a neutral checkpoint directory")
+    source.add_argument("--checkpoint", metavar="PATH", help="weights in any readable format "
+                        "(`twins convert --list-formats`; --from and the format's options as there)")
     parser.add_argument("--dtype", choices=["float32", "float64", "bfloat16"],
                         help="override the config's dtype; bfloat16: a float32 model run in bfloat16 "
                         "mixed precision by torch and tf (shared.precision), against the float64 oracle")
@@ -38,11 +42,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, metavar="N",
                         help="CPU threads of each framework (default: its own, one per core; idle "
                              "threads sleep, OMP_WAIT_POLICY=PASSIVE, see shared/threads.py)")
+    loading.add_arguments(parser, config=False, skip=("dtype",))  # --dtype: compare's own
 
 
 def _load(args) -> tuple[TransformerConfig, dict]:
     if args.checkpoint:
-        config, weights = load_checkpoint(args.checkpoint)
+        _, config, weights = loading.read(args.checkpoint, args)
     else:
         if args.config:
             with open(args.config, encoding="utf-8") as f:
@@ -111,7 +116,9 @@ def run(args) -> int:
                                             "bound": bound.rtol, "pass": passed}
             if not passed:
                 ok = False
-                first_parting = first_parting or {"name": name, "pair": f"{a}:{b}"}
+        if not ok and first_parting is None:
+            first_parting = {"name": name, "pairs": [p for p, r in row["pairs"].items() if not r["pass"]],
+                             "diverging": diverging(row)}
         rows.append(row)
     timings = {name: a.time_forward(src, tgt) for name, a in adapters.items()}
 
@@ -134,6 +141,20 @@ def run(args) -> int:
     return 0 if ok else 1
 
 
+def diverging(row: dict) -> str:
+    """The implementation that parts from the reference at ``row``: the one whose comparison with
+    the reference fails (both, when both do); where only a cross pair fails (each within its
+    bound of the reference), the one farther from the reference, relative to its bound."""
+    versus = {pair.split(":")[0]: r for pair, r in row["pairs"].items()
+              if pair.endswith(":reference") and not r.get("missing")}
+    failing = [impl for impl, r in versus.items() if not r["pass"]]
+    if failing:
+        return " and ".join(failing)
+    if not versus:
+        return "an implementation"
+    return max(versus, key=lambda impl: versus[impl]["max_rel"] / max(versus[impl]["bound"], 1e-300))
+
+
 def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out=sys.stdout) -> None:
     print(f"config: d_model={config.d_model} heads={config.n_heads} layers={config.n_encoder_layers}+"
           f"{config.n_decoder_layers} norm_first={config.norm_first} norm_style={config.norm_style} "
@@ -153,7 +174,9 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out
         line = f"{r['name']:<{width}}  {str(tuple(r['shape'])):<18}"
         for a, b in pairs:
             p = r["pairs"][f"{a}:{b}"]
-            cell = "missing" if p.get("missing") else f"{p['max_abs']:.2e} {p['max_rel']:.2e} {'ok' if p['pass'] else 'FAIL'}"
+            verdict = "ok" if p.get("pass") else "FAIL"  # one width, so FAIL shifts nothing
+            cell = ("missing" if p.get("missing")
+                    else f"{p['max_abs']:.2e} {p['max_rel']:.2e} {verdict:<4}")
             line += f"  {cell:>28}"
         if not pairs:
             stats = r["reference"]
@@ -163,8 +186,12 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out
         print("(each cell: max abs diff, max diff relative to the tensor's scale, verdict against "
               "shared/tolerances.py)", file=out)
         if first_parting:
-            print(f"FAIL: the implementations first part at {first_parting['name']} "
-                  f"({first_parting['pair']})", file=out)
+            failed = ", ".join(p.replace(":", " vs ") for p in first_parting["pairs"])
+            hint = "" if config.dtype == "float64" else (
+                "; in float32 every pair has rounding to spare, so rerun with --dtype float64 to "
+                "locate a bug exactly")
+            print(f"FAIL: {first_parting['diverging']} first diverges from the float64 reference at "
+                  f"{first_parting['name']} (failing: {failed}){hint}", file=out)
         else:
             print(f"PASS: all {len(rows)} intermediates agree for {', '.join(a + ' vs ' + b for a, b in pairs)}",
                   file=out)

@@ -1,81 +1,168 @@
-"""`twins decode`: load a demo checkpoint in either backend and decode inputs or the held-out set.
+"""`twins decode`: decode with any checkpoint the format registry reads, in either backend.
 
-The checkpoint is a `twins train` run directory, any neutral checkpoint directory, a torch_impl
-``.pt`` or a tf_impl ``.weights.h5``; the weights go into the backend chosen with ``--backend``
-whichever backend trained them. Output, on stdout:
+Two ways in:
 
-* for INPUT arguments: one line per input, the decoded output alone (a date ``yyyy-mm-dd``, or the
-  copied ids separated by spaces);
-* for ``--heldout N``: one line per held-out example, ``source<TAB>output<TAB>ok`` or
-  ``source<TAB>output<TAB>expected TARGET``, then ``exact match: K/N = P%``. Nothing in it depends
-  on the backend but the outputs, so two backends' listings can be compared with ``diff``.
+* **token ids, any model**: ``--src "5 6 7 8"`` (repeatable) or ``--src-file FILE`` (one row of
+  space-separated ids per line). Output: one line per row, the decoded ids up to (not including)
+  EOS; with ``--json FILE`` (``-``: stdout alone) every row's ids, length, whether it ended with
+  EOS, and its score.
+* **the demos' text** (``--task copy|dates``, else from the run's log or the vocabulary): INPUT
+  arguments (a date as text, or copy ids), or ``--heldout N``: one line per held-out example,
+  ``source<TAB>output<TAB>ok`` or ``source<TAB>output<TAB>expected TARGET``, then
+  ``exact match: K/N = P%``. Nothing in it depends on the backend but the outputs, so two
+  backends' listings can be compared with ``diff``.
+
+The weights go into the backend chosen with ``--backend`` whichever framework wrote them; a format
+that needs options takes them as ``twins convert`` does (``--from nn-transformer --n-heads 8 ...``).
 """
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
-from shared.saving import recover
+import numpy as np
+
 from shared.threads import check_threads
 
 from . import demo_tasks as tasks
+from . import loading
 from .backends import BACKENDS, make_adapter
+from .runs import read_log
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("inputs", nargs="*", metavar="INPUT",
-                        help="what to decode: a date as text (quote it), or for copy symbol ids "
+                        help="demo text to decode: a date (quote it), or for copy symbol ids "
                              "separated by spaces (quoted as one argument)")
     parser.add_argument("--checkpoint", required=True, metavar="PATH",
-                        help="a run directory of `twins train`, a neutral checkpoint directory, a "
-                             ".pt or a .weights.h5")
+                        help="any readable format: a run directory of `twins train`, a neutral "
+                             "directory, a .pt, a .weights.h5, a Marian directory, ... "
+                             "(`twins convert --list-formats`)")
     parser.add_argument("--backend", choices=BACKENDS, default="torch", help="torch (default) or tf")
+    parser.add_argument("--src", action="append", metavar="IDS",
+                        help="source token ids separated by spaces, quoted as one argument "
+                             "(repeatable: one row each)")
+    parser.add_argument("--src-file", metavar="FILE",
+                        help="source token ids, one row of space-separated ids per line")
     parser.add_argument("--task", choices=tasks.TASKS,
-                        help="copy or dates (default: from the run's log, else from the vocabulary)")
+                        help="copy or dates, for INPUT / --heldout (default: from the run's log, "
+                             "else from the vocabulary)")
     parser.add_argument("--heldout", type=int, metavar="N",
-                        help="decode and score the first N held-out examples (those `twins train` "
-                             "evaluates on)")
+                        help="decode and score the first N held-out examples of the demo task")
     parser.add_argument("--beam-size", type=int, default=1, metavar="K",
                         help="beam search with K beams (default 1: greedy)")
-    parser.add_argument("--max-len", type=int,
-                        help="new tokens at most, EOS included (default: target length + 1; for "
-                             "copy inputs, the longest input + 1)")
+    parser.add_argument("--length-penalty", type=float, default=0.0, metavar="ALPHA",
+                        help="GNMT length penalty alpha >= 0 of beam search (default 0: none)")
+    parser.add_argument("--max-new", type=int, metavar="N",
+                        help="new tokens at most, EOS included (default: ids: the longest row + 10; "
+                             "demos: target length + 1; at most the model's max_len)")
+    parser.add_argument("--json", metavar="FILE", help="ids: also write the results as JSON ('-': "
+                                                      "stdout, alone)")
     parser.add_argument("--threads", type=int, metavar="N",
                         help="CPU threads of the framework (default: its own, one per core; idle "
                              "threads sleep, OMP_WAIT_POLICY=PASSIVE, see shared/threads.py)")
+    loading.add_arguments(parser)
 
 
-def load(path: str):
-    """``(config, weights, train log or None)`` of any checkpoint format."""
-    from .convert import detect, read
-    from .train import read_log
-    p = Path(path)
-    recover(p)  # a save that a crash interrupted: finished (or refused, naming the data) first
-    if not p.exists():
-        raise FileNotFoundError(f"--checkpoint {path!r}: no such file or directory")
-    config, weights = read(detect(path, "source"), path)
-    return config, weights, read_log(p) if p.is_dir() else None
+def _id_rows(args) -> list[tuple[str, list[int]]]:
+    """``(where, ids)`` of each ``--src`` / ``--src-file`` row; a bad one names where it is."""
+    rows = [(f"--src {text!r}", text) for text in args.src or []]
+    if args.src_file:
+        lines = Path(args.src_file).read_text(encoding="utf-8").splitlines()
+        rows += [(f"--src-file {args.src_file!r} line {i}", line) for i, line in enumerate(lines, 1)
+                 if line.strip()]
+    parsed = []
+    for where, text in rows:
+        try:
+            parsed.append((where, [int(t) for t in text.split()]))
+        except ValueError:
+            raise ValueError(f"{where}: expected token ids separated by spaces, got {text!r}") from None
+    return parsed
 
 
-def resolve_task(given: str | None, log: dict | None, config) -> str:
-    task = given or (log or {}).get("task") or tasks.infer_task(config)
-    if log and given and log.get("task") != given:
-        raise ValueError(f"--task {given}: the checkpoint's train log says {log.get('task')}")
-    tasks.check_config(task, config)
-    return task
+def _check_ids(rows, config) -> None:
+    for where, ids in rows:
+        if not ids:
+            raise ValueError(f"{where}: expected at least one token id, got none")
+        bad = [t for t in ids if not 0 <= t < config.src_vocab]
+        if bad:
+            raise ValueError(f"{where}: expected ids in [0, {config.src_vocab}) (the model's "
+                             f"src_vocab), got {bad[:5]}")
+        if len(ids) > config.max_len:
+            raise ValueError(f"{where}: {len(ids)} tokens, more than the model's max_len {config.max_len}")
+
+
+def _search(backend, src: np.ndarray, args, max_new: int):
+    if args.beam_size == 1 and args.length_penalty == 0.0:
+        return backend.greedy(src, max_new)
+    return backend.beam(src, max_new, args.beam_size, args.length_penalty)
+
+
+def _max_new(args, config, default: int) -> int:
+    if args.max_new is None:
+        return min(default, config.max_len)  # only the default adapts to the model
+    if not 1 <= args.max_new <= config.max_len:
+        raise ValueError(f"--max-new: expected an int in [1, the model's max_len={config.max_len}], "
+                         f"got {args.max_new}")
+    return args.max_new
 
 
 def run(args) -> int:
-    if not args.inputs and args.heldout is None:
-        raise ValueError("nothing to decode: give INPUT arguments or --heldout N")
-    if args.inputs and args.heldout is not None:
-        raise ValueError("give INPUT arguments or --heldout N, not both")
+    ids_mode = bool(args.src or args.src_file)
+    ways = [name for name, used in (("INPUT arguments", args.inputs), ("--heldout", args.heldout is not None),
+                                    ("--src / --src-file", ids_mode)) if used]
+    if len(ways) != 1:
+        raise ValueError("nothing to decode: give --src / --src-file ids, INPUT arguments or "
+                         "--heldout N" if not ways else f"give one of {', '.join(ways)}, not several")
     check_threads(args.threads)
     if args.beam_size < 1:
         raise ValueError(f"--beam-size: expected an int >= 1, got {args.beam_size}")
-    if args.max_len is not None and args.max_len < 1:
-        raise ValueError(f"--max-len: expected an int >= 1, got {args.max_len}")
-    config, weights, log = load(args.checkpoint)
-    task = resolve_task(args.task, log, config)
+    if not args.length_penalty >= 0.0:
+        raise ValueError(f"--length-penalty: expected a float >= 0, got {args.length_penalty}")
+    if args.json and not ids_mode:
+        raise ValueError("--json: only with --src / --src-file")
+    _, config, weights = loading.read(args.checkpoint, args)
+    if ids_mode:
+        return _decode_ids(args, config, weights)
+    return _decode_demo(args, config, weights)
+
+
+def _decode_ids(args, config, weights) -> int:
+    rows = _id_rows(args)
+    _check_ids(rows, config)
+    longest = max(len(ids) for _, ids in rows)
+    max_new = _max_new(args, config, longest + 10)
+    src = np.full((len(rows), longest), config.pad_id, dtype=np.int64)
+    for i, (_, ids) in enumerate(rows):
+        src[i, :len(ids)] = ids
+    backend = make_adapter(args.backend, config, weights, threads=args.threads)
+    result = _search(backend, src, args, max_new)
+    scores = (result.log_probs.sum(axis=1) if hasattr(result, "log_probs") else result.scores)
+    out = []
+    for (where, ids), row, length, score in zip(rows, result.tokens, result.lengths, scores):
+        row = [int(t) for t in row[:int(length)]]
+        ended = bool(row) and row[-1] == config.eos_id
+        out.append({"src": ids, "tokens": row[:-1] if ended else row, "eos": ended,
+                    "score": float(score)})
+    text = sys.stderr if args.json == "-" else sys.stdout  # with --json - stdout carries JSON alone
+    for item in out:
+        print(" ".join(map(str, item["tokens"])), file=text)
+    if args.json:
+        report = {"checkpoint": str(args.checkpoint), "backend": args.backend,
+                  "search": {"beam_size": args.beam_size, "length_penalty": args.length_penalty,
+                             "max_new": max_new}, "results": out}
+        dumped = json.dumps(report, indent=1)
+        if args.json == "-":
+            print(dumped)
+        else:
+            Path(args.json).write_text(dumped + "\n", encoding="utf-8")
+    return 0
+
+
+def _decode_demo(args, config, weights) -> int:
+    log = read_log(args.checkpoint) if Path(args.checkpoint).is_dir() else None
+    task = tasks.resolve_task(args.task, log, config)
     spec = tasks.spec(task)
     if args.heldout is not None:
         examples = tasks.heldout(task, args.heldout)
@@ -89,16 +176,9 @@ def run(args) -> int:
     if longest > config.max_len:
         raise ValueError(f"an input of {longest} tokens is longer than the model's max_len "
                          f"{config.max_len}")
-    if args.max_len is not None and args.max_len > config.max_len:
-        raise ValueError(f"--max-len: expected at most the model's max_len={config.max_len}, "
-                         f"got {args.max_len}")
-    default = longest + 1 if task == "copy" else spec.target_len + 1
-    max_len = args.max_len or min(default, config.max_len)  # only the default adapts to the model
+    max_new = _max_new(args, config, longest + 1 if task == "copy" else spec.target_len + 1)
     backend = make_adapter(args.backend, config, weights, threads=args.threads)
-    src = tasks.pad(sources)
-    result = (backend.greedy(src, max_len) if args.beam_size == 1
-              else backend.beam(src, max_len, args.beam_size))
-    tokens = result.tokens
+    tokens = _search(backend, tasks.pad(sources), args, max_new).tokens
     outputs = [tasks.format_output(task, row) for row in tokens]
     if targets is None:
         for out in outputs:

@@ -34,7 +34,7 @@ class TaskSpec:
     warmup: int
     factor: float
     smoothing: float
-    steps: int  # what reaches the README's target on a 2-core CPU
+    steps: int  # what reaches docs/demos.md's target on a 2-core CPU
     eval_every: int
     heldout: int
     example: tuple = field(default_factory=tuple)
@@ -45,7 +45,7 @@ SPECS = {
     # (d_model=512 is far more than copying 10 symbols needs on a CPU). Its factor 1 and no
     # smoothing gave loss spikes here (held-out exact match falling from 100% to 0-80% at times);
     # half the rate, smoothing 0.1 and batches of 128 reach 100% by step 300 and stay there
-    # (seeds 0-2, both backends; README).
+    # (seeds 0-2, both backends; docs/demos.md).
     "copy": TaskSpec(
         name="copy", vocab=data.COPY_VOCAB, target_len=data.COPY_LENGTH,
         model=dict(d_model=64, n_heads=4, d_ff=128, n_encoder_layers=2, n_decoder_layers=2,
@@ -54,7 +54,7 @@ SPECS = {
         example=("12 5 7 9 11 13 4 6 8 10",)),
     # Dates: the source demo's size (d_model=64, 4 heads), 2+2 layers, FFN 256: >= 95% of the
     # held-out dates by step 750-1250, 99.5-100% at step 3000 (seeds 0 and 1, both backends;
-    # README). No dropout: every batch is fresh data.
+    # docs/demos.md). No dropout: every batch is fresh data.
     "dates": TaskSpec(
         name="dates", vocab=len(data.VOCAB), target_len=10,
         model=dict(d_model=64, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2,
@@ -209,3 +209,14 @@ def exact(tokens: np.ndarray, targets: list[list[int]]) -> np.ndarray:
     """Per example: the decoded sequence (up to EOS, which must come) equals the target."""
     return np.array([strip(row) == list(t) and data.EOS_ID in np.asarray(row).tolist()
                      for row, t in zip(tokens, targets)], dtype=bool)
+
+
+def resolve_task(given: str | None, log: dict | None, config: TransformerConfig) -> str:
+    """The demo task of a checkpoint: ``--task`` as given (it must agree with the run's log), else
+    the log's, else the one its vocabulary fits; checked against the config."""
+    task = given or (log or {}).get("task") or infer_task(config)
+    if log and given and log.get("task") != given:
+        raise ValueError(f"--task {given}: the checkpoint's train log says {log.get('task')}")
+    check_config(task, config)
+    return task
+

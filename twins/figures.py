@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shared import formats
 from shared import tasks as data
 from shared.masks import make_src_mask, make_tgt_mask, subsequent_mask
 from shared.positional import positional_encoding
@@ -39,9 +40,10 @@ COLORS = {"torch": "#ee4c2c", "tf": "#1f77b4"}  # PyTorch orange-red, TensorFlow
 
 def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for the PNG files")
-    parser.add_argument("--checkpoint", action="append", default=[], metavar="DIR",
+    parser.add_argument("--checkpoint", action="append", default=[], metavar="PATH",
                         help="a run directory of `twins train` (repeatable): its training curve, and "
-                             "for the first run of each task the attention figure")
+                             "for the first run of each task the attention figure; or a demo model "
+                             "in any readable format (`twins convert --list-formats`): its attention")
     parser.add_argument("--log", action="append", default=[], metavar="FILE",
                         help="a train_log.json (repeatable): its training curve")
     parser.add_argument("--input", action="append", default=[], metavar="TEXT",
@@ -218,11 +220,11 @@ def _copy_token(t: int) -> str:
 
 
 def attention_figure(path: Path, dpi: int, task: str, checkpoint: str, text: str | None) -> Path:
-    from .decode import load, resolve_task
     from .backends import make_adapter
+    from .runs import read_log
     plt = _pyplot()
-    config, weights, log = load(checkpoint)
-    resolve_task(task, log, config)
+    config, weights = formats.read(checkpoint)
+    tasks.resolve_task(task, read_log(checkpoint), config)
     spec = tasks.spec(task)
     text = text or spec.example[0]
     src = tasks.pad([tasks.parse_input(task, text)])
@@ -284,23 +286,25 @@ def attention_figure(path: Path, dpi: int, task: str, checkpoint: str, text: str
 
 # -- the command ----------------------------------------------------------------------------------
 def run(args) -> int:
-    from .train import read_log, read_log_file
+    from .runs import read_log, read_log_file
     if args.dpi < 20:
         raise ValueError(f"--dpi: expected an int >= 20, got {args.dpi}")
-    runs: list[tuple[str, str | None, dict]] = []  # (label, checkpoint or None, log)
+    # (label, checkpoint or None, train log or None: a model without a run, task)
+    runs: list[tuple[str, str | None, dict | None, str]] = []
     for ckpt in args.checkpoint:
         p = Path(ckpt)
         if not p.exists():
-            raise FileNotFoundError(f"--checkpoint {ckpt!r}: no such directory")
-        log = read_log(p)
-        if log is None:
-            raise ValueError(f"--checkpoint {ckpt!r}: no train_log.json (not a `twins train` run)")
-        runs.append((p.name, ckpt, log))
+            raise FileNotFoundError(f"--checkpoint {ckpt!r}: no such file or directory")
+        log = read_log(p) if p.is_dir() else None
+        # a model without a run: its attention only, its task told by its vocabulary
+        task = log["task"] if log else tasks.infer_task(formats.read(ckpt)[0])
+        runs.append((p.name, ckpt, log, task))
     for file in args.log:
         p = Path(file)
         if not p.is_file():
             raise FileNotFoundError(f"--log {file!r}: no such file")
-        runs.append((p.parent.name, None, read_log_file(p)))
+        log = read_log_file(p)
+        runs.append((p.parent.name, None, log, log.get("task")))
     inputs: dict[str, str] = {}
     for text in args.input:  # an input goes to the task it parses for (dates text or copy ids)
         task = "copy" if all(t.isdigit() for t in text.split()) and text.strip() else "dates"
@@ -310,11 +314,10 @@ def run(args) -> int:
     written = [positional_figure(out / STATIC[0], args.dpi), masks_figure(out / STATIC[1], args.dpi),
                noam_figure(out / STATIC[2], args.dpi)]
     for task in tasks.TASKS:
-        mine = [(label, ckpt, log) for label, ckpt, log in runs if log.get("task") == task]
-        if not mine:
-            continue
-        written.append(training_figure(out / f"training_{task}.png", args.dpi, task,
-                                       [(label, log) for label, _, log in mine]))
+        mine = [(label, ckpt, log) for label, ckpt, log, of in runs if of == task]
+        curves = [(label, log) for label, _, log in mine if log is not None]
+        if curves:
+            written.append(training_figure(out / f"training_{task}.png", args.dpi, task, curves))
         first = next((ckpt for _, ckpt, _ in mine if ckpt), None)
         if first:
             written.append(attention_figure(out / f"attention_{task}.png", args.dpi, task, first,

@@ -19,7 +19,7 @@ import os
 import sys
 import uuid
 
-from .backends import prepare
+from . import backends
 
 
 def in_torchrun() -> bool:
@@ -60,13 +60,7 @@ def launch(args) -> int:
 def distributed(backend: str, threads: int | None = None):
     """The backend's ``distributed`` module (torch_impl's or tf_impl's), the framework set up first
     (thread pools before TensorFlow's runtime starts)."""
-    impl = prepare(backend, threads=threads)
-    if backend == "torch":
-        from torch_impl import distributed as module
-    else:
-        from tf_impl import distributed as module
-    assert module.__name__.startswith(impl.__name__)
-    return module
+    return backends.distributed(backend, threads)
 
 
 def describe(args, config, log: dict, workers: int) -> dict:

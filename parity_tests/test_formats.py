@@ -1,0 +1,133 @@
+"""The format registry (`shared.formats`): every record well formed and documented, recognition
+without a framework, the options' checks, `twins convert --list-formats`, and every native format
+loading in both backends through the one function."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("tensorflow")
+
+import tf_impl  # noqa: E402
+import torch_impl  # noqa: E402
+from shared import TransformerConfig, formats  # noqa: E402
+from shared.formats import native  # noqa: E402
+from shared.weights import random_weights, save_checkpoint  # noqa: E402
+from twins.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = TransformerConfig.preset("tiny")
+
+
+def test_every_record_is_complete_and_documented():
+    assert len(formats.REGISTRY) == len(set(formats.names())) == 11
+    for fmt in formats.REGISTRY:
+        assert fmt.read or fmt.write, fmt.name
+        assert set(fmt.required) <= {o.name for o in fmt.read_options}, fmt.name
+        assert (ROOT / "docs" / "formats" / f"{fmt.family}.md").is_file(), fmt.family
+    formats.options()  # one declaration per option name (raises otherwise)
+
+
+def test_native_suffixes_are_the_backends_own():
+    from tf_impl import checkpoints as tf_ckpt
+    from torch_impl import checkpoints as torch_ckpt
+    assert native.PT_SUFFIXES == torch_ckpt.PT_SUFFIXES and native.H5_SUFFIXES == (tf_ckpt.H5_SUFFIX,)
+
+
+def test_recognition_imports_no_framework():
+    code = ("import sys; from shared import formats; "
+            "print(formats.detect('m.pt').name, formats.detect('m.weights.h5', 'destination').name, "
+            "formats.detect('out', 'destination').name, formats.detect('m.keras').name); "
+            "print(sorted(m for m in ('torch', 'tensorflow', 'keras', 'h5py') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:2] == ["torch tf neutral keras-hub", "[]"], out
+
+
+def test_options_are_checked_and_named_as_typed():
+    nn = formats.get("nn-transformer")
+    with pytest.raises(ValueError, match=r"--from nn-transformer: n_heads, norm_first required"):
+        formats.check_options(nn, "read", {"pad_id": 0, "bos_id": 1, "eos_id": 2})
+    with pytest.raises(ValueError, match=r"^--beam-size: only for --to saved-model, not --from marian"):
+        formats.check_options(formats.get("marian"), "read", {"beam_size": 2},
+                              spell=lambda n: "--" + n.replace("_", "-"))
+    with pytest.raises(ValueError, match="always pre-norm"):
+        formats.check_options(formats.get("annotated"), "read", {"norm_first": True})
+    with pytest.raises(ValueError, match="readable formats .* got 'ctranslate2' .*write only"):
+        formats.read("x", "ctranslate2")
+
+
+def test_list_formats_prints_the_registry(capsys):
+    assert main(["convert", "--list-formats"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines] == [[f.name, f.directions] for f in formats.REGISTRY]
+
+
+@pytest.fixture(scope="module")
+def native_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("native")
+    weights = random_weights(TINY, 0)
+    save_checkpoint(folder / "n", TINY, weights)
+    for name in ("m.pt", "m.weights.h5"):
+        formats.write(formats.detect(folder / name, "destination"), TINY, weights, folder / name)
+    return folder, weights
+
+
+@pytest.mark.parametrize("name", ["n", "m.pt", "m.weights.h5"])
+def test_each_native_format_loads_in_both_backends(native_files, name):
+    folder, weights = native_files
+    for backend in (torch_impl, tf_impl):
+        model = backend.load_checkpoint(folder / name)
+        assert model.config == TINY
+        exported = model.export_weights()
+        assert all(exported[k].tobytes() == weights[k].tobytes() for k in weights), (backend, name)
+        backend.checkpoints.load_into(backend.Transformer(TINY), folder / name)  # into a model, too
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/formats/README.md"])
+def test_the_documented_format_tables_are_the_registry(doc):
+    """The README's and docs/formats/'s tables: one row per record, in order, with its directions
+    and description (`twins convert --list-formats` prints the same)."""
+    rows = [line.split("|")[1:4] for line in (ROOT / doc).read_text(encoding="utf-8").splitlines()
+            if line.startswith("| `")]
+    documented = [tuple(cell.strip().strip("`") for cell in row) for row in rows]
+    assert documented == [(f.name, f.directions, f.describe) for f in formats.REGISTRY]
+
+
+def test_a_native_file_without_its_framework_is_an_error_naming_the_extra(tmp_path):
+    """The registry imports a backend only to read its file; without the framework, one ImportError
+    says which extra installs it (docs/design.md, the dependency rule's plugin seam)."""
+    (tmp_path / "m.pt").write_bytes(b"not read")
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] == 'torch': raise ImportError('blocked import of ' + name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "from shared import formats\n"
+            "try:\n"
+            f"    formats.read({str(tmp_path / 'm.pt')!r})\n"
+            "except ImportError as err:\n"
+            "    print(err)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "read and written by torch_impl, which is not installed" in out and "'torch' extra" in out, out
+
+
+def test_decode_reads_ids_from_a_file_and_names_a_bad_line(native_files, tmp_path, capsys):
+    folder, _ = native_files
+    rows = tmp_path / "rows.txt"
+    rows.write_text("5 6 7 8\n\n3 4\n", encoding="utf-8")
+    out = tmp_path / "out.json"
+    assert main(["decode", "--checkpoint", str(folder / "m.pt"), "--src-file", str(rows),
+                 "--max-new", "5", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    import json
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert [r["src"] for r in report["results"]] == [[5, 6, 7, 8], [3, 4]]  # the blank line skipped
+    assert printed == [" ".join(map(str, r["tokens"])) for r in report["results"]]
+    assert all(len(r["tokens"]) + r["eos"] <= 5 for r in report["results"])
+    rows.write_text("5 6\n3 x\n", encoding="utf-8")
+    assert main(["decode", "--checkpoint", str(folder / "m.pt"), "--src-file", str(rows)]) == 2
+    assert f"--src-file {str(rows)!r} line 2: expected token ids" in capsys.readouterr().err
+    assert main(["decode", "--checkpoint", str(folder / "m.pt"), "--src", "5 99"]) == 2
+    assert "--src '5 99': expected ids in [0, 13)" in capsys.readouterr().err

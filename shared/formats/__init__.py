@@ -1,0 +1,170 @@
+"""Every format the project reads or writes, one record each, and the one function that reads any
+of them. NumPy only at import time: a format's library (torch, TensorFlow, h5py, ctranslate2) is
+imported only when a file of it is read or written.
+
+    read(path, fmt=None, config=None, **options) -> (TransformerConfig, canonical weights)
+    write(fmt, config, weights, path, **options) -> a line saying what was written, or None
+
+`read` is what `torch_impl.load_checkpoint`, `tf_impl.load_checkpoint` and every ``twins`` command
+(``--checkpoint``) use, so each of them opens every format in `REGISTRY` that has a reader.
+A path's format is recognised by the records (`detect`); ``fmt`` names it instead. The records are
+declared by family, one module each (docs/formats/README.md says how to add one):
+
+=================  ==================  =====================================================
+module             formats             docs
+=================  ==================  =====================================================
+`.native`          neutral torch tf    docs/formats/native.md
+`.state_dicts`     nn-transformer      docs/formats/state_dicts.md
+                   annotated
+`.hf`              marian fsmt         docs/formats/hf.md
+`.keras`           tf-tutorial         docs/formats/keras.md
+                   keras-hub
+`.ctranslate2`     ctranslate2         docs/formats/ctranslate2.md
+`.saved_model`     saved-model         docs/formats/saved_model.md
+=================  ==================  =====================================================
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import ctranslate2, hf, keras, native, saved_model, state_dicts
+from .record import Format, Option, given
+
+# One line per family; the order is the order of `twins convert --list-formats` and of recognition
+# (a fallback format, the neutral directory, is tried last).
+REGISTRY: tuple[Format, ...] = (
+    *native.FORMATS,
+    *state_dicts.FORMATS,
+    *hf.FORMATS,
+    *keras.FORMATS,
+    *ctranslate2.FORMATS,
+    *saved_model.FORMATS,
+)
+_BY_NAME = {f.name: f for f in REGISTRY}
+assert len(_BY_NAME) == len(REGISTRY), "two formats share a name"
+
+
+def names(direction: str | None = None) -> tuple[str, ...]:
+    """The formats' names, in registry order; ``direction`` "read" / "write": those that can."""
+    return tuple(f.name for f in REGISTRY if direction is None or _can(f, direction))
+
+
+def _can(fmt: Format, direction: str) -> bool:
+    return (fmt.read if direction == "read" else fmt.write) is not None
+
+
+def get(name: str, direction: str | None = None, flag: str = "format") -> Format:
+    """The record named ``name``; ``direction``: it must read / write. Errors name ``flag``."""
+    fmt = _BY_NAME.get(name)
+    if fmt is None or (direction and not _can(fmt, direction)):
+        role = {"read": "readable ", "write": "writable ", None: ""}[direction]
+        why = "" if fmt is None else f" ({name} is {fmt.directions} only)"
+        raise ValueError(f"{flag}: expected one of the {role}formats {', '.join(names(direction))}, "
+                         f"got {name!r}{why}")
+    return fmt
+
+
+def options(direction: str | None = None) -> dict[str, Option]:
+    """Every option of every format (one per name), in registry order."""
+    found: dict[str, Option] = {}
+    for fmt in REGISTRY:
+        for d in (("read", "write") if direction is None else (direction,)):
+            for option in fmt.options(d):
+                if found.setdefault(option.name, option) != option:
+                    raise AssertionError(f"option {option.name} declared twice, differently")
+    return found
+
+
+def users(name: str) -> str:
+    """Who takes option ``name``: "--from a / b or --to c"."""
+    parts = []
+    for direction, flag in (("read", "--from"), ("write", "--to")):
+        takers = [f.name for f in REGISTRY if any(o.name == name for o in f.options(direction))]
+        if takers:
+            parts.append(f"{flag} {' / '.join(takers)}")
+    return " or ".join(parts)
+
+
+def detect(path: str | os.PathLike, role: str = "source") -> Format:
+    """The format of ``path`` as ``role`` ("source" or "destination"): the one record that
+    recognises it, else the fallback (the neutral directory); anything else is refused, naming what
+    is recognised and the flag that names a format."""
+    p = Path(path)
+    direction = "read" if role == "source" else "write"
+    candidates = [f for f in REGISTRY if _can(f, direction)]
+    for fmt in [f for f in candidates if not f.fallback] + [f for f in candidates if f.fallback]:
+        if fmt.recognise(p, role):
+            return fmt
+    flag = "--from" if role == "source" else "--to"
+    raise ValueError(f"{str(path)!r}: cannot tell the {role} format from the path "
+                     f"({recognised(direction)}); "
+                     f"pass {flag} with one of {', '.join(names(direction))}")
+
+
+def recognised(direction: str | None = None) -> str:
+    """What paths are recognised as, for messages: "*.pt / *.pth is torch, ...", the fallback last."""
+    found = [f for f in REGISTRY if f.looks_like and (direction is None or _can(f, direction))]
+    return ", ".join(f"{f.looks_like} is {f.name}" for f in sorted(found, key=lambda f: f.fallback))
+
+
+def check_options(fmt: Format, direction: str, options: Mapping[str, Any], config=None,
+                  spell=lambda name: name) -> dict[str, Any]:
+    """The options given for ``fmt``'s ``direction``: each declared by it, the required ones
+    present, a config only where it reads one. ``spell`` names an option as the caller typed it
+    (the command line: ``--n-heads``). Returns them without the ones not given."""
+    options = given(options)
+    flag = "--from" if direction == "read" else "--to"
+    declared = {o.name for o in fmt.options(direction)}
+    problems = []
+    for name in options:
+        if name in declared:
+            continue
+        why = fmt.hints.get(name)
+        if why is None:
+            held = f", which {fmt.config_from}" if direction == "read" else ""
+            takers = users(name)
+            why = (f"only for {takers}, not {flag} {fmt.name}{held}" if takers else
+                   f"not an option of {flag} {fmt.name}{held}")
+        problems.append(f"{spell(name)}: {why}")
+    if direction == "read":
+        lacking = [spell(n) for n in fmt.required if n not in options]
+        if lacking:
+            problems.append(f"{flag} {fmt.name}: {', '.join(lacking)} required (not stored in the "
+                            "file)")
+        if config is not None and not fmt.takes_config:
+            problems.append(f"{spell('config')}: {flag} {fmt.name} {fmt.config_from}; do not pass one")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return options
+
+
+def read(path: str | os.PathLike, fmt: str | Format | None = None, config=None, **options):
+    """``(config, canonical weights)`` of ``path``, fully checked, in format ``fmt`` (a name or a
+    record; default: recognised from the path, `detect`). ``config``: for a native file that holds
+    none (or must equal the one it holds); ``options``: the format's own (`Format.read_options`)."""
+    record = _record(fmt, "read") if fmt is not None else detect(path, "source")
+    options = check_options(record, "read", options, config)
+    return record.read(path, config, **options)
+
+
+def write(fmt: str | Format, config, weights: Mapping, path: str | os.PathLike, **options) -> str | None:
+    """Write ``config`` and ``weights`` to ``path`` in format ``fmt``, atomically (or refuse before
+    writing anything); ``options``: the format's own (`Format.write_options`)."""
+    record = _record(fmt, "write")
+    return record.write(config, weights, path, **check_options(record, "write", options))
+
+
+def _record(fmt: str | Format, direction: str) -> Format:
+    return get(fmt.name if isinstance(fmt, Format) else fmt, direction)
+
+
+def table() -> list[str]:
+    """One line per format: name, directions, what it is (``twins convert --list-formats``)."""
+    width = max(len(f.name) for f in REGISTRY)
+    return [f"{f.name:<{width}}  {f.directions:<10}  {f.describe}" for f in REGISTRY]
+
+
+__all__ = ["Format", "Option", "REGISTRY", "check_options", "detect", "get", "names", "options",
+           "read", "table", "users", "write"]

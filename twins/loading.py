@@ -1,0 +1,90 @@
+"""Any checkpoint the format registry reads, for every command: ``--from`` and each format's own
+options on the command line, and `read` (one call, `shared.formats.read`). ``twins convert``,
+``compare --checkpoint``, ``decode --checkpoint`` and ``figures`` all load through here.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from shared import TransformerConfig, formats
+from shared.saving import recover
+
+
+def flag(name: str) -> str:
+    """An option's keyword as the command line spells it: ``n_heads`` -> ``--n-heads``."""
+    return "--" + name.replace("_", "-")
+
+
+def add_arguments(parser, write: bool = False, config: bool = True, skip: tuple[str, ...] = ()) -> None:
+    """``--from`` (``--to`` with ``write``), ``--config`` (unless the command has its own) and every
+    format's options (those named in ``skip`` are the command's own), each help naming the formats
+    that take it."""
+    listed = "`twins convert --list-formats`"
+    parser.add_argument("--from", dest="src_format", metavar="FORMAT", choices=formats.names("read"),
+                        help=f"the source's format, one of {', '.join(formats.names('read'))} "
+                             f"(default: recognised from the path; {listed})")
+    if write:
+        parser.add_argument("--to", dest="dst_format", metavar="FORMAT", choices=formats.names("write"),
+                            help=f"the destination's format, one of {', '.join(formats.names('write'))} "
+                                 f"(default: recognised from the path)")
+    if config:
+        parser.add_argument("--config", metavar="FILE.json",
+                            help="the config, for a .pt holding a bare torch_impl state dict or "
+                                 "a .weights.h5 written by plain Keras save_weights (files written "
+                                 "by this project hold theirs)")
+    parser.set_defaults(format_options_skipped=skip)
+    group = parser.add_argument_group("format options (what a file does not store; each says "
+                                      "which formats take it)")
+    for option in formats.options(None if write else "read").values():
+        if option.name in skip:
+            continue
+        group.add_argument(flag(option.name), dest=option.name, type=option.type,
+                           choices=option.choices, metavar=option.metavar,
+                           action="append" if option.repeat else "store",
+                           help=f"{option.help} [{formats.users(option.name)}]")
+
+
+def given_options(args, direction: str | None = None) -> dict:
+    """The format options given on the command line (``direction``: only that side's)."""
+    skipped = getattr(args, "format_options_skipped", ())
+    return {name: getattr(args, name) for name in formats.options(direction)
+            if name not in skipped and getattr(args, name, None) not in (None, [])}
+
+
+def config_of(args) -> TransformerConfig | None:
+    if not getattr(args, "config", None) or getattr(args, "checkpoint", None):
+        return None
+    with open(args.config, encoding="utf-8") as f:
+        return TransformerConfig.from_json(f.read())
+
+
+def source_format(path: str, args) -> formats.Format:
+    """``--from``'s record, or the one recognising ``path``."""
+    if getattr(args, "src_format", None):
+        return formats.get(args.src_format, "read", "--from")
+    return formats.detect(path, "source")
+
+
+def read(path: str, args, what: str = "--checkpoint", options: dict | None = None):
+    """``(format, config, canonical weights)`` of ``path`` (as typed after ``what``), with the
+    options given on the command line; an error names the flag as typed."""
+    recover(path)  # a save that a crash interrupted: finished (or refused, naming the data) first
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{what} {path!r}: no such file or directory")
+    fmt = source_format(path, args)
+    config = config_of(args)
+    options = given_options(args, "read") if options is None else options
+    options = formats.check_options(fmt, "read", options, config, spell=flag)
+    try:
+        config, weights = fmt.read(path, config, **options)
+    except ValueError as err:
+        raise respelled(err) from None
+    return fmt, config, weights
+
+
+def respelled(err: ValueError) -> ValueError:
+    """``"max_new: expected ..."`` from a format's function -> ``"--max-new: expected ..."``."""
+    name, sep, rest = str(err).partition(":")
+    if sep and name in formats.options():
+        return type(err)(f"{flag(name)}:{rest}") if type(err) is ValueError else err
+    return err
