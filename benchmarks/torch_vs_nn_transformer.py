@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch_impl  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
+from shared.threads import thread_count  # noqa: E402
 
 BATCH, SRC_LEN, TGT_LEN = 8, 64, 64
 
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15, help="timed calls of each model")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--threads", type=thread_count, default=None, help="torch.set_num_threads (default: torch's)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

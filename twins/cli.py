@@ -1,6 +1,7 @@
 """Entry point of the `twins` command (also `python -m twins`).
 
-Exit status: 0 success; 1 a parity check failed (`compare`, `convert --verify`); 2 an error: a
+Exit status: 0 success; 1 a parity check failed (`compare`, `convert --verify`), or a data-parallel
+worker of `train --workers` died (which rank, and the signal); 2 an error: a
 usage error (argparse's own and the commands' checks of their options), a bad input file, an
 operating-system error (permission denied, disk full, a read-only folder), out of memory; 130
 interrupted. Every error is one line, ``twins <command>: error: ...``, naming the user's path or

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shared.saving import recover
+from shared.decoding_args import check_beam_size
 from shared.threads import check_threads
 
 from . import demo_tasks as tasks
@@ -70,11 +71,11 @@ def run(args) -> int:
     if args.inputs and args.heldout is not None:
         raise ValueError("give INPUT arguments or --heldout N, not both")
     check_threads(args.threads)
-    if args.beam_size < 1:
-        raise ValueError(f"--beam-size: expected an int >= 1, got {args.beam_size}")
+    check_beam_size(args.beam_size, name="--beam-size")
     if args.max_len is not None and args.max_len < 1:
         raise ValueError(f"--max-len: expected an int >= 1, got {args.max_len}")
     config, weights, log = load(args.checkpoint)
+    check_beam_size(args.beam_size, config.tgt_vocab, name="--beam-size")  # before any framework loads
     task = resolve_task(args.task, log, config)
     spec = tasks.spec(task)
     if args.heldout is not None:
