@@ -48,6 +48,8 @@ import numpy as np
 from shared import TransformerConfig
 from shared import checkpoints
 from shared import weights as neutral
+from shared.importers.notes import collected
+from shared.importers.tf_tutorial import KERAS3_PADDING
 from shared.saving import recover
 
 from . import saved_model
@@ -309,7 +311,10 @@ def run(args) -> int:
         with open(args.config, encoding="utf-8") as f:
             config = TransformerConfig.from_json(f.read())
     try:
-        config, weights = read(src_fmt, args.src, config, importer)
+        with collected() as notes:  # a source's notes (half precision widened), printed first
+            config, weights = read(src_fmt, args.src, config, importer)
+        for text in notes:
+            print(f"note: {text}")
         if dst_fmt == saved_model.FORMAT:
             return saved_model.run(args, src_fmt, config, weights)
         write(dst_fmt, args.dst, config, weights)
@@ -330,6 +335,8 @@ def run(args) -> int:
         print("note: fsmt numbers positions by counting non-pad tokens; the result computes the "
               "same on right-padded rows (outputs at padded target positions aside), not after a "
               "left or inner pad")
+    if src_fmt == "tf-tutorial":
+        print(f"note: {KERAS3_PADDING}")
     if not args.verify:
         return 0
     if dst_fmt == "ctranslate2":

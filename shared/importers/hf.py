@@ -1,5 +1,6 @@
 """Hugging Face ``save_pretrained`` directories, read without executing code: ``config.json`` (JSON)
-and ``model.safetensors`` (`safetensors.numpy`). NumPy only; transformers is never imported.
+and ``model.safetensors`` (`.safetensors_file`: float16 and bfloat16 widened exactly to float32).
+NumPy only; transformers is never imported.
 
 What the Marian and FSMT importers share: finding and reading the two files (a sharded, a ``.bin``
 only or another model's directory is refused, saying what to do), `Settings` (every key of
@@ -15,6 +16,7 @@ import numpy as np
 
 from ..weights import PROJECTIONS
 from .common import ImporterError, SourceImport
+from .safetensors_file import read_float_safetensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -63,7 +65,6 @@ def read_pretrained(path, family: str, source: str) -> tuple[dict, dict[str, np.
     (``"marian"`` or ``"fsmt"``). Raises FileNotFoundError for a missing path, ImporterError naming
     the file and what to do for anything else that is not such a directory."""
     from safetensors import SafetensorError
-    from safetensors.numpy import load_file
 
     model_class, model_type = FAMILIES[family]
     path = Path(path)
@@ -105,10 +106,12 @@ def read_pretrained(path, family: str, source: str) -> tuple[dict, dict[str, np.
             what = f"missing; expected {expected}"
         raise ImporterError(source, [f"{str(weights_file)!r}: {what}"])
     try:
-        state_dict = load_file(str(weights_file))
+        state_dict, problems = read_float_safetensors(weights_file)  # half precision widened
     except (SafetensorError, OSError, ValueError) as err:
         raise ImporterError(source, [f"{str(weights_file)!r}: not a readable safetensors file "
                                      f"({err})"]) from None
+    if problems:
+        raise ImporterError(source, problems)
     return config, state_dict
 
 
