@@ -14,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shared.threads import check_threads, check_worker_count, machine_cpus, max_threads, max_workers
@@ -118,3 +119,83 @@ def test_a_killed_worker_is_one_line_and_exit_1(monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["twins train: error: --workers 2: worker rank 1 killed by SIGKILL (the launcher then "
                    "stopped rank 0 with SIGTERM)"]
+
+
+# -- messages name the user's own input -----------------------------------------------------------
+def test_decode_refuses_a_huge_beam_before_loading_a_framework(tmp_path):
+    """``--beam-size`` checked against the checkpoint's vocabulary before any framework starts
+    (it answered after 8.7 s of loading, naming the library's ``beam_size``)."""
+    from shared.weights import init_weights, save_checkpoint
+    from twins.demo_tasks import task_config
+    config = task_config("copy")
+    save_checkpoint(tmp_path / "run", config, init_weights(config, 0))
+    cases = [["decode", "--checkpoint", str(tmp_path / "run"), "--beam-size", HUGE, "3 4"],
+             ["decode", "--checkpoint", str(tmp_path / "run"), "--beam-size", "0", "3 4"]]
+    results, errors = _run_in_fresh_python(f"""
+        import json, sys, time
+        from twins.cli import main
+        for argv in {cases!r}:
+            start = time.perf_counter()
+            rc = main(argv)
+            print(json.dumps({{"rc": rc, "seconds": time.perf_counter() - start,
+                              "frameworks": sorted({{"torch", "tensorflow"}} & set(sys.modules))}}))
+    """, tmp_path)
+    assert [r["rc"] for r in results] == [2, 2] and all(r["frameworks"] == [] for r in results), results
+    assert errors == [f"twins decode: error: --beam-size: expected at most tgt_vocab - 1 = "
+                      f"{config.tgt_vocab - 1} (pad is never generated), got {HUGE}",
+                      "twins decode: error: --beam-size: expected an int >= 1, got 0"]
+
+
+def _tiny():
+    from shared import TransformerConfig
+    from shared.weights import random_weights
+    config = TransformerConfig(src_vocab=11, tgt_vocab=11, d_model=8, n_heads=2, d_ff=16,
+                               n_encoder_layers=1, n_decoder_layers=1, max_len=16)
+    return config, random_weights(config, 0)
+
+
+def test_a_ragged_list_is_named_with_its_row_lengths_in_the_reference_and_torch():
+    from shared import reference as R
+    config, weights = _tiny()
+    expected = (r"^src: expected token ids of shape \(batch, seq\), every row of one length, got rows "
+                r"of lengths \[2, 1\]; pad the rows to one length \(with pad_id\)$")
+    with pytest.raises(ValueError, match=expected):
+        R.forward(weights, config, [[1, 2], [3]], [[1, 2], [1, 2]])
+    with pytest.raises(ValueError, match=expected):
+        R.greedy_decode(R.Model(weights, config), [[1, 2], [3]], 4)
+    torch = pytest.importorskip("torch")
+    import torch_impl
+    model = torch_impl.Transformer(config)
+    with pytest.raises(ValueError, match=expected):
+        model([[1, 2], [3]], torch.ones(2, 2, dtype=torch.long))
+
+
+def test_an_unsigned_id_past_int64_is_reported_as_given_in_torch_as_in_the_reference():
+    torch = pytest.importorskip("torch")
+    import torch_impl
+    from shared import reference as R
+    config, weights = _tiny()
+    ids = np.array([[2**63 + 5, 1]], dtype=np.uint64)
+    message = r"^src: expected token ids in \[0, 11\), got values in \[1, 9223372036854775813\]$"
+    with pytest.raises(ValueError, match=message):
+        R.forward(weights, config, ids, [[1, 2]])
+    model = torch_impl.Transformer(config)
+    with pytest.raises(ValueError, match=message):
+        model(torch.from_numpy(ids), torch.ones(1, 2, dtype=torch.long))
+    assert model(torch.from_numpy(ids % 11), torch.ones(1, 2, dtype=torch.long)).shape == (1, 2, 11)
+
+
+def test_to_marian_lists_each_problem_apart_on_one_line(tmp_path, capsys):
+    from shared import TransformerConfig
+    from shared.weights import random_weights, save_checkpoint
+    from shared.exporters.marian import marian_problems
+    from twins.cli import main
+    config = TransformerConfig.preset("tiny").replace(norm_first=True, final_norm=True)
+    save_checkpoint(tmp_path / "ckpt", config, random_weights(config))
+    assert main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "m"), "--to", "marian"]) == 2
+    problems = marian_problems(config)
+    assert len(problems) > 2 and "norm_first: expected False (Marian's layers are post-norm), got True" in problems
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"twins convert: error: to_marian({str(tmp_path / 'm')!r}): {len(problems)} problem(s): "
+                     + "; ".join(problems)]
+    assert not (tmp_path / "m").exists()

@@ -229,3 +229,27 @@ def test_a_weights_file_variable_the_import_does_not_map_is_refused(keras_hub_ar
     weights["layers/functional/layers/scale/vars/0"] = np.ones(4, np.float32)
     with pytest.raises(ImporterError, match=r"unexpected keys: \['layers/functional/layers/scale/vars/0'\]"):
         from_keras_hub(weights, bos_id=2, eos_id=3, mask_zero=False)
+
+
+# -- messages name the user's own input -----------------------------------------------------------
+@pytest.mark.parametrize("key, value, expected", [
+    ("encoder_attention_heads", float("nan"), "config.json: encoder_attention_heads: expected a positive "
+                                              "int, got nan"),
+    ("decoder_ffn_dim", "24", "config.json: decoder_ffn_dim: expected a positive int, got '24'"),
+    ("max_position_embeddings", 10**12, "config.json: max_position_embeddings: expected max_len * d_model "
+                                        "<= POSITIONAL_TABLE_LIMIT = 268435456 (the float64 positional "
+                                        "table, 2 GiB), got 1000000000000 * 16 = 16000000000000 (as "
+                                        "TransformerConfig.max_len)"),
+])
+def test_a_bad_marian_setting_is_reported_under_its_config_json_key(half_marian, tmp_path, key, value,
+                                                                     expected):
+    import shutil
+    from shared.importers import ImporterError, from_marian
+    path = tmp_path / "bad"
+    shutil.copytree(half_marian["float16"], path)
+    config = json.loads((path / "config.json").read_text())
+    config[key] = value
+    (path / "config.json").write_text(json.dumps(config))  # NaN as JSON's NaN, as Python writes it
+    with pytest.raises(ImporterError) as err:
+        from_marian(path)
+    assert err.value.problems == [expected]

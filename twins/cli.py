@@ -58,6 +58,10 @@ def describe(err: BaseException) -> str:
     if isinstance(err, MemoryError):
         return f"out of memory{': ' + str(err) if str(err) else ''} (try a smaller model, batch or length)"
     text = str(err).strip() or type(err).__name__
+    problems = getattr(err, "problems", None)
+    if isinstance(problems, list) and problems and all(isinstance(p, str) for p in problems):
+        # WeightsError, ImporterError, ExportError: "SOURCE: N problem(s): first; second; ..."
+        return f"{text.splitlines()[0]} " + "; ".join(" ".join(p.split()) for p in problems)
     return text.splitlines()[0] if not isinstance(err, (ValueError, TypeError, OSError)) else \
         " ".join(line.strip() for line in text.splitlines() if line.strip())
 

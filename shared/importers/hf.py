@@ -55,6 +55,13 @@ GENERATION = {
 TRAINING = {"init_std", "encoder_layerdrop", "decoder_layerdrop", "classif_dropout",
             "classifier_dropout", "attention_dropout", "activation_dropout"}
 IGNORED = METADATA | GENERATION | TRAINING
+# Config fields and the config.json keys of both BART-like families they are read from (the
+# vocabulary keys differ: `Settings.sources`).
+BART_KEYS = {"d_model": "d_model", "n_heads": "encoder_attention_heads", "d_ff": "encoder_ffn_dim",
+             "n_encoder_layers": "encoder_layers", "n_decoder_layers": "decoder_layers",
+             "max_len": "max_position_embeddings", "pad_id": "pad_token_id", "bos_id": "bos_token_id",
+             "eos_id": "eos_token_id", "decoder_start_id": "decoder_start_token_id", "dropout": "dropout",
+             "activation": "activation_function", "embed_scale": "scale_embedding"}
 # Generic keys whose every value but one would describe another model.
 FIXED = {"is_decoder": False, "tie_encoder_decoder": False, "pruned_heads": {},
          "cross_attention_hidden_size": None}
@@ -150,6 +157,22 @@ class Settings:
             self.problem(key, f"expected {other} = {b!r} ({why}), got {a!r}")
             return None
         return a
+
+    def same_integer(self, key: str, other: str, why: str) -> int | None:
+        """Two positive-int keys the project has one value for (``key`` must equal ``other``): each
+        checked on its own first, so a bad value (NaN, a string) is reported under its own key."""
+        b, a = self.integer(other), self.integer(key)
+        if a is None or b is None:
+            return None
+        if a != b:
+            self.problem(key, f"expected {other} = {b!r} ({why}), got {a!r}")
+            return None
+        return a
+
+    def sources(self, **fields: str) -> dict[str, str]:
+        """Config field -> ``"config.json: key"``, for `SourceImport.config`'s messages: the keys of
+        `BART_KEYS` and ``fields`` (the family's own, e.g. its vocabulary keys)."""
+        return {name: f"{self.file}: {key}" for name, key in {**BART_KEYS, **fields}.items()}
 
     def fixed(self, key: str, value, why: str) -> None:
         """A key whose every value but ``value`` describes another model."""
