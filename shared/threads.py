@@ -13,6 +13,12 @@ framework starts.
   core). On a loaded machine fewer threads than cores is faster: measured with the policy above
   (base, greedy, batch 1, 2 cores at a load average of 5 to 7), 1 thread took 24-28 ms a step and 2
   threads 30-35 ms.
+* Bounds, checked in the process the user started before any framework starts or any worker is
+  launched (a usage error naming the flag, the bound and why): ``--threads`` at most the machine's
+  logical CPUs (`max_threads`), ``--workers`` at most one per logical CPU and per example of the
+  global batch (`max_workers`). Without them ``twins decode --threads 1000000`` crashed after 16 s
+  while no other process on the machine could fork, and ``twins train --workers 1000000`` wrote a
+  million rendezvous entries (3.9 GB) before any worker could refuse (issue 26).
 * ``THP_MEM_ALLOC_ENABLE=1`` (unless the user set it): torch's CPU allocator asks for transparent
   huge pages (``madvise``) for allocations of 2 MB and more. A decoding step streams every weight
   once (about 165 MB for ``base``), and with 4 KB pages the walk through the page tables is a
@@ -51,8 +57,7 @@ def machine_cpus() -> int:
 def max_threads() -> int:
     """The most ``--threads`` any command accepts: the machine's logical CPUs. Every framework's
     default is already one thread per core; more can only take turns on the cores, and a count in
-    the hundreds of thousands exhausts the machine's threads (``twins decode --threads 1000000``
-    crashed after 16 s while no other process on the machine could fork, issue 26)."""
+    the hundreds of thousands exhausts the machine's threads."""
     return machine_cpus()
 
 
