@@ -5,6 +5,7 @@ user's own input (the config.json key, the CLI flag)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -214,9 +215,10 @@ def test_a_keras_layer_the_import_does_not_map_is_refused(keras_hub_archive, tmp
     tanh = activation("tanh")
     with pytest.raises(ImporterError) as err:
         imported(tanh)
-    assert ("layer 'transformer/functional/dropout_3': Activation('tanh') is not a layer this import "
-            "maps (TokenAndPositionEmbedding, TransformerEncoder, TransformerDecoder, Dense) nor one "
-            "known not to change inference (ActivityRegularization, AlphaDropout, Dropout,") in str(err.value)
+    assert re.search(r"layer 'transformer/functional(_\d+)?/dropout(_\d+)?': Activation\('tanh'\) is not a layer "
+                     r"this import maps \(TokenAndPositionEmbedding, TransformerEncoder, TransformerDecoder, "
+                     r"Dense\) nor one known not to change inference \(ActivityRegularization, AlphaDropout, "
+                     r"Dropout,", str(err.value)), err.value  # Keras numbers layer names per process
     result = twins("convert", str(tanh), str(tmp_path / "out.pt"), "--from", "keras-hub", "--bos-id", "2",
                    "--eos-id", "3")
     assert result.returncode == 2 and "Activation('tanh') is not a layer this import maps" in result.stderr
@@ -250,6 +252,6 @@ def test_a_bad_marian_setting_is_reported_under_its_config_json_key(half_marian,
     config = json.loads((path / "config.json").read_text())
     config[key] = value
     (path / "config.json").write_text(json.dumps(config))  # NaN as JSON's NaN, as Python writes it
-    with pytest.raises(ImporterError) as err:
+    with pytest.raises(ImporterError) as err, collected():  # the float16 file's note, not shown
         from_marian(path)
     assert err.value.problems == [expected]

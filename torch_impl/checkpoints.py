@@ -222,6 +222,12 @@ def write_native(path: str | os.PathLike, config: TransformerConfig, weights: Ma
     return path
 
 
+# The dtypes of another model's state dict that the importers take: half precision widened exactly.
+_HALVES = (torch.float16, torch.bfloat16)
+_FLOATS = (torch.float32, torch.float64, *_HALVES)
+_FOREIGN_DTYPES = "float32 and float64 (kept), float16 and bfloat16 (widened exactly to float32)"
+
+
 def read_foreign_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """A ``.pt`` holding a state dict of another model (for `shared.importers`), as NumPy arrays.
 
@@ -239,7 +245,7 @@ def read_foreign_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
     problems += [f"{k!r}: expected a dense tensor, got {v.layout}{' quantized' if v.is_quantized else ''}"
                  for k, v in tensors.items() if v.layout != torch.strided or v.is_quantized]
     problems += [f"{k!r}: dtype {str(v.dtype).removeprefix('torch.')} is not supported (supported: "
-                 f"{FOREIGN_DTYPES})" for k, v in tensors.items()
+                 f"{_FOREIGN_DTYPES})" for k, v in tensors.items()
                  if v.layout == torch.strided and not v.is_quantized and v.dtype not in _FLOATS]
     if problems:
         raise WeightsError(str(path), problems)
@@ -248,11 +254,6 @@ def read_foreign_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
         note_widened(path, dtype, count)
     return {k: (v.float() if v.dtype in _HALVES else v).detach().cpu().numpy().copy()
             for k, v in tensors.items()}
-
-
-_HALVES = (torch.float16, torch.bfloat16)
-_FLOATS = (torch.float32, torch.float64, *_HALVES)
-FOREIGN_DTYPES = "float32 and float64 (kept), float16 and bfloat16 (widened exactly to float32)"
 
 
 PT = CheckpointFormat("torch", PT_SUFFIXES, read_native, write_native, f"a {PT_SUFFIX} file")
