@@ -16,6 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from twins import demo_tasks as tasks  # noqa: E402
 from twins.backends import make_adapter, prepare  # noqa: E402
+from shared.threads import check_worker_count, thread_count  # noqa: E402
 from shared.weights import init_weights  # noqa: E402
 
 
@@ -25,9 +26,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup-steps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=thread_count, default=1)
     args = parser.parse_args()
     spec = tasks.spec("copy")
+    try:
+        check_worker_count(args.workers, spec.batch)  # before any framework starts
+    except ValueError as err:
+        parser.error(str(err))
     config = tasks.task_config("copy")
     prepare(args.backend, threads=args.threads)
     adapter = make_adapter(args.backend, config, init_weights(config, 0), seed=0, threads=args.threads,

@@ -111,7 +111,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _decoding_contenders
 
 from shared import TransformerConfig  # noqa: E402
-from shared.threads import apply_thread_policy, available_cores  # noqa: E402
+from shared.threads import apply_thread_policy, available_cores, thread_count  # noqa: E402
 from shared.decoding import GreedyResult  # noqa: E402
 from _decoding_contenders import bench_weights  # noqa: E402
 
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per length, cached")
     parser.add_argument("--recompute-repeats", type=int, default=1,
                         help="timed runs per length, recompute")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=thread_count, default=1,
                         help="threads per contender: torch.set_num_threads, TF intra- and inter-op "
                              "threads, CTranslate2 intra_threads (default 1)")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,

@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
 from shared import TransformerConfig  # noqa: E402
-from shared.threads import apply_thread_policy  # noqa: E402
+from shared.threads import apply_thread_policy, thread_count  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--encoder-rows", nargs="+", type=int, default=[32, 256])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--repeats", type=int, default=20, help="timed steps per layout and round")
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    parser.add_argument("--threads", type=thread_count, default=1, help="torch.set_num_threads (default 1)")
     args = parser.parse_args(argv)
     apply_thread_policy(args.threads)  # before torch starts its thread pool
 

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch_impl  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
+from shared.threads import thread_count  # noqa: E402
 
 BATCH, SRC_LEN, TGT_LEN = 8, 64, 64  # --batch, --length change them
 
@@ -165,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15, help="timed calls of each model")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--threads", type=thread_count, default=None,
+                        help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (TF32 off, as in the parity tests)")
     parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="both models under torch.autocast in this dtype (torch_impl.precision)")
@@ -191,10 +193,11 @@ def main(argv: list[str] | None = None) -> None:
     for model in models.values():
         model.to(args.device)
     src, tgt = src.to(args.device), tgt.to(args.device)
-    autocast = (torch.autocast(args.device, dtype=getattr(torch, args.precision)) if args.precision != "float32"
-                else contextlib.nullcontext())
+    autocast = (torch.autocast(args.device, dtype=getattr(torch, args.precision))
+                if args.precision != "float32" else contextlib.nullcontext())
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    print(f"torch {torch.__version__} on {args.device} ({torch.cuda.get_device_name() if args.device == 'cuda' else 'CPU'}), "
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    print(f"torch {torch.__version__} on {args.device} ({where}), "
           f"precision {args.precision}, {torch.get_num_threads()} threads, "
           f"mkldnn={torch.backends.mkldnn.is_available()}, mha fast path enabled="
           f"{torch.backends.mha.get_fastpath_enabled()}; preset base float32, batch {BATCH}, src {SRC_LEN} / "

@@ -169,7 +169,7 @@ def test_twins_train_workers_equals_one_process_and_refuses_other_settings(tmp_p
 
 def test_a_batch_the_workers_do_not_divide_is_refused_before_launching(capsys):
     from twins.cli import main
-    assert main([*TRAIN, "--steps", "1", "--batch", "6", "--workers", "4", "--checkpoint", "unused"]) == 2
-    assert ("--workers 4: expected a number of workers that divides the global batch of 6 examples, "
-            "got 4") in capsys.readouterr().err
+    assert main([*TRAIN, "--steps", "1", "--batch", "3", "--workers", "2", "--checkpoint", "unused"]) == 2
+    assert ("--workers 2: expected a number of workers that divides the global batch of 3 examples, "
+            "got 2") in capsys.readouterr().err
     assert not Path("unused").exists()

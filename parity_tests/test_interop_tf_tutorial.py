@@ -206,7 +206,9 @@ def test_convert_to_a_torch_checkpoint_end_to_end(tmp_dir, tmp_path, capsys):
     out = tmp_path / "tutorial.pt"
     assert main(["convert", path, str(out), "--from", "tf-tutorial", "--bos-id", "2", "--eos-id", "3",
                  "--verify"]) == 0
-    assert "PASS" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "PASS" in printed
+    assert "note: under Keras 3 the tutorial's masks reach only the first self-attention" in printed  # issue 26
     loaded = torch_impl.load_checkpoint(out)
     assert loaded.config == config
     src, tgt = unpadded(config)

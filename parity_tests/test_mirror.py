@@ -82,6 +82,9 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
                                 "by a scatter; torch writes the buffer slice in place",
         "cache:filled_mask": "with fixed shapes attention reads the whole buffer, masked past the current "
                              "position; torch reads the filled slice [:length]",
+        "cache:check_free_position": "a full cache refused in every TF mode (graph mode: an Assert; "
+                                     "XLA: NaN logits through guarded/poison); torch's step runs "
+                                     "eagerly and raises in decode_step",
         "decoding:greedy_decode_tensors": "a SavedModel signature (saved_model.py) is one traced TF "
                                           "graph, so it calls greedy_decode's compiled program on "
                                           "tensors; torch decodes eagerly and exports no graph",

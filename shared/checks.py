@@ -23,6 +23,21 @@ def check_ids(name: str, shape: Sequence[int], dtype: str, is_integer: bool, max
         raise ValueError(too_long_message(name, max_len, shape[1]))
 
 
+def ragged_rows(value) -> list[int] | None:
+    """The row lengths of a nested list or tuple whose rows differ in length (what no array can
+    hold), else None."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in value):
+        return None
+    lengths = [len(r) for r in value]
+    return lengths if len(set(lengths)) > 1 else None
+
+
+def ragged_message(name: str, lengths: Sequence[int]) -> str:
+    shown = ", ".join(map(str, lengths[:10])) + (", ..." if len(lengths) > 10 else "")
+    return (f"{name}: expected token ids of shape (batch, seq), every row of one length, got rows of "
+            f"lengths [{shown}]; pad the rows to one length (with pad_id)")
+
+
 def empty_message(name: str, batch, seq) -> str:
     return f"{name}: expected a non-empty (batch, seq), got shape ({batch}, {seq})"
 

@@ -46,12 +46,13 @@ def check_max_len(max_len, limit: int | None = None) -> None:
                          f"covers BOS plus max_len - 1 tokens), got {max_len}")
 
 
-def check_beam_size(beam_size, vocab: int | None = None) -> None:
-    """``beam_size`` is an int in [1, vocab - 1]: pad is never generated, so a beam has V - 1 children."""
+def check_beam_size(beam_size, vocab: int | None = None, name: str = "beam_size") -> None:
+    """``beam_size`` is an int in [1, vocab - 1]: pad is never generated, so a beam has V - 1 children.
+    ``name``: the argument as the caller's user wrote it (``--beam-size`` on the command line)."""
     if not _is_int(beam_size) or beam_size < 1:
-        raise ValueError(f"beam_size: expected an int >= 1, got {beam_size!r}")
+        raise ValueError(f"{name}: expected an int >= 1, got {beam_size!r}")
     if vocab is not None and beam_size > vocab - 1:
-        raise ValueError(f"beam_size: expected at most tgt_vocab - 1 = {vocab - 1} (pad is never "
+        raise ValueError(f"{name}: expected at most tgt_vocab - 1 = {vocab - 1} (pad is never "
                          f"generated), got {beam_size}")
 
 

@@ -33,7 +33,7 @@ from typing import Mapping
 import numpy as np
 
 from . import decoding as _decoding
-from .checks import check_ids, check_ids_range, check_mask, check_same_batch
+from .checks import check_ids, check_ids_range, check_mask, check_same_batch, ragged_message, ragged_rows
 from .config import TransformerConfig
 from .decoding import BeamResult, GreedyResult
 from .masks import make_src_mask, make_tgt_mask, padding_id, start_is_pad
@@ -244,6 +244,8 @@ def trace_names(config: TransformerConfig) -> list[str]:
 
 # -- input checks ---------------------------------------------------------------------------------
 def _check_tokens(name: str, ids, vocab: int, config: TransformerConfig) -> np.ndarray:
+    if (lengths := ragged_rows(ids)) is not None:  # NumPy's own error says "inhomogeneous shape"
+        raise ValueError(ragged_message(name, lengths))
     ids = np.asarray(ids)
     check_ids(name, ids.shape, str(ids.dtype), ids.dtype.kind in "iu", config.max_len)
     check_ids_range(name, vocab, int(ids.min()), int(ids.max()))

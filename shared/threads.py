@@ -13,6 +13,12 @@ framework starts.
   core). On a loaded machine fewer threads than cores is faster: measured with the policy above
   (base, greedy, batch 1, 2 cores at a load average of 5 to 7), 1 thread took 24-28 ms a step and 2
   threads 30-35 ms.
+* Bounds, checked in the process the user started before any framework starts or any worker is
+  launched (a usage error naming the flag, the bound and why): ``--threads`` at most the machine's
+  logical CPUs (`max_threads`), ``--workers`` at most one per logical CPU and per example of the
+  global batch (`max_workers`). Without them ``twins decode --threads 1000000`` crashed after 16 s
+  while no other process on the machine could fork, and ``twins train --workers 1000000`` wrote a
+  million rendezvous entries (3.9 GB) before any worker could refuse (issue 26).
 * ``THP_MEM_ALLOC_ENABLE=1`` (unless the user set it): torch's CPU allocator asks for transparent
   huge pages (``madvise``) for allocations of 2 MB and more. A decoding step streams every weight
   once (about 165 MB for ``base``), and with 4 KB pages the walk through the page tables is a
@@ -28,6 +34,7 @@ Framework-free: environment variables and a count only.
 """
 from __future__ import annotations
 
+import argparse
 import os
 
 WAIT_POLICY = "PASSIVE"
@@ -41,13 +48,74 @@ def set_runtime_policy() -> None:
         os.environ.setdefault(name, value)
 
 
+def machine_cpus() -> int:
+    """The logical CPUs of the machine (``os.cpu_count``), or this process's affinity mask where
+    that is larger (it never is on Linux; the maximum keeps the bound a property of the machine)."""
+    return max(os.cpu_count() or 1, available_cores())
+
+
+def max_threads() -> int:
+    """The most ``--threads`` any command accepts: the machine's logical CPUs. Every framework's
+    default is already one thread per core; more can only take turns on the cores, and a count in
+    the hundreds of thousands exhausts the machine's threads."""
+    return machine_cpus()
+
+
+def max_workers(batch: int) -> int:
+    """The most data-parallel ``--workers`` for a global batch of ``batch`` examples: one per
+    logical CPU (a worker is a process, or a logical device, with its own framework runtime; more
+    only take turns on the cores) and one per example (each worker takes ``batch / N`` rows)."""
+    return min(machine_cpus(), batch)
+
+
+def _count(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+    return value
+
+
+def _too_many_threads(threads: int) -> str:
+    return (f"expected at most {max_threads()}, the logical CPUs of this machine (more threads only "
+            f"take turns on the cores, and this many would exhaust the machine's threads), got {threads}")
+
+
 def check_threads(threads, name: str = "--threads") -> int | None:
-    """``threads`` is None (the frameworks' defaults) or an int >= 1."""
+    """``threads`` is None (the frameworks' defaults) or an int in ``[1, max_threads()]``. Checked
+    before any framework starts; a ValueError naming ``name`` (a usage error, exit 2, in ``twins``)."""
     if threads is None:
         return None
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {threads!r}")
+    _count(threads, name)
+    if threads > max_threads():
+        raise ValueError(f"{name} {threads}: {_too_many_threads(threads)}")
     return threads
+
+
+def thread_count(text: str) -> int:
+    """An ``argparse`` type for the benchmarks' ``--threads``: the same bounds as `check_threads`,
+    as argparse's usage error (exit 2, ``argument --threads: ...``) before anything starts."""
+    try:
+        threads = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
+    if threads < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {threads}")
+    if threads > max_threads():
+        raise argparse.ArgumentTypeError(_too_many_threads(threads))
+    return threads
+
+
+def check_worker_count(workers, batch: int, name: str = "--workers") -> int:
+    """``workers`` is an int in ``[1, max_workers(batch)]``: checked in the launching process, before
+    anything starts (a million workers would otherwise be started, or their rendezvous entries written,
+    before any worker could refuse). ``batch``: the global batch the run will use (``--batch``, else
+    the resumed run's or the task's). Divisibility is `shared.data_parallel.check_workers`'s."""
+    _count(workers, name)
+    if workers > max_workers(batch):
+        raise ValueError(f"{name} {workers}: expected at most {max_workers(batch)}: one worker per "
+                         f"logical CPU of this machine ({machine_cpus()}; each is a process or device "
+                         f"with its own framework runtime, more only take turns on the cores) and per "
+                         f"example of the global batch ({batch}; each takes batch / N rows), got {workers}")
+    return workers
 
 
 def apply_thread_policy(threads: int | None = None) -> int | None:

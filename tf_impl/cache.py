@@ -29,6 +29,8 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from .inputs import runtime_check
+
 
 class StepWeights(NamedTuple):
     """One decoder layer's weights laid out for a decoding step, as torch_impl.cache's: kernels
@@ -141,6 +143,23 @@ class DecoderCache(NamedTuple):
                                       self_value=tf.gather(layer.self_value, rows))
                        for layer in self.layers)
         return self._replace(layers=layers)
+
+
+def check_free_position(tokens: tf.Tensor, cache: DecoderCache) -> tf.Tensor:
+    """``tokens``, checked to go to a free position of ``cache`` (``length < capacity``), in every
+    TensorFlow mode: eagerly a ``ValueError``; in graph mode an ``Assert`` on ``tokens`` (a
+    ``tf.errors.InvalidArgumentError`` with the same text); under XLA, where the ``Assert`` compiles to
+    nothing and the scatter of `write_position` silently drops an out-of-range update, the condition
+    joins the enclosing `tf_impl.inputs.guarded` block, whose outputs become NaN (`poison`).
+
+    Shape: tokens ``(N,)``; the cache's ``length`` a scalar."""
+    message = (f"cache: expected a free position, got a full cache ({cache.capacity} positions; "
+               "init_cache(max_len=...) sets it)")
+    if tf.executing_eagerly():
+        if int(cache.length) >= cache.capacity:
+            raise ValueError(message)
+        return tokens
+    return runtime_check(tokens, [(cache.length < cache.capacity, message, ())])
 
 
 def write_position(buf: tf.Tensor, values: tf.Tensor, position: tf.Tensor) -> tf.Tensor:

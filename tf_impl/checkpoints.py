@@ -138,6 +138,8 @@ def _attr(handle: h5py.File, name: str):
         value = value.decode("utf-8")
     if isinstance(value, np.generic):
         value = value.item()
+    if isinstance(value, np.ndarray):  # an array attribute: compared and reported as a list (an
+        value = value.tolist()          # array's == is elementwise, and `if` on it raises)
     return value
 
 

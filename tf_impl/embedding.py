@@ -82,7 +82,16 @@ class PositionalEncoding(keras.layers.Layer):
     def call(self, x: tf.Tensor, positions: tf.Variable | None = None,
              training: bool = False) -> tf.Tensor:
         """x ``(B, L, d)`` -> ``(B, L, d)``; ``positions``: see `select`."""
-        return self.dropout(x + self.select(positions)[: dims(x, 2)[1]], training=training)
+        table, length = self.select(positions), dims(x, 2)[1]
+        if not isinstance(length, int):
+            # A length known only at run time (a relaxed-shape graph) may exceed max_len: the input
+            # check raises in graph mode, and under XLA poisons the outputs (NaN, `inputs.guarded`),
+            # which needs the rows to have x's shape. Clamped positions give it (rows past the table
+            # repeat its last row; those outputs are NaN anyway) where a slice would stop at max_len
+            # and fail with XLA's "Incompatible shapes".
+            return self.dropout(x + tf.gather(table, tf.minimum(tf.range(length), table.shape[0] - 1)),
+                                training=training)
+        return self.dropout(x + table[:length], training=training)
 
     def get_config(self) -> dict:
         return {**super().get_config(), "config": self.config.to_dict()}

@@ -50,6 +50,8 @@ def to_tensor(name: str, value) -> tf.Tensor:
     """A tensor as it is (any dtype), or an array-like converted without casting."""
     if isinstance(value, (tf.Tensor, tf.Variable)):
         return value
+    if (lengths := checks.ragged_rows(value)) is not None:  # TF: "non-rectangular Python sequence"
+        raise ValueError(checks.ragged_message(name, lengths))
     try:
         return tf.convert_to_tensor(value)
     except (TypeError, ValueError) as err:

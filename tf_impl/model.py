@@ -14,7 +14,7 @@ from shared.masks import padding_id, start_is_pad
 from shared.precision import compute_dtype_name
 
 from . import weights_io
-from .cache import DecoderCache
+from .cache import DecoderCache, check_free_position
 from .embedding import PositionalEncoding, TokenEmbedding
 from .inputs import (check_ids, check_mask, check_same_batch, dims, guarded, make_src_mask,
                      make_tgt_mask, poison, to_tensor)
@@ -265,8 +265,10 @@ class Transformer(keras.Model):
 
         Returns:
             ``(logits (N, tgt_vocab), cache)``: a new cache (tensors are immutable), ``length``
-            advanced by one. Works eagerly and inside ``tf.function`` / XLA; the id range and the
-            free position are checked eagerly (in a compiled loop they are the caller's).
+            advanced by one. Works eagerly and inside ``tf.function`` / XLA. The id range is
+            checked eagerly (compiled, a bad id's embedding is NaN, `TokenEmbedding`); a full cache
+            raises a ``ValueError`` eagerly, an ``InvalidArgumentError`` in graph mode and gives NaN
+            logits under XLA (`cache.check_free_position`).
 
         Differentiable: with the cache made (`init_cache`) and stepped under a ``tf.GradientTape``,
         the variables get the gradients the full pass gives them (the caches are immutable tensors
@@ -287,10 +289,9 @@ class Transformer(keras.Model):
         if tf.executing_eagerly():
             lo, hi = (int(v) for v in tf.stack([tf.reduce_min(tokens), tf.reduce_max(tokens)]).numpy())
             check_ids_range("tokens", self.config.tgt_vocab, lo, hi)
-            if int(cache.length) >= cache.capacity:
-                raise ValueError(f"cache: expected a free position, got a full cache "
-                                 f"({cache.capacity} positions; init_cache(max_len=...) sets it)")
-        return self._decode_step(tokens, cache)
+        with guarded() as failed:  # a full cache: raises, or under XLA NaN logits (never finite ones)
+            logits, cache = self._decode_step(check_free_position(tokens, cache), cache)
+        return poison(logits, failed), cache
 
     def _decode_step(self, tokens: tf.Tensor, cache: DecoderCache) -> tuple[tf.Tensor, DecoderCache]:
         """`decode_step` without the checks (the search loops call it): ``(N,)`` -> ``(logits (N, V),

@@ -38,6 +38,7 @@ import os
 import pickle
 import re
 import zipfile
+from collections import Counter
 from pathlib import Path
 from typing import Mapping
 
@@ -48,6 +49,7 @@ from shared import TransformerConfig
 from shared import checkpoints as dispatch
 from shared import formats
 from shared.checkpoints import NEUTRAL, CheckpointFormat, Slot, Stored, read_stored
+from shared.importers.notes import note_widened
 from shared.weights import WeightsError, check_weights, config_differences, write_atomically
 
 from . import weights_io
@@ -221,22 +223,38 @@ def write_native(path: str | os.PathLike, config: TransformerConfig, weights: Ma
     return path
 
 
+# The dtypes of another model's state dict that the importers take: half precision widened exactly.
+_HALVES = (torch.float16, torch.bfloat16)
+_FLOATS = (torch.float32, torch.float64, *_HALVES)
+_FOREIGN_DTYPES = "float32 and float64 (kept), float16 and bfloat16 (widened exactly to float32)"
+
+
 def read_foreign_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """A ``.pt`` holding a state dict of another model (for `shared.importers`), as NumPy arrays.
 
     Loaded with ``torch.load(weights_only=True)``; the file must hold a flat ``{name: tensor}``
-    (what ``torch.save(model.state_dict(), path)`` writes)."""
+    (what ``torch.save(model.state_dict(), path)`` writes) of floating-point tensors: float32 and
+    float64 as they are, float16 and bfloat16 widened exactly to float32 (every such value is a
+    float32 value; an `ImportNote` says so); any other dtype is refused, naming the file, the
+    tensor, its dtype and what is supported."""
     obj = torch_load(path)
     if not isinstance(obj, Mapping):
         raise ValueError(f"{str(path)!r}: expected a state dict (name -> tensor), got {type(obj).__name__}")
     problems = [f"{k!r}: expected a tensor, got {type(v).__name__}"
                 for k, v in obj.items() if not isinstance(v, torch.Tensor)]
-    problems += [f"{k!r}: expected a dense tensor with a NumPy dtype, got {v.layout} {v.dtype}"
-                 for k, v in obj.items() if isinstance(v, torch.Tensor)
-                 and (v.layout != torch.strided or v.dtype in (torch.bfloat16,) or v.is_quantized)]
+    tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    problems += [f"{k!r}: expected a dense tensor, got {v.layout}{' quantized' if v.is_quantized else ''}"
+                 for k, v in tensors.items() if v.layout != torch.strided or v.is_quantized]
+    problems += [f"{k!r}: dtype {str(v.dtype).removeprefix('torch.')} is not supported (supported: "
+                 f"{_FOREIGN_DTYPES})" for k, v in tensors.items()
+                 if v.layout == torch.strided and not v.is_quantized and v.dtype not in _FLOATS]
     if problems:
         raise WeightsError(str(path), problems)
-    return {k: v.detach().cpu().numpy().copy() for k, v in obj.items()}
+    widened = Counter(str(v.dtype).removeprefix("torch.") for v in tensors.values() if v.dtype in _HALVES)
+    for dtype, count in widened.items():
+        note_widened(path, dtype, count)
+    return {k: (v.float() if v.dtype in _HALVES else v).detach().cpu().numpy().copy()
+            for k, v in tensors.items()}
 
 
 PT = CheckpointFormat("torch", PT_SUFFIXES, read_native, write_native, f"a {PT_SUFFIX} file")

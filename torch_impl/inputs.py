@@ -27,13 +27,19 @@ def check_ids(name: str, ids, vocab: int, max_len: int) -> None:
 
     Raises:
         TypeError: not a torch tensor, or not an integer dtype.
-        ValueError: wrong rank, empty, longer than ``max_len``, or an id outside ``[0, vocab)``.
+        ValueError: a ragged list, wrong rank, empty, longer than ``max_len``, or an id outside
+            ``[0, vocab)``.
     """
+    if (lengths := checks.ragged_rows(ids)) is not None:  # the reference's and tf_impl's message
+        raise ValueError(checks.ragged_message(name, lengths))
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{name}: expected a torch tensor of token ids, got {type(ids).__name__}")
     checks.check_ids(name, ids.shape, _dtype_name(ids.dtype), _is_integer(ids.dtype), max_len)
-    # One device-to-host transfer for both ends (the only sync on the hot path, and a necessary one).
-    lo, hi = torch.stack(torch.aminmax(ids.long())).tolist()
+    if ids.dtype == torch.uint64:  # .long() would wrap an id >= 2**63 to a negative number
+        values = ids.cpu().numpy()
+        lo, hi = int(values.min()), int(values.max())
+    else:  # one device-to-host transfer for both ends (the only sync on the hot path, a necessary one)
+        lo, hi = torch.stack(torch.aminmax(ids.long())).tolist()
     checks.check_ids_range(name, vocab, lo, hi)
 
 

@@ -1,6 +1,7 @@
 """Entry point of the `twins` command (also `python -m twins`).
 
-Exit status: 0 success; 1 a parity check failed (`compare`, `convert --verify`); 2 an error: a
+Exit status: 0 success; 1 a parity check failed (`compare`, `convert --verify`), or a data-parallel
+worker of `train --workers` died (which rank, and the signal); 2 an error: a
 usage error (argparse's own and the commands' checks of their options), a bad input file, an
 operating-system error (permission denied, disk full, a read-only folder), out of memory; 130
 interrupted. Every error is one line, ``twins <command>: error: ...``, naming the user's path or
@@ -57,6 +58,10 @@ def describe(err: BaseException) -> str:
     if isinstance(err, MemoryError):
         return f"out of memory{': ' + str(err) if str(err) else ''} (try a smaller model, batch or length)"
     text = str(err).strip() or type(err).__name__
+    problems = getattr(err, "problems", None)
+    if isinstance(problems, list) and problems and all(isinstance(p, str) for p in problems):
+        # WeightsError, ImporterError, ExportError: "SOURCE: N problem(s): first; second; ..."
+        return f"{text.splitlines()[0]} " + "; ".join(" ".join(p.split()) for p in problems)
     return text.splitlines()[0] if not isinstance(err, (ValueError, TypeError, OSError)) else \
         " ".join(line.strip() for line in text.splitlines() if line.strip())
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from shared import formats
 from shared import weights as neutral
+from shared.importers.notes import collected
 
 from . import loading
 
@@ -50,7 +51,10 @@ def run(args) -> int:
                                           spell=loading.flag)
     read_options = {k: v for k, v in given.items() if k not in writes}
     try:
-        src_fmt, config, weights = loading.read(args.src, args, "SRC", read_options)
+        with collected() as notes:  # a source's notes (half precision widened), printed first
+            src_fmt, config, weights = loading.read(args.src, args, "SRC", read_options)
+        for text in notes:
+            print(f"note: {text}")
         said = formats.write(dst_fmt, config, weights, args.dst, **write_options)
     except FileExistsError as err:
         raise ValueError(str(err)) from None

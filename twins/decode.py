@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shared.decoding_args import check_beam_size
 from shared.threads import check_threads
 
 from . import demo_tasks as tasks
@@ -116,13 +117,13 @@ def run(args) -> int:
         raise ValueError("nothing to decode: give --src / --src-file ids, INPUT arguments or "
                          "--heldout N" if not ways else f"give one of {', '.join(ways)}, not several")
     check_threads(args.threads)
-    if args.beam_size < 1:
-        raise ValueError(f"--beam-size: expected an int >= 1, got {args.beam_size}")
+    check_beam_size(args.beam_size, name="--beam-size")
     if not args.length_penalty >= 0.0:
         raise ValueError(f"--length-penalty: expected a float >= 0, got {args.length_penalty}")
     if args.json and not ids_mode:
         raise ValueError("--json: only with --src / --src-file")
     _, config, weights = loading.read(args.checkpoint, args)
+    check_beam_size(args.beam_size, config.tgt_vocab, name="--beam-size")  # before any framework loads
     if ids_mode:
         return _decode_ids(args, config, weights)
     return _decode_demo(args, config, weights)

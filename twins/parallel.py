@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import uuid
 
@@ -34,8 +35,8 @@ def must_launch(args) -> bool:
 
 def launch(args) -> int:
     """Run ``twins train`` (these same arguments) in ``--workers`` processes started by torchrun's
-    launcher; returns the exit status: 0, or the first failed worker's (each worker has printed its
-    own one-line error). Torch threads per worker: ``--threads``, else the cores divided among them."""
+    launcher; returns the exit status: 0; 2 when the workers refused their input (each has printed
+    its own one-line error); 1 when a worker died (one line: which rank, and how). Torch threads per worker: ``--threads``, else the cores divided among them."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -49,12 +50,36 @@ def launch(args) -> int:
     try:
         elastic_launch(config, sys.executable)("-m", "twins", *args.argv)
     except ChildFailedError as err:
-        codes = [f.exitcode for _, f in sorted(err.failures.items())]
-        positive = [c for c in codes if c and c > 0]
+        codes = {rank: f.exitcode for rank, f in sorted(err.failures.items())}
+        positive = [c for c in codes.values() if c and c > 0]
         if positive == [2] * len(positive) and positive:
             return 2  # the workers' own "twins train: error: ..." lines said why
-        raise RuntimeError(f"--workers {args.workers}: worker exit statuses {codes}") from None
+        print(f"twins train: error: --workers {args.workers}: {failure_message(codes)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def failure_message(codes: dict[int, int]) -> str:
+    """One line for the workers that failed, ``{rank: exit status}`` (negative: the signal that
+    killed it, as ``subprocess`` reports it): which rank died and how, then the ranks the launcher
+    stopped afterwards (SIGTERM), so the cause is not lost among its consequences."""
+    stopped = {r: c for r, c in codes.items() if c == -signal.SIGTERM}
+    causes = {r: c for r, c in codes.items() if r not in stopped} or stopped
+    text = "; ".join(f"worker rank {r} {_how(c)}" for r, c in causes.items())
+    after = [r for r in stopped if r not in causes]
+    if after:
+        ranks = ", ".join(map(str, after))
+        text += f" (the launcher then stopped rank{'s' if len(after) > 1 else ''} {ranks} with SIGTERM)"
+    return text
 
 
 def distributed(backend: str, threads: int | None = None):

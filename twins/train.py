@@ -35,6 +35,7 @@ from shared.saving import naming, recover, temporary_name
 
 from shared.data_parallel import TIMEOUT_S, check_workers
 from shared.precision import check_precision
+from shared.threads import check_threads, check_worker_count
 
 from . import demo_tasks as tasks
 from . import parallel
@@ -101,8 +102,9 @@ def _positive(name: str, value, allow_zero: bool = False) -> None:
 def _check_args(args) -> None:
     if args.steps < 1:
         raise ValueError(f"--steps: expected an int >= 1, got {args.steps}")
-    for name in ("batch", "warmup", "factor", "heldout", "threads"):
+    for name in ("batch", "warmup", "factor", "heldout"):
         _positive(name, getattr(args, name))
+    check_threads(args.threads)
     _positive("eval-every", args.eval_every, allow_zero=True)
     if args.seed is not None and args.seed < 0:
         raise ValueError(f"--seed: expected an int >= 0, got {args.seed}")
@@ -110,12 +112,25 @@ def _check_args(args) -> None:
         raise ValueError(f"--smoothing: expected a value in [0, 1), got {args.smoothing}")
     if args.stop_at is not None and not 0.0 < args.stop_at <= 1.0:
         raise ValueError(f"--stop-at: expected an accuracy in (0, 1], got {args.stop_at}")
-    if args.workers is not None and args.workers < 1:
-        raise ValueError(f"--workers: expected an int >= 1, got {args.workers}")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout}")
-    if args.workers and args.batch is not None:
-        check_workers(args.batch, args.workers)  # before launching anything
+    if args.workers is not None:  # in the launching process, before anything starts
+        batch = _run_batch(args)
+        check_worker_count(args.workers, batch)
+        check_workers(batch, args.workers)
+
+
+def _run_batch(args) -> int:
+    """The global batch the run will use: ``--batch``, else the resumed run's, else the task's."""
+    if args.batch is not None:
+        return args.batch
+    try:
+        log = read_log(args.checkpoint) if Path(args.checkpoint).is_dir() else None
+    except (OSError, ValueError):
+        log = None  # refused later, with its own message, by the command itself
+    batch = ((log or {}).get("settings") or {}).get("batch")
+    valid = isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1
+    return batch if valid else tasks.spec(args.task).batch
 
 
 def _start_or_resume(args, path: Path):

@@ -6,6 +6,7 @@ file runs, and neither Keras nor TensorFlow is imported.
 from __future__ import annotations
 
 from shared import importers
+from shared.importers.tf_tutorial import KERAS3_PADDING
 
 from .record import (ALLOW_NONFINITE, BOS_ID, DTYPE, EOS_ID, MAX_LEN, NORM_EPS, PAD_ID, Format, Option,
                      boolean, suffixes)
@@ -35,7 +36,7 @@ TF_TUTORIAL = Format(
     "tf-tutorial", "keras", "a .weights.h5 of the TensorFlow text tutorial's Transformer",
     read=_reader(importers.from_tf_tutorial, refuse_archive=True),
     read_options=(BOS_ID, EOS_ID, NORM_EPS, MAX_LEN, DTYPE, ALLOW_NONFINITE),
-    required=("bos_id", "eos_id"), config_from=_FROM_FILE)
+    required=("bos_id", "eos_id"), config_from=_FROM_FILE, notes=(KERAS3_PADDING,))
 KERAS_HUB = Format(
     "keras-hub", "keras", "a .keras or .weights.h5 of KerasHub TransformerEncoder/Decoder layers",
     read=_reader(importers.from_keras_hub, refuse_archive=False), recognise=suffixes(".keras"),

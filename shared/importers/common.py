@@ -198,13 +198,21 @@ class SourceImport:
                          f"got {max_len}")
         return implied if max_len is None else max_len
 
-    def config(self, **fields) -> TransformerConfig | None:
+    def config(self, sources: Mapping[str, str] | None = None, **fields) -> TransformerConfig | None:
+        """The `TransformerConfig` of ``fields``, or None with the problem recorded. ``sources``:
+        config field -> the source setting it came from, as the user knows it (``"config.json:
+        max_position_embeddings"``); a field the config refuses is reported under that name."""
         if self.problems:
             return None
         try:
             return TransformerConfig(**fields)
         except ValueError as err:
-            self.problem(str(err))
+            text = str(err)
+            field, _, rest = text.partition(": ")
+            name = field.removeprefix("TransformerConfig.")
+            if field.startswith("TransformerConfig.") and name in (sources or {}):
+                text = f"{sources[name]}: {rest} (as TransformerConfig.{name})"
+            self.problem(text)
             return None
 
     def finish(self, config: TransformerConfig | None) -> tuple[TransformerConfig, dict[str, np.ndarray]]:

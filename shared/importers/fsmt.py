@@ -109,9 +109,9 @@ def from_fsmt(path, *, dtype=None, rename: Renames = None, allow_nonfinite: bool
                        ("num_attention_heads", "encoder_attention_heads"), ("vocab_size", "tgt_vocab_size")):
         if alias in hf:
             s.same(alias, key, "transformers' alias")
-    n_heads = s.same("decoder_attention_heads", "encoder_attention_heads",
-                     "the project has one head count for both stacks")
-    d_ff = s.same("decoder_ffn_dim", "encoder_ffn_dim", "the project has one d_ff for both stacks")
+    n_heads = s.same_integer("decoder_attention_heads", "encoder_attention_heads",
+                             "the project has one head count for both stacks")
+    d_ff = s.same_integer("decoder_ffn_dim", "encoder_ffn_dim", "the project has one d_ff for both stacks")
     if (text := n_heads_problem(n_heads, d)) is not None and n_heads is not None:
         s.problem("encoder_attention_heads", text)
     src_vocab, tgt_vocab = s.integer("src_vocab_size"), s.integer("tgt_vocab_size")
@@ -149,6 +149,7 @@ def from_fsmt(path, *, dtype=None, rename: Renames = None, allow_nonfinite: bool
         imp.outputs["model.decoder.embed_tokens.weight"].append(
             ("generator.bias", lambda a: np.zeros(a.shape[0], a.dtype)))
     config = imp.config(
+        s.sources(src_vocab="src_vocab_size", tgt_vocab="tgt_vocab_size"),
         src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_model=d, n_heads=n_heads, d_ff=d_ff,
         n_encoder_layers=n_enc, n_decoder_layers=n_dec, dropout=dropout, max_len=max_len,
         norm_first=False, norm_style="standard", norm_eps=1e-5, final_norm=False,

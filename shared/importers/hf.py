@@ -1,5 +1,6 @@
 """Hugging Face ``save_pretrained`` directories, read without executing code: ``config.json`` (JSON)
-and ``model.safetensors`` (`safetensors.numpy`). NumPy only; transformers is never imported.
+and ``model.safetensors`` (`.safetensors_file`: float16 and bfloat16 widened exactly to float32).
+NumPy only; transformers is never imported.
 
 What the Marian and FSMT importers share: finding and reading the two files (a sharded, a ``.bin``
 only or another model's directory is refused, saying what to do), `Settings` (every key of
@@ -15,6 +16,7 @@ import numpy as np
 
 from ..weights import PROJECTIONS
 from .common import ImporterError, SourceImport
+from .safetensors_file import read_float_safetensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -53,6 +55,13 @@ GENERATION = {
 TRAINING = {"init_std", "encoder_layerdrop", "decoder_layerdrop", "classif_dropout",
             "classifier_dropout", "attention_dropout", "activation_dropout"}
 IGNORED = METADATA | GENERATION | TRAINING
+# Config fields and the config.json keys of both BART-like families they are read from (the
+# vocabulary keys differ: `Settings.sources`).
+BART_KEYS = {"d_model": "d_model", "n_heads": "encoder_attention_heads", "d_ff": "encoder_ffn_dim",
+             "n_encoder_layers": "encoder_layers", "n_decoder_layers": "decoder_layers",
+             "max_len": "max_position_embeddings", "pad_id": "pad_token_id", "bos_id": "bos_token_id",
+             "eos_id": "eos_token_id", "decoder_start_id": "decoder_start_token_id", "dropout": "dropout",
+             "activation": "activation_function", "embed_scale": "scale_embedding"}
 # Generic keys whose every value but one would describe another model.
 FIXED = {"is_decoder": False, "tie_encoder_decoder": False, "pruned_heads": {},
          "cross_attention_hidden_size": None}
@@ -63,7 +72,6 @@ def read_pretrained(path, family: str, source: str) -> tuple[dict, dict[str, np.
     (``"marian"`` or ``"fsmt"``). Raises FileNotFoundError for a missing path, ImporterError naming
     the file and what to do for anything else that is not such a directory."""
     from safetensors import SafetensorError
-    from safetensors.numpy import load_file
 
     model_class, model_type = FAMILIES[family]
     path = Path(path)
@@ -105,10 +113,12 @@ def read_pretrained(path, family: str, source: str) -> tuple[dict, dict[str, np.
             what = f"missing; expected {expected}"
         raise ImporterError(source, [f"{str(weights_file)!r}: {what}"])
     try:
-        state_dict = load_file(str(weights_file))
+        state_dict, problems = read_float_safetensors(weights_file)  # half precision widened
     except (SafetensorError, OSError, ValueError) as err:
         raise ImporterError(source, [f"{str(weights_file)!r}: not a readable safetensors file "
                                      f"({err})"]) from None
+    if problems:
+        raise ImporterError(source, problems)
     return config, state_dict
 
 
@@ -147,6 +157,22 @@ class Settings:
             self.problem(key, f"expected {other} = {b!r} ({why}), got {a!r}")
             return None
         return a
+
+    def same_integer(self, key: str, other: str, why: str) -> int | None:
+        """Two positive-int keys the project has one value for (``key`` must equal ``other``): each
+        checked on its own first, so a bad value (NaN, a string) is reported under its own key."""
+        b, a = self.integer(other), self.integer(key)
+        if a is None or b is None:
+            return None
+        if a != b:
+            self.problem(key, f"expected {other} = {b!r} ({why}), got {a!r}")
+            return None
+        return a
+
+    def sources(self, **fields: str) -> dict[str, str]:
+        """Config field -> ``"config.json: key"``, for `SourceImport.config`'s messages: the keys of
+        `BART_KEYS` and ``fields`` (the family's own, e.g. its vocabulary keys)."""
+        return {name: f"{self.file}: {key}" for name, key in {**BART_KEYS, **fields}.items()}
 
     def fixed(self, key: str, value, why: str) -> None:
         """A key whose every value but ``value`` describes another model."""

@@ -33,6 +33,13 @@ TRAINING_STATE = ("optimizer", "compile_metrics", "metrics", "loss_tracker")
 # Modules whose layers Keras can rebuild from the config without user code.
 TRUSTED_MODULES = ("keras", "keras_hub")
 _CODE_CLASSES = {"Lambda", "TFOpLambda", "SlicingOpLambda", "__lambda__", "__function__"}
+# Keras layers that compute the identity at inference, and which an import may therefore leave out:
+# dropout and noise layers act only in training, ActivityRegularization only adds a training loss.
+INFERENCE_IDENTITY = ("ActivityRegularization", "AlphaDropout", "Dropout", "GaussianDropout",
+                      "GaussianNoise", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D")
+# The model structure around the layers: nested models (walked into) and their inputs.
+_MODELS = ("Functional", "Sequential")
+_STRUCTURE = (*_MODELS, "InputLayer")
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,37 @@ def code_in_config(config: Any) -> list[str]:
         elif isinstance(node, list):
             for i, value in enumerate(node):
                 walk(value, f"{where}[{i}]")
+
+    walk(config, "")
+    return problems
+
+
+def unaccounted_layers(config: Any, mapped: tuple[str, ...]) -> list[str]:
+    """Every layer of a ``.keras`` model config that an importer mapping the classes ``mapped`` would
+    silently drop, as problem lines naming it: a layer is mapped, or in `INFERENCE_IDENTITY` (or an
+    ``Activation("linear")``), or refused (an ``Activation("tanh")`` in place of a ``Dropout`` would
+    otherwise convert, and compute something else). Nested ``Functional`` / ``Sequential`` models are
+    walked; ``InputLayer`` s are the inputs."""
+    problems: list[str] = []
+
+    def walk(node: Any, where: str) -> None:
+        if not isinstance(node, dict):
+            return
+        cls, conf = node.get("class_name"), node.get("config")
+        conf = conf if isinstance(conf, dict) else {}
+        name = conf.get("name")
+        here = f"{where}/{name}" if where else str(name)
+        if cls in _MODELS:
+            for layer in conf.get("layers") or []:
+                walk(layer, here)
+            return
+        linear = cls == "Activation" and conf.get("activation") in ("linear", None)
+        if cls in mapped or cls in _STRUCTURE or cls in INFERENCE_IDENTITY or linear:
+            return
+        what = f"{cls}({conf.get('activation')!r})" if cls == "Activation" else str(cls)
+        problems.append(f"layer {here!r}: {what} is not a layer this import maps ({', '.join(mapped)}) "
+                        f"nor one known not to change inference ({', '.join(INFERENCE_IDENTITY)}); "
+                        "the import would drop what it computes, so it is refused")
 
     walk(config, "")
     return problems

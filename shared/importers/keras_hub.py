@@ -43,13 +43,16 @@ import numpy as np
 
 from ..config import TransformerConfig
 from .common import ImporterError, SourceImport
-from .keras_file import layer_configs
+from .keras_file import layer_configs, unaccounted_layers
 from .keras_layers import attention_sizes, dense, layer_norm, multi_head_attention
 
 ENCODER, DECODER = "transformer_encoder", "transformer_decoder"
 EMBEDDING, DENSE = "token_and_position_embedding", "dense"
 _GROUP = re.compile(rf"^(?P<parent>(?:.*/)?)(?P<base>{ENCODER}|{DECODER}|{EMBEDDING}|{DENSE})"
                     r"(?:_(?P<index>\d+))?/")
+# The .keras layer classes this importer maps (every other layer must compute the identity at
+# inference, `keras_file.unaccounted_layers`).
+KERAS_HUB_LAYERS = ("TokenAndPositionEmbedding", "TransformerEncoder", "TransformerDecoder", "Dense")
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
 KERAS_HUB_DEFAULTS = dict(normalize_first=False, norm_eps=1e-5, activation="relu")
 
@@ -217,7 +220,10 @@ def _activation_name(value: Any) -> Any:
 
 
 def _from_config(imp: SourceImport, config: dict) -> dict[str, Any]:
-    """Settings read from a ``.keras`` config; every layer of a kind must agree."""
+    """Settings read from a ``.keras`` config; every layer of a kind must agree, and every layer
+    is mapped or known not to change inference."""
+    for problem in unaccounted_layers(config, KERAS_HUB_LAYERS):
+        imp.problem(problem)
     found: dict[str, set] = {}
     for cls in ("TransformerEncoder", "TransformerDecoder"):
         for layer in layer_configs(config, cls):

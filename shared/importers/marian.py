@@ -102,9 +102,9 @@ def from_marian(path, *, dtype=None, rename: Renames = None, allow_nonfinite: bo
                        ("num_attention_heads", "encoder_attention_heads")):
         if alias in hf:
             s.same(alias, key, "transformers' alias")
-    n_heads = s.same("decoder_attention_heads", "encoder_attention_heads",
-                     "the project has one head count for both stacks")
-    d_ff = s.same("decoder_ffn_dim", "encoder_ffn_dim", "the project has one d_ff for both stacks")
+    n_heads = s.same_integer("decoder_attention_heads", "encoder_attention_heads",
+                             "the project has one head count for both stacks")
+    d_ff = s.same_integer("decoder_ffn_dim", "encoder_ffn_dim", "the project has one d_ff for both stacks")
     if (text := n_heads_problem(n_heads, d)) is not None and n_heads is not None:
         s.problem("encoder_attention_heads", text)
     src_vocab = s.integer("vocab_size")
@@ -144,6 +144,7 @@ def from_marian(path, *, dtype=None, rename: Renames = None, allow_nonfinite: bo
     bart_layers(imp, "model.encoder", "model.decoder", n_enc, n_dec, d, d_ff)
     imp.check_keys("hint: only bias keys are missing: Marian layers always have biases")
     config = imp.config(
+        s.sources(src_vocab="vocab_size", tgt_vocab="decoder_vocab_size"),
         src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_model=d, n_heads=n_heads, d_ff=d_ff,
         n_encoder_layers=n_enc, n_decoder_layers=n_dec, dropout=dropout, max_len=max_len,
         norm_first=False, norm_style="standard", norm_eps=1e-5, final_norm=False,

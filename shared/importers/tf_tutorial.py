@@ -35,6 +35,12 @@ from ..config import TransformerConfig
 from .common import ImporterError, SourceImport
 from .keras_layers import attention_sizes, dense, layer_norm, list_indices, list_name, multi_head_attention
 
+# What `twins convert --from tf-tutorial` prints (the docstring's "Padding under Keras 3").
+KERAS3_PADDING = ("under Keras 3 the tutorial's masks reach only the first self-attention of each "
+                  "stack (MultiHeadAttention and Add drop them), so Keras 3 lets later layers and "
+                  "every cross-attention attend to padding; the import masks padding in every "
+                  "attention, as the tutorial states (and Keras 2 ran). The two agree exactly on "
+                  "unpadded input (one sentence at a time) and differ on padded batches run by Keras 3")
 KERAS_LAYER_NORM_EPS = 1e-3  # keras.layers.LayerNormalization's default, which the tutorial keeps
 TUTORIAL_MAX_LEN = 2048  # positional_encoding(length=2048, ...) in PositionalEmbedding
 ENC, DEC = "encoder/enc_layers/", "decoder/dec_layers/"

@@ -1,0 +1,201 @@
+"""Issue 26: nothing silently wrong, nothing that takes the machine down, under hostile input.
+
+Resource bounds (`shared.threads`): ``--threads`` and ``--workers`` far past the machine are refused
+by the parent, as a usage error naming the flag, the bound and why, before any framework starts or
+any worker is launched; a dead data-parallel worker is one line naming its rank and signal.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shared.threads import check_threads, check_worker_count, machine_cpus, max_threads, max_workers
+
+ROOT = Path(__file__).resolve().parents[1]
+HUGE = "1000000"
+TRAIN = ["train", "--task", "copy", "--backend", "torch", "--steps", "1"]
+
+
+def _run_in_fresh_python(code: str, tmp_path: Path) -> tuple[list[dict], list[str]]:
+    """Run ``code`` in a new interpreter (so "no framework imported" means something); it prints one
+    JSON line per case. TMPDIR is ``tmp_path``: a launcher would leave its entries there."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines()], proc.stderr.splitlines()
+
+
+def test_huge_threads_and_workers_are_refused_at_once_with_nothing_started(tmp_path):
+    cases = [
+        ["decode", "--checkpoint", "nowhere", "--threads", HUGE, "1 2"],
+        ["compare", "--threads", HUGE],
+        [*TRAIN, "--checkpoint", "run", "--threads", HUGE],
+        [*TRAIN, "--checkpoint", "run", "--workers", HUGE],  # no --batch: the task's (128)
+        [*TRAIN, "--checkpoint", "run", "--workers", HUGE, "--batch", HUGE],
+        [*TRAIN[:4], "tf", *TRAIN[5:], "--checkpoint", "run", "--workers", HUGE],
+    ]
+    results, errors = _run_in_fresh_python(f"""
+        import json, sys, time
+        from twins.cli import main
+        for argv in {cases!r}:
+            start = time.perf_counter()
+            rc = main(argv)
+            print(json.dumps({{"rc": rc, "seconds": time.perf_counter() - start,
+                              "frameworks": sorted({{"torch", "tensorflow"}} & set(sys.modules))}}))
+    """, tmp_path)
+    assert len(results) == len(errors) == len(cases), errors
+    for argv, result, error in zip(cases, results, errors):
+        flag = "--threads" if "--threads" in argv else "--workers"
+        assert result["rc"] == 2 and result["seconds"] < 5 and result["frameworks"] == [], (argv, result)
+        assert error.startswith(f"twins {argv[0]}: error: {flag} {HUGE}: expected at most "), error
+        assert f"logical CPU" in error and error.endswith(f"got {HUGE}"), error
+    assert "global batch (128;" in errors[3] and f"global batch ({HUGE};" in errors[4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run directory, no torchelastic_* entries
+
+
+def test_the_bounds_come_from_the_machine_and_the_batch():
+    cpus = machine_cpus()
+    assert cpus >= len(os.sched_getaffinity(0)) and cpus >= (os.cpu_count() or 1)
+    assert max_threads() == cpus and check_threads(cpus) == cpus and check_threads(None) is None
+    assert max_workers(10**6) == cpus and max_workers(1) == 1
+    assert check_worker_count(1, 1) == 1
+    with pytest.raises(ValueError, match=r"^--workers 2: expected at most 1: .*global batch \(1;"):
+        check_worker_count(2, 1)
+    with pytest.raises(ValueError, match=rf"^--nproc {cpus + 1}: expected at most {cpus}: one worker per "
+                                         rf"logical CPU of this machine \({cpus};"):
+        check_worker_count(cpus + 1, 10**6, "--nproc")
+    for bad in (0, -3, True, 2.0, "2"):
+        with pytest.raises(ValueError, match=r"^--threads: expected an int >= 1, got "):
+            check_threads(bad)
+
+
+def test_a_benchmark_refuses_huge_threads_as_a_usage_error():
+    proc = subprocess.run([sys.executable, "benchmarks/step_layouts.py", "--threads", HUGE], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert f"argument --threads: expected at most {max_threads()}, the logical CPUs" in proc.stderr
+
+
+def test_a_dead_worker_is_named_with_its_rank_and_signal():
+    from twins.parallel import failure_message
+    killed = {0: -signal.SIGTERM, 1: -signal.SIGKILL}
+    assert failure_message(killed) == ("worker rank 1 killed by SIGKILL (the launcher then stopped "
+                                       "rank 0 with SIGTERM)")
+    assert failure_message({0: -signal.SIGTERM}) == "worker rank 0 killed by SIGTERM"
+    assert failure_message({2: 1, 0: -15, 1: -15}) == ("worker rank 2 exited with status 1 (the "
+                                                        "launcher then stopped ranks 0, 1 with SIGTERM)")
+    assert failure_message({0: -200}) == "worker rank 0 killed by signal 200"
+
+
+def test_a_killed_worker_is_one_line_and_exit_1(monkeypatch, capsys):
+    """The launcher's report of a worker killed by SIGKILL (the other stopped by it): `twins train`
+    says which rank died and how, on one line, with exit status 1 (not an unexpected error)."""
+    pytest.importorskip("torch")
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+    import torch.distributed.launcher.api as api
+    from twins.cli import main
+
+    def launcher(config, entrypoint):
+        def run(*args):
+            failures = {0: ProcessFailure(0, 101, -signal.SIGTERM, ""),
+                        1: ProcessFailure(1, 102, -signal.SIGKILL, "")}
+            raise ChildFailedError("twins", failures)
+        return run
+
+    monkeypatch.setattr(api, "elastic_launch", launcher)
+    monkeypatch.setattr("shared.threads.machine_cpus", lambda: 2)  # two workers pass on any machine
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))  # launch sets it
+    assert main([*TRAIN, "--checkpoint", "unused", "--workers", "2", "--batch", "2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["twins train: error: --workers 2: worker rank 1 killed by SIGKILL (the launcher then "
+                   "stopped rank 0 with SIGTERM)"]
+
+
+# -- messages name the user's own input -----------------------------------------------------------
+def test_decode_refuses_a_huge_beam_before_loading_a_framework(tmp_path):
+    """``--beam-size`` checked against the checkpoint's vocabulary before any framework starts
+    (it answered after 8.7 s of loading, naming the library's ``beam_size``)."""
+    from shared.weights import init_weights, save_checkpoint
+    from twins.demo_tasks import task_config
+    config = task_config("copy")
+    save_checkpoint(tmp_path / "run", config, init_weights(config, 0))
+    cases = [["decode", "--checkpoint", str(tmp_path / "run"), "--beam-size", HUGE, "3 4"],
+             ["decode", "--checkpoint", str(tmp_path / "run"), "--beam-size", "0", "3 4"]]
+    results, errors = _run_in_fresh_python(f"""
+        import json, sys, time
+        from twins.cli import main
+        for argv in {cases!r}:
+            start = time.perf_counter()
+            rc = main(argv)
+            print(json.dumps({{"rc": rc, "seconds": time.perf_counter() - start,
+                              "frameworks": sorted({{"torch", "tensorflow"}} & set(sys.modules))}}))
+    """, tmp_path)
+    assert [r["rc"] for r in results] == [2, 2] and all(r["frameworks"] == [] for r in results), results
+    assert errors == [f"twins decode: error: --beam-size: expected at most tgt_vocab - 1 = "
+                      f"{config.tgt_vocab - 1} (pad is never generated), got {HUGE}",
+                      "twins decode: error: --beam-size: expected an int >= 1, got 0"]
+
+
+def _tiny():
+    from shared import TransformerConfig
+    from shared.weights import random_weights
+    config = TransformerConfig(src_vocab=11, tgt_vocab=11, d_model=8, n_heads=2, d_ff=16,
+                               n_encoder_layers=1, n_decoder_layers=1, max_len=16)
+    return config, random_weights(config, 0)
+
+
+def test_a_ragged_list_is_named_with_its_row_lengths_in_the_reference_and_torch():
+    from shared import reference as R
+    config, weights = _tiny()
+    expected = (r"^src: expected token ids of shape \(batch, seq\), every row of one length, got rows "
+                r"of lengths \[2, 1\]; pad the rows to one length \(with pad_id\)$")
+    with pytest.raises(ValueError, match=expected):
+        R.forward(weights, config, [[1, 2], [3]], [[1, 2], [1, 2]])
+    with pytest.raises(ValueError, match=expected):
+        R.greedy_decode(R.Model(weights, config), [[1, 2], [3]], 4)
+    torch = pytest.importorskip("torch")
+    import torch_impl
+    model = torch_impl.Transformer(config)
+    with pytest.raises(ValueError, match=expected):
+        model([[1, 2], [3]], torch.ones(2, 2, dtype=torch.long))
+
+
+def test_an_unsigned_id_past_int64_is_reported_as_given_in_torch_as_in_the_reference():
+    torch = pytest.importorskip("torch")
+    import torch_impl
+    from shared import reference as R
+    config, weights = _tiny()
+    ids = np.array([[2**63 + 5, 1]], dtype=np.uint64)
+    message = r"^src: expected token ids in \[0, 11\), got values in \[1, 9223372036854775813\]$"
+    with pytest.raises(ValueError, match=message):
+        R.forward(weights, config, ids, [[1, 2]])
+    model = torch_impl.Transformer(config)
+    with pytest.raises(ValueError, match=message):
+        model(torch.from_numpy(ids), torch.ones(1, 2, dtype=torch.long))
+    assert model(torch.from_numpy(ids % 11), torch.ones(1, 2, dtype=torch.long)).shape == (1, 2, 11)
+
+
+def test_to_marian_lists_each_problem_apart_on_one_line(tmp_path, capsys):
+    from shared import TransformerConfig
+    from shared.weights import random_weights, save_checkpoint
+    from shared.exporters.marian import marian_problems
+    from twins.cli import main
+    config = TransformerConfig.preset("tiny").replace(norm_first=True, final_norm=True)
+    save_checkpoint(tmp_path / "ckpt", config, random_weights(config))
+    assert main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "m"), "--to", "marian"]) == 2
+    problems = marian_problems(config)
+    assert len(problems) > 2 and "norm_first: expected False (Marian's layers are post-norm), got True" in problems
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"twins convert: error: to_marian({str(tmp_path / 'm')!r}): {len(problems)} problem(s): "
+                     + "; ".join(problems)]
+    assert not (tmp_path / "m").exists()
