@@ -80,11 +80,11 @@ def greedy_loop(model, memory: torch.Tensor, src_mask: torch.Tensor, max_len: in
                 eos_id: int, pad_id: int) -> dict[str, torch.Tensor]:
     """`torch_impl.search.greedy_loop` with a cached step whose step and selection are one CUDA
     graph: the step (`GraphedStep`'s work) and the loop's bookkeeping
-    (`torch_impl.search.greedy_update`, the same function the eager loop runs) read the position
+    (`torch_impl.search._greedy_update`, the same function the eager loop runs) read the position
     from a device tensor, so a step is one position write, one replay and the loop's one
     (lagged) host read. The same tensors out as `search.greedy_loop`; no ``observe`` (a hook
     would run between the kernels the graph fuses)."""
-    from .search import _LaggedReads, greedy_update  # the eager loop's own step and read
+    from .search import _LaggedReads, _greedy_update  # the eager loop's own step and read
 
     cache = model._init_cache(memory, src_mask, max_len, 1)
     batch, device, dtype = cache.rows, memory.device, getattr(torch, model.config.dtype)
@@ -104,7 +104,7 @@ def greedy_loop(model, memory: torch.Tensor, src_mask: torch.Tensor, max_len: in
     def step() -> torch.Tensor:
         tokens = prefixes.index_select(1, position.view(1))[:, 0]  # (B,): column t
         logits = model._step_logits(tokens, cache, position).to(dtype)  # half widened for the search
-        invalid, _ = greedy_update(logits, prefixes, log_probs, lengths, finished, position,
+        invalid, _ = _greedy_update(logits, prefixes, log_probs, lengths, finished, position,
                                    eos_id, pad_id)
         return torch.stack([invalid, finished.all()])  # what the host reads
 

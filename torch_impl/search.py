@@ -164,7 +164,7 @@ def _put(x: torch.Tensor, column, values: torch.Tensor) -> None:
         x[:, column] = values
 
 
-def greedy_update(logits: torch.Tensor, prefixes: torch.Tensor, log_probs: torch.Tensor,
+def _greedy_update(logits: torch.Tensor, prefixes: torch.Tensor, log_probs: torch.Tensor,
                   lengths: torch.Tensor, finished: torch.Tensor, t, eos_id: int,
                   pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One step of `greedy_loop` after its step: the best token of each live row appended at
@@ -202,7 +202,7 @@ def greedy_loop(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, 
     reads = _LaggedReads(torch.device(device))
     for t in range(max_len):
         logits, state = _checked_step(step, prefixes, t, state)  # (B, V)
-        invalid, lse = greedy_update(logits, prefixes, log_probs, lengths, finished, t, eos_id, pad_id)
+        invalid, lse = _greedy_update(logits, prefixes, log_probs, lengths, finished, t, eos_id, pad_id)
         if observe is not None:
             others = logits.index_fill(1, torch.tensor([pad_id], device=logits.device), float("-inf"))
             observe(t, others.topk(2, dim=-1).values - lse[:, None])  # values only: no tie order
