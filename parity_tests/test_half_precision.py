@@ -142,3 +142,43 @@ def test_the_step_weights_are_cast_once_and_float32_comes_back(framework, case):
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, half)
     assert {w.dtype for w in model.export_weights().values()} == {np.dtype("float32")}
+
+
+# -- the command line: twins compare --dtype and twins decode --precision -------------------------
+@pytest.mark.parametrize("precision", HALF)
+def test_twins_compare_runs_each_half_precision_against_its_bounds(precision, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("tensorflow")
+    from twins.cli import main
+    args = ["compare", "--preset", "tiny", "--batch", "2", "--src-len", "6", "--tgt-len", "5",
+            "--dtype", precision, "--decode", "--max-new", "4"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"({precision} mixed precision)" in out and "PASS: all" in out
+    assert "decode: torch vs reference" in out and "decode: tf vs reference" in out
+
+
+@pytest.mark.parametrize("backend", ["torch", "tf"])
+def test_twins_decode_takes_the_precision(backend, tmp_path, capsys):
+    pytest.importorskip("torch" if backend == "torch" else "tensorflow")
+    import json
+
+    from shared.weights import save_checkpoint
+    from twins.cli import main
+    save_checkpoint(tmp_path / "model", CONFIG, random_weights(CONFIG, 0))
+    runs = {}
+    for precision in ("float32", "bfloat16"):
+        assert main(["decode", "--checkpoint", str(tmp_path / "model"), "--backend", backend,
+                     "--src", "5 6 7 8", "--src", "9 4", "--max-new", "6", "--precision", precision,
+                     "--json", "-"]) == 0
+        runs[precision] = json.loads(capsys.readouterr().out)
+    assert runs["bfloat16"]["precision"] == "bfloat16"
+    # random weights: the scores move with the precision (the tokens may or may not)
+    assert ([r["score"] for r in runs["float32"]["results"]]
+            != [r["score"] for r in runs["bfloat16"]["results"]])
+    save_checkpoint(tmp_path / "f64", CONFIG.replace(dtype="float64"),
+                    random_weights(CONFIG.replace(dtype="float64"), 0))
+    assert main(["decode", "--checkpoint", str(tmp_path / "f64"), "--src", "5 6", "--precision",
+                 "float16", "--backend", backend]) == 2
+    err = capsys.readouterr().err
+    assert "--precision: float16 mixed precision needs a float32 model, got dtype=float64" in err

@@ -190,34 +190,19 @@ class _Framework(Adapter):
         return cls(impl, impl.load_checkpoint(path, config))
 
     def set_precision(self, precision: str) -> str:
-        """Forward passes and training in ``precision`` ("float32", or "bfloat16" mixed precision:
-        `shared.precision`); returns the previous one. Decoding always runs in float32."""
+        """Forward passes, training and decoding in ``precision`` ("float32", or "bfloat16" /
+        "float16" mixed precision: `shared.precision`); returns the previous one."""
         return self._precision().set_precision(self.model, precision)
 
     def _precision(self):
         raise NotImplementedError
 
-    def _float32(self):
-        """A context in which the model computes in float32 (decoding: its cache is float32)."""
-        import contextlib
-
-        @contextlib.contextmanager
-        def scope():
-            previous = self.set_precision("float32")
-            try:
-                yield
-            finally:
-                self.set_precision(previous)
-        return scope()
-
     def greedy(self, src, max_len):
-        with self._float32():
-            return self._impl.greedy_decode(self.model, self._ids(src), max_len)
+        return self._impl.greedy_decode(self.model, self._ids(src), max_len)
 
     def beam(self, src, max_len, beam_size, length_penalty=0.0):
-        with self._float32():
-            return self._impl.beam_search(self.model, self._ids(src), max_len, beam_size=beam_size,
-                                          length_penalty=length_penalty)
+        return self._impl.beam_search(self.model, self._ids(src), max_len, beam_size=beam_size,
+                                      length_penalty=length_penalty)
 
     def export_weights(self):
         return self.model.export_weights()

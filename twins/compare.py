@@ -12,6 +12,7 @@ from shared.threads import check_threads
 from shared.tolerances import bound_for, max_abs_diff, max_rel_diff
 from shared import TransformerConfig
 from shared.config import PRESETS
+from shared.precision import HALF_PRECISIONS
 from shared import reference
 from shared.weights import random_weights
 
@@ -26,9 +27,10 @@ def add_arguments(parser) -> None:
     source.add_argument("--config", metavar="FILE.json", help="a TransformerConfig as JSON")
     source.add_argument("--checkpoint", metavar="PATH", help="weights in any readable format "
                         "(`twins convert --list-formats`; --from and the format's options as there)")
-    parser.add_argument("--dtype", choices=["float32", "float64", "bfloat16"],
-                        help="override the config's dtype; bfloat16: a float32 model run in bfloat16 "
-                        "mixed precision by torch and tf (shared.precision), against the float64 oracle")
+    parser.add_argument("--dtype", choices=["float32", "float64", *HALF_PRECISIONS],
+                        help="override the config's dtype; bfloat16 / float16: a float32 model run in "
+                        "that mixed precision by torch and tf, forward and decoding (shared.precision), "
+                        "against the float64 oracle")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--src-len", type=int, default=16)
     parser.add_argument("--tgt-len", type=int, default=12)
@@ -55,7 +57,7 @@ def _load(args) -> tuple[TransformerConfig, dict]:
         else:
             config = TransformerConfig.preset(args.preset)
         weights = None
-    dtype = "float32" if args.dtype == "bfloat16" else args.dtype  # bfloat16 computes, float32 weights
+    dtype = "float32" if args.dtype in HALF_PRECISIONS else args.dtype  # half: float32 weights
     if dtype and dtype != config.dtype:
         config = config.replace(dtype=dtype)
         weights = None if weights is None else {k: v.astype(dtype) for k, v in weights.items()}
@@ -89,10 +91,10 @@ def run(args) -> int:
         except Unavailable as err:
             skipped[name] = str(err)
         else:
-            if args.dtype == "bfloat16":
-                adapters[name].set_precision("bfloat16")
-    # The bounds of the arithmetic that ran: bfloat16 mixed precision has its own.
-    bounds_dtype = "bfloat16" if args.dtype == "bfloat16" else config.dtype
+            if args.dtype in HALF_PRECISIONS:
+                adapters[name].set_precision(args.dtype)
+    # The bounds of the arithmetic that ran: each mixed precision has its own.
+    bounds_dtype = args.dtype if args.dtype in HALF_PRECISIONS else config.dtype
     traces = {name: a.trace(src, tgt) for name, a in adapters.items()}
     names = list(traces["reference"])
     # Pairs read "torch:reference", "tf:reference", "torch:tf", as the tolerance table names them.
@@ -125,7 +127,7 @@ def run(args) -> int:
     _print_table(config, args, rows, pairs, skipped, first_parting, timings, out)
     decoding = None
     if args.decode:
-        decoding = compare_decoding(config, weights, adapters, src, args.max_new, out)
+        decoding = compare_decoding(config, weights, adapters, src, args.max_new, out, bounds_dtype)
         ok = ok and all(d["pass"] for d in decoding.values())
     if args.json:
         result = {"config": config.to_dict(), "batch": args.batch, "src_len": args.src_len,
@@ -156,9 +158,11 @@ def diverging(row: dict) -> str:
 
 
 def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out=sys.stdout) -> None:
+    mixed = f" ({args.dtype} mixed precision)" if args.dtype in HALF_PRECISIONS else ""
     print(f"config: d_model={config.d_model} heads={config.n_heads} layers={config.n_encoder_layers}+"
           f"{config.n_decoder_layers} norm_first={config.norm_first} norm_style={config.norm_style} "
-          f"dtype={config.dtype}{' (bfloat16 mixed precision)' if args.dtype == 'bfloat16' else ''}; batch={args.batch} src_len={args.src_len} tgt_len={args.tgt_len}", file=out)
+          f"dtype={config.dtype}{mixed}; batch={args.batch} src_len={args.src_len} "
+          f"tgt_len={args.tgt_len}", file=out)
     for name, why in skipped.items():
         print(f"skipped {name}: {why}", file=out)
     if not pairs:
@@ -199,14 +203,17 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out
           + ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in timings.items()), file=out)
 
 
-def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int, out=None) -> dict:
+def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int, out=None,
+                     precision: str | None = None) -> dict:
     """Greedy-decode ``src`` in every implementation and compare each with the float64 oracle.
 
     Identical tokens pass. Where a backend parts from the oracle, the report gives the item, the
     step, both candidate tokens and the oracle's log-prob margin between them: a margin inside the
-    float32 error bound (``decode-margin``) is a near-tie, which float32 may break either way, and is
-    reported as such; a larger margin is a failure. The report is printed to ``out`` (stdout).
+    error bound of the arithmetic that ran (``decode-margin`` of ``precision``, default the
+    config's dtype) is a near-tie, which that arithmetic may break either way, and is reported as
+    such; a larger margin is a failure. The report is printed to ``out`` (stdout).
     """
+    precision = precision or config.dtype
     out = sys.stdout if out is None else out
     from shared.divergence import first_divergence
     from shared.loss import log_softmax
@@ -219,7 +226,7 @@ def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int, o
     # After EOS any non-pad id will do; column 0 is the start token, which may be pad.
     tgt_in = np.concatenate([np.full((src.shape[0], 1), config.start_id), tokens], axis=1)
     log_probs = log_softmax(reference.forward(weights, config, src, tgt_in))
-    margin_bound = bound_for(config.dtype, "decode-margin").rtol
+    margin_bound = bound_for(precision, "decode-margin").rtol
     print(f"decode: greedy, {max_new} new tokens, batch {src.shape[0]}; oracle tokens:", file=out)
     for row in ref.tokens:
         print("   ", " ".join(str(t) for t in row), file=out)
@@ -234,6 +241,6 @@ def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int, o
         if not parts:
             print(f"decode: {name} vs reference: identical tokens", file=out)
         for d in parts:
-            kind = "near-tie (within the float32 bound)" if d in near_ties else "FAIL"
+            kind = f"near-tie (within the {precision} bound)" if d in near_ties else "FAIL"
             print(f"decode: {name} vs reference: {d}; {kind}", file=out)
     return report

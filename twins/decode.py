@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from shared.decoding_args import check_beam_size
+from shared.precision import HALF_PRECISIONS, check_precision
 from shared.threads import check_threads
 
 from . import demo_tasks as tasks
@@ -60,6 +61,10 @@ def add_arguments(parser) -> None:
                              "demos: target length + 1; at most the model's max_len)")
     parser.add_argument("--json", metavar="FILE", help="ids: also write the results as JSON ('-': "
                                                       "stdout, alone)")
+    parser.add_argument("--precision", choices=["float32", *HALF_PRECISIONS], default="float32",
+                        help="the products' precision: float32 (default; a float64 model computes in "
+                             "float64), or bfloat16 / float16 mixed precision with float32 weights, "
+                             "residual stream, layer norm, softmax and search (shared.precision)")
     parser.add_argument("--threads", type=int, metavar="N",
                         help="CPU threads of the framework (default: its own, one per core; idle "
                              "threads sleep, OMP_WAIT_POLICY=PASSIVE, see shared/threads.py)")
@@ -94,6 +99,13 @@ def _check_ids(rows, config) -> None:
             raise ValueError(f"{where}: {len(ids)} tokens, more than the model's max_len {config.max_len}")
 
 
+def _backend(args, config, weights):
+    """The ``--backend`` adapter holding ``weights``, in ``--precision``."""
+    backend = make_adapter(args.backend, config, weights, threads=args.threads)
+    backend.set_precision(args.precision)
+    return backend
+
+
 def _search(backend, src: np.ndarray, args, max_new: int):
     if args.beam_size == 1 and args.length_penalty == 0.0:
         return backend.greedy(src, max_new)
@@ -124,6 +136,10 @@ def run(args) -> int:
         raise ValueError("--json: only with --src / --src-file")
     _, config, weights = loading.read(args.checkpoint, args)
     check_beam_size(args.beam_size, config.tgt_vocab, name="--beam-size")  # before any framework loads
+    try:
+        check_precision(args.precision, config.dtype)
+    except ValueError as err:  # named as the user wrote it
+        raise ValueError(f"--{err}") from None
     if ids_mode:
         return _decode_ids(args, config, weights)
     return _decode_demo(args, config, weights)
@@ -137,8 +153,7 @@ def _decode_ids(args, config, weights) -> int:
     src = np.full((len(rows), longest), config.pad_id, dtype=np.int64)
     for i, (_, ids) in enumerate(rows):
         src[i, :len(ids)] = ids
-    backend = make_adapter(args.backend, config, weights, threads=args.threads)
-    result = _search(backend, src, args, max_new)
+    result = _search(_backend(args, config, weights), src, args, max_new)
     scores = (result.log_probs.sum(axis=1) if hasattr(result, "log_probs") else result.scores)
     out = []
     for (where, ids), row, length, score in zip(rows, result.tokens, result.lengths, scores):
@@ -151,6 +166,7 @@ def _decode_ids(args, config, weights) -> int:
         print(" ".join(map(str, item["tokens"])), file=text)
     if args.json:
         report = {"checkpoint": str(args.checkpoint), "backend": args.backend,
+                  "precision": args.precision,
                   "search": {"beam_size": args.beam_size, "length_penalty": args.length_penalty,
                              "max_new": max_new}, "results": out}
         dumped = json.dumps(report, indent=1)
@@ -178,8 +194,7 @@ def _decode_demo(args, config, weights) -> int:
         raise ValueError(f"an input of {longest} tokens is longer than the model's max_len "
                          f"{config.max_len}")
     max_new = _max_new(args, config, longest + 1 if task == "copy" else spec.target_len + 1)
-    backend = make_adapter(args.backend, config, weights, threads=args.threads)
-    tokens = _search(backend, tasks.pad(sources), args, max_new).tokens
+    tokens = _search(_backend(args, config, weights), tasks.pad(sources), args, max_new).tokens
     outputs = [tasks.format_output(task, row) for row in tokens]
     if targets is None:
         for out in outputs:
