@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
-EXTRAS = "torch,tf-cpu,test,demo,interop"
+EXTRAS = "torch,tf-cpu,test,demo,interop,onnx"
 # Installed without their dependencies: keras-hub requires tensorflow-text, which would pull the full
 # `tensorflow` distribution over tensorflow-cpu (keras_hub's layers import without it).
 NO_DEPS = ("keras-hub",)
