@@ -29,8 +29,9 @@ added to it, is written out), the final norms, gelu (exact: ``Erf``) and swish (
 Sigmoid(x)``), learned positions (the weights) or the fixed table of `shared.positional` (layout,
 timescale and ``pe_offset`` included, stored as a constant in the model's dtype), ``embed_scale``,
 ``head_dim``, shared and tied tables (the tied generator is ``Transpose`` of the stored table, not
-a second copy), ``float32`` and ``float64``. Nothing is refused by the graphs today; `refusals`
-states the one limit (a model over protobuf's 2 GiB per file goes to external data files instead).
+a second copy), ``float32`` and ``float64``. `refusals` names the one combination refused: gelu in
+float64 (ONNX Runtime has no float64 ``Erf``). A graph over protobuf's 2 GiB keeps its weights in
+an external data file beside it (``GRAPH.onnx.data``).
 
 **Masks** (conventions 2 and 3). ``attention_mask`` / ``encoder_attention_mask`` mark the keys that
 may be attended (nonzero = real), as the project's source mask ``src != pad_id`` does; the caller
@@ -80,6 +81,10 @@ def refusals(config: TransformerConfig) -> list[str]:
     out = []
     if config.dtype not in _DTYPES:  # the config admits no other today; kept explicit for new ones
         out.append(f"dtype={config.dtype!r}: the ONNX export writes float32 or float64 graphs")
+    if config.dtype == "float64" and config.activation == "gelu":
+        out.append("activation='gelu' with dtype='float64': ONNX Runtime has no float64 kernel of "
+                   "Erf (the exact gelu's; it would refuse to load the graph), and erf computed in "
+                   "float32 would not be the float64 model; export a float32 copy")
     return out
 
 
@@ -313,7 +318,7 @@ class _Builder:
 
     def decoder_layers(self, x: str, self_bias, self_keep, cross_bias, cross_keep, cached: bool,
                        memory: str | None) -> str:
-        g, c = self.g, self.c
+        c = self.c
         for i in range(c.n_decoder_layers):
             p = f"decoder.layers.{i}"
             present = (f"present.{i}.decoder.key", f"present.{i}.decoder.value")
