@@ -39,7 +39,7 @@ from shared.checks import ids_range_message  # noqa: E402
 from shared.divergence import first_divergence  # noqa: E402
 from shared.exporters.common import ExportError  # noqa: E402
 from shared.exporters.onnx import (CONFIG_FILE, DECODER, DECODER_WITH_PAST, ENCODER, GENERATION_FILE,  # noqa: E402
-                                   GRAPHS, read_onnx, to_onnx)
+                                   GRAPHS, read_onnx, source_mask, to_onnx)
 from shared.loss import log_softmax  # noqa: E402
 from shared.tolerances import assert_close, bound_for  # noqa: E402
 from shared.weights import WeightsError, random_weights  # noqa: E402
@@ -329,3 +329,42 @@ def test_bad_input_in_process(demo, tmp_path):
     padded = np.array([[4, 5, 6, 2, config.pad_id]])
     np.testing.assert_array_equal(model.greedy(padded, 5).tokens,
                                   model.greedy(padded, 5, src_mask=(padded != config.pad_id)[:, None, None]).tokens)
+
+
+# -- Optimum --------------------------------------------------------------------------------------
+MARIAN_LIKE = TransformerConfig.preset("tiny", dropout=0.0, norm_first=False, norm_style="standard", norm_eps=1e-5,
+                                       pe_layout="halves", activation="swish", decoder_start_id=0, final_norm=False)
+
+
+def test_config_json_carries_marian_keys_when_marian_describes_the_model(tmp_path):
+    from shared.exporters.marian import marian_config
+    c, other = MARIAN_LIKE, VC.config("all-sinusoidal", "float32")
+    for config, marian in ((c, True), (other, False)):
+        path = to_onnx(config, random_weights(config, 0), tmp_path / str(marian))
+        stored = json.loads((path / CONFIG_FILE).read_text())
+        assert read_onnx(path)[0] == config
+        assert (stored.get("model_type") == "marian") is marian
+        if marian:
+            assert {k: stored[k] for k in marian_config(c)} == marian_config(c)
+
+
+def test_optimum_generates_the_same_tokens(tmp_path):
+    """A Marian-compatible export (post-norm, standard norm with torch's eps, [sin | cos]
+    positions, swish, decoder start = pad) loads as it is in Optimum's ``ORTModelForSeq2SeqLM``
+    and its greedy ``generate`` returns `twins.onnx_runtime`'s tokens. Optimum's ONNX Runtime
+    integration (optimum-onnx 0.1.0) requires transformers < 4.58, so the pinned environment skips
+    this; it passed with optimum 2.1.0, optimum-onnx 0.1.0, transformers 4.57.6, onnxruntime 1.32."""
+    optimum = pytest.importorskip("optimum.onnxruntime")
+    torch = pytest.importorskip("torch")
+    c = MARIAN_LIKE
+    w = random_weights(c, 0)
+    w["generator.bias"][c.eos_id] += 1.5
+    path = to_onnx(c, w, tmp_path / "export")
+    src = sources(c, 0)  # the last row is all padding
+    ours = OnnxRuntimeModel.load(path).greedy(src, MAX_LEN)
+    model = optimum.ORTModelForSeq2SeqLM.from_pretrained(str(path), use_cache=True)
+    out = model.generate(input_ids=torch.tensor(src), attention_mask=torch.tensor(source_mask(c, src)),
+                         max_new_tokens=MAX_LEN, num_beams=1, do_sample=False).numpy()
+    theirs = np.full_like(ours.tokens, c.pad_id)
+    theirs[:, : out.shape[1] - 1] = out[:, 1:]
+    np.testing.assert_array_equal(theirs, ours.tokens)

@@ -19,7 +19,9 @@ file                           graph (B batch, S source length, T target length,
                                ``logits`` (B, 1, V), ``present.{i}.decoder.key`` / ``.value``
                                (B, H, P + 1, d_k); the new token is at position P
 ``config.json``                the project's config (``format_version`` + ``config``, as a neutral
-                               checkpoint's), so `read_onnx` rebuilds the model's description
+                               checkpoint's), so `read_onnx` rebuilds the model's description;
+                               for a model transformers' Marian describes, Marian's keys beside
+                               them (Optimum's ``ORTModelForSeq2SeqLM`` loads the directory)
 ``generation_config.json``     start, BOS, EOS and pad ids and the longest decode, Hugging Face's keys
 =============================  ==================================================================
 
@@ -63,6 +65,7 @@ from ..masks import padding_id, start_is_pad
 from ..positional import positional_table
 from ..saving import recover, replace_directory
 from ..weights import FORMAT_VERSION, check_weights, read_config_file, tgt_embedding_name, tgt_positions_name
+from . import marian
 from .common import ExportError, check_replaceable
 
 OPSET = 17  # LayerNormalization is an operator from opset 17 on
@@ -420,11 +423,19 @@ def build_models(config: TransformerConfig, weights: Mapping[str, np.ndarray]) -
 
 
 def generation_config(config: TransformerConfig) -> dict:
-    """Hugging Face's generation keys for the model: the ids, pad never generated, and the longest
-    decode (``max_length`` counts the start token, so ``config.max_len`` new tokens)."""
-    return {"decoder_start_token_id": config.start_id, "bos_token_id": config.bos_id,
-            "eos_token_id": config.eos_id, "pad_token_id": config.pad_id,
-            "bad_words_ids": [[config.pad_id]], "max_length": config.max_len + 1, "num_beams": 1}
+    """Hugging Face's generation keys for the model: the Marian export's (start token, EOS, pad
+    never generated, no EOS forced), and the longest decode (``max_length`` counts the start token,
+    so ``config.max_len`` new tokens)."""
+    return {**marian.generation_config(config), "max_length": config.max_len + 1}
+
+
+def config_file(config: TransformerConfig) -> dict:
+    """``config.json``: the project's (``format_version``, ``config``: `read_onnx`), and, when
+    transformers' Marian describes the model (`shared.exporters.marian.marian_problems` is empty),
+    Marian's keys beside them, so that Optimum's ``ORTModelForSeq2SeqLM`` loads the directory as
+    it is (it reads ``model_type`` and the sizes and ids; ONNX Runtime computes the graphs)."""
+    header = {"format_version": FORMAT_VERSION, "config": config.to_dict()}
+    return {**marian.marian_config(config), **header} if not marian.marian_problems(config) else header
 
 
 def _write(onnx, models: dict, config: TransformerConfig, folder: Path) -> None:
@@ -435,8 +446,8 @@ def _write(onnx, models: dict, config: TransformerConfig, folder: Path) -> None:
             onnx.save_model(model, str(folder / name), save_as_external_data=True,
                             all_tensors_to_one_file=True, location=name + EXTERNAL_SUFFIX)
             onnx.checker.check_model(str(folder / name), full_check=True)
-    header = {"format_version": FORMAT_VERSION, "config": config.to_dict()}
-    (folder / CONFIG_FILE).write_text(json.dumps(header, indent=2, sort_keys=True), encoding="utf-8")
+    (folder / CONFIG_FILE).write_text(json.dumps(config_file(config), indent=2, sort_keys=True),
+                                      encoding="utf-8")
     (folder / GENERATION_FILE).write_text(json.dumps(generation_config(config), indent=2, sort_keys=True),
                                           encoding="utf-8")
 
