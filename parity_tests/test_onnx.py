@@ -368,3 +368,17 @@ def test_optimum_generates_the_same_tokens(tmp_path):
     theirs = np.full_like(ours.tokens, c.pad_id)
     theirs[:, : out.shape[1] - 1] = out[:, 1:]
     np.testing.assert_array_equal(theirs, ours.tokens)
+
+
+def test_verify_reports_pass_and_fail(demo, capsys, tmp_path):
+    """`twins.onnx_runtime.verify` (``twins convert --to onnx --verify``) passes on the export of
+    the weights it is given, and fails when the export holds other weights."""
+    from twins.onnx_runtime import verify
+    config, weights, export = demo
+    capsys.readouterr()
+    assert verify(config, weights, export) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("PASS") and "FAIL" not in out
+    other = {k: v + np.float32(0.01) for k, v in weights.items()}
+    assert verify(config, other, export) == 1
+    assert capsys.readouterr().out.rstrip().endswith("FAIL")

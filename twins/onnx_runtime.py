@@ -35,7 +35,6 @@ the command line's default, turns it off, as the other backends' threads sleep.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Mapping
 
 import numpy as np
@@ -208,3 +207,46 @@ class OnnxStep:
             return state
         own, cross = state
         return [a[rows] for a in own], cross
+
+
+def verify(config: TransformerConfig, weights: Mapping[str, np.ndarray], path, seed: int = 0) -> int:
+    """``twins convert --to onnx --verify``: load the export at ``path`` with ONNX Runtime and
+    compare, on one batch with a padded and an all-padding source row, its logits (the full pass
+    and the cached steps) with the float64 oracle on the source weights, against
+    ``(config.dtype, "onnx:reference")``, and its greedy tokens with the oracle's. Prints the table;
+    the exit status (0 when every line passes)."""
+    import onnxruntime
+
+    from shared import reference as R
+    from shared.batches import src_tgt
+    from shared.tolerances import bound_for, max_abs_diff, max_rel_diff
+
+    model = OnnxRuntimeModel.load(path, threads=1)
+    length = min(7, config.max_len)
+    src, tgt = src_tgt(config, 3, length, length, seed, [length, 3, 0], [length] * 3)
+    expected = R.forward(weights, config, src, tgt)
+    step = model.step(src)
+    state, steps = step.initial_state(), []
+    for t in range(tgt.shape[1]):
+        logits, state = step(tgt, t, state)
+        steps.append(logits)
+    bound = bound_for(config.dtype, "onnx:reference")
+    print(f"verify: DST = {path} in onnxruntime {onnxruntime.__version__}, against the float64 "
+          f"reference on the source weights; one batch of 3 x {length} source tokens (a padded and "
+          f"an all-padding row) and 3 x {length} target tokens (seed {seed})")
+    print(f"{'compared':<34} {'max abs':>9}  {'max rel':>9}  {'bound':>7}  result")
+    ok = True
+    for name, got in (("decoder_model logits", model.logits(src, tgt)),
+                      ("decoder_with_past logits", np.stack(steps, 1))):
+        passed = bound.allows(got, expected)
+        ok &= passed
+        print(f"{name:<34} {max_abs_diff(got, expected):>9.2e}  {max_rel_diff(got, expected):>9.2e}  "
+              f"{bound.rtol:>7.0e}  {'pass' if passed else 'FAIL'}")
+    max_len = min(8, config.max_len)
+    ours = model.greedy(src, max_len).tokens
+    same = bool(np.array_equal(ours, R.greedy_decode(R.Model(weights, config), src, max_len).tokens))
+    print(f"{'greedy tokens (' + str(max_len) + ' new)':<34} {'identical' if same else 'DIFFER':>31}  "
+          f"{'pass' if same else 'FAIL'}")
+    ok &= same
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
