@@ -12,13 +12,17 @@ start token, and the `base` preset, float32 and float64, `random_weights` seeds,
 
 Every figure is ``max|a - b| / max(max|b|, 1)``. Float64 with gelu is refused by the export.
 
-    PYTHONPATH=. python benchmarks/onnx_bounds.py [--seeds 0 1 2 3]
+    python3 dev.py bench onnx_bounds [--seeds 0 1 2 3]
 """
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
 from parity_tests import variant_configs as VC
 from parity_tests.matrix import SHAPES

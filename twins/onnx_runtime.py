@@ -48,8 +48,9 @@ from shared.exporters.onnx import DECODER, DECODER_WITH_PAST, ENCODER, past_name
 FORMAT = "onnx"
 
 
-def session_options(threads: int | None = None):
-    """The ``onnxruntime.SessionOptions`` of every session here (module docstring)."""
+def session_options(threads: int | None = None, spinning: bool | None = None):
+    """The ``onnxruntime.SessionOptions`` of every session here (module docstring); ``spinning``
+    None follows ``OMP_WAIT_POLICY`` (PASSIVE: idle pool threads sleep)."""
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -57,8 +58,9 @@ def session_options(threads: int | None = None):
     options.inter_op_num_threads = 1
     if threads is not None:
         options.intra_op_num_threads = int(threads)
-    spin = "0" if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE" else "1"
-    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    if spinning is None:
+        spinning = os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE"
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     options.log_severity_level = 3  # errors only: not the per-session notes about fused nodes
     return options
 
@@ -73,13 +75,16 @@ class OnnxRuntimeModel:
 
     name = FORMAT
 
-    def __init__(self, config: TransformerConfig, graphs: Mapping[str, object], threads: int | None = None):
+    def __init__(self, config: TransformerConfig, graphs: Mapping[str, object], threads: int | None = None,
+                 options=None):
+        """``graphs``: file name -> a path or the serialized graph; ``options``: an
+        ``onnxruntime.SessionOptions`` in place of `session_options` (``threads``)."""
         try:
             import onnxruntime as ort
         except ImportError as err:
             raise ImportError(f"the onnx backend is not installed ({err}); install the 'onnx' extra") from None
         self.config = config
-        options = session_options(threads)
+        options = session_options(threads) if options is None else options
         self.encoder = _session(ort, graphs[ENCODER], options)
         self.decoder = _session(ort, graphs[DECODER], options)
         self.decoder_with_past = _session(ort, graphs[DECODER_WITH_PAST], options)
