@@ -10,9 +10,11 @@ start token, and the `base` preset, float32 and float64, `random_weights` seeds,
   target, on the rows a decode could feed (no pad after the start token: the cached step attends
   every position, as the backends' do).
 
-Every figure is ``max|a - b| / max(max|b|, 1)``. Float64 with gelu is refused by the export.
+With ``--pairs``, also ``onnx:torch`` and ``onnx:tf``: the full pass against torch_impl's and
+tf_impl's float32 logits. Every figure is ``max|a - b| / max(max|b|, 1)``. Float64 with gelu is
+refused by the export.
 
-    python3 dev.py bench onnx_bounds [--seeds 0 1 2 3]
+    python3 dev.py bench onnx_bounds [--seeds 0 1 2 3] [--pairs]
 """
 from __future__ import annotations
 
@@ -69,9 +71,36 @@ def measure(c: TransformerConfig, seed: int, shapes, threads: int = 1) -> tuple[
     return full, cached
 
 
+def measure_pairs(seeds) -> None:
+    """``onnx:torch`` and ``onnx:tf``: decoder_model logits against torch_impl's (SDPA path) and
+    tf_impl's (eager) float32 logits, the variants above and the tiny matrix variants."""
+    from parity_tests.backends import Backend
+    from parity_tests.matrix import VARIANTS
+    backends = {"torch": Backend("torch", "eager", "cpu"), "tf": Backend("tf", "eager", "/CPU:0")}
+    cases = {**configs(), **{n: c.replace(dropout=0.0) for n, c in VARIANTS.items() if n != "base"},
+             "base": TransformerConfig.preset("base", dropout=0.0)}
+    worst = dict.fromkeys(backends, 0.0)
+    for name, config in cases.items():
+        c = config.replace(dtype="float32")
+        for seed in seeds[:2]:
+            w = random_weights(c, seed)
+            model = OnnxRuntimeModel.from_weights(c, w, threads=2)
+            built = {k: b.build(c, w) for k, b in backends.items()}
+            for shape in (SHAPES.values() if name != "base" else [SHAPES["b2-tgt-longer"]]):
+                if max(shape.src_len, shape.tgt_len) > c.max_len:
+                    continue
+                src, tgt = shape.make(c, seed)
+                got = model.logits(src, tgt)
+                for k, b in backends.items():
+                    worst[k] = max(worst[k], max_rel_diff(got, b.logits(built[k], src, tgt)))
+        print(f"{name:<22} " + "  ".join(f"onnx:{k} {v:.2e}" for k, v in worst.items()), flush=True)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    parser.add_argument("--pairs", action="store_true",
+                        help="also ONNX Runtime against torch_impl and tf_impl (needs both)")
     args = parser.parse_args(argv)
     worst = {"float32": [0.0, 0.0], "float64": [0.0, 0.0]}
     print(f"{'variant':<16} {'dtype':<8} {'full pass':>10} {'cached':>10}")
@@ -90,6 +119,8 @@ def main(argv=None) -> None:
         print(f"{'base':<16} {'float32':<8} {full:>10.2e} {'':>10}  (seed {seed})")
     for dtype, (full, cached) in worst.items():
         print(f"worst {dtype}: full pass {full:.2e}, cached {cached:.2e}")
+    if args.pairs:
+        measure_pairs(args.seeds)
 
 
 if __name__ == "__main__":

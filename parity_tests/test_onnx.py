@@ -8,7 +8,8 @@
   ``("float32" | "float64", "onnx:reference")`` of the float64 oracle, batches with padded and
   all-padding source rows; cached = uncached;
 * greedy and beam tokens identical to torch_impl's and tf_impl's on random models and on a demo
-  model trained here (a tie closer than the float32 decode margin would be reported, not hidden);
+  model trained here (a tie closer than the float32 decode margin would be reported, not hidden),
+  and the logits within ``("float32", "onnx:torch" | "onnx:tf")`` of theirs;
 * a process where torch, TensorFlow, Keras and onnx cannot be imported loads an export directory
   and decodes it, and refuses bad input (ids out of range, a float dtype, a mask whose shape
   disagrees with the ids, a missing file) with the project's errors, never tokens;
@@ -188,6 +189,12 @@ def _decode_all(torch_impl, tf_impl, c32, w32, src, max_len):
                     torch_impl.beam_search(torch_model, src, max_len, BEAM, 0.6))
     out["tf"] = (tf_impl.greedy_decode(tf_model, src, max_len, compiled=False),
                  tf_impl.beam_search(tf_model, src, max_len, BEAM, 0.6, compiled=False))
+    # teacher-forced along torch's greedy tokens: the logits for the onnx:torch and onnx:tf bounds
+    from parity_tests.backends import Backend
+    tgt = np.concatenate([np.full((len(src), 1), c32.start_id), out["torch"][0].tokens[:, :-1]], axis=1)
+    out["logits"] = {"onnx": onnx_model.logits(src, tgt),
+                     "torch": Backend("torch", "eager", "cpu").logits(torch_model, src, tgt),
+                     "tf": Backend("tf", "eager", "/CPU:0").logits(tf_model, src, tgt)}
     return out
 
 
@@ -195,7 +202,9 @@ def _check_decodes(c32, w32, src, max_len, decodes):
     c64 = c32.replace(dtype="float64")
     w64 = {k: v.astype(np.float64) for k, v in w32.items()}
     greedy, beam = decodes["onnx"]
+    logits = decodes["logits"]
     for name in ("torch", "tf"):
+        assert_close(logits["onnx"], logits[name], bound_for("float32", f"onnx:{name}"), f"logits onnx vs {name}")
         other_greedy, other_beam = decodes[name]
         _assert_same_tokens(c64, w64, src, other_greedy.tokens, greedy.tokens, f"greedy onnx vs {name}")
         np.testing.assert_array_equal(greedy.lengths, other_greedy.lengths)
