@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
-EXTRAS = "torch,tf-cpu,test,demo,interop"
+EXTRAS = "torch,tf-cpu,test,demo,interop,onnx"
 # `dev.py test --quick`: the contract parity tests of both backends, without the slow cases (the
 # base-sized model, the compiled modes); measured in docs/performance.md.
 QUICK = ["parity_tests/test_parity.py", "parity_tests/test_mirror.py", "parity_tests/test_attention.py",

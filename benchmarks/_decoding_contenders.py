@@ -4,8 +4,9 @@ A contender is ``decode(src (B, S) NumPy ids, max_len) -> lengths (B,)``, run to
 results). torch_impl and tf_impl run as users get them (cached; tf_impl compiled, XLA on the cached
 path); CTranslate2 runs the model `shared.exporters.ctranslate2` writes from the same canonical
 weights (`twins convert --to ctranslate2`), float32 and, as a reference point, int8 (weights
-quantised: not the same function, so not a parity contender). Every contender gets the same thread
-count (`shared.threads`).
+quantised: not the same function, so not a parity contender); ONNX Runtime runs the ONNX export of
+the same weights (`shared.exporters.onnx`) through `twins.onnx_runtime`. Every contender gets the
+same thread count (`shared.threads`).
 
 `serve` runs one contender in a process of its own, as a user runs one framework, and decodes what
 the benchmark sends it: frameworks loaded side by side in one process slow each other down
@@ -98,11 +99,33 @@ def ctranslate2_contender(config: TransformerConfig, weights: dict, threads: int
     return f"ctranslate2 {ctranslate2.__version__}, {compute_type}, {threads} threads", decode
 
 
+def onnx_contender(config: TransformerConfig, weights: dict, threads: int) -> tuple[str, Decode]:
+    """ONNX Runtime on this project's ONNX export of the same weights (`shared.exporters.onnx`,
+    written to a directory and loaded as a user would), greedy through `twins.onnx_runtime`: the
+    shared NumPy search over the ``decoder_with_past`` session, under its session options
+    (``ORT_ENABLE_ALL``, sequential, ``threads`` intra-op threads, spinning off under
+    OMP_WAIT_POLICY=PASSIVE)."""
+    import onnxruntime
+
+    from shared.exporters.onnx import to_onnx
+    from twins.onnx_runtime import OnnxRuntimeModel
+
+    path = os.path.join(tempfile.mkdtemp(prefix="twins-bench-onnx-"), "model")
+    to_onnx(config, weights, path)
+    model = OnnxRuntimeModel.load(path, threads=threads)
+
+    def decode(src: np.ndarray, max_len: int) -> np.ndarray:
+        return model.greedy(src, max_len).lengths
+
+    return (f"onnxruntime {onnxruntime.__version__}, ORT_ENABLE_ALL, {threads} intra-op threads"), decode
+
+
 CONTENDERS = {
     "torch": torch_contender,
     "tf": tf_contender,
     "ct2-float32": lambda c, w, t: ctranslate2_contender(c, w, t, "float32"),
     "ct2-int8": lambda c, w, t: ctranslate2_contender(c, w, t, "int8"),
+    "onnx": onnx_contender,
 }
 
 

@@ -28,7 +28,7 @@ Thread and memory policy (`shared.threads`): ``OMP_WAIT_POLICY=PASSIVE`` and
 and every contender gets ``--threads`` (default 1: on shared cores one thread per decoder is the
 fair and the fast setting; give the core count on a quiet machine).
 
-    python3 dev.py bench decoding [--parts contenders cache] [--contenders torch tf ct2-float32 ct2-int8]
+    python3 dev.py bench decoding [--parts contenders cache] [--contenders torch tf ct2-float32 ct2-int8 onnx]
                                   [--batches 1 8] [--tokens 64 128] [--rounds 5] [--threads N] [--no-pin]
                                   [--backends torch tf] [--repeats 3] [--recompute-repeats 1]
                                   [--modes cached recompute] [--device cpu|cuda]
@@ -332,8 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--parts", nargs="+", default=["contenders", "cache"],
                         choices=["contenders", "cache"])
-    parser.add_argument("--contenders", nargs="+", default=["torch", "tf", "ct2-float32", "ct2-int8"],
-                        choices=["torch", "tf", "ct2-float32", "ct2-int8"])
+    parser.add_argument("--contenders", nargs="+", default=["torch", "tf", "ct2-float32", "ct2-int8", "onnx"],
+                        choices=["torch", "tf", "ct2-float32", "ct2-int8", "onnx"])
     parser.add_argument("--tokens", nargs="+", type=int, default=[64, 128],
                         help="new tokens per decode, part contenders")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds, part contenders")

@@ -572,3 +572,16 @@ def test_markov_tables_in_every_mode(search_backend):
             want = D.beam_search(spec, batch, max_len, beam_size, *ids, alpha, return_all=True)
         got = search_backend.markov(table, beam_size, alpha, ids)
         assert_same_result(got, want, f"seed {seed}")
+
+
+def test_top_lowest_is_the_first_k_of_the_stable_descending_sort():
+    """The spec's selection (`shared.decoding._top_lowest`: argmax, or a partition and a sort of the
+    entries at or above the k-th largest) returns exactly the first k of ``np.argsort(-x,
+    kind="stable")``: rows of few distinct values (ties everywhere, at the k-th value too) and -inf."""
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        n = int(rng.integers(1, 30))
+        k = int(rng.integers(1, n + 1))
+        x = rng.integers(-3, 3, (int(rng.integers(1, 4)), int(rng.integers(1, 4)), n)).astype(float)
+        x[rng.random(x.shape) < 0.2] = -np.inf
+        np.testing.assert_array_equal(D._top_lowest(x, k), np.argsort(-x, axis=-1, kind="stable")[..., :k])

@@ -63,8 +63,9 @@ def test_backend_imports_without_the_other_framework(package, blocked):
 
 
 def test_optional_libraries_are_never_imported_by_the_product():
-    """transformers, ctranslate2 and keras_hub are the 'interop' extra: imported only inside the
-    functions that need them, so importing every product module loads none of them (and the
+    """transformers, ctranslate2 and keras_hub are the 'interop' extra, onnx and onnxruntime the
+    'onnx' one: imported only inside the functions that need them, so importing every product
+    module loads none of them (and the
     Marian/FSMT importers and the Marian exporter run with them blocked)."""
     result = run("""
         import pkgutil, importlib
@@ -74,7 +75,7 @@ def test_optional_libraries_are_never_imported_by_the_product():
             for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
                 if not info.name.endswith("__main__"):  # running the command line is not importing
                     importlib.import_module(info.name)
-        loaded = sorted(m for m in sys.modules if m.split('.')[0] in {'transformers', 'ctranslate2', 'keras_hub'})
+        loaded = sorted(m for m in sys.modules if m.split('.')[0] in {'transformers', 'ctranslate2', 'keras_hub', 'onnx', 'onnxruntime'})
         assert not loaded, loaded
     """, blocked=set())
     assert result.returncode == 0, result.stderr

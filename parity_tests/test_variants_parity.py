@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 tf = pytest.importorskip("tensorflow")
 
 from parity_tests.backends import Backend  # noqa: E402
+from parity_tests.variant_configs import ALL, VARIANTS, config, weights  # noqa: E402
 import tf_impl  # noqa: E402
 import torch_impl  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
@@ -28,51 +29,17 @@ from shared import reference as R  # noqa: E402
 from shared import tasks  # noqa: E402
 from shared.batches import src_tgt  # noqa: E402
 from shared.tolerances import FLOAT64, assert_close, assert_trace_close, bound_for, max_rel_diff  # noqa: E402
-from shared.weights import random_weights, save_checkpoint  # noqa: E402
+from shared.weights import save_checkpoint  # noqa: E402
 from tf_impl import decoding as tf_decoding  # noqa: E402
 from torch_impl import decoding as torch_decoding  # noqa: E402
 from twins import demo_tasks  # noqa: E402
 from twins.cli import main  # noqa: E402
 
-BASE = TransformerConfig(src_vocab=11, tgt_vocab=13, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1,
-                         n_decoder_layers=2, max_len=10, dropout=0.0, norm_first=True,
-                         norm_style="standard", dtype="float64")
-VARIANTS = {
-    "gelu": dict(activation="gelu"),
-    "swish": dict(activation="swish"),
-    "learned": dict(positional="learned"),
-    "halves": dict(pe_layout="halves"),
-    "t2t": dict(pe_timescale="t2t"),
-    "offset": dict(pe_offset=3),
-    "unscaled": dict(embed_scale=False),
-    "head-dim": dict(head_dim=5),
-    "start-pad": dict(decoder_start_id=0),
-    "start-eos": dict(decoder_start_id=2),
-    "no-pad-mask": dict(mask_padding=False),  # KerasHub without mask_zero: padding is attended to
-    # Every non-default value at once; d_model 10 is no multiple of n_heads 4 (head_dim 3 instead).
-    "all-sinusoidal": dict(activation="swish", pe_layout="halves", pe_timescale="t2t", pe_offset=2,
-                           embed_scale=False, head_dim=3, d_model=10, n_heads=4, decoder_start_id=0,
-                           norm_first=False),
-    "all-learned": dict(activation="gelu", positional="learned", embed_scale=False, head_dim=3,
-                        d_model=10, n_heads=4, decoder_start_id=0, share_embeddings=True,
-                        tgt_vocab=11, tie_output=True),
-}
-ALL = ["all-sinusoidal", "all-learned"]
 MAX_NEW = 6
 
 
 TORCH = Backend("torch", "eager", "cpu")
 TF = {mode: Backend("tf", mode, "/CPU:0") for mode in ("eager", "function", "xla")}
-
-
-@functools.lru_cache(maxsize=None)
-def config(variant: str, dtype: str = "float64") -> TransformerConfig:
-    return BASE.replace(dtype=dtype, **VARIANTS[variant])
-
-
-@functools.lru_cache(maxsize=None)
-def weights(variant: str, dtype: str = "float64") -> dict:
-    return random_weights(config(variant, dtype), seed=sorted(VARIANTS).index(variant))
 
 
 @functools.lru_cache(maxsize=None)

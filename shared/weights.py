@@ -286,6 +286,24 @@ def write_checkpoint_files(folder: Path, config: TransformerConfig,
     os.chmod(folder / WEIGHTS_FILE, 0o666 & ~umask())  # safetensors writes it owner-only
 
 
+def read_config_file(config_file: Path) -> TransformerConfig:
+    """The config of a ``config.json`` holding ``format_version`` and ``config`` (a neutral
+    checkpoint's, an ONNX export's); ``ValueError`` naming the file when it is not one."""
+    try:
+        header = json.loads(Path(config_file).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{str(config_file)!r}: not valid JSON ({err})") from None
+    if not isinstance(header, dict) or "format_version" not in header or "config" not in header:
+        raise ValueError(f"{str(config_file)!r}: expected keys 'format_version' and 'config'")
+    if header["format_version"] != FORMAT_VERSION:
+        raise ValueError(f"{str(config_file)!r}: unknown format_version {header['format_version']!r}, "
+                         f"this version reads {FORMAT_VERSION}")
+    try:
+        return TransformerConfig.from_dict(header["config"])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{str(config_file)!r}: invalid config: {err}") from None
+
+
 def load_checkpoint(path: str | os.PathLike, allow_nonfinite: bool = False
                     ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """Read and fully validate a checkpoint directory; return ``(config, weights)``.
@@ -308,19 +326,7 @@ def load_checkpoint(path: str | os.PathLike, allow_nonfinite: bool = False
     for f in (config_file, weights_file):
         if not f.is_file():
             raise FileNotFoundError(f"load_checkpoint: missing {str(f)!r}")
-    try:
-        header = json.loads(config_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{str(config_file)!r}: not valid JSON ({err})") from None
-    if not isinstance(header, dict) or "format_version" not in header or "config" not in header:
-        raise ValueError(f"{str(config_file)!r}: expected keys 'format_version' and 'config'")
-    if header["format_version"] != FORMAT_VERSION:
-        raise ValueError(f"{str(config_file)!r}: unknown format_version {header['format_version']!r}, "
-                         f"this version reads {FORMAT_VERSION}")
-    try:
-        config = TransformerConfig.from_dict(header["config"])
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{str(config_file)!r}: invalid config: {err}") from None
+    config = read_config_file(config_file)
     try:
         weights = load_file(str(weights_file))
     except (SafetensorError, OSError, ValueError) as err:

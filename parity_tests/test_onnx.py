@@ -1,0 +1,393 @@
+"""The ONNX export (`shared.exporters.onnx`) served by ONNX Runtime (`twins.onnx_runtime`).
+
+* the files: the three graphs in Optimum's layout, ``onnx.checker`` (full check), their inputs and
+  outputs with dynamic batch and length axes, config.json read back, the crash-safe directory
+  (an export replaced, anything else refused, a failed export leaving nothing), the refusal;
+* logits of every convention-15 variant (and pad_id 3, with and without a pad start token) from
+  the full pass (``decoder_model``) and the cached steps (``decoder_with_past``) within
+  ``("float32" | "float64", "onnx:reference")`` of the float64 oracle, batches with padded and
+  all-padding source rows; cached = uncached;
+* greedy and beam tokens identical to torch_impl's and tf_impl's on random models and on a demo
+  model trained here (a tie closer than the float32 decode margin would be reported, not hidden),
+  and the logits within ``("float32", "onnx:torch" | "onnx:tf")`` of theirs;
+* a process where torch, TensorFlow, Keras and onnx cannot be imported loads an export directory
+  and decodes it, and refuses bad input (ids out of range, a float dtype, a mask whose shape
+  disagrees with the ids, a missing file) with the project's errors, never tokens;
+* Optimum's ``ORTModelForSeq2SeqLM``, where it is installed (it is not in the pinned environment:
+  docs/formats/onnx.md says why).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from parity_tests import variant_configs as VC  # noqa: E402
+from parity_tests.decoding_cases import BEAM, MAX_LEN, config64, sources, weights_for  # noqa: E402
+from shared import TransformerConfig  # noqa: E402
+from shared import reference as R  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
+from shared.checks import ids_range_message  # noqa: E402
+from shared.divergence import first_divergence  # noqa: E402
+from shared.exporters.common import ExportError  # noqa: E402
+from shared.exporters.onnx import (CONFIG_FILE, DECODER, DECODER_WITH_PAST, ENCODER, GENERATION_FILE,  # noqa: E402
+                                   GRAPHS, read_onnx, source_mask, to_onnx)
+from shared.loss import log_softmax  # noqa: E402
+from shared.tolerances import assert_close, bound_for  # noqa: E402
+from shared.weights import WeightsError, random_weights  # noqa: E402
+from twins.onnx_runtime import OnnxRuntimeModel  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MARGIN = bound_for("float32", "decode-margin").rtol
+CONFIGS = {**{name: VC.config(name) for name in VC.VARIANTS},
+           "pad3": VC.BASE.replace(pad_id=3, bos_id=1, eos_id=2),
+           "pad3-start-pad": VC.BASE.replace(pad_id=3, bos_id=1, eos_id=2, decoder_start_id=3)}
+
+
+def batch(c: TransformerConfig):
+    """Rows: full, padded, all padding (source and target)."""
+    return src_tgt(c, batch=3, src_len=7, tgt_len=6, seed=1, src_lengths=[7, 3, 0], tgt_lengths=[6, 2, 0])
+
+
+def decodable_rows(c: TransformerConfig, tgt: np.ndarray) -> list[int]:
+    """The rows a decode could feed the cached step: no pad after column 0, column 0 real (the
+    cached step attends every position, as the backends' cached steps do)."""
+    first_real = c.start_id == c.pad_id or not c.mask_padding
+    return [b for b in range(len(tgt)) if not (tgt[b, 1:] == c.pad_id).any()
+            and (first_real or tgt[b, 0] != c.pad_id)]
+
+
+# -- the files ------------------------------------------------------------------------------------
+def test_files_checker_and_signatures(tmp_path):
+    c = VC.config("all-sinusoidal", "float32")
+    w = random_weights(c, 0)
+    path = to_onnx(c, w, tmp_path / "model")
+    assert sorted(os.listdir(path)) == sorted([*GRAPHS, CONFIG_FILE, GENERATION_FILE])
+    head_dim, layers = c.head_dim, c.n_decoder_layers
+
+    def signature(values):
+        return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
+
+    graphs = {}
+    for name in GRAPHS:
+        onnx.checker.check_model(str(path / name), full_check=True)
+        model = onnx.load(str(path / name))
+        graphs[name] = signature(model.graph.input), signature(model.graph.output)
+    assert graphs[ENCODER] == ({"input_ids": ["batch", "src_len"], "attention_mask": ["batch", "src_len"]},
+                               {"last_hidden_state": ["batch", "src_len", c.d_model]})
+    kv = lambda prefix, part, length: {f"{prefix}.{i}.{part}.{t}": ["batch", c.n_heads, length, head_dim]  # noqa: E731
+                                       for i in range(layers) for t in ("key", "value")}
+    inputs, outputs = graphs[DECODER]
+    assert inputs == {"input_ids": ["batch", "tgt_len"], "encoder_hidden_states": ["batch", "src_len", c.d_model],
+                      "encoder_attention_mask": ["batch", "src_len"]}
+    assert outputs == {"logits": ["batch", "tgt_len", c.tgt_vocab], **kv("present", "decoder", "tgt_len"),
+                       **kv("present", "encoder", "src_len")}
+    inputs, outputs = graphs[DECODER_WITH_PAST]
+    assert inputs == {"input_ids": ["batch", 1], "encoder_attention_mask": ["batch", "src_len"],
+                      **kv("past_key_values", "decoder", "past_len"), **kv("past_key_values", "encoder", "src_len")}
+    assert outputs == {"logits": ["batch", 1, c.tgt_vocab], **kv("present", "decoder", "past_len + 1")}
+    config, files = read_onnx(path)
+    assert config == c and set(files) == set(GRAPHS)
+    generation = json.loads((path / GENERATION_FILE).read_text())
+    assert (generation["decoder_start_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (
+        c.start_id, c.eos_id, c.pad_id)
+    # an export is replaced by the next one; anything else is refused; a failure leaves the old one
+    to_onnx(c, random_weights(c, 1), path)
+    assert not np.array_equal(OnnxRuntimeModel.load(path).encode(batch(c)[0]),
+                              OnnxRuntimeModel.from_weights(c, w).encode(batch(c)[0]))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not an ONNX export"):
+        to_onnx(c, w, tmp_path / "other")
+    before = (path / ENCODER).read_bytes()
+    with pytest.raises(WeightsError, match="generator.bias"):
+        to_onnx(c, {k: v for k, v in w.items() if k != "generator.bias"}, path)
+    assert (path / ENCODER).read_bytes() == before and sorted(os.listdir(tmp_path)) == ["model", "other"]
+
+
+def test_refused_by_name(tmp_path):
+    c = VC.config("gelu", "float64")
+    with pytest.raises(ExportError, match="activation='gelu' with dtype='float64'"):
+        to_onnx(c, random_weights(c, 0), tmp_path / "model")
+    assert not (tmp_path / "model").exists()
+
+
+# -- logits against the oracle --------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("variant", list(CONFIGS))
+def test_logits_full_and_cached(variant, dtype):
+    c = CONFIGS[variant].replace(dtype=dtype)
+    if dtype == "float64" and c.activation == "gelu":
+        pytest.skip("refused: ONNX Runtime has no float64 Erf (test_refused_by_name)")
+    w = random_weights(c, seed=sorted(CONFIGS).index(variant))
+    model = OnnxRuntimeModel.from_weights(c, w, threads=1)
+    bound = bound_for(dtype, "onnx:reference")
+    src, tgt = batch(c)
+    expected = R.forward(w, c, src, tgt)
+    full = model.logits(src, tgt)
+    assert full.dtype == np.dtype(dtype)
+    assert_close(full, expected, bound, f"{variant} decoder_model logits")
+    step = model.step(src)
+    state, steps = step.initial_state(), []
+    for t in range(tgt.shape[1]):
+        logits, state = step(tgt, t, state)
+        steps.append(logits)
+    rows = decodable_rows(c, tgt)
+    assert rows, "no row to compare the cached steps on"
+    cached = np.stack(steps, 1)[rows]
+    assert_close(cached, expected[rows], bound, f"{variant} decoder_with_past logits")
+    assert_close(cached, full[rows], bound, f"{variant} cached vs uncached")
+
+
+def test_bad_ids_fail_inside_the_graph_too():
+    """Straight to the session (no Python checks): an id past the table or a negative one is an
+    error of ONNX Runtime, not a row of some other token (ONNX's Gather would wrap a negative)."""
+    c = CONFIGS["pad3"].replace(dtype="float32")
+    model = OnnxRuntimeModel.from_weights(c, random_weights(c, 0))
+    for bad in (c.src_vocab, -1):
+        ids = np.array([[4, bad, 5]], np.int64)
+        with pytest.raises(Exception, match="out of data bounds|indices"):
+            model.encoder.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+
+
+# -- decoding against torch_impl and tf_impl -----------------------------------------------------
+def _assert_same_tokens(c64, w64, src, want, got, what):
+    """Identical, or parted only at a float32 near-tie of the oracle's (none measured here)."""
+    tgt = np.concatenate([np.full((len(src), 1), c64.start_id), want[:, :-1]], axis=1)
+    lp = log_softmax(R.forward(w64, c64, src, tgt))
+    lp[..., c64.pad_id] = -np.inf
+    divergences = first_divergence(want, got, lp)
+    assert not [d for d in divergences if not d.margin <= MARGIN], f"{what}: {divergences}"
+    assert not divergences, f"{what}: near-ties {divergences}"
+
+
+@pytest.fixture(scope="module")
+def frameworks():
+    torch_impl = pytest.importorskip("torch_impl")
+    tf_impl = pytest.importorskip("tf_impl")
+    return torch_impl, tf_impl
+
+
+def _decode_all(torch_impl, tf_impl, c32, w32, src, max_len):
+    """{implementation: (greedy tokens, beam tokens, beam scores)} of ONNX, torch, TF (eager)."""
+    from parity_tests.torch_support import build
+    onnx_model = OnnxRuntimeModel.from_weights(c32, w32, threads=1)
+    torch_model = build(c32, w32)
+    tf_model = tf_impl.Transformer(c32)
+    tf_model.import_weights(w32)
+    out = {"onnx": (onnx_model.greedy(src, max_len), onnx_model.beam(src, max_len, BEAM, 0.6))}
+    out["torch"] = (torch_impl.greedy_decode(torch_model, src, max_len),
+                    torch_impl.beam_search(torch_model, src, max_len, BEAM, 0.6))
+    out["tf"] = (tf_impl.greedy_decode(tf_model, src, max_len, compiled=False),
+                 tf_impl.beam_search(tf_model, src, max_len, BEAM, 0.6, compiled=False))
+    # teacher-forced along torch's greedy tokens: the logits for the onnx:torch and onnx:tf bounds
+    from parity_tests.backends import Backend
+    tgt = np.concatenate([np.full((len(src), 1), c32.start_id), out["torch"][0].tokens[:, :-1]], axis=1)
+    out["logits"] = {"onnx": onnx_model.logits(src, tgt),
+                     "torch": Backend("torch", "eager", "cpu").logits(torch_model, src, tgt),
+                     "tf": Backend("tf", "eager", "/CPU:0").logits(tf_model, src, tgt)}
+    return out
+
+
+def _check_decodes(c32, w32, src, max_len, decodes):
+    c64 = c32.replace(dtype="float64")
+    w64 = {k: v.astype(np.float64) for k, v in w32.items()}
+    greedy, beam = decodes["onnx"]
+    logits = decodes["logits"]
+    for name in ("torch", "tf"):
+        assert_close(logits["onnx"], logits[name], bound_for("float32", f"onnx:{name}"), f"logits onnx vs {name}")
+        other_greedy, other_beam = decodes[name]
+        _assert_same_tokens(c64, w64, src, other_greedy.tokens, greedy.tokens, f"greedy onnx vs {name}")
+        np.testing.assert_array_equal(greedy.lengths, other_greedy.lengths)
+        _assert_same_tokens(c64, w64, src, other_beam.tokens, beam.tokens, f"beam onnx vs {name}")
+        np.testing.assert_allclose(beam.scores, other_beam.scores, rtol=0, atol=MARGIN * max_len)
+
+
+@pytest.mark.parametrize("variant", ["tiny-post-standard", "tiny-shared-tied-post"])
+def test_decodes_equal_torch_and_tf_random(frameworks, variant):
+    c64 = config64(variant)
+    w32 = {k: v.astype(np.float32) for k, v in weights_for(c64, 0).items()}
+    c32 = c64.replace(dtype="float32")
+    src = sources(c64, 0)  # the last row is all padding
+    _check_decodes(c32, w32, src, MAX_LEN, _decode_all(*frameworks, c32, w32, src, MAX_LEN))
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """A copy-task model trained here (torch, 60 steps, tiny preset) and its export directory."""
+    pytest.importorskip("torch")
+    from twins import demo_tasks
+    from twins.cli import main
+    from shared.weights import load_checkpoint
+    root = tmp_path_factory.mktemp("demo")
+    (root / "tiny.json").write_text(demo_tasks.task_config("copy", preset="tiny").replace(dropout=0.0).to_json())
+    assert main(["train", "--task", "copy", "--backend", "torch", "--steps", "60", "--seed", "3",
+                 "--checkpoint", str(root / "run"), "--eval-every", "60", "--heldout", "8", "--factor", "3",
+                 "--config", str(root / "tiny.json"), "--no-progress", "--threads", "1"]) == 0
+    config, weights = load_checkpoint(root / "run")
+    to_onnx(config, weights, root / "onnx")
+    return config, weights, root / "onnx"
+
+
+def test_decodes_equal_torch_and_tf_demo(frameworks, demo, capsys):
+    capsys.readouterr()
+    from twins import demo_tasks
+    config, weights, _ = demo
+    src = demo_tasks.pad(demo_tasks.heldout("copy", 16).sources)
+    src[-1] = config.pad_id  # and an all-padding row
+    _check_decodes(config, weights, src, config.max_len, _decode_all(*frameworks, config, weights, src,
+                                                                      config.max_len))
+
+
+# -- served where neither framework can be imported -----------------------------------------------
+SERVER = textwrap.dedent("""
+    import json, sys
+    BLOCKED = set(sys.argv[2].split(","))
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ImportError(f"blocked import of {name}")
+    sys.meta_path.insert(0, Block())
+    sys.path.insert(0, sys.argv[3])
+    import numpy as np
+    from twins.onnx_runtime import OnnxRuntimeModel
+    work, out = sys.argv[1], {}
+    model = OnnxRuntimeModel.load(f"{work}/onnx", threads=1)
+    src = np.load(f"{work}/src.npy")
+    greedy, beam = model.greedy(src, int(sys.argv[4])), model.beam(src, int(sys.argv[4]), 3, 0.6)
+    np.savez(f"{work}/results.npz", greedy=greedy.tokens, beam=beam.tokens, scores=beam.scores)
+    errors = {}
+    bad = {"out-of-range": (np.full_like(src, model.config.src_vocab), None),
+           "float": (src.astype(np.float32), None),
+           "mask-shape": (src, np.ones((len(src), 1, 1, src.shape[1] + 1), bool)),
+           "missing": None}
+    for case, given in bad.items():
+        try:
+            if given is None:
+                OnnxRuntimeModel.load(f"{work}/missing")
+            else:
+                model.greedy(given[0], 4, src_mask=given[1])
+            errors[case] = "no error"
+        except (TypeError, ValueError, FileNotFoundError) as err:
+            errors[case] = f"{type(err).__name__}: {err}"
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+    json.dump({"errors": errors, "loaded": loaded}, open(f"{work}/info.json", "w"))
+""")
+BLOCKED = ("torch", "tensorflow", "keras", "torch_impl", "tf_impl", "onnx", "parity_tests")
+
+
+def test_served_without_torch_or_tensorflow(demo, tmp_path, frameworks):
+    """`twins.onnx_runtime` in ``python -I`` with torch, TensorFlow, Keras, onnx (the builder) and
+    the backends blocked: the demo export's greedy and beam tokens equal torch_impl's; bad input
+    gets the project's errors."""
+    from twins import demo_tasks
+    torch_impl, _ = frameworks
+    config, weights, export = demo
+    (tmp_path / "onnx").symlink_to(export)
+    src = demo_tasks.pad(demo_tasks.heldout("copy", 6).sources)
+    src[2] = config.pad_id
+    np.save(tmp_path / "src.npy", src)
+    max_len = config.max_len
+    done = subprocess.run([sys.executable, "-I", "-c", SERVER, str(tmp_path), ",".join(BLOCKED), str(ROOT),
+                           str(max_len)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = json.loads((tmp_path / "info.json").read_text())
+    assert info["loaded"] == []
+    results = np.load(tmp_path / "results.npz")
+    from parity_tests.torch_support import build
+    model = build(config, weights)
+    np.testing.assert_array_equal(results["greedy"], torch_impl.greedy_decode(model, src, max_len).tokens)
+    np.testing.assert_array_equal(results["beam"], torch_impl.beam_search(model, src, max_len, 3, 0.6).tokens)
+    errors = info["errors"]
+    v = config.src_vocab
+    assert errors["out-of-range"] == f"ValueError: {ids_range_message('src', v, v, v)}"
+    assert errors["float"] == "TypeError: src: expected integer token ids, got dtype float32"
+    assert errors["mask-shape"].startswith("ValueError: src_mask: expected a mask broadcastable to")
+    assert errors["missing"].startswith("FileNotFoundError: read_onnx: no ONNX export directory at")
+    assert "missing" in errors["missing"]
+
+
+def test_bad_input_in_process(demo, tmp_path):
+    config, _, export = demo
+    model = OnnxRuntimeModel.load(export)
+    src = np.array([[4, 5, 6, 2]])
+    with pytest.raises(ValueError, match=r"src: expected token ids in \[0, \d+\), got values in \[-1, 6\]"):
+        model.greedy(src * 0 + np.array([[4, -1, 6, 2]]), 4)
+    with pytest.raises(TypeError, match="src_mask: expected a bool mask"):
+        model.greedy(src, 4, src_mask=np.ones((1, 1, 1, 4), np.int64))
+    with pytest.raises(ValueError, match="src_mask: expected one mask for every head"):
+        model.greedy(src, 4, src_mask=np.ones((1, config.n_heads, 1, 4), bool))
+    with pytest.raises(ValueError, match="max_len"):
+        model.greedy(src, config.max_len + 1)
+    with pytest.raises(ValueError, match="tgt: expected batch size 1"):
+        model.logits(src, np.ones((2, 3), np.int64))
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / ENCODER).write_bytes((export / ENCODER).read_bytes())
+    with pytest.raises(FileNotFoundError, match=f"missing .*{DECODER}"):
+        OnnxRuntimeModel.load(tmp_path / "partial")
+    # a given mask is the source mask: masking the padding explicitly changes nothing
+    padded = np.array([[4, 5, 6, 2, config.pad_id]])
+    np.testing.assert_array_equal(model.greedy(padded, 5).tokens,
+                                  model.greedy(padded, 5, src_mask=(padded != config.pad_id)[:, None, None]).tokens)
+
+
+# -- Optimum --------------------------------------------------------------------------------------
+MARIAN_LIKE = TransformerConfig.preset("tiny", dropout=0.0, norm_first=False, norm_style="standard", norm_eps=1e-5,
+                                       pe_layout="halves", activation="swish", decoder_start_id=0, final_norm=False)
+
+
+def test_config_json_carries_marian_keys_when_marian_describes_the_model(tmp_path):
+    from shared.exporters.marian import marian_config
+    c, other = MARIAN_LIKE, VC.config("all-sinusoidal", "float32")
+    for config, marian in ((c, True), (other, False)):
+        path = to_onnx(config, random_weights(config, 0), tmp_path / str(marian))
+        stored = json.loads((path / CONFIG_FILE).read_text())
+        assert read_onnx(path)[0] == config
+        assert (stored.get("model_type") == "marian") is marian
+        if marian:
+            assert {k: stored[k] for k in marian_config(c)} == marian_config(c)
+
+
+def test_optimum_generates_the_same_tokens(tmp_path):
+    """A Marian-compatible export (post-norm, standard norm with torch's eps, [sin | cos]
+    positions, swish, decoder start = pad) loads as it is in Optimum's ``ORTModelForSeq2SeqLM``
+    and its greedy ``generate`` returns `twins.onnx_runtime`'s tokens. Optimum's ONNX Runtime
+    integration (optimum-onnx 0.1.0) requires transformers < 4.58, so the pinned environment skips
+    this; it passed with optimum 2.1.0, optimum-onnx 0.1.0, transformers 4.57.6, onnxruntime 1.32."""
+    optimum = pytest.importorskip("optimum.onnxruntime")
+    torch = pytest.importorskip("torch")
+    c = MARIAN_LIKE
+    w = random_weights(c, 0)
+    w["generator.bias"][c.eos_id] += 1.5
+    path = to_onnx(c, w, tmp_path / "export")
+    src = sources(c, 0)  # the last row is all padding
+    ours = OnnxRuntimeModel.load(path).greedy(src, MAX_LEN)
+    model = optimum.ORTModelForSeq2SeqLM.from_pretrained(str(path), use_cache=True)
+    out = model.generate(input_ids=torch.tensor(src), attention_mask=torch.tensor(source_mask(c, src)),
+                         max_new_tokens=MAX_LEN, num_beams=1, do_sample=False).numpy()
+    theirs = np.full_like(ours.tokens, c.pad_id)
+    theirs[:, : out.shape[1] - 1] = out[:, 1:]
+    np.testing.assert_array_equal(theirs, ours.tokens)
+
+
+def test_verify_reports_pass_and_fail(demo, capsys, tmp_path):
+    """`twins.onnx_runtime.verify` (``twins convert --to onnx --verify``) passes on the export of
+    the weights it is given, and fails when the export holds other weights."""
+    from twins.onnx_runtime import verify
+    config, weights, export = demo
+    capsys.readouterr()
+    assert verify(config, weights, export) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("PASS") and "FAIL" not in out
+    other = {k: v + np.float32(0.01) for k, v in weights.items()}
+    assert verify(config, other, export) == 1
+    assert capsys.readouterr().out.rstrip().endswith("FAIL")

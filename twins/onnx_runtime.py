@@ -1,0 +1,257 @@
+"""ONNX Runtime as a backend: an ONNX export (`shared.exporters.onnx`) served by ``onnxruntime``,
+decoded by the shared NumPy search (`shared.decoding`) over the ``decoder_with_past`` session.
+
+Imports NumPy, ``shared`` and ``onnxruntime`` (at call time), never torch or TensorFlow: a server
+with neither runs it (parity_tests/test_onnx.py runs it in a process where both are blocked).
+``onnx`` itself is needed only by `OnnxRuntimeModel.from_weights`, which builds the graphs in memory.
+
+* `OnnxRuntimeModel.load(path)` opens the three sessions of an export directory;
+  `OnnxRuntimeModel.from_weights(config, weights)` exports in memory (no files). Both take
+  ``threads`` (ONNX Runtime's intra-op pool; default: its own, one per core).
+* ``encode``, ``logits`` (the full pass through ``decoder_model``), ``greedy`` and ``beam``
+  (`GreedyResult` / `BeamResult`, as `twins.backends`' adapters return) take NumPy ids, and an
+  optional ``src_mask`` in the project's convention (bool, True = may attend, broadcastable to
+  ``(B, 1, 1, S)``; default ``src != pad_id``, all True with ``mask_padding=False``).
+* `OnnxStep` is the step contract of docs/design.md section 7 over the sessions: step 0 runs
+  ``decoder_model`` on the start column, later steps ``decoder_with_past`` on column ``t`` with the
+  cache as the state; ``reorder`` gathers the self-attention cache's rows (the cross-attention keys
+  and values are the same for every beam of an item, and a row is only ever reordered within its
+  item, so they are never copied).
+
+**Bad input** is refused before a session runs, with the messages of `shared.checks` (the same as
+every implementation's): ids that are not integers (``TypeError``), not ``(batch, seq)``, empty,
+longer than ``max_len`` or outside the vocabulary, a mask of the wrong dtype or shape, decoding
+arguments out of range (`shared.decoding.check_search_args`); a missing export file is a
+``FileNotFoundError`` naming it. Nothing reaches the graphs that could come back as plausible tokens.
+
+**Session options** (measured in docs/performance.md, "ONNX Runtime decoding"):
+``graph_optimization_level=ORT_ENABLE_ALL`` (constant folding, the tied generator's ``Transpose``
+folded once, MatMul + Add into Gemm-like kernels, Transpose + MatMul into ``FusedMatMul``, layer
+norm kernels), ``execution_mode=ORT_SEQUENTIAL`` and ``inter_op_num_threads=1`` (a decoder step is
+one chain of small operators: nothing to run in parallel between them), ``intra_op_num_threads``
+as given. Spinning of idle pool threads follows ``OMP_WAIT_POLICY`` (`shared.threads`): PASSIVE,
+the command line's default, turns it off, as the other backends' threads sleep.
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import numpy as np
+
+from shared import TransformerConfig
+from shared import decoding as search
+from shared.checks import check_ids, check_ids_range, check_mask
+from shared.decoding import BeamResult, GreedyResult
+from shared.exporters.onnx import DECODER, DECODER_WITH_PAST, ENCODER, past_names, read_onnx, source_mask
+
+FORMAT = "onnx"
+
+
+def session_options(threads: int | None = None, spinning: bool | None = None):
+    """The ``onnxruntime.SessionOptions`` of every session here (module docstring); ``spinning``
+    None follows ``OMP_WAIT_POLICY`` (PASSIVE: idle pool threads sleep)."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.inter_op_num_threads = 1
+    if threads is not None:
+        options.intra_op_num_threads = int(threads)
+    if spinning is None:
+        spinning = os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE"
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    options.log_severity_level = 3  # errors only: not the per-session notes about fused nodes
+    return options
+
+
+def _session(ort, model, options):
+    """A CPU session of a path or of serialized bytes."""
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+class OnnxRuntimeModel:
+    """The three sessions of an ONNX export and its config; NumPy in, NumPy out."""
+
+    name = FORMAT
+
+    def __init__(self, config: TransformerConfig, graphs: Mapping[str, object], threads: int | None = None,
+                 options=None):
+        """``graphs``: file name -> a path or the serialized graph; ``options``: an
+        ``onnxruntime.SessionOptions`` in place of `session_options` (``threads``)."""
+        try:
+            import onnxruntime as ort
+        except ImportError as err:
+            raise ImportError(f"the onnx backend is not installed ({err}); install the 'onnx' extra") from None
+        self.config = config
+        options = session_options(threads) if options is None else options
+        self.encoder = _session(ort, graphs[ENCODER], options)
+        self.decoder = _session(ort, graphs[DECODER], options)
+        self.decoder_with_past = _session(ort, graphs[DECODER_WITH_PAST], options)
+        self._present = [o.name for o in self.decoder.get_outputs()]
+        self._past = past_names(config.n_decoder_layers, "past_key_values")
+        self._with_past_out = [o.name for o in self.decoder_with_past.get_outputs()]
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, threads: int | None = None) -> "OnnxRuntimeModel":
+        """Open the export directory ``path`` (`shared.exporters.onnx.read_onnx`)."""
+        config, files = read_onnx(path)
+        return cls(config, {name: str(file) for name, file in files.items()}, threads)
+
+    @classmethod
+    def from_weights(cls, config: TransformerConfig, weights: Mapping[str, np.ndarray],
+                     threads: int | None = None) -> "OnnxRuntimeModel":
+        """Export ``(config, weights)`` in memory and open it (needs ``onnx`` as well)."""
+        from shared.exporters.onnx import build_models
+        models = build_models(config, weights)
+        return cls(config, {name: m.SerializeToString() for name, m in models.items()}, threads)
+
+    # -- input checks (shared.checks: the messages every implementation gives) ---------------------
+    def _ids(self, name: str, ids, vocab: int) -> np.ndarray:
+        ids = np.asarray(ids)
+        check_ids(name, ids.shape, str(ids.dtype), ids.dtype.kind in "iu", self.config.max_len)
+        check_ids_range(name, vocab, int(ids.min()), int(ids.max()))
+        return ids.astype(np.int64, copy=False)
+
+    def _source(self, src, src_mask, *search_args) -> tuple[np.ndarray, np.ndarray]:
+        """Checked ``src`` int64 (B, S) and its ``attention_mask`` int64 (B, S); the decoding
+        arguments ``search_args`` (max_len, beam size, length penalty) checked between the two,
+        in the order of every implementation (`shared.decoding`)."""
+        src = self._ids("src", src, self.config.src_vocab)
+        if search_args:
+            search.check_search_args(self.config, *search_args)
+        if src_mask is None:
+            return src, source_mask(self.config, src)
+        if not isinstance(src_mask, np.ndarray):
+            raise TypeError(f"src_mask: expected a numpy bool array, got {type(src_mask).__name__}")
+        b, s = src.shape
+        check_mask("src_mask", src_mask.shape, str(src_mask.dtype), src_mask.dtype == np.bool_, b,
+                   self.config.n_heads, 1, s)
+        if src_mask.shape[1] != 1:
+            raise ValueError(f"src_mask: expected one mask for every head, shape (batch|1, 1, 1, {s}), "
+                             f"got shape {src_mask.shape}: the ONNX graphs take a key mask per row")
+        return src, np.broadcast_to(src_mask[:, 0, 0, :], (b, s)).astype(np.int64)
+
+    # -- the model -----------------------------------------------------------------------------------
+    def _encode(self, src: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return self.encoder.run(None, {"input_ids": src, "attention_mask": mask})[0]
+
+    def encode(self, src, src_mask=None) -> np.ndarray:
+        """The memory (B, S, d_model), ``config.dtype``."""
+        return self._encode(*self._source(src, src_mask))
+
+    def logits(self, src, tgt, src_mask=None) -> np.ndarray:
+        """The full pass: logits (B, T, tgt_vocab) of target inputs ``tgt`` (B, T) (``decoder_model``,
+        the target masked as the oracle's default: convention 2)."""
+        src, mask = self._source(src, src_mask)
+        tgt = self._ids("tgt", tgt, self.config.tgt_vocab)
+        if tgt.shape[0] != src.shape[0]:
+            raise ValueError(f"tgt: expected batch size {src.shape[0]} (as src), got {tgt.shape[0]}")
+        feed = {"input_ids": tgt, "encoder_hidden_states": self._encode(src, mask),
+                "encoder_attention_mask": mask}
+        return self.decoder.run(["logits"], feed)[0]
+
+    def step(self, src, beams: int = 1, src_mask=None) -> "OnnxStep":
+        """A checked source encoded once, as an `OnnxStep` with ``beams`` rows per item."""
+        src, mask = self._source(src, src_mask)
+        return OnnxStep(self, self._encode(src, mask), mask, beams)
+
+    def greedy(self, src, max_len: int, src_mask=None) -> GreedyResult:
+        """Greedy decoding (`shared.decoding.greedy_search`), the search in ``config.dtype``."""
+        c = self.config
+        src, mask = self._source(src, src_mask, max_len)
+        step = OnnxStep(self, self._encode(src, mask), mask, 1)
+        return search.greedy_search(step, src.shape[0], max_len, c.start_id, c.eos_id, c.pad_id)
+
+    def beam(self, src, max_len: int, beam_size: int = 4, length_penalty: float = 0.0,
+             return_all: bool = False, src_mask=None) -> BeamResult:
+        """Beam search (`shared.decoding.beam_search`): K alive and K finished hypotheses per item."""
+        c = self.config
+        src, mask = self._source(src, src_mask, max_len, beam_size, length_penalty)
+        step = OnnxStep(self, self._encode(src, mask), mask, beam_size)
+        return search.beam_search(step, src.shape[0], max_len, beam_size, c.start_id, c.eos_id, c.pad_id,
+                                  length_penalty, return_all)
+
+
+class OnnxStep:
+    """The step contract (`shared.decoding.Step`) over the decoder sessions.
+
+    Rows are ``item * beams + beam``. The state is ``None`` before the first step, then
+    ``(self-attention keys and values, cross-attention keys and values)``: two lists of arrays
+    (N, H, len, d_k) in `past_names` order."""
+
+    def __init__(self, model: OnnxRuntimeModel, memory: np.ndarray, mask: np.ndarray, beams: int):
+        self.model, self.vocab = model, model.config.tgt_vocab
+        self.dtype = np.dtype(model.config.dtype)
+        self.memory = np.repeat(memory, beams, axis=0)  # (N, S, d)
+        self.mask = np.repeat(mask, beams, axis=0)  # (N, S) int64
+
+    def initial_state(self):
+        return None
+
+    def __call__(self, prefixes: np.ndarray, t: int, state):
+        m = self.model
+        column = np.ascontiguousarray(prefixes[:, t: t + 1], dtype=np.int64)
+        if state is None:  # step 0: the start column through decoder_model, which makes the cache
+            out = m.decoder.run(None, {"input_ids": column, "encoder_hidden_states": self.memory,
+                                       "encoder_attention_mask": self.mask})
+            named = dict(zip(m._present, out))
+            own = [named[n.replace("past_key_values", "present")] for n in m._past if ".decoder." in n]
+            cross = [named[n.replace("past_key_values", "present")] for n in m._past if ".encoder." in n]
+            return out[0][:, -1], (own, cross)
+        own, cross = state
+        feed = {"input_ids": column, "encoder_attention_mask": self.mask}
+        pairs = iter(own), iter(cross)
+        for name in m._past:
+            feed[name] = next(pairs[".encoder." in name])
+        out = m.decoder_with_past.run(m._with_past_out, feed)
+        return out[0][:, 0], (out[1:], cross)
+
+    def reorder(self, state, rows):
+        if state is None:
+            return state
+        own, cross = state
+        return [a[rows] for a in own], cross
+
+
+def verify(config: TransformerConfig, weights: Mapping[str, np.ndarray], path, seed: int = 0) -> int:
+    """``twins convert --to onnx --verify``: load the export at ``path`` with ONNX Runtime and
+    compare, on one batch with a padded and an all-padding source row, its logits (the full pass
+    and the cached steps) with the float64 oracle on the source weights, against
+    ``(config.dtype, "onnx:reference")``, and its greedy tokens with the oracle's. Prints the table;
+    the exit status (0 when every line passes)."""
+    import onnxruntime
+
+    from shared import reference as R
+    from shared.batches import src_tgt
+    from shared.tolerances import bound_for, max_abs_diff, max_rel_diff
+
+    model = OnnxRuntimeModel.load(path, threads=1)
+    length = min(7, config.max_len)
+    src, tgt = src_tgt(config, 3, length, length, seed, [length, 3, 0], [length] * 3)
+    expected = R.forward(weights, config, src, tgt)
+    step = model.step(src)
+    state, steps = step.initial_state(), []
+    for t in range(tgt.shape[1]):
+        logits, state = step(tgt, t, state)
+        steps.append(logits)
+    bound = bound_for(config.dtype, "onnx:reference")
+    print(f"verify: DST = {path} in onnxruntime {onnxruntime.__version__}, against the float64 "
+          f"reference on the source weights; one batch of 3 x {length} source tokens (a padded and "
+          f"an all-padding row) and 3 x {length} target tokens (seed {seed})")
+    print(f"{'compared':<34} {'max abs':>9}  {'max rel':>9}  {'bound':>7}  result")
+    ok = True
+    for name, got in (("decoder_model logits", model.logits(src, tgt)),
+                      ("decoder_with_past logits", np.stack(steps, 1))):
+        passed = bound.allows(got, expected)
+        ok &= passed
+        print(f"{name:<34} {max_abs_diff(got, expected):>9.2e}  {max_rel_diff(got, expected):>9.2e}  "
+              f"{bound.rtol:>7.0e}  {'pass' if passed else 'FAIL'}")
+    max_len = min(8, config.max_len)
+    ours = model.greedy(src, max_len).tokens
+    same = bool(np.array_equal(ours, R.greedy_decode(R.Model(weights, config), src, max_len).tokens))
+    print(f"{'greedy tokens (' + str(max_len) + ' new)':<34} {'identical' if same else 'DIFFER':>31}  "
+          f"{'pass' if same else 'FAIL'}")
+    ok &= same
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
