@@ -22,7 +22,7 @@ TINY = TransformerConfig.preset("tiny")
 
 
 def test_every_record_is_complete_and_documented():
-    assert len(formats.REGISTRY) == len(set(formats.names())) == 11
+    assert len(formats.REGISTRY) == len(set(formats.names())) == 12
     for fmt in formats.REGISTRY:
         assert fmt.read or fmt.write, fmt.name
         assert set(fmt.required) <= {o.name for o in fmt.read_options}, fmt.name

@@ -391,3 +391,45 @@ def test_verify_reports_pass_and_fail(demo, capsys, tmp_path):
     other = {k: v + np.float32(0.01) for k, v in weights.items()}
     assert verify(config, other, export) == 1
     assert capsys.readouterr().out.rstrip().endswith("FAIL")
+
+
+# -- the command line: twins convert --to onnx, twins decode --backend onnx ------------------------
+def test_twins_convert_to_onnx_verifies_and_decode_serves_it_without_the_frameworks(demo, tmp_path,
+                                                                                   capsys):
+    """`twins convert --to onnx --verify` from a neutral checkpoint (the registry's record), then
+    `python -m twins decode --backend onnx` on the export in a process with torch, TensorFlow and
+    Keras blocked (parity_tests/importable.py): the tokens `twins decode --backend torch` gives on
+    the source checkpoint, greedy and beam."""
+    pytest.importorskip("torch")
+    from parity_tests import importable
+    from shared.weights import save_checkpoint
+    from twins.cli import main
+    config, weights, _ = demo
+    save_checkpoint(tmp_path / "model", config, weights)
+    assert main(["convert", str(tmp_path / "model"), str(tmp_path / "onnx"), "--to", "onnx",
+                 "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "(neutral) -> " in out and "(onnx)" in out and out.rstrip().endswith("PASS")
+    ids = ["--src", "4 5 6 7 8 9 10 11", "--src", "9 8 7", "--max-new", "12"]
+    for beam in ("1", "3"):
+        assert main(["decode", "--checkpoint", str(tmp_path / "model"), "--backend", "torch",
+                     "--beam-size", beam, *ids]) == 0
+        want = capsys.readouterr().out
+        served = subprocess.run(
+            [sys.executable, "-m", "twins", "decode", "--checkpoint", str(tmp_path / "onnx"),
+             "--backend", "onnx", "--beam-size", beam, *ids], capture_output=True, text=True,
+            timeout=300, cwd=ROOT, env=importable.environ(("torch", "tensorflow", "keras")))
+        assert served.returncode == 0, served.stderr[-2000:]
+        assert served.stdout == want
+
+
+def test_twins_decode_refuses_what_onnx_cannot_serve(demo, tmp_path, capsys):
+    from twins.cli import main
+    config, weights, export = demo
+    assert main(["decode", "--checkpoint", str(export), "--backend", "torch", "--src", "4 5"]) == 2
+    err = capsys.readouterr().err
+    assert "is an ONNX export: decode it with --backend onnx (got --backend torch)" in err
+    assert main(["decode", "--checkpoint", str(export), "--backend", "onnx", "--src", "4 5",
+                 "--precision", "bfloat16"]) == 2
+    err = capsys.readouterr().err
+    assert "--precision: ONNX Runtime runs the export's float32 graphs, got 'bfloat16'" in err

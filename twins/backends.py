@@ -33,7 +33,8 @@ from shared.decoding import BeamResult, GreedyResult
 
 IMPLEMENTATIONS = ("reference", "torch", "tf")
 BACKENDS = ("torch", "tf")  # the implementations that train
-_EXTRAS = {"torch": "torch", "tf": "tf-cpu"}  # pyproject extra that installs each framework
+_EXTRAS = {"torch": "torch", "tf": "tf-cpu", "onnx": "onnx"}  # the pyproject extra that installs each
+DECODERS = BACKENDS + ("onnx",)  # what `twins decode --backend` runs: ONNX Runtime serves, it does not train
 
 Weights = Mapping[str, np.ndarray]
 
@@ -370,7 +371,56 @@ class TF(_Framework):
             self._training.import_moments(self.model, self.optimizer, moments, step)
 
 
-_ADAPTERS = {"reference": Reference, "torch": Torch, "tf": TF}
+class OnnxRuntime:
+    """ONNX Runtime serving the ONNX export of a model (`twins.onnx_runtime`; imports neither torch
+    nor TensorFlow): decoding and logits, no trace or training. Built from canonical weights (the
+    export made in memory: needs ``onnx`` and ``onnxruntime``) or loaded from an export directory
+    (``onnxruntime`` alone)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    @staticmethod
+    def _runtime():
+        try:
+            from . import onnx_runtime
+            import onnxruntime  # noqa: F401  (onnx_runtime imports it lazily: fail here, named)
+        except ImportError as err:
+            raise Unavailable("onnx", err) from None
+        return onnx_runtime
+
+    @classmethod
+    def from_weights(cls, config: TransformerConfig, weights: Weights, seed: int | None = None,
+                     threads: int | None = None) -> "OnnxRuntime":
+        return cls(cls._runtime().OnnxRuntimeModel.from_weights(config, weights, threads=threads))
+
+    @classmethod
+    def load(cls, path, threads: int | None = None) -> "OnnxRuntime":
+        """An ONNX export directory (`shared.formats.onnx.is_export`)."""
+        return cls(cls._runtime().OnnxRuntimeModel.load(path, threads=threads))
+
+    @property
+    def config(self) -> TransformerConfig:
+        return self.model.config
+
+    def set_precision(self, precision: str) -> str:
+        """Only ``float32``: the export's graphs are float32 (or float64) products throughout."""
+        if precision != "float32":
+            raise ValueError(f"precision: ONNX Runtime runs the export's {self.config.dtype} graphs, "
+                             f"got {precision!r} (half precision: --backend torch or tf)")
+        return "float32"
+
+    def greedy(self, src, max_len):
+        return self.model.greedy(src, max_len)
+
+    def beam(self, src, max_len, beam_size, length_penalty=0.0):
+        return self.model.beam(src, max_len, beam_size=beam_size, length_penalty=length_penalty)
+
+    def logits(self, src, tgt):
+        return self.model.logits(src, tgt)
+
+
+_ADAPTERS = {"reference": Reference, "torch": Torch, "tf": TF, "onnx": OnnxRuntime}
 
 
 def _adapter_class(name: str):

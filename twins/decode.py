@@ -24,12 +24,14 @@ from pathlib import Path
 import numpy as np
 
 from shared.decoding_args import check_beam_size
+from shared.exporters.onnx import read_onnx
+from shared.formats import onnx as onnx_formats
 from shared.precision import HALF_PRECISIONS, check_precision
 from shared.threads import check_threads
 
 from . import demo_tasks as tasks
 from . import loading
-from .backends import BACKENDS, make_adapter
+from .backends import DECODERS, OnnxRuntime, make_adapter
 from .runs import read_log
 
 
@@ -41,7 +43,10 @@ def add_arguments(parser) -> None:
                         help="any readable format: a run directory of `twins train`, a neutral "
                              "directory, a .pt, a .weights.h5, a Marian directory, ... "
                              "(`twins convert --list-formats`)")
-    parser.add_argument("--backend", choices=BACKENDS, default="torch", help="torch (default) or tf")
+    parser.add_argument("--backend", choices=DECODERS, default="torch",
+                        help="torch (default), tf, or onnx: ONNX Runtime, serving an ONNX export "
+                             "directory as it is (neither torch nor TensorFlow loads) or any other "
+                             "checkpoint exported in memory")
     parser.add_argument("--src", action="append", metavar="IDS",
                         help="source token ids separated by spaces, quoted as one argument "
                              "(repeatable: one row each)")
@@ -101,8 +106,14 @@ def _check_ids(rows, config) -> None:
 
 def _backend(args, config, weights):
     """The ``--backend`` adapter holding ``weights``, in ``--precision``."""
-    backend = make_adapter(args.backend, config, weights, threads=args.threads)
-    backend.set_precision(args.precision)
+    if weights is None:  # an ONNX export directory (run)
+        backend = OnnxRuntime.load(args.checkpoint, threads=args.threads)
+    else:
+        backend = make_adapter(args.backend, config, weights, threads=args.threads)
+    try:
+        backend.set_precision(args.precision)
+    except ValueError as err:  # named as the user wrote it
+        raise ValueError(f"--{err}") from None
     return backend
 
 
@@ -134,7 +145,13 @@ def run(args) -> int:
         raise ValueError(f"--length-penalty: expected a float >= 0, got {args.length_penalty}")
     if args.json and not ids_mode:
         raise ValueError("--json: only with --src / --src-file")
-    _, config, weights = loading.read(args.checkpoint, args)
+    if onnx_formats.is_export(args.checkpoint):  # served as it is: ONNX Runtime alone
+        if args.backend != "onnx":
+            raise ValueError(f"--checkpoint {args.checkpoint!r} is an ONNX export: decode it with "
+                             f"--backend onnx (got --backend {args.backend})")
+        config, weights = read_onnx(args.checkpoint)[0], None
+    else:
+        _, config, weights = loading.read(args.checkpoint, args)
     check_beam_size(args.beam_size, config.tgt_vocab, name="--beam-size")  # before any framework loads
     try:
         check_precision(args.precision, config.dtype)

@@ -10,6 +10,7 @@ SavedModel's decoded tokens). True when every row passes.
 ``transformers``   `twins.transformers_run` (transformers itself)
 ``ctranslate2``    `verify_ctranslate2` (``ctranslate2.Translator.score_batch``)
 ``saved-model``    `twins.saved_model.verify` (``tf.saved_model.load``)
+``onnxruntime``    `twins.onnx_runtime.verify` (``onnxruntime.InferenceSession``)
 None               no model of the source here: its imported weights in all three implementations
 =================  ===========================================================================
 """
@@ -159,4 +160,13 @@ def verify_saved_model(src_fmt: Format, src: str, dst_fmt: Format, dst: str, con
     return saved_model.verify(model, dst, seed) == 0
 
 
-CHECKS = {"ctranslate2": verify_ctranslate2, "saved-model": verify_saved_model}  # else logits_parity
+def verify_onnx(src_fmt: Format, src: str, dst_fmt: Format, dst: str, config: TransformerConfig,
+                weights: dict, seed: int = 0) -> bool:
+    """The export in ONNX Runtime against the float64 oracle on the source weights: its logits
+    (full and cached) and greedy tokens (`twins.onnx_runtime.verify`)."""
+    from . import onnx_runtime
+    return onnx_runtime.verify(config, weights, dst, seed) == 0
+
+
+CHECKS = {"ctranslate2": verify_ctranslate2, "saved-model": verify_saved_model,
+          "onnxruntime": verify_onnx}  # else logits_parity

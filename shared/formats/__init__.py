@@ -21,6 +21,7 @@ module             formats             docs
                    keras-hub
 `.ctranslate2`     ctranslate2         docs/formats/ctranslate2.md
 `.saved_model`     saved-model         docs/formats/saved_model.md
+`.onnx`            onnx                docs/formats/onnx.md
 =================  ==================  =====================================================
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import ctranslate2, hf, keras, native, saved_model, state_dicts
+from . import ctranslate2, hf, keras, native, onnx, saved_model, state_dicts
 from .record import Format, Option, given
 
 # One line per family; the order is the order of `twins convert --list-formats` and of recognition
@@ -41,6 +42,7 @@ REGISTRY: tuple[Format, ...] = (
     *keras.FORMATS,
     *ctranslate2.FORMATS,
     *saved_model.FORMATS,
+    *onnx.FORMATS,
 )
 _BY_NAME = {f.name: f for f in REGISTRY}
 assert len(_BY_NAME) == len(REGISTRY), "two formats share a name"
