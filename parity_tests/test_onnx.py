@@ -433,3 +433,23 @@ def test_twins_decode_refuses_what_onnx_cannot_serve(demo, tmp_path, capsys):
                  "--precision", "bfloat16"]) == 2
     err = capsys.readouterr().err
     assert "--precision: ONNX Runtime runs the export's float32 graphs, got 'bfloat16'" in err
+
+
+def test_twins_compare_includes_onnx_runtime_on_the_logits(capsys):
+    """`twins compare --backends torch,tf,onnx`: ONNX Runtime's logits against the reference and
+    both backends within their bounds (its graphs name no other intermediate: those cells are
+    '-', not failures), and its greedy tokens against the oracle's."""
+    pytest.importorskip("torch")
+    pytest.importorskip("tensorflow")
+    import json
+
+    from twins.cli import main
+    assert main(["compare", "--preset", "tiny", "--batch", "2", "--src-len", "6", "--tgt-len", "5",
+                 "--backends", "torch,tf,onnx", "--decode", "--max-new", "4", "--json", "-"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    logits = next(r for r in result["rows"] if r["name"] == "logits")
+    for pair in ("onnx:reference", "onnx:torch", "onnx:tf"):
+        assert logits["pairs"][pair]["pass"] and 0 < logits["pairs"][pair]["max_rel"]
+        assert logits["pairs"][pair]["bound"] == bound_for("float32", pair).rtol
+    assert all(r["pairs"]["onnx:reference"].get("absent") for r in result["rows"] if r["name"] != "logits")
+    assert result["decoding"]["onnx"]["pass"] and result["pass"]

@@ -35,6 +35,7 @@ IMPLEMENTATIONS = ("reference", "torch", "tf")
 BACKENDS = ("torch", "tf")  # the implementations that train
 _EXTRAS = {"torch": "torch", "tf": "tf-cpu", "onnx": "onnx"}  # the pyproject extra that installs each
 DECODERS = BACKENDS + ("onnx",)  # what `twins decode --backend` runs: ONNX Runtime serves, it does not train
+COMPARED = DECODERS  # what `twins compare --backends` runs beside the reference (onnx: logits only)
 
 Weights = Mapping[str, np.ndarray]
 
@@ -418,6 +419,20 @@ class OnnxRuntime:
 
     def logits(self, src, tgt):
         return self.model.logits(src, tgt)
+
+    def trace(self, src, tgt) -> dict[str, np.ndarray]:
+        """Only the logits: the export's graphs name no other intermediate of the trace."""
+        return {"logits": self.logits(src, tgt)}
+
+    def time_forward(self, src, tgt, repeats: int = 5) -> float:
+        """Median seconds of one forward pass (encoder and decoder sessions)."""
+        import time
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            self.logits(src, tgt)
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
 
 
 _ADAPTERS = {"reference": Reference, "torch": Torch, "tf": TF, "onnx": OnnxRuntime}

@@ -17,7 +17,7 @@ from shared import reference
 from shared.weights import random_weights
 
 from . import loading
-from .backends import IMPLEMENTATIONS, Unavailable, make_adapter
+from .backends import COMPARED, Unavailable, make_adapter
 
 
 def add_arguments(parser) -> None:
@@ -36,7 +36,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tgt-len", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backends", default="torch,tf",
-                        help="comma-separated implementations to compare with the reference")
+                        help="comma-separated implementations to compare with the reference: torch, "
+                             "tf, onnx (ONNX Runtime on an in-memory export: the logits only, its "
+                             "graphs name no other intermediate)")
     parser.add_argument("--decode", action="store_true",
                         help="also decode greedily in every implementation and compare the tokens")
     parser.add_argument("--max-new", type=int, default=10, help="tokens to decode with --decode (default 10)")
@@ -72,9 +74,9 @@ def run(args) -> int:
             raise ValueError(f"--{name.replace('_', '-')}: expected a positive int, got {getattr(args, name)}")
     check_threads(args.threads)
     backends = [b for b in args.backends.split(",") if b]
-    unknown = [b for b in backends if b not in IMPLEMENTATIONS[1:]]
+    unknown = [b for b in backends if b not in COMPARED]
     if unknown:
-        raise ValueError(f"--backends: expected names from {IMPLEMENTATIONS[1:]}, got {unknown}")
+        raise ValueError(f"--backends: expected names from {COMPARED}, got {unknown}")
     config, weights = _load(args)
     for name in ("src_len", "tgt_len", "max_new"):  # named as typed, before any model sees them
         if getattr(args, name) > config.max_len:
@@ -86,6 +88,9 @@ def run(args) -> int:
 
     adapters, skipped = {"reference": make_adapter("reference", config, weights)}, {}
     for name in backends:
+        if name == "onnx" and args.dtype in HALF_PRECISIONS:
+            skipped[name] = f"the ONNX export computes in float32 or float64, not {args.dtype}"
+            continue
         try:
             adapters[name] = make_adapter(name, config, weights, threads=args.threads)
         except Unavailable as err:
@@ -97,8 +102,10 @@ def run(args) -> int:
     bounds_dtype = args.dtype if args.dtype in HALF_PRECISIONS else config.dtype
     traces = {name: a.trace(src, tgt) for name, a in adapters.items()}
     names = list(traces["reference"])
-    # Pairs read "torch:reference", "tf:reference", "torch:tf", as the tolerance table names them.
-    pairs = [(b, a) if a == "reference" else (a, b) for a, b in combinations(adapters, 2)]
+    # Pairs read "torch:reference", "tf:reference", "torch:tf" (and "onnx:reference", "onnx:torch",
+    # "onnx:tf"), as the tolerance table names them.
+    order = {"onnx": 0, "torch": 1, "tf": 2, "reference": 3}
+    pairs = [tuple(sorted(p, key=order.get)) for p in combinations(adapters, 2)]
 
     rows, first_parting, ok = [], None, True
     for name in names:
@@ -108,6 +115,9 @@ def run(args) -> int:
                              "max_abs": float(np.abs(ref).max())}}
         for a, b in pairs:
             bound = bound_for(bounds_dtype, f"{a}:{b}")
+            if "onnx" in (a, b) and name not in traces["onnx"]:  # the logits alone: nothing to compare
+                row["pairs"][f"{a}:{b}"] = {"absent": True, "pass": True}
+                continue
             if name not in traces[a] or name not in traces[b]:
                 row["pairs"][f"{a}:{b}"] = {"missing": True, "pass": False}
                 passed = False
@@ -148,7 +158,7 @@ def diverging(row: dict) -> str:
     the reference fails (both, when both do); where only a cross pair fails (each within its
     bound of the reference), the one farther from the reference, relative to its bound."""
     versus = {pair.split(":")[0]: r for pair, r in row["pairs"].items()
-              if pair.endswith(":reference") and not r.get("missing")}
+              if pair.endswith(":reference") and not r.get("missing") and not r.get("absent")}
     failing = [impl for impl, r in versus.items() if not r["pass"]]
     if failing:
         return " and ".join(failing)
@@ -179,7 +189,7 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out
         for a, b in pairs:
             p = r["pairs"][f"{a}:{b}"]
             verdict = "ok" if p.get("pass") else "FAIL"  # one width, so FAIL shifts nothing
-            cell = ("missing" if p.get("missing")
+            cell = ("missing" if p.get("missing") else "-" if p.get("absent")
                     else f"{p['max_abs']:.2e} {p['max_rel']:.2e} {verdict:<4}")
             line += f"  {cell:>28}"
         if not pairs:
