@@ -336,6 +336,8 @@ def test_convert_refusals_leave_nothing(tmp_path, capsys):
     assert f"{path} (marian) -> " in capsys.readouterr().out
 
 
+@pytest.mark.torch
+@pytest.mark.tf
 def test_decode_an_imported_marian_directory_in_both_backends(capsys):
     """`twins decode --checkpoint MARIAN_DIR`: recognised from its config.json, decoded from ids in
     torch and in tf, identical tokens and scores within the float32 bound (greedy: beam search's
