@@ -65,9 +65,18 @@ def session_options(threads: int | None = None, spinning: bool | None = None):
     return options
 
 
-def _session(ort, model, options):
-    """A CPU session of a path or of serialized bytes."""
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+# Graph rewrites that produce a kernel of one dtype only. ONNX Runtime 1.30 fuses x * sigmoid(x)
+# (swish) into com.microsoft.QuickGelu, which has a float32 kernel alone, even in a float64 graph:
+# the session then fails to build (seen on the lent GPU machine's onnxruntime 1.30.0). A float64
+# graph never runs them; a float32 one keeps every optimisation the bounds were measured with.
+FLOAT32_ONLY_FUSIONS = ("QuickGeluFusion",)
+
+
+def _session(ort, model, options, dtype: str = "float32"):
+    """A CPU session of a path or of serialized bytes, for a graph computing in ``dtype``."""
+    disabled = list(FLOAT32_ONLY_FUSIONS) if dtype != "float32" else None
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=disabled)
 
 
 class OnnxRuntimeModel:
@@ -85,9 +94,9 @@ class OnnxRuntimeModel:
             raise ImportError(f"the onnx backend is not installed ({err}); install the 'onnx' extra") from None
         self.config = config
         options = session_options(threads) if options is None else options
-        self.encoder = _session(ort, graphs[ENCODER], options)
-        self.decoder = _session(ort, graphs[DECODER], options)
-        self.decoder_with_past = _session(ort, graphs[DECODER_WITH_PAST], options)
+        self.encoder = _session(ort, graphs[ENCODER], options, config.dtype)
+        self.decoder = _session(ort, graphs[DECODER], options, config.dtype)
+        self.decoder_with_past = _session(ort, graphs[DECODER_WITH_PAST], options, config.dtype)
         self._present = [o.name for o in self.decoder.get_outputs()]
         self._past = past_names(config.n_decoder_layers, "past_key_values")
         self._with_past_out = [o.name for o in self.decoder_with_past.get_outputs()]
