@@ -40,6 +40,17 @@ COMPARED = DECODERS  # what `twins compare --backends` runs beside the reference
 Weights = Mapping[str, np.ndarray]
 
 
+def _median_seconds(call, repeats: int) -> float:
+    """Median seconds of ``repeats`` calls of ``call()``, after one untimed call (warm-up)."""
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
 class Unavailable(ImportError):
     """The implementation cannot run here: its framework is not installed."""
 
@@ -87,13 +98,7 @@ class Adapter:
 
     def time_forward(self, src: np.ndarray, tgt: np.ndarray, repeats: int = 5) -> float:
         """Median seconds of a forward pass (no trace), after one warm-up call."""
-        self._timed_forward(src, tgt)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            self._timed_forward(src, tgt)
-            times.append(time.perf_counter() - start)
-        return float(np.median(times))
+        return _median_seconds(lambda: self._timed_forward(src, tgt), repeats)
 
 
 # -- the oracle -----------------------------------------------------------------------------------
@@ -425,14 +430,8 @@ class OnnxRuntime:
         return {"logits": self.logits(src, tgt)}
 
     def time_forward(self, src, tgt, repeats: int = 5) -> float:
-        """Median seconds of one forward pass (encoder and decoder sessions)."""
-        import time
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            self.logits(src, tgt)
-            times.append(time.perf_counter() - start)
-        return float(np.median(times))
+        """Median seconds of one forward pass (encoder and decoder sessions), after a warm-up."""
+        return _median_seconds(lambda: self.logits(src, tgt), repeats)
 
 
 _ADAPTERS = {"reference": Reference, "torch": Torch, "tf": TF, "onnx": OnnxRuntime}
