@@ -214,18 +214,7 @@ def read_checkpoint(path: str | os.PathLike, config: TransformerConfig | None = 
     validated: a .weights.h5 file or a neutral directory here, any other through `shared.formats.read`
     (``format``: its name, when the path does not say it; ``options``: that format's own, e.g.
     ``n_heads=`` for a foreign state dict). ``config`` only for a native file that holds none."""
-    fmt = formats.get(format, "read", "format") if format else _recognised(path)
-    if fmt is None or (fmt.name in {f.name for f in FORMATS} and not options):
-        return dispatch.read_checkpoint(path, FORMATS, config, allow_nonfinite, owner=OWNER)
-    return formats.read(path, fmt, config, allow_nonfinite=allow_nonfinite, **options)
-
-
-def _recognised(path) -> "formats.Format | None":
-    """The registry's format of ``path``, or None (this module's dispatcher then refuses it)."""
-    try:
-        return formats.detect(path, "source")
-    except ValueError:
-        return None
+    return formats.read_for_backend(path, FORMATS, OWNER, config, allow_nonfinite, format, **options)
 
 
 def write_checkpoint(path: str | os.PathLike, config: TransformerConfig,
@@ -260,14 +249,7 @@ def load_into(model: Transformer, path: str | os.PathLike, allow_nonfinite: bool
     """Load a checkpoint into an existing model. The file is read and checked completely, and its
     config must equal ``model.config``, before any variable is written: on error the model keeps
     its weights. (A plain-Keras ``.weights.h5`` is read with ``model.config``.)"""
-    fmt = _recognised(path)
-    if fmt is None or fmt.name in {f.name for f in FORMATS}:
-        weights = dispatch.read_for(path, model.config, FORMATS, allow_nonfinite, owner=OWNER)
-    else:  # another format: read and checked completely, its config compared, before any write
-        stored, weights = formats.read(path, fmt, allow_nonfinite=allow_nonfinite)
-        if stored != model.config:
-            raise ValueError(f"{str(path)!r}: the checkpoint's config differs from the model's in "
-                             f"{config_differences(model.config, stored)}")
+    weights = formats.read_for_model(path, model.config, FORMATS, OWNER, allow_nonfinite)
     weights_io.import_weights(model, weights, allow_nonfinite=allow_nonfinite)
 
 

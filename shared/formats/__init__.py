@@ -30,6 +30,9 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from shared import checkpoints as dispatch
+from shared.weights import config_differences
+
 from . import ctranslate2, hf, keras, native, onnx, saved_model, state_dicts
 from .record import Format, Option, given
 
@@ -149,6 +152,44 @@ def read(path: str | os.PathLike, fmt: str | Format | None = None, config=None, 
     record = _record(fmt, "read") if fmt is not None else detect(path, "source")
     options = check_options(record, "read", options, config)
     return record.read(path, config, **options)
+
+
+def detected(path: str | os.PathLike) -> Format | None:
+    """The format `detect` recognises ``path`` as a source, or None where none does (a backend's
+    dispatcher then refuses it, naming what that backend reads)."""
+    try:
+        return detect(path, "source")
+    except ValueError:
+        return None
+
+
+def read_for_backend(path: str | os.PathLike, native_formats: tuple, owner: str, config=None,
+                     allow_nonfinite: bool = False, format: str | None = None, **options):
+    """A backend's ``read_checkpoint`` (the generic half, written once): a native file of the
+    backend or a neutral directory through its own dispatcher (``native_formats``, a
+    `shared.checkpoints.CheckpointFormat` each; a path no record recognises is refused there,
+    naming ``owner``), any other format through `read`. ``format``: its name, when the path does
+    not say it; ``options``: that format's own."""
+    fmt = get(format, "read", "format") if format else detected(path)
+    if fmt is None or (fmt.name in {f.name for f in native_formats} and not options):
+        return dispatch.read_checkpoint(path, native_formats, config, allow_nonfinite, owner=owner)
+    return read(path, fmt, config, allow_nonfinite=allow_nonfinite, **options)
+
+
+def read_for_model(path: str | os.PathLike, config, native_formats: tuple, owner: str,
+                   allow_nonfinite: bool = False) -> dict:
+    """The canonical weights of ``path`` for a model of ``config`` (a backend's ``load_into``, the
+    generic half): read and checked completely, and the file's config equal to ``config``, before
+    the caller writes anything. A native file of the backend (``native_formats``) that holds no
+    config is read with ``config``."""
+    fmt = detected(path)
+    if fmt is None or fmt.name in {f.name for f in native_formats}:
+        return dispatch.read_for(path, config, native_formats, allow_nonfinite, owner=owner)
+    stored, weights = read(path, fmt, allow_nonfinite=allow_nonfinite)
+    if stored != config:
+        raise ValueError(f"{str(path)!r}: the checkpoint's config differs from the model's in "
+                         f"{config_differences(config, stored)}")
+    return weights
 
 
 def write(fmt: str | Format, config, weights: Mapping, path: str | os.PathLike, **options) -> str | None:
