@@ -34,6 +34,20 @@ def _run_in_fresh_python(code: str, tmp_path: Path) -> tuple[list[dict], list[st
     return [json.loads(line) for line in proc.stdout.splitlines()], proc.stderr.splitlines()
 
 
+def _run_cli_cases(cases: list[list[str]], tmp_path: Path) -> tuple[list[dict], list[str]]:
+    """Each ``twins`` argv of ``cases`` through `twins.cli.main` in one fresh interpreter: per case
+    its exit status, seconds, and which frameworks were imported by then; and stderr's lines."""
+    return _run_in_fresh_python(f"""
+        import json, sys, time
+        from twins.cli import main
+        for argv in {cases!r}:
+            start = time.perf_counter()
+            rc = main(argv)
+            print(json.dumps({{"rc": rc, "seconds": time.perf_counter() - start,
+                              "frameworks": sorted({{"torch", "tensorflow"}} & set(sys.modules))}}))
+    """, tmp_path)
+
+
 def test_huge_threads_and_workers_are_refused_at_once_with_nothing_started(tmp_path):
     cases = [
         ["decode", "--checkpoint", "nowhere", "--threads", HUGE, "1 2"],
@@ -43,15 +57,7 @@ def test_huge_threads_and_workers_are_refused_at_once_with_nothing_started(tmp_p
         [*TRAIN, "--checkpoint", "run", "--workers", HUGE, "--batch", HUGE],
         [*TRAIN[:4], "tf", *TRAIN[5:], "--checkpoint", "run", "--workers", HUGE],
     ]
-    results, errors = _run_in_fresh_python(f"""
-        import json, sys, time
-        from twins.cli import main
-        for argv in {cases!r}:
-            start = time.perf_counter()
-            rc = main(argv)
-            print(json.dumps({{"rc": rc, "seconds": time.perf_counter() - start,
-                              "frameworks": sorted({{"torch", "tensorflow"}} & set(sys.modules))}}))
-    """, tmp_path)
+    results, errors = _run_cli_cases(cases, tmp_path)
     assert len(results) == len(errors) == len(cases), errors
     for argv, result, error in zip(cases, results, errors):
         flag = "--threads" if "--threads" in argv else "--workers"
@@ -131,15 +137,7 @@ def test_decode_refuses_a_huge_beam_before_loading_a_framework(tmp_path):
     save_checkpoint(tmp_path / "run", config, init_weights(config, 0))
     cases = [["decode", "--checkpoint", str(tmp_path / "run"), "--beam-size", HUGE, "3 4"],
              ["decode", "--checkpoint", str(tmp_path / "run"), "--beam-size", "0", "3 4"]]
-    results, errors = _run_in_fresh_python(f"""
-        import json, sys, time
-        from twins.cli import main
-        for argv in {cases!r}:
-            start = time.perf_counter()
-            rc = main(argv)
-            print(json.dumps({{"rc": rc, "seconds": time.perf_counter() - start,
-                              "frameworks": sorted({{"torch", "tensorflow"}} & set(sys.modules))}}))
-    """, tmp_path)
+    results, errors = _run_cli_cases(cases, tmp_path)
     assert [r["rc"] for r in results] == [2, 2] and all(r["frameworks"] == [] for r in results), results
     assert errors == [f"twins decode: error: --beam-size: expected at most tgt_vocab - 1 = "
                       f"{config.tgt_vocab - 1} (pad is never generated), got {HUGE}",

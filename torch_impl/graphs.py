@@ -31,6 +31,22 @@ def usable(device: torch.device) -> bool:
     return ENABLED and device.type == "cuda"
 
 
+def _capture(work, device: torch.device):
+    """``(graph, output)``: ``work()`` recorded as one CUDA graph, after two warm-up runs on a side
+    stream (kernel selection, cuBLAS workspaces), as capture requires; ``output`` is the tensor
+    the graph writes at each replay. The warm-up runs change what ``work`` writes."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            work()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = work()
+    return graph, output
+
+
 class GraphedStep:
     """A cached decoding step (`shared.decoding.Step`, as `torch_impl.decoding.CachedStep`) whose
     work is one CUDA graph, captured for this decode's rows, source length and capacity.
@@ -47,17 +63,9 @@ class GraphedStep:
         device = memory.device
         self.tokens = torch.zeros(self.cache.rows, dtype=torch.int64, device=device)
         self.position = torch.zeros((), dtype=torch.int64, device=device)
-        # Warm up on a side stream first (kernel selection, cuBLAS workspaces), as capture requires;
-        # these runs write position 0 of the buffers, which the first real step overwrites.
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                model._step_logits(self.tokens, self.cache, self.position)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = model._step_logits(self.tokens, self.cache, self.position)  # (N, V)
+        # The warm-up runs write position 0 of the buffers, which the first real step overwrites.
+        self.graph, self.logits = _capture(  # logits (N, V)
+            lambda: model._step_logits(self.tokens, self.cache, self.position), device)
 
     def initial_state(self):
         return self.cache
@@ -109,15 +117,7 @@ def greedy_loop(model, memory: torch.Tensor, src_mask: torch.Tensor, max_len: in
         return torch.stack([invalid, finished.all()])  # what the host reads
 
     reset()
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        flags = step()
+    graph, flags = _capture(step, device)
     reset()
     reads = _LaggedReads(device)
     for t in range(max_len):
