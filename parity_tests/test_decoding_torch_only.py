@@ -80,15 +80,23 @@ def test_step_weights_follow_the_parameters(dtype, rows):
 
 
 @pytest.mark.skipif(not PACKABLE, reason="this torch build has no oneDNN packed-weight linear")
-def test_step_layouts_by_rows():
-    """float32 on the CPU multiplies the oneDNN-packed kernels at every row count
-    (`torch_impl.cache.step_layout`, measured: benchmarks/step_layouts.py); float64, CUDA and an
-    unknown row count the dense ``(in, out)`` ones (addmm). Both products are
-    within the worst-case rounding error of a float32 dot product (Higham's ``gamma_n``: ``n * u``
-    times the sum of the terms' magnitudes), not a tuned tolerance."""
+def test_step_layouts_by_rows(monkeypatch):
+    """float32 on the CPU multiplies the oneDNN-packed kernels from `PACKED_MIN_ROWS` rows (3 on an
+    Intel CPU, 1 elsewhere: `torch_impl.cache.step_layout`, measured: benchmarks/step_layouts.py),
+    the dense ``(in, out)`` ones (addmm) below it; float64, CUDA and an unknown row count the dense
+    ones. Both products, the feed-forward's fused rectifier included, are within the worst-case
+    rounding error of a float32 dot product (Higham's ``gamma_n``: ``n * u`` times the sum of the
+    terms' magnitudes), not a tuned tolerance; the rectifier itself is exact."""
+    from torch_impl import cache
     from torch_impl.cache import DENSE, PACKED, dense, lay_out, step_layout
     cpu = torch.device("cpu")
-    assert [step_layout(n, cpu, torch.float32) for n in (1, 2, 8, None)] == [PACKED, PACKED, PACKED, DENSE]
+    assert (cache._packed_min_rows("GenuineIntel"), cache._packed_min_rows("AuthenticAMD"),
+            cache._packed_min_rows("")) == (3, 1, 1)
+    assert cache.PACKED_MIN_ROWS == cache._packed_min_rows(cache._cpu_vendor())
+    for vendor, want in [("GenuineIntel", [DENSE, DENSE, PACKED, PACKED, DENSE]),
+                         ("AuthenticAMD", [PACKED, PACKED, PACKED, PACKED, DENSE])]:
+        monkeypatch.setattr(cache, "PACKED_MIN_ROWS", cache._packed_min_rows(vendor))
+        assert [step_layout(n, cpu, torch.float32) for n in (1, 2, 3, 8, None)] == want, vendor
     assert step_layout(8, cpu, torch.float64) == DENSE
     assert step_layout(8, torch.device("cuda"), torch.float32) == DENSE
     g = torch.Generator().manual_seed(0)
@@ -102,6 +110,8 @@ def test_step_layouts_by_rows():
             y = dense(x, lay_out(kernel, layout), bias)
             assert y.shape == (rows, 1, 40) and y.dtype == torch.float32
             assert (np.abs(y.double().numpy() - exact) <= bound).all(), layout
+            rectified = dense(x, lay_out(kernel, layout), bias, relu=True)
+            assert torch.equal(rectified, y.relu()), layout
 
 
 @pytest.mark.skipif(not PACKABLE, reason="this torch build has no oneDNN packed-weight linear")

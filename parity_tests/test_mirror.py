@@ -80,8 +80,6 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
         "search:BeamState": "the same, for beam search",
         "cache:write_position": "TF tensors are immutable and XLA needs fixed shapes: the new key goes in "
                                 "by a scatter; torch writes the buffer slice in place",
-        "cache:filled_mask": "with fixed shapes attention reads the whole buffer, masked past the current "
-                             "position; torch reads the filled slice [:length]",
         "cache:check_free_position": "a full cache refused in every TF mode (graph mode: an Assert; "
                                      "XLA: NaN logits through guarded/poison); torch's step runs "
                                      "eagerly and raises in decode_step",
@@ -104,6 +102,9 @@ FRAMEWORK_ARGS: dict[str, dict[str, dict[str, str]]] = {
         "search:beam_loop": {"device": "as greedy_loop"},
         "search:greedy_search": {"device": "as greedy_loop"},
         "search:beam_search": {"device": "as greedy_loop"},
+        "cache:dense": {"relu": "eager torch fuses the feed-forward rectifier into the product's kernel "
+                                "(oneDNN's post-op, cuBLASLt's epilogue): one launch fewer a layer "
+                                "and step; XLA fuses TF's itself"},
         "training:noam_schedule": {"optimizer": "a LambdaLR wraps an optimizer; a Keras schedule is "
                                                 "handed to the optimizer instead"},
     },

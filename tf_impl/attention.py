@@ -151,8 +151,8 @@ class MultiHeadAttention(keras.layers.Layer):
         return dense(tf.reshape(context, [n, 1, self.n_heads * self.d_k]), *output)
 
     def extend(self, query_in: tf.Tensor, key_cache: tf.Tensor, value_cache: tf.Tensor,
-               position: tf.Tensor, qkv: tuple | None = None,
-               output: tuple | None = None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+               position: tf.Tensor, qkv: tuple | None = None, output: tuple | None = None,
+               mask: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """Self-attention of one new position over itself and every earlier one, with a cache.
 
         The new key and value (projections of ``query_in``) are written at ``position`` of the
@@ -166,8 +166,11 @@ class MultiHeadAttention(keras.layers.Layer):
         key_cache, value_cache)``, the caches updated (tensors are immutable: new ones returned).
         With ``qkv`` and ``output`` (``(kernel (in, out), bias)`` of `step_kernels`, as a cache
         keeps them) the query, key and value come from one matrix product; the same to rounding.
+        ``mask`` is the step's `tf_impl.cache.filled_mask`, made once for every layer by
+        `Decoder.step` (made here when not given).
         """
-        mask = filled_mask(key_cache.shape[2], position)  # (1, 1, 1, capacity)
+        if mask is None:
+            mask = filled_mask(key_cache.shape[2], position)  # (1, 1, 1, capacity)
         if qkv is None:
             k, v = self.keys_values(query_in)  # (N, H, 1, d_k)
             key_cache = write_position(key_cache, k[:, :, 0], position)

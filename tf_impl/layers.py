@@ -147,7 +147,7 @@ class DecoderLayer(_TracingLayer):
             self.norm_first, trace, f"{prefix}.ffn", training)
 
     def step(self, x: tf.Tensor, cache: LayerCache, position: tf.Tensor, src_mask: tf.Tensor,
-             src_keep: tf.Tensor) -> tuple[tf.Tensor, LayerCache]:
+             src_keep: tf.Tensor, self_mask: tf.Tensor | None = None) -> tuple[tf.Tensor, LayerCache]:
         """`call` for one new target position, with cached keys and values (inference only: no
         dropout): self-attention writes its key/value at ``position`` and attends to positions
         ``0 .. position`` (see `MultiHeadAttention.extend`, with the cache's fused projection);
@@ -155,13 +155,14 @@ class DecoderLayer(_TracingLayer):
 
         Shape: x ``(N, 1, d)``, src_mask bool broadcastable to ``(N, H, 1, S)`` and src_keep
         (`tf_impl.cache.prepare_mask`) -> ``((N, 1, d), the layer's cache with its self-attention
-        keys/values updated)``.
+        keys/values updated)``. ``self_mask``: the step's `tf_impl.cache.filled_mask`, made once
+        for every layer (`Decoder.step`).
         """
         kept, w = {}, cache.weights
 
         def self_attn(h: tf.Tensor):
             out, kept["key"], kept["value"] = self.self_attn.extend(
-                h, cache.self_key, cache.self_value, position, w[0:2], w[2:4])
+                h, cache.self_key, cache.self_value, position, w[0:2], w[2:4], self_mask)
             return out, None
 
         def cross_attn(h: tf.Tensor):

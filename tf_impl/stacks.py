@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from shared import TransformerConfig
 
-from .cache import DecoderCache, LayerCache, StepWeights, prepare_mask, repeat_rows
+from .cache import DecoderCache, LayerCache, StepWeights, filled_mask, prepare_mask, repeat_rows
 from .inputs import dims
 from .layers import DecoderLayer, EncoderLayer, Trace, _TracingLayer, norm_layer, record
 from .norm import LayerNorm
@@ -92,8 +92,10 @@ class Decoder(_TracingLayer):
         Shape: x ``(N, 1, d)`` embedded token -> ``((N, 1, d), the cache with every layer's
         self-attention keys/values written and ``length`` advanced)`` (a new cache)."""
         layers = []
+        self_mask = filled_mask(cache.capacity, cache.length) if cache.layers else None  # every layer's
         for layer, layer_cache in zip(self.layers, cache.layers):
-            x, layer_cache = layer.step(x, layer_cache, cache.length, cache.src_mask, cache.src_keep)
+            x, layer_cache = layer.step(x, layer_cache, cache.length, cache.src_mask, cache.src_keep,
+                                        self_mask)
             layers.append(layer_cache)
         if self.final_norm is not None:
             x = self.final_norm(x)

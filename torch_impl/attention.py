@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import dense
+from .cache import dense, filled_mask
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -33,6 +33,12 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
     # exp(-inf) already gives exact zeros; the second fill turns the NaN of an all-blocked row into
     # zeros (and, being a masked_fill, zeroes that row's gradient rather than passing NaN back).
     return weights.masked_fill(blocked, 0.0)
+
+
+def _kept(context: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Attention's output with the rows that had no key zeroed (``keep`` of
+    `torch_impl.cache.prepare_mask`; None: every row had one, nothing to multiply)."""
+    return context if keep is None else context * keep
 
 
 class MultiHeadAttention(nn.Module):
@@ -154,12 +160,12 @@ class MultiHeadAttention(nn.Module):
                         mask: torch.Tensor, keep: torch.Tensor, query: tuple, output: tuple) -> torch.Tensor:
         """`attend` of one decoding step (the cross-attention of a cached step): the query and
         output projections given as ``(kernel (in, out), bias)`` (`step_kernels`), the mask made
-        ready once (`torch_impl.cache.prepare_mask`: every row may attend some key, ``keep``
-        zeroes the rows that had none), no dropout, no weights. Shape: query_in ``(N, 1,
-        d_model)``, k/v ``(N, H, S, d_k)`` -> ``(N, 1, d_model)``."""
+        ready once (`torch_impl.cache.prepare_mask`: additive, every row may attend some key,
+        ``keep`` zeroes the rows that had none; None: every row had one), no dropout, no weights.
+        Shape: query_in ``(N, 1, d_model)``, k/v ``(N, H, S, d_k)`` -> ``(N, 1, d_model)``."""
         n = query_in.shape[0]
         q = dense(query_in, *query).view(n, self.n_heads, 1, self.d_k)  # (N, H, 1, d_k): one position
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * keep
+        context = _kept(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)
         return dense(context.reshape(n, 1, self.n_heads * self.d_k), *output)
 
     def self_attend_prepared(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor,
@@ -168,17 +174,17 @@ class MultiHeadAttention(nn.Module):
         the query, key and value from one product with ``qkv``, then the ``output`` projection
         (each ``(kernel, bias)`` of `step_kernels`, in a `torch_impl.cache.lay_out` layout), the
         mask made ready once (`torch_impl.cache.prepare_mask`), no dropout, no weights. Same
-        values as `forward` to rounding. Shape: x ``(B, S, d_model)``, mask bool broadcastable to
-        ``(B, H, S, S)``, keep to ``(B, H, S, 1)`` -> ``(B, S, d_model)``."""
+        values as `forward` to rounding. Shape: x ``(B, S, d_model)``, mask (additive)
+        broadcastable to ``(B, H, S, S)``, keep to ``(B, H, S, 1)`` or None -> ``(B, S, d_model)``."""
         b, length, _ = x.shape
         # (B, S, 3, H, d_k) -> three (B, H, S, d_k) views; SDPA reads them strided
         q, k, v = dense(x, *qkv).view(b, length, 3, self.n_heads, self.d_k).permute(2, 0, 3, 1, 4)
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * keep  # (B, H, S, d_k)
+        context = _kept(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)  # (B, H, S, d_k)
         return dense(context.transpose(1, 2).reshape(b, length, self.n_heads * self.d_k), *output)
 
     def extend(self, query_in: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-               position: int, qkv: tuple | None = None, output: tuple | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               position: int, qkv: tuple | None = None, output: tuple | None = None,
+               mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Self-attention of one new position over itself and every earlier one, with a cache.
 
         The new key and value (projections of ``query_in``) are written at ``position`` of the
@@ -196,6 +202,8 @@ class MultiHeadAttention(nn.Module):
         and value are then written with ``index_copy_`` and the query attends to the whole buffer
         masked to positions ``<= position``, so that one captured CUDA graph serves every step
         (`torch_impl.graphs`); the same values to rounding (masked keys get exactly zero weight).
+        ``mask`` is then that step's `torch_impl.cache.filled_mask`, made once for every layer
+        (made here when not given).
 
         Shape: query_in ``(N, 1, d_model)``, position an int -> ``(output (N, 1, d_model),
         key_cache, value_cache)``: the buffers written, returned as tf_impl returns its new ones,
@@ -213,10 +221,10 @@ class MultiHeadAttention(nn.Module):
         if isinstance(position, torch.Tensor):  # a CUDA graph's step: one program for every position
             key_cache.index_copy_(2, position.view(1), k[:, :, None])
             value_cache.index_copy_(2, position.view(1), v[:, :, None])
-            capacity = key_cache.shape[2]
-            filled = (torch.arange(capacity, device=position.device) <= position).view(1, 1, 1, capacity)
+            if mask is None:
+                mask = filled_mask(key_cache.shape[2], position, key_cache.dtype)
             context = F.scaled_dot_product_attention(q[:, :, None], key_cache, value_cache,
-                                                     attn_mask=filled)
+                                                     attn_mask=mask)
             return dense(context.reshape(n, 1, self.n_heads * self.d_k), *output), key_cache, value_cache
         key_cache[:, :, position] = k
         value_cache[:, :, position] = v

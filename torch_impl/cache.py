@@ -23,6 +23,7 @@ loops that drive them (the `shared.decoding` spec, with the cache as the step's 
 """
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -84,22 +85,52 @@ class EncoderWeights(NamedTuple):
 # oneDNN's kernel reads weights packed once, ahead of time, for its own blocking, and one packing
 # (for 8 rows) serves every row count. `python3 dev.py bench step_layouts` times both on `base`'s
 # step products (its 36 decoder kernels and the 37000 x 512 output projection, 164 MB, from memory
-# as in a step; torch 2.13 CPU, 1 thread, quiet 2-core AMD EPYC with AVX-512, median of 5
-# interleaved rounds): dense / packed ms at rows 1: 7.03 / 4.90; 2: 12.1 / 5.3; 4: 13.9 / 5.8; 8:
-# 17.4 / 7.3; 16: 23.3 / 9.7. The whole greedy step of base at batch 1 took 8.8-8.9 ms dense and
-# 6.8-7.1 packed. An earlier machine (AMD EPYC, where CTranslate2 took 9 ms a step against 6.5
-# here) measured the other way at 1 row (addmm 11.2-11.8 ms, packed 13.0-13.8) and the same from
-# 2 rows up; `PACKED_MIN_ROWS` is the one setting to change where a machine says otherwise.
+# as in a step; 1 thread, median of interleaved rounds); dense / packed ms:
+#
+#   rows                              1              2              8
+#   AMD EPYC, AVX-512 (torch 2.13)    7.03 / 4.90    12.1 / 5.3     17.4 / 7.3
+#   Intel Xeon, AVX-512 (torch 2.11)  13.10 / 16.19  15.33 / 15.80  31.67 / 26.11
+#
+# On the Intel CPU MKL's matrix-vector path (addmm on one or two rows) is the faster one; on AMD,
+# where MKL does not run its Intel-tuned kernels, oneDNN's packed kernel wins from one row.
+# CTranslate2 decides the same way, by the vendor (MKL on "GenuineIntel", oneDNN elsewhere:
+# src/cpu/backend.cc). So the switch is per vendor: packed from 3 rows on Intel (dense measured
+# faster at 1 and 2, packed at 8), from 1 row elsewhere. One earlier AMD EPYC measured addmm
+# faster at 1 row (11.2-11.8 against 13.0-13.8 ms) and the same from 2 rows up: `PACKED_MIN_ROWS`
+# is the one setting to change (``torch_impl.cache.PACKED_MIN_ROWS = n``, read at every decode)
+# where a machine says otherwise. Both layouts give the same values to float32 rounding.
 DENSE, PACKED = "dense (in, out)", "packed for oneDNN"
-PACKED_MIN_ROWS = 1  # from this many rows up, packed (above); fewer: addmm on (in, out)
+
+
+def _cpu_vendor() -> str:
+    """The CPU's vendor as the processor reports it ("GenuineIntel", "AuthenticAMD", ...), from
+    /proc/cpuinfo on Linux, else from `platform.processor` (Windows names it there); "" where
+    neither says."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return next((v for v in ("GenuineIntel", "AuthenticAMD") if v in platform.processor()), "")
+
+
+def _packed_min_rows(vendor: str) -> int:
+    """From how many rows a step's products take the packed layout on a CPU of ``vendor``
+    (`_cpu_vendor`): 3 on Intel, 1 elsewhere (measured; the table above)."""
+    return 3 if vendor == "GenuineIntel" else 1
+
+
+PACKED_MIN_ROWS = _packed_min_rows(_cpu_vendor())  # from this many rows up, packed; fewer: addmm
 _PACKING_ROWS = 8  # the row count the packing is tuned for (any count runs on it, see above)
 
 
 def step_layout(rows: int | None, device: torch.device, dtype: torch.dtype) -> str:
     """The kernel layout of a step over ``rows`` rows (`DENSE` or `PACKED`): packed from
-    `PACKED_MIN_ROWS` rows (every row count), where oneDNN's packed-weight kernel exists (float32,
-    on the CPU, with a torch that has it); else (float64, bfloat16, CUDA, ``rows`` None: unknown)
-    dense ``(in, out)`` for ``torch.addmm``."""
+    `PACKED_MIN_ROWS` rows (this CPU vendor's, `_packed_min_rows`) where oneDNN's packed-weight
+    kernel exists (float32, on the CPU, with a torch that has it); else (fewer rows, float64,
+    bfloat16, CUDA, ``rows`` None: unknown) dense ``(in, out)`` for ``torch.addmm``."""
     packable = (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
                 and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
                 and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
@@ -132,14 +163,22 @@ def lay_out_weights(weights: StepWeights | EncoderWeights, layout: str,
     return type(weights)(*(prepared(name, w) for name, w in zip(weights._fields, weights)))
 
 
-def dense(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``x @ kernel + bias`` in one product, with ``kernel`` in either layout of `lay_out`:
-    ``(..., in) -> (..., out)``. Same values to float32 rounding (the summation order differs)."""
+def dense(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor, relu: bool = False) -> torch.Tensor:
+    """``x @ kernel + bias`` in one product, with ``kernel`` in either layout of `lay_out`, and with
+    ``relu`` the rectifier applied in the same kernel (oneDNN's post-op on a packed kernel,
+    cuBLASLt's epilogue through ``torch._addmm_activation`` on CUDA): the feed-forward network's
+    inner layer, one launch fewer a layer and step. ``(..., in) -> (..., out)``. Same values to
+    float32 rounding (the summation order differs); the rectifier itself is exact."""
     rows = x.reshape(-1, x.shape[-1])
     if kernel.is_mkldnn:  # PACKED: (out, in)
-        out = torch.ops.mkldnn._linear_pointwise(rows, kernel, bias, "none", [], "")
+        out = torch.ops.mkldnn._linear_pointwise(rows, kernel, bias, "relu" if relu else "none", [], "")
         return out.view(*x.shape[:-1], kernel.shape[0])
-    return torch.addmm(bias, rows, kernel).view(*x.shape[:-1], kernel.shape[1])
+    if relu and rows.is_cuda:  # not on CUDA autocast's list (addmm is): cast as it would
+        out = torch._addmm_activation(bias, rows.to(kernel.dtype), kernel)
+    else:
+        out = torch.addmm(bias, rows, kernel)
+        out = out.relu_() if relu else out
+    return out.view(*x.shape[:-1], kernel.shape[1])
 
 
 @dataclass
@@ -173,10 +212,11 @@ class DecoderCache:
 
     Attributes:
         layers: one `LayerCache` per decoder layer.
-        src_mask: bool, True = may attend, ``(N|1, 1|H, 1, S)``: the source padding, for
-            cross-attention, prepared once (`prepare_mask`): a row with no key may attend every
-            key, and ``src_keep`` zeroes its output after.
-        src_keep: ``(N|1, 1|H, 1, 1)`` in the model dtype, 0 for a row with no source key, else 1.
+        src_mask: ``(N|1, 1|H, 1, S)``, the source padding for cross-attention, prepared once
+            (`prepare_mask`): in SDPA's additive form (0 = may attend, -inf = may not) in the keys'
+            dtype; a row with no key may attend every key, and ``src_keep`` zeroes its output after.
+        src_keep: ``(N|1, 1|H, 1, 1)`` in the keys' dtype, 0 for a row with no source key, else 1;
+            None where every row has a key.
         generator: the output projection as a step reads it, ``(kernel (d, V), bias (V,))``
             (the tied table transposed, or the generator's own kernel), the kernel in the
             layout of the layers' (`step_layout`).
@@ -185,7 +225,7 @@ class DecoderCache:
     """
     layers: list[LayerCache]
     src_mask: torch.Tensor
-    src_keep: torch.Tensor
+    src_keep: torch.Tensor | None
     generator: tuple[torch.Tensor, torch.Tensor]
     length: int = 0
 
@@ -221,16 +261,36 @@ class DecoderCache:
         return self
 
 
-def prepare_mask(mask: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def prepare_mask(mask: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A source mask made ready once per source rather than in every layer (at every step, for
-    cross-attention; per layer, for decoding's encoder pass, `Encoder.infer`): ``(mask | no key at
-    all, has a key)``: SDPA returns NaN for a row with no allowed key, so such a row attends every
-    key and its output is multiplied by 0 (docs/design.md, convention 3).
+    cross-attention; per layer, for decoding's encoder pass, `Encoder.infer`): ``(bias, keep)``.
 
-    Shape: mask bool ``(N|1, 1|H, Q|1, S)`` -> ``(the same shape, (N|1, 1|H, Q|1, 1) in dtype)``.
+    ``bias`` is the mask in the form SDPA adds to the scores, in ``dtype`` (the query's): 0 where
+    the key may be attended, -inf where not. SDPA makes that form from a bool mask at every call
+    (one ``where`` kernel each); made here once, a step of base launches six fewer kernels. SDPA
+    returns NaN for a row with no allowed key, so such a row attends every key and ``keep`` (0 for
+    it, 1 for the others, in ``dtype``) zeroes its output after (docs/design.md, convention 3);
+    ``keep`` is None where every row has a key (nothing to zero: no multiply a layer). Deciding
+    that reads one bool from the device, once per source.
+
+    Shape: mask bool, True = may attend, ``(N|1, 1|H, Q|1, S)`` -> ``(the same shape in dtype,
+    (N|1, 1|H, Q|1, 1) in dtype or None)``.
     """
     has_key = mask.any(dim=-1, keepdim=True)
-    return mask | ~has_key, has_key.to(dtype)
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    bias.masked_fill_(~(mask | ~has_key), float("-inf"))
+    return bias, None if bool(has_key.all()) else has_key.to(dtype)
+
+
+def filled_mask(capacity: int, position: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The mask of a CUDA graph's step over the whole key/value buffer (`torch_impl.graphs`), in
+    SDPA's additive form (`prepare_mask`): 0 at positions ``0 .. position`` (filled: may attend),
+    -inf after. Made once a step for every layer (`Transformer._step_logits`), not per layer.
+
+    Shape: position 0-d int64 on the buffers' device -> ``(1, 1, 1, capacity)`` in ``dtype``."""
+    later = torch.arange(capacity, device=position.device) > position
+    bias = torch.zeros(capacity, dtype=dtype, device=position.device).masked_fill_(later, float("-inf"))
+    return bias.view(1, 1, 1, capacity)
 
 
 def repeat_rows(x: torch.Tensor, beams: int) -> torch.Tensor:

@@ -61,4 +61,6 @@ class FeedForward(nn.Module):
     def step(self, x: torch.Tensor, inner: tuple, outer: tuple) -> torch.Tensor:
         """`forward` in inference, as a decoding step (and decoding's encoder pass) runs it, with the
         kernels of `step_kernels`: no dropout, no module calls. Same shapes, same values to rounding."""
+        if self.activation is _relu:  # the rectifier inside the product's kernel (`dense`)
+            return dense(dense(x, *inner, relu=True), *outer)
         return dense(self.activation(dense(x, *inner)), *outer)

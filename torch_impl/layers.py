@@ -145,21 +145,24 @@ class DecoderLayer(nn.Module):
                                    self.dropout, self.norm_first, trace, f"{prefix}.ffn")
 
     def step(self, x: torch.Tensor, cache: LayerCache, position: int, src_mask: torch.Tensor,
-             src_keep: torch.Tensor) -> tuple[torch.Tensor, LayerCache]:
+             src_keep: torch.Tensor | None, self_mask: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, LayerCache]:
         """`forward` for one new target position, with cached keys and values (inference only: no
         dropout): self-attention writes its key/value at ``position`` and attends to positions
         ``0 .. position`` (see `MultiHeadAttention.extend`, with the cache's fused projection);
         cross-attention uses the cached source keys/values and the prepared mask.
 
-        Shape: x ``(N, 1, d)``, src_mask bool broadcastable to ``(N, H, 1, S)`` and src_keep
+        Shape: x ``(N, 1, d)``, src_mask broadcastable to ``(N, H, 1, S)`` and src_keep
         (`torch_impl.cache.prepare_mask`) -> ``((N, 1, d), the layer's cache with its
-        self-attention keys/values updated)`` (in place, and returned).
+        self-attention keys/values updated)`` (in place, and returned). With ``position`` a 0-d
+        tensor (a CUDA graph's step), ``self_mask`` is its `torch_impl.cache.filled_mask`, made once
+        for every layer.
         """
         kept, w = {}, cache.weights
 
         def self_attn(h: torch.Tensor):
             out, kept["key"], kept["value"] = self.self_attn.extend(
-                h, cache.self_key, cache.self_value, position, w[0:2], w[2:4])
+                h, cache.self_key, cache.self_value, position, w[0:2], w[2:4], self_mask)
             return out, None
 
         def cross_attn(h: torch.Tensor):

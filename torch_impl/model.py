@@ -14,7 +14,7 @@ from shared.decoding import check_max_len
 from shared.masks import padding_id, start_is_pad
 
 from . import weights_io
-from .cache import PACKED, DecoderCache, dense, lay_out, lay_out_weights, step_layout
+from .cache import PACKED, DecoderCache, dense, filled_mask, lay_out, lay_out_weights, step_layout
 from .embedding import PositionalEncoding, TokenEmbedding
 from .inputs import _is_integer, check_ids, check_mask, check_same_batch, make_src_mask, make_tgt_mask
 from .layers import Trace, record
@@ -333,8 +333,10 @@ class Transformer(nn.Module):
         row = (table[position: position + 1] if isinstance(position, int)
                else table.index_select(0, position.view(1)))
         x = x + row  # inference: no dropout
+        self_mask = (None if isinstance(position, int) or not cache.layers else  # once for every layer
+                     filled_mask(cache.capacity, position, cache.layers[0].self_key.dtype))
         for layer, layer_cache in zip(self.decoder.layers, cache.layers):
-            x, _ = layer.step(x, layer_cache, position, cache.src_mask, cache.src_keep)
+            x, _ = layer.step(x, layer_cache, position, cache.src_mask, cache.src_keep, self_mask)
         if self.decoder.final_norm is not None:
             x = self.decoder.final_norm(x)
         return dense(x[:, 0], *cache.generator)  # (N, V)

@@ -91,7 +91,8 @@ class Decoder(nn.Module):
                                      repeat_rows(v, beams), layer_weights))
         # once per source, not per layer and step; src_keep in the dtype of the context it scales
         mask, keep = prepare_mask(src_mask, layers[0].cross_key.dtype if layers else memory.dtype)
-        return DecoderCache(layers, repeat_rows(mask, beams), repeat_rows(keep, beams), generator, 0)
+        keep = None if keep is None else repeat_rows(keep, beams)
+        return DecoderCache(layers, repeat_rows(mask, beams), keep, generator, 0)
 
     def step_weights(self) -> list[StepWeights]:
         """Every layer's weights as a decoding step reads them (`torch_impl.cache.StepWeights`)."""
