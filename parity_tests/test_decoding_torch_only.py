@@ -1,6 +1,7 @@
 """Decoding behaviour only torch_impl has: decoding switches a module to eval mode and gives the
 caller's mode back (Keras layers take ``training`` per call instead), and the search makes one
 host sync per step. The contract both backends share is test_decoding.py."""
+import copy
 import re
 
 import numpy as np
@@ -185,29 +186,103 @@ def test_a_step_at_a_tensor_position_is_the_eager_step(variant, dtype, device):
             assert_close(a.self_value.cpu().numpy(), b.self_value.cpu().numpy(), bound, "values")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+class _Replayed:
+    """A captured CUDA graph's stand-in on the CPU: ``replay`` runs the recorded work again and
+    writes its result into the output the capture returned, as a replay rewrites a graph's output
+    in place. Everything else a graph reads and writes (the cache, the loop's state, the position)
+    is the same tensors either way, so the graph path's own logic runs on a CPU-only machine."""
+
+    def __init__(self, work, output: torch.Tensor):
+        self.work, self.output = work, output
+
+    def replay(self) -> None:
+        self.output.copy_(self.work())
+
+
+def _capture_on_cpu(work, device):
+    """`torch_impl.graphs._capture` without CUDA: the two warm-up runs, then the recording run."""
+    for _ in range(2):
+        work()
+    output = work()
+    return _Replayed(work, output), output
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-def test_graphed_decoding_equals_the_eager_step(precision, monkeypatch):
-    """On CUDA cached decoding replays one CUDA graph a step: greedy and beam search (its cache
-    reordered in place between replays) give the eager step's tokens, and log-probs within the
-    bound of the precision."""
+def test_graphed_decoding_equals_the_eager_step(precision, device, monkeypatch):
+    """Cached decoding on CUDA replays one CUDA graph a step (`torch_impl.graphs`): greedy (step and
+    selection in one graph) and beam search (its cache reordered in place between replays) give
+    the eager step's tokens, and log-probs within the bound of the precision. On the CPU the same
+    code runs with each replay a rerun of the recorded work (`_Replayed`), so a machine without a
+    GPU still tests everything but the recording itself."""
     from torch_impl import graphs
     from torch_impl.precision import set_precision
+    captures = []
+    if device == "cpu":
+        monkeypatch.setattr(graphs, "_capture", lambda work, where: captures.append(where) or
+                            _capture_on_cpu(work, where))
+        monkeypatch.setattr(graphs, "usable", lambda where: graphs.ENABLED)
     config = tiny_configs()["tiny-post-standard"]
-    model = build(config, weights_for(config, 2), "cuda")
+    model = build(config, weights_for(config, 2), device)
     set_precision(model, precision)
-    src = torch.from_numpy(sources(config, 2)).to("cuda")
+    src = torch.from_numpy(sources(config, 2)).to(device)
     bound = bound_for(precision, "torch:reference").rtol
     results = {}
     for enabled in (True, False):
         monkeypatch.setattr(graphs, "ENABLED", enabled)
         results[enabled] = (torch_impl.greedy_decode(model, src, MAX_LEN),
                             torch_impl.beam_search(model, src, MAX_LEN, 3, 0.6))
+    assert device == "cuda" or len(captures) == 2  # greedy's graph and beam search's step
     (g, b), (eg, eb) = results[True], results[False]
     np.testing.assert_array_equal(g.tokens, eg.tokens)
     np.testing.assert_allclose(g.log_probs, eg.log_probs, atol=bound)
     np.testing.assert_array_equal(b.tokens, eb.tokens)
     np.testing.assert_allclose(b.scores, eb.scores, atol=bound)
+
+
+def test_a_decode_of_the_same_shape_replays_the_kept_graph(monkeypatch):
+    """A model keeps its latest graph of each kind (`torch_impl.graphs._kept`): a later decode of
+    the same shape refills it with its own source and replays it without recording again; a decode
+    of another shape, or after the weights change, records anew. Every result equals the eager
+    step's, whatever ran before it (the stand-in graphs of `_Replayed`, on the CPU)."""
+    from torch_impl import graphs
+    captures = []
+    monkeypatch.setattr(graphs, "_capture", lambda work, where: captures.append(where) or
+                        _capture_on_cpu(work, where))
+    monkeypatch.setattr(graphs, "usable", lambda where: graphs.ENABLED)
+    config = tiny_configs()["tiny-post-standard"]
+    model = build(config, weights_for(config, 2))
+    a, b = (torch.from_numpy(sources(config, seed)) for seed in (2, 3))  # same shape, other ids
+    assert a.shape == b.shape and not torch.equal(a, b)
+
+    def decodes(src, max_len=MAX_LEN):
+        return torch_impl.greedy_decode(model, src, max_len), torch_impl.beam_search(model, src, max_len, 3)
+
+    def eager(src, max_len=MAX_LEN):
+        monkeypatch.setattr(graphs, "ENABLED", False)
+        try:
+            return decodes(src, max_len)
+        finally:
+            monkeypatch.setattr(graphs, "ENABLED", True)
+
+    bound = bound_for(config.dtype, "torch:reference").rtol
+
+    def same(got, want):
+        for g, w in zip(got, want):
+            for x, y in zip(g, w):
+                if y is not None:  # beam search's all_* without return_all
+                    np.testing.assert_allclose(x, y, atol=bound)
+
+    want_a, want_b = eager(a), eager(b)
+    for src, want in [(a, want_a), (b, want_b), (a, want_a)]:
+        same(decodes(src), want)
+    assert len(captures) == 2  # greedy's and beam search's, once each for three decodes
+    same(decodes(a, MAX_LEN - 1), eager(a, MAX_LEN - 1))  # another capacity: recorded anew
+    assert len(captures) == 4
+    model.import_weights(weights_for(config, 5))  # new weights: the kept graphs read the old ones
+    same(decodes(a, MAX_LEN - 1), eager(a, MAX_LEN - 1))
+    assert len(captures) == 6
+    assert copy.deepcopy(model).__dict__.get("_graphs") is None
 
 
 class _NaNAt:

@@ -16,7 +16,9 @@ step. Masked keys get exactly zero weight, so the graph's logits are the eager s
 Used by `torch_impl.decoding` for cached decoding on CUDA (``ENABLED``): beam search drives a
 `GraphedStep` as any other step (`torch_impl.search`); greedy decoding replays its step and its
 selection as one graph (`greedy_loop`), so that a step costs the host one replay and one lagged
-read, not the few dozen launches of the loop's bookkeeping. Torch-only: TensorFlow compiles its whole
+read, not the few dozen launches of the loop's bookkeeping. A model keeps its latest graph of each
+kind, so a decode of the same shapes as the one before replays it without recording again
+(`_kept`; recording costs about three eager steps). Torch-only: TensorFlow compiles its whole
 decoding loop with XLA instead (`tf_impl.decoding`).
 """
 from __future__ import annotations
@@ -47,25 +49,79 @@ def _capture(work, device: torch.device):
     return graph, output
 
 
-class GraphedStep:
-    """A cached decoding step (`shared.decoding.Step`, as `torch_impl.decoding.CachedStep`) whose
-    work is one CUDA graph, captured for this decode's rows, source length and capacity.
+def _signature(cache, *fixed) -> tuple:
+    """What a graph recorded over ``cache`` depends on besides the values in its tensors: every
+    cache tensor's shape, dtype and device, the prepared weights it reads (by identity: a graph
+    reads them at their addresses, and the model keeps the same objects while its parameters are
+    unchanged, `Transformer._prepared`), whether the source has a row without keys (``src_keep``)
+    and ``fixed`` (the search's Python constants)."""
+    def form(t):
+        return None if t is None else (tuple(t.shape), t.dtype, t.device)
+    layers = tuple((form(c.self_key), form(c.cross_key), id(c.weights)) for c in cache.layers)
+    return (layers, form(cache.src_mask), form(cache.src_keep), id(cache.generator), fixed)
 
-    The graph reads ``tokens`` ``(N,)`` and ``position`` (0-d) and writes the cache's key/value
-    buffers and ``logits`` ``(N, V)``, all allocated before the capture and never replaced; beam
-    search's `reorder` gathers the buffers in place, so the graph keeps reading the right rows.
-    """
 
-    def __init__(self, model, memory: torch.Tensor, src_mask: torch.Tensor, beams: int, max_len: int):
-        self.model = model
-        self.cache = model._init_cache(memory, src_mask, max_len, beams)
-        self.vocab, self.dtype = model.config.tgt_vocab, getattr(torch, model.config.dtype)
-        device = memory.device
-        self.tokens = torch.zeros(self.cache.rows, dtype=torch.int64, device=device)
+def _kept(model, kind: str, fresh, *fixed):
+    """The graph of ``kind`` the model kept from an earlier decode, refilled for ``fresh`` (a new
+    cache of this decode: its source's cross-attention keys/values and mask), or None where none
+    fits (`_signature`). A model keeps one graph of each kind, its latest: a decode of the same
+    shape then replays it without recording again (the capture costs about three eager steps).
+    The kept graph's tensors are reused, so one model decodes on CUDA from one thread at a time."""
+    kept = model.__dict__.get("_graphs", {}).get(kind)
+    if kept is None or kept.signature != _signature(fresh, *fixed):
+        model.__dict__.get("_graphs", {}).pop(kind, None)  # its memory freed before a new capture
+        return None
+    cache = kept.cache
+    for old, new in zip(cache.layers, fresh.layers):
+        old.cross_key.copy_(new.cross_key)
+        old.cross_value.copy_(new.cross_value)
+        old.self_key.zero_()  # masked, but a stale inf would still turn 0 * inf into NaN
+        old.self_value.zero_()
+    cache.src_mask.copy_(fresh.src_mask)
+    if cache.src_keep is not None:
+        cache.src_keep.copy_(fresh.src_keep)
+    cache.length = 0
+    return kept
+
+
+def _keep(model, kind: str, graph) -> None:
+    """Keep ``graph`` as the model's graph of ``kind`` (`_kept`), in place of the one before.
+    Pickling and copying the model leave it out (`Transformer.__getstate__`)."""
+    model.__dict__.setdefault("_graphs", {})[kind] = graph
+
+
+class _StepGraph:
+    """The cached step recorded over ``cache``: reads ``tokens`` ``(N,)`` and ``position`` (0-d),
+    writes the cache's key/value buffers and ``logits`` ``(N, V)``, all allocated before the
+    capture and never replaced."""
+
+    def __init__(self, model, cache):
+        self.cache, self.signature = cache, _signature(cache)
+        device = cache.src_mask.device
+        self.tokens = torch.zeros(cache.rows, dtype=torch.int64, device=device)
         self.position = torch.zeros((), dtype=torch.int64, device=device)
         # The warm-up runs write position 0 of the buffers, which the first real step overwrites.
         self.graph, self.logits = _capture(  # logits (N, V)
-            lambda: model._step_logits(self.tokens, self.cache, self.position), device)
+            lambda: model._step_logits(self.tokens, cache, self.position), device)
+
+
+class GraphedStep:
+    """A cached decoding step (`shared.decoding.Step`, as `torch_impl.decoding.CachedStep`) whose
+    work is one CUDA graph, recorded for this decode's rows, source length and capacity, or the
+    model's kept one where an earlier decode recorded it for the same (`_kept`).
+
+    Beam search's `reorder` gathers the cache's buffers in place, so the graph keeps reading the
+    right rows.
+    """
+
+    def __init__(self, model, memory: torch.Tensor, src_mask: torch.Tensor, beams: int, max_len: int):
+        fresh = model._init_cache(memory, src_mask, max_len, beams)
+        self.recorded = _kept(model, "step", fresh)
+        if self.recorded is None:
+            self.recorded = _StepGraph(model, fresh)
+            _keep(model, "step", self.recorded)
+        self.cache = self.recorded.cache
+        self.vocab, self.dtype = model.config.tgt_vocab, getattr(torch, model.config.dtype)
 
     def initial_state(self):
         return self.cache
@@ -73,57 +129,76 @@ class GraphedStep:
     def __call__(self, prefixes: torch.Tensor, t: int, cache):
         if t != cache.length:  # the search and the cache must stay in step (a Python int: no sync)
             raise AssertionError(f"GraphedStep: step {t}, cache of {cache.length} positions")
-        self.tokens.copy_(prefixes[:, t])
-        self.position.fill_(t)
-        self.graph.replay()
+        recorded = self.recorded
+        recorded.tokens.copy_(prefixes[:, t])
+        recorded.position.fill_(t)
+        recorded.graph.replay()
         cache.length += 1
         # a copy (the next replay overwrites the graph's output), widened for the search
-        return self.logits.to(self.dtype, copy=True), cache
+        return recorded.logits.to(self.dtype, copy=True), cache
 
     def reorder(self, cache, rows: torch.Tensor):
         return cache.reorder_beams(rows)
 
 
+class _GreedyGraph:
+    """Greedy's step and selection recorded as one graph over ``cache``: the step
+    (`Transformer._step_logits`) and the loop's bookkeeping (`torch_impl.search._greedy_update`,
+    the function the eager loop runs) read the position from a device tensor; ``flags`` (a bad
+    step output, all finished) is what the host reads."""
+
+    def __init__(self, model, cache, max_len: int, bos_id: int, eos_id: int, pad_id: int):
+        from .search import _greedy_update  # the eager loop's own step
+
+        self.cache, self.signature = cache, _signature(cache, max_len, bos_id, eos_id, pad_id)
+        self.bos_id, self.pad_id = bos_id, pad_id
+        batch, device, dtype = cache.rows, cache.src_mask.device, getattr(torch, model.config.dtype)
+        self.prefixes = torch.empty(batch, max_len + 1, dtype=torch.int64, device=device)  # (B, 1+T)
+        self.log_probs = torch.empty(batch, max_len, dtype=dtype, device=device)
+        self.lengths = torch.empty(batch, dtype=torch.int64, device=device)
+        self.finished = torch.empty(batch, dtype=torch.bool, device=device)
+        self.position = torch.zeros((), dtype=torch.int64, device=device)
+
+        def step() -> torch.Tensor:
+            tokens = self.prefixes.index_select(1, self.position.view(1))[:, 0]  # (B,): column t
+            logits = model._step_logits(tokens, cache, self.position).to(dtype)  # half widened
+            invalid, _ = _greedy_update(logits, self.prefixes, self.log_probs, self.lengths,
+                                        self.finished, self.position, eos_id, pad_id)
+            return torch.stack([invalid, self.finished.all()])
+
+        self.reset()
+        self.graph, self.flags = _capture(step, device)
+
+    def reset(self) -> None:
+        """The loop's start (the warm-up runs and every decode change it)."""
+        self.prefixes.fill_(self.pad_id)
+        self.prefixes[:, 0] = self.bos_id
+        self.log_probs.zero_()
+        self.lengths.zero_()
+        self.finished.zero_()
+
+
 def greedy_loop(model, memory: torch.Tensor, src_mask: torch.Tensor, max_len: int, bos_id: int,
                 eos_id: int, pad_id: int) -> dict[str, torch.Tensor]:
     """`torch_impl.search.greedy_loop` with a cached step whose step and selection are one CUDA
-    graph: the step (`GraphedStep`'s work) and the loop's bookkeeping
-    (`torch_impl.search._greedy_update`, the same function the eager loop runs) read the position
-    from a device tensor, so a step is one position write, one replay and the loop's one
-    (lagged) host read. The same tensors out as `search.greedy_loop`; no ``observe`` (a hook
-    would run between the kernels the graph fuses)."""
-    from .search import _LaggedReads, _greedy_update  # the eager loop's own step and read
+    graph (`_GreedyGraph`, recorded for this decode's shapes or kept from an earlier decode of the
+    same, `_kept`): a step is one position write, one replay and the loop's one (lagged) host
+    read. The same tensors out as `search.greedy_loop` (copies: the next decode reuses the graph's);
+    no ``observe`` (a hook would run between the kernels the graph fuses)."""
+    from .search import _LaggedReads  # the eager loop's own read
 
-    cache = model._init_cache(memory, src_mask, max_len, 1)
-    batch, device, dtype = cache.rows, memory.device, getattr(torch, model.config.dtype)
-    prefixes = torch.empty(batch, max_len + 1, dtype=torch.int64, device=device)  # (B, 1+T)
-    log_probs = torch.empty(batch, max_len, dtype=dtype, device=device)
-    lengths = torch.empty(batch, dtype=torch.int64, device=device)
-    finished = torch.empty(batch, dtype=torch.bool, device=device)
-    position = torch.zeros((), dtype=torch.int64, device=device)
-
-    def reset() -> None:  # the loop's start (the warm-up runs below change it)
-        prefixes.fill_(pad_id)
-        prefixes[:, 0] = bos_id
-        log_probs.zero_()
-        lengths.zero_()
-        finished.zero_()
-
-    def step() -> torch.Tensor:
-        tokens = prefixes.index_select(1, position.view(1))[:, 0]  # (B,): column t
-        logits = model._step_logits(tokens, cache, position).to(dtype)  # half widened for the search
-        invalid, _ = _greedy_update(logits, prefixes, log_probs, lengths, finished, position,
-                                   eos_id, pad_id)
-        return torch.stack([invalid, finished.all()])  # what the host reads
-
-    reset()
-    graph, flags = _capture(step, device)
-    reset()
-    reads = _LaggedReads(device)
+    fresh = model._init_cache(memory, src_mask, max_len, 1)
+    recorded = _kept(model, "greedy", fresh, max_len, bos_id, eos_id, pad_id)
+    if recorded is None:
+        recorded = _GreedyGraph(model, fresh, max_len, bos_id, eos_id, pad_id)
+        _keep(model, "greedy", recorded)
+    recorded.reset()
+    reads = _LaggedReads(memory.device)
     for t in range(max_len):
-        position.fill_(t)
-        graph.replay()
-        if reads.over(flags[0], flags[1], t):
+        recorded.position.fill_(t)
+        recorded.graph.replay()
+        if reads.over(recorded.flags[0], recorded.flags[1], t):
             break
     reads.finish()
-    return {"tokens": prefixes[:, 1:], "log_probs": log_probs, "lengths": lengths}
+    return {"tokens": recorded.prefixes[:, 1:].clone(), "log_probs": recorded.log_probs.clone(),
+            "lengths": recorded.lengths.clone()}

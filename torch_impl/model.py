@@ -76,10 +76,12 @@ class Transformer(nn.Module):
 
     def __getstate__(self):
         """Pickling and copying (``torch.save(model)``, ``copy.deepcopy``) leave out the weights
-        laid out for decoding (`_prepared`): a cache, remade when next needed, and oneDNN's packed
-        tensors have no storage to pickle."""
+        laid out for decoding (`_prepared`) and the CUDA graphs of decoding kept from the last
+        decode (`torch_impl.graphs`): caches, remade when next needed (oneDNN's packed tensors have
+        no storage to pickle, a CUDA graph no state to copy)."""
         state = self.__dict__.copy()
         state.pop("_prepared_weights", None)
+        state.pop("_graphs", None)
         return state
 
     # -- input checks (all before any compute) ----------------------------------------------------
