@@ -172,3 +172,44 @@ def test_tf_errors_from_call_read_as_torchs():
         messages.append(str(err.value))
     assert messages[0] == messages[1] == messages[2], messages
     assert "\x1b[" not in messages[1] and "Exception encountered" not in messages[1]
+
+
+# -- stdout closed early: `twins decode ... | head -1` (twins.pipes) ------------------------------
+@pytest.mark.torch
+def test_a_reader_that_closes_stdout_early_ends_the_command_silently(copy_checkpoint):
+    """Before: ``twins decode: error: [Errno 32] Broken pipe`` and exit 2, as if the decode had
+    failed. Now: no message and 141 (128 + SIGPIPE, what a shell reports for a C tool there). The
+    output (2500 held-out lines of at least 40 bytes) is larger than a pipe's buffer (64 KiB) plus
+    Python's (8 KiB), so the command is still writing when the reader goes."""
+    full = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "twins", "decode", "--checkpoint", str(copy_checkpoint),
+                             "--task", "copy", "--heldout", "2500"], env=full, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    proc.stdout.close()  # what `head -1` does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, err
+    assert first.count(b"\t") == 2, first  # it had started writing its output
+    assert err == "", err  # no "Traceback", no "Broken pipe", no "Exception ignored"
+
+
+def test_a_broken_pipe_that_is_not_stdouts_stays_an_error(monkeypatch, capsys):
+    """Only a closed stdout is silent: a BrokenPipeError from elsewhere (a socket, a child's pipe)
+    while stdout is fine is reported like any OS error."""
+    from twins import compare
+
+    def broken(*args, **kwargs):
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+    monkeypatch.setattr(compare, "src_tgt", broken)
+    assert cli.main(["compare", "--preset", "tiny", "--backends", ""]) == 2
+    assert capsys.readouterr().err == "twins compare: error: [Errno 32] Broken pipe\n"
+
+
+def test_stdout_reader_gone_reads_the_pipe_itself(monkeypatch):
+    from twins.pipes import stdout_reader_gone
+    read, write = os.pipe()
+    with os.fdopen(write, "w") as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        assert not stdout_reader_gone()  # a reader is there
+        os.close(read)
+        assert stdout_reader_gone()
