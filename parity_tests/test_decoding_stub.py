@@ -574,14 +574,65 @@ def test_markov_tables_in_every_mode(search_backend):
         assert_same_result(got, want, f"seed {seed}")
 
 
-def test_top_lowest_is_the_first_k_of_the_stable_descending_sort():
+def _ranked(row) -> list[int]:
+    """Convention 11's order of one row, in plain Python (no NumPy negation, no overflow): larger
+    first, ties by lower index, NaN after everything (-inf included), as NumPy sorts NaN last."""
+    values = [v.item() for v in row]
+    return sorted(range(len(values)), key=lambda i: (values[i] != values[i], -values[i] if values[i] == values[i]
+                                                     else 0, i))
+
+
+def _tie_heavy(rng, dtype, specials) -> tuple[np.ndarray, int]:
+    """A (1..3, 1..3, n) array of few distinct values (ties everywhere, at the k-th value too),
+    some entries and some whole rows special, and a k from 1 to n + 1 (k == n and k > n included)."""
+    n = int(rng.integers(1, 14))
+    x = rng.integers(-2, 2, (int(rng.integers(1, 4)), int(rng.integers(1, 4)), n)).astype(dtype)
+    if specials:
+        hit = rng.random(x.shape) < 0.3
+        x[hit] = rng.choice(specials, int(hit.sum()))
+        whole = rng.random(x.shape[:-1]) < 0.15  # a row of -inf, NaN, +inf, 0 alone
+        x[whole] = rng.choice(specials, int(whole.sum()))[:, None]
+    return x, int(rng.integers(1, n + 2))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+def test_top_lowest_is_the_first_k_of_the_stable_descending_sort(dtype):
     """The spec's selection (`shared.decoding._top_lowest`: argmax, or a partition and a sort of the
-    entries at or above the k-th largest) returns exactly the first k of ``np.argsort(-x,
-    kind="stable")``: rows of few distinct values (ties everywhere, at the k-th value too) and -inf."""
+    keys at or below the k-th) returns exactly the first k of its definition, the whole stable sort
+    ``np.argsort(-x, kind="stable")``, and of convention 11's order written out in Python, on
+    tie-heavy rows with NaN, +-inf and +-0 entries and rows. Before: argmax took a NaN as the best
+    (k = 1), and a NaN k-th value left no candidates (k > 1: "could not broadcast")."""
     rng = np.random.default_rng(0)
-    for _ in range(500):
-        n = int(rng.integers(1, 30))
-        k = int(rng.integers(1, n + 1))
-        x = rng.integers(-3, 3, (int(rng.integers(1, 4)), int(rng.integers(1, 4)), n)).astype(float)
-        x[rng.random(x.shape) < 0.2] = -np.inf
-        np.testing.assert_array_equal(D._top_lowest(x, k), np.argsort(-x, axis=-1, kind="stable")[..., :k])
+    for _ in range(600):
+        x, k = _tie_heavy(rng, dtype, [np.nan, np.inf, -np.inf, 0.0, -0.0])
+        got = D._top_lowest(x, k)
+        np.testing.assert_array_equal(got, np.argsort(-x, axis=-1, kind="stable")[..., :k], err_msg=f"{x}, k={k}")
+        want = [_ranked(row)[:k] for row in x.reshape(-1, x.shape[-1])]
+        np.testing.assert_array_equal(got.reshape(len(want), -1), want, err_msg=f"{x}, k={k}")
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int64", "uint8", "bool"])
+def test_top_lowest_on_integers_reaches_the_extremes(dtype):
+    """Integers and bools rank as convention 11 says down to their minimum and maximum. Before:
+    the key ``-x`` wrapped (the minimum of a signed type, every unsigned value), so int8 -128
+    ranked first, and the partition then kept too few candidates: ``[[2, 2, 2]]`` for
+    ``int8 [[-128, 0, 127, 1, -128]], k=3``, a repeated index."""
+    info = np.iinfo(dtype) if dtype != "bool" else None
+    extremes = [info.min, info.max, 0, 1] if info else [True, False]
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        x, k = _tie_heavy(rng, "int64", [])
+        x = np.where(rng.random(x.shape) < 0.3, rng.choice(extremes, x.shape), x % 2 if info is None else x)
+        x = x.astype(dtype)
+        want = [_ranked(row)[:k] for row in x.reshape(-1, x.shape[-1])]
+        np.testing.assert_array_equal(D._top_lowest(x, k).reshape(len(want), -1), want, err_msg=f"{x}, k={k}")
+
+
+def test_top_lowest_widens_bfloat16():
+    """ml_dtypes' bfloat16 (TensorFlow's and JAX's) has no NaN order in NumPy's sort, so it is
+    widened to float64 (exactly) first: the same indices as the float64 values."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        x, k = _tie_heavy(rng, "float64", [np.nan, np.inf, -np.inf, 0.0])
+        np.testing.assert_array_equal(D._top_lowest(x.astype(ml_dtypes.bfloat16), k), D._top_lowest(x, k))

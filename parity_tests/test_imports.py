@@ -48,6 +48,35 @@ def test_the_importers_import_no_framework_and_h5py_only_to_read():
     assert result.returncode == 0, result.stderr
 
 
+def test_a_keras_file_without_h5py_names_the_file_and_the_install(tmp_path):
+    """h5py arrives with Keras, but the Keras importers need only h5py (a torch-only install can
+    port a Keras model): where it is missing, reading a ``.keras`` or ``.weights.h5`` (directly, or
+    through the format registry that ``load_checkpoint`` and ``twins convert`` use) is an
+    ImportError naming the file, the format and the install. Before: "No module named 'h5py'"."""
+    for name in ("model.weights.h5", "model.keras"):
+        (tmp_path / name).write_bytes(b"not read: h5py is checked first")
+    result = run(f"""
+        from shared import formats
+        from shared.importers import read_keras_file
+        for path in ({str(tmp_path / "model.weights.h5")!r}, {str(tmp_path / "model.keras")!r}):
+            for read in (read_keras_file, lambda p: formats.read(p, fmt="keras-hub", bos_id=1, eos_id=2)):
+                try:
+                    read(path)
+                except ImportError as err:
+                    print(err)
+                else:
+                    raise AssertionError("read without h5py")
+        assert "h5py" not in sys.modules
+    """, blocked={"h5py"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4, result.stdout
+    for line, name in zip(lines, ["model.weights.h5"] * 2 + ["model.keras"] * 2):
+        assert line == (f"{str(tmp_path / name)!r}: a Keras file (.keras, .weights.h5; --from keras-hub, "
+                        "tf-tutorial) is read with h5py, which is not installed (No module named 'h5py'); "
+                        "install the 'interop' extra, or h5py alone: pip install 'h5py>=3.11'"), line
+
+
 @pytest.mark.parametrize("package, blocked", [
     ("torch_impl", {"tensorflow", "keras", "tf_keras"}),
     ("tf_impl", {"torch"}),

@@ -453,3 +453,41 @@ def test_twins_compare_includes_onnx_runtime_on_the_logits(capsys):
         assert logits["pairs"][pair]["bound"] == bound_for("float32", pair).rtol
     assert all(r["pairs"]["onnx:reference"].get("absent") for r in result["rows"] if r["name"] != "logits")
     assert result["decoding"]["onnx"]["pass"] and result["pass"]
+
+
+def test_session_options_are_used_as_given_and_never_changed():
+    """Before: a caller's ``SessionOptions`` for a float64 model were switched to
+    ORT_ENABLE_BASIC in place (the caller's object changed). Now a float64 model gets the basic
+    rewrites from the module's own options, and a caller's options are used as given, or refused
+    by name when their level is above basic for float64 (`twins.onnx_runtime.check_options`)."""
+    from shared.exporters.onnx import build_models
+    from twins.onnx_runtime import session_options
+    levels = ort.GraphOptimizationLevel
+
+    def graphs(c):
+        return {name: m.SerializeToString() for name, m in build_models(c, random_weights(c, 0)).items()}
+
+    def used(model):
+        return [s.get_session_options().graph_optimization_level
+                for s in (model.encoder, model.decoder, model.decoder_with_past)]
+
+    c64 = CONFIGS["swish"].replace(dtype="float64")  # swish: what ORT 1.30 fused into float32-only QuickGelu
+    g64 = graphs(c64)
+    assert used(OnnxRuntimeModel(c64, g64)) == [levels.ORT_ENABLE_BASIC] * 3
+    for level in (levels.ORT_ENABLE_BASIC, levels.ORT_DISABLE_ALL):
+        options = session_options(1)
+        options.graph_optimization_level = level
+        assert used(OnnxRuntimeModel(c64, g64, options=options)) == [level] * 3
+        assert options.graph_optimization_level == level
+    for level in (levels.ORT_ENABLE_EXTENDED, levels.ORT_ENABLE_ALL):
+        options = session_options(1)
+        options.graph_optimization_level = level
+        with pytest.raises(ValueError, match=rf"^options\.graph_optimization_level: expected ORT_DISABLE_ALL "
+                                             rf"or ORT_ENABLE_BASIC for a float64 model .*, got {level.name};"):
+            OnnxRuntimeModel(c64, g64, options=options)
+        assert options.graph_optimization_level == level
+    c32 = c64.replace(dtype="float32")
+    assert used(OnnxRuntimeModel(c32, graphs(c32))) == [levels.ORT_ENABLE_ALL] * 3
+    options = session_options(1)
+    assert used(OnnxRuntimeModel(c32, graphs(c32), options=options)) == [levels.ORT_ENABLE_ALL] * 3
+    assert options.graph_optimization_level == levels.ORT_ENABLE_ALL

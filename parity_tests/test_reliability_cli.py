@@ -6,6 +6,7 @@ for memory errors, which cannot be caused portably.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -172,3 +173,98 @@ def test_tf_errors_from_call_read_as_torchs():
         messages.append(str(err.value))
     assert messages[0] == messages[1] == messages[2], messages
     assert "\x1b[" not in messages[1] and "Exception encountered" not in messages[1]
+
+
+# -- stdout closed early: `twins decode ... | head -1` (twins.pipes) ------------------------------
+@pytest.mark.torch
+def test_a_reader_that_closes_stdout_early_ends_the_command_silently(copy_checkpoint):
+    """Before: ``twins decode: error: [Errno 32] Broken pipe`` and exit 2, as if the decode had
+    failed. Now: no message and 141 (128 + SIGPIPE, what a shell reports for a C tool there). The
+    output (2500 held-out lines of at least 40 bytes) is larger than a pipe's buffer (64 KiB) plus
+    Python's (8 KiB), so the command is still writing when the reader goes."""
+    full = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "twins", "decode", "--checkpoint", str(copy_checkpoint),
+                             "--task", "copy", "--heldout", "2500"], env=full, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    proc.stdout.close()  # what `head -1` does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, err
+    assert first.count(b"\t") == 2, first  # it had started writing its output
+    assert err == "", err  # no "Traceback", no "Broken pipe", no "Exception ignored"
+
+
+def test_a_broken_pipe_that_is_not_stdouts_stays_an_error(monkeypatch, capsys):
+    """Only a closed stdout is silent: a BrokenPipeError from elsewhere (a socket, a child's pipe)
+    while stdout is fine is reported like any OS error."""
+    from twins import compare
+
+    def broken(*args, **kwargs):
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+    monkeypatch.setattr(compare, "src_tgt", broken)
+    assert cli.main(["compare", "--preset", "tiny", "--backends", ""]) == 2
+    assert capsys.readouterr().err == "twins compare: error: [Errno 32] Broken pipe\n"
+
+
+def test_stdout_reader_gone_reads_the_pipe_itself(monkeypatch):
+    from twins.pipes import stdout_reader_gone
+    read, write = os.pipe()
+    with os.fdopen(write, "w") as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        assert not stdout_reader_gone()  # a reader is there
+        os.close(read)
+        assert stdout_reader_gone()
+
+
+@contextlib.contextmanager
+def closed_stdout(monkeypatch):
+    """``sys.stdout`` on a pipe whose reader has gone (what `twins.pipes` looks for); in the test
+    body, as pytest's capture sets ``sys.stdout`` again between a fixture and the test."""
+    read, write = os.pipe()
+    os.close(read)
+    with os.fdopen(write, "w") as out, monkeypatch.context() as patch:
+        patch.setattr(sys, "stdout", out)
+        yield out
+
+
+def test_a_later_worker_fails_silently_after_rank_0_met_a_closed_stdout(monkeypatch):
+    """`twins train --workers N`: rank 0 alone prints; after it exits 141 the other ranks fail in
+    their next collective (gloo: "Connection closed by peer"), a consequence, silent while stdout's
+    reader is gone; rank 0's own errors, and any rank's with stdout open, are still errors."""
+    from twins.pipes import caused_by_closed_stdout
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "1")
+    assert not caused_by_closed_stdout(gloo)  # stdout open (the capture)
+    with closed_stdout(monkeypatch):
+        assert caused_by_closed_stdout(gloo)
+        monkeypatch.setenv("RANK", "0")
+        assert not caused_by_closed_stdout(gloo)
+        assert caused_by_closed_stdout(BrokenPipeError(errno.EPIPE, "Broken pipe"))
+
+
+@pytest.mark.torch
+def test_the_launcher_exits_141_silently_when_rank_0_met_a_closed_stdout(monkeypatch, capsys):
+    """Before (checked by hand, ``twins train ... --workers 2 | head -1``): "twins train: error:
+    --workers 2: worker rank 0 exited with status 141 (the launcher then stopped rank 1 with
+    SIGTERM)" and exit 1. The launch itself is replaced here: rank 0 exited 141, rank 1 was stopped."""
+    import argparse
+
+    import torch.distributed.launcher.api as api
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from twins import parallel
+
+    def launched(config, entrypoint):
+        def run(*args):
+            raise ChildFailedError("twins", {0: ProcessFailure(0, 1, 141, "/nonexistent"),
+                                             1: ProcessFailure(1, 2, -15, "/nonexistent")})
+        return run
+    monkeypatch.setattr(api, "elastic_launch", launched)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    args = argparse.Namespace(workers=2, threads=1, verbose=False, argv=["train"])
+    assert parallel.launch(args) == 1  # stdout open (the capture): a worker died, said so
+    assert "worker rank 0 exited with status 141" in capsys.readouterr().err
+    with closed_stdout(monkeypatch):
+        assert parallel.launch(args) == 141
+    assert capsys.readouterr().err == ""

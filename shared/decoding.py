@@ -182,24 +182,38 @@ def logsumexp(x: np.ndarray) -> np.ndarray:
 
 # -- helpers --------------------------------------------------------------------------------------
 def _top_lowest(x: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest along the last axis, best first, ties by lowest index: the first
-    k of ``np.argsort(-x, kind="stable")`` (``-x`` turns a stable ascending sort into a descending
-    one that keeps index order on ties), without sorting the whole row. k = 1 is ``np.argmax``
-    (documented to return the first occurrence of the maximum); otherwise only the entries at or
-    above the row's k-th largest value (``np.partition``) are sorted, in index order, stably: the
-    first k of the whole sort are among them, in the same order. A sort of a 37000-wide row took
-    27 ms a step at 8 rows, more than a decoder step of ``base`` (docs/performance.md)."""
-    if k == 1:
-        return np.argmax(x, axis=-1)[..., None]
-    n = x.shape[-1]
+    """Indices of the k largest along the last axis, best first, ties by lowest index, NaN after
+    everything (-inf included): the first k of the stable ascending sort of the key ``-x``
+    (``np.argsort(-x, kind="stable")``: negation turns the stable ascending sort into a descending
+    one that keeps index order on ties; NumPy sorts NaN last), without sorting the whole row.
+    Integers and bools take ``~x`` (``-x - 1``) as the key, which cannot overflow (``-x`` wraps at
+    the minimum, and for every unsigned value); a float dtype NumPy does not sort itself (ml_dtypes'
+    bfloat16: NaN not ordered) is widened to float64 first, exactly.
+
+    k = 1 is ``np.argmax`` (documented to return the first occurrence of the maximum) unless it
+    lands on a NaN (argmax takes NaN as the maximum); otherwise only the keys at or below the row's
+    k-th smallest key (``np.partition``) are sorted, in index order, stably: the first k of the
+    whole sort are among them, in the same order (the whole row when that key is NaN). A sort of a
+    37000-wide row took 27 ms a step at 8 rows, more than a decoder step of ``base``
+    (docs/performance.md). The search itself only passes float64 rows without NaN."""
+    x = np.asarray(x)
+    if x.dtype.kind not in "biuf":
+        x = x.astype(np.float64)
+    integer, n = x.dtype.kind in "biu", x.shape[-1]
+    if k == 1 and n > 1:
+        best = np.argmax(x, axis=-1)[..., None]
+        if integer or not np.isnan(np.take_along_axis(x, best, axis=-1)).any():
+            return best
+    key = ~x if integer else -x
     if k >= n:
-        return np.argsort(-x, axis=-1, kind="stable")[..., :k]
-    rows = x.reshape(-1, n)
-    kth = -np.partition(-rows, k - 1, axis=-1)[:, k - 1]  # the k-th largest value of each row
+        return np.argsort(key, axis=-1, kind="stable")[..., :k]
+    rows = key.reshape(-1, n)
+    kth = np.partition(rows, k - 1, axis=-1)[:, k - 1]  # each row's k-th smallest key (NaN last)
     out = np.empty((rows.shape[0], k), dtype=np.int64)
     for r, (row, threshold) in enumerate(zip(rows, kth)):
-        candidates = np.flatnonzero(row >= threshold)  # ascending index; at least k of them
-        out[r] = candidates[np.argsort(-row[candidates], kind="stable")[:k]]
+        # ascending index; at least k of them (NaN compares false: a NaN k-th key takes the row)
+        candidates = np.flatnonzero(row <= threshold) if threshold == threshold else np.arange(n)
+        out[r] = candidates[np.argsort(row[candidates], kind="stable")[:k]]
     return out.reshape(x.shape[:-1] + (k,))
 
 

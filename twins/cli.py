@@ -4,9 +4,11 @@ Exit status: 0 success; 1 a parity check failed (`compare`, `convert --verify`),
 worker of `train --workers` died (which rank, and the signal); 2 an error: a
 usage error (argparse's own and the commands' checks of their options), a bad input file, an
 operating-system error (permission denied, disk full, a read-only folder), out of memory; 130
-interrupted. Every error is one line, ``twins <command>: error: ...``, naming the user's path or
-option as typed; never a traceback, unless ``--verbose`` asks for one (and for TensorFlow's start-up
-log lines, which are hidden otherwise).
+interrupted; 141, silently, when the reader of stdout went away (``twins decode ... | head -1``:
+`twins.pipes`, as a shell reports a C tool that SIGPIPE ended). Every error is one line,
+``twins <command>: error: ...``, naming the user's path or option as typed; never a traceback,
+unless ``--verbose`` asks for one (and for TensorFlow's start-up log lines, which are hidden
+otherwise).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import sys
 from shared import formats
 from shared.threads import set_runtime_policy
 
-from . import compare, convert, decode, figures, train
+from . import compare, convert, decode, figures, pipes, train
 
 COMMANDS = {
     "compare": (compare, "run one set of weights in every implementation and compare every "
@@ -67,6 +69,16 @@ def describe(err: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns its exit status (module docstring)."""
+    try:
+        return _main(argv)
+    except BrokenPipeError as err:  # argparse's --help into a closed pipe (a command's: in _run)
+        if not pipes.caused_by_closed_stdout(err):
+            raise
+        return pipes.exit_silently()
+
+
+def _main(argv: list[str] | None) -> int:
     # Before any framework is imported: idle OpenMP threads sleep, torch's large allocations take
     # huge pages (shared.threads explains why).
     set_runtime_policy()
@@ -82,11 +94,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     try:
-        return args.run(args)
+        status = args.run(args)
+        sys.stdout.flush()  # what is still buffered meets a closed pipe or a full disk here, not at exit
+        return status
     except KeyboardInterrupt:
         print(f"twins {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001  (the one place every error becomes one line)
+        if pipes.caused_by_closed_stdout(err):
+            return pipes.exit_silently()  # not an error, even with --verbose
         if args.verbose:
             raise
         known = isinstance(err, (ValueError, TypeError, OSError, ImportError, MemoryError))

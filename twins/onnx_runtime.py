@@ -30,7 +30,9 @@ folded once, MatMul + Add into Gemm-like kernels, Transpose + MatMul into ``Fuse
 norm kernels), ``execution_mode=ORT_SEQUENTIAL`` and ``inter_op_num_threads=1`` (a decoder step is
 one chain of small operators: nothing to run in parallel between them), ``intra_op_num_threads``
 as given. Spinning of idle pool threads follows ``OMP_WAIT_POLICY`` (`shared.threads`): PASSIVE,
-the command line's default, turns it off, as the other backends' threads sleep.
+the command line's default, turns it off, as the other backends' threads sleep. A float64 graph
+gets ``ORT_ENABLE_BASIC`` instead (the comment above `check_options` says why); a caller's own
+``SessionOptions`` are used as given and never changed (`check_options`).
 """
 from __future__ import annotations
 
@@ -48,12 +50,14 @@ from shared.exporters.onnx import DECODER, DECODER_WITH_PAST, ENCODER, past_name
 FORMAT = "onnx"
 
 
-def session_options(threads: int | None = None, spinning: bool | None = None):
-    """The ``onnxruntime.SessionOptions`` of every session here (module docstring); ``spinning``
-    None follows ``OMP_WAIT_POLICY`` (PASSIVE: idle pool threads sleep)."""
+def session_options(threads: int | None = None, spinning: bool | None = None, dtype: str = "float32"):
+    """The ``onnxruntime.SessionOptions`` of every session here (module docstring) for a graph
+    computing in ``dtype``; ``spinning`` None follows ``OMP_WAIT_POLICY`` (PASSIVE: idle pool
+    threads sleep)."""
     import onnxruntime as ort
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if dtype == "float32"
+                                        else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.inter_op_num_threads = 1
     if threads is not None:
@@ -71,13 +75,29 @@ def session_options(threads: int | None = None, spinning: bool | None = None):
 # into com.microsoft.QuickGelu, float32 only, so the session fails, and its fusions made the
 # head-dim and all-sinusoidal variants part from the oracle by 1.7e-9 relative. 1.32 (pinned)
 # passes either way; a float32 graph keeps every optimisation its bounds were measured with.
+_FLOAT64_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC")
 
 
-def _session(ort, model, options, dtype: str = "float32"):
-    """A CPU session of a path or of serialized bytes, for a graph computing in ``dtype``."""
+def check_options(ort, options, dtype: str) -> None:
+    """Refuse caller-supplied ``options`` whose ``graph_optimization_level`` is above
+    ``ORT_ENABLE_BASIC`` for a graph computing in float64 (the comment above says why).
+
+    Refused, not lowered: an ``onnxruntime.SessionOptions`` cannot be copied (no copy, no pickle,
+    and its session config entries, initializers, custom op libraries and providers cannot be read
+    back), so lowering it would mean changing the caller's object behind their back, and a session
+    built from options is expected to run with those options, as ``onnxruntime.InferenceSession``
+    does; so the caller hears of the conflict and chooses (``options=None`` gives the project's)."""
     levels = ort.GraphOptimizationLevel
-    if dtype != "float32" and options.graph_optimization_level != levels.ORT_DISABLE_ALL:
-        options.graph_optimization_level = levels.ORT_ENABLE_BASIC
+    allowed = [getattr(levels, name) for name in _FLOAT64_LEVELS]
+    level = options.graph_optimization_level
+    if dtype != "float32" and level not in allowed:
+        raise ValueError(f"options.graph_optimization_level: expected {' or '.join(_FLOAT64_LEVELS)} for a "
+                         f"{dtype} model (the extended fusions are float32 kernels in places), got "
+                         f"{level.name}; or pass options=None for this module's settings")
+
+
+def _session(ort, model, options):
+    """A CPU session of a path or of serialized bytes."""
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
@@ -89,16 +109,21 @@ class OnnxRuntimeModel:
     def __init__(self, config: TransformerConfig, graphs: Mapping[str, object], threads: int | None = None,
                  options=None):
         """``graphs``: file name -> a path or the serialized graph; ``options``: an
-        ``onnxruntime.SessionOptions`` in place of `session_options` (``threads``)."""
+        ``onnxruntime.SessionOptions`` in place of `session_options` (``threads``), used as given
+        and never changed; a float64 model refuses a level above ``ORT_ENABLE_BASIC``
+        (`check_options`)."""
         try:
             import onnxruntime as ort
         except ImportError as err:
             raise ImportError(f"the onnx backend is not installed ({err}); install the 'onnx' extra") from None
         self.config = config
-        options = session_options(threads) if options is None else options
-        self.encoder = _session(ort, graphs[ENCODER], options, config.dtype)
-        self.decoder = _session(ort, graphs[DECODER], options, config.dtype)
-        self.decoder_with_past = _session(ort, graphs[DECODER_WITH_PAST], options, config.dtype)
+        if options is None:
+            options = session_options(threads, dtype=config.dtype)
+        else:
+            check_options(ort, options, config.dtype)
+        self.encoder = _session(ort, graphs[ENCODER], options)
+        self.decoder = _session(ort, graphs[DECODER], options)
+        self.decoder_with_past = _session(ort, graphs[DECODER_WITH_PAST], options)
         self._present = [o.name for o in self.decoder.get_outputs()]
         self._past = past_names(config.n_decoder_layers, "past_key_values")
         self._with_past_out = [o.name for o in self.decoder_with_past.get_outputs()]

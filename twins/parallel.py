@@ -20,7 +20,7 @@ import signal
 import sys
 import uuid
 
-from . import backends
+from . import backends, pipes
 
 
 def in_torchrun() -> bool:
@@ -36,7 +36,9 @@ def must_launch(args) -> bool:
 def launch(args) -> int:
     """Run ``twins train`` (these same arguments) in ``--workers`` processes started by torchrun's
     launcher; returns the exit status: 0; 2 when the workers refused their input (each has printed
-    its own one-line error); 1 when a worker died (one line: which rank, and how). Torch threads per worker: ``--threads``, else the cores divided among them."""
+    its own one-line error); `pipes.EXIT_PIPE`, silently, when rank 0 met a closed stdout (the
+    others then fail after it); 1 when a worker died (one line: which rank, and how). Torch threads
+    per worker: ``--threads``, else the cores divided among them."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -51,6 +53,8 @@ def launch(args) -> int:
         elastic_launch(config, sys.executable)("-m", "twins", *args.argv)
     except ChildFailedError as err:
         codes = {rank: f.exitcode for rank, f in sorted(err.failures.items())}
+        if pipes.EXIT_PIPE in codes.values() and pipes.stdout_reader_gone():
+            return pipes.EXIT_PIPE
         positive = [c for c in codes.values() if c and c > 0]
         if positive == [2] * len(positive) and positive:
             return 2  # the workers' own "twins train: error: ..." lines said why

@@ -58,10 +58,12 @@ def read_keras_file(path) -> KerasFile:
         ImporterError: not an HDF5 file / not a Keras archive, a dataset that cannot be read, or a
             ``.keras`` config that names code (every such layer named).
         FileNotFoundError: no such file.
+        ImportError: h5py is not installed (naming the file and the install command).
     """
     path = str(path)
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path!r}: no such file")
+    _check_h5py(path)
     if path.endswith(".keras"):
         return _read_archive(path)
     return KerasFile(path, _read_h5(path, path), None)
@@ -85,8 +87,22 @@ def _read_archive(path: str) -> KerasFile:
     return KerasFile(path, _read_h5(io.BytesIO(data), f"{path}:model.weights.h5"), config)
 
 
+# Who installs h5py: the `interop` extra (the formats models are ported from), and `tf` / `tf-cpu`
+# (tf_impl's own .weights.h5); pyproject.toml.
+H5PY_MISSING = ("a Keras file (.keras, .weights.h5; --from keras-hub, tf-tutorial) is read with h5py, which "
+                "is not installed ({err}); install the 'interop' extra, or h5py alone: pip install 'h5py>=3.11'")
+
+
+def _check_h5py(path: str) -> None:
+    """An ImportError naming ``path``, the format and the install command where h5py is missing."""
+    try:
+        import h5py  # noqa: F401  (deferred: `import shared` stays NumPy only)
+    except ImportError as err:
+        raise ImportError(f"{path!r}: " + H5PY_MISSING.format(err=err)) from None
+
+
 def _read_h5(source, label: str) -> dict[str, np.ndarray]:
-    import h5py  # deferred: `import shared` stays NumPy only
+    import h5py  # deferred: `import shared` stays NumPy only (present: `_check_h5py`)
 
     out: dict[str, np.ndarray] = {}
     problems: list[str] = []
