@@ -57,7 +57,8 @@ def test_first_round_check():
     reference = np.arange(3, 3 + 2 * n).reshape(2, n)
     other = reference.copy()
     other[1, 2] += 1
-    differ = r"transformers: tokens differ .* at 1 of 8 positions, first row 1, step 2"
+    differ = (r"transformers: tokens differ from torch_impl's \(87.5% equal\) where no near-tie .*: "
+              r"item 1: first differs at step 2: token 9 vs 10, margin nan")  # no oracle: refused
     with pytest.raises(AssertionError, match=differ):
         decoding.check_first_round({"torch": reference, "transformers": other}, n, pad, "float32")
     # reported, not refused: another library's float32 (tested in the suite), a half precision
@@ -76,6 +77,43 @@ def test_first_round_check():
     assert decoding.reference_contender(["transformers", "torch"]) == "transformers"
 
 
+@pytest.mark.parametrize("margin, near_tie", [(4e-6, True), (2e-5, False)])
+def test_first_round_check_asks_the_oracle_where_tokens_differ(margin, near_tie):
+    """A difference is a near-tie when the oracle's margin between the two tokens is within the
+    float32 bound (1e-5), asked only for the rows that differ, along torch_impl's tokens."""
+    n, pad = 4, CONFIG.pad_id
+    reference = np.arange(3, 3 + 3 * n).reshape(3, n)
+    other = reference.copy()
+    other[2, 1] = 5
+    asked = []
+
+    def log_probs(rows, tokens):
+        asked.append((rows.tolist(), tokens.tolist()))
+        out = np.full((len(rows), n, 17), -10.0)
+        out[0, 1, reference[2, 1]], out[0, 1, 5] = -1.0, -1.0 - margin
+        return out
+
+    tokens = {"torch": reference, "transformers": other}
+    if near_tie:
+        line = decoding.check_first_round(tokens, n, pad, "float32", log_probs)
+        assert line == ("tokens equal to torch_impl's: transformers 91.7% (near-ties: item 2: first "
+                        f"differs at step 1: token 12 vs 5, margin {margin:.3g})")
+    else:
+        with pytest.raises(AssertionError, match=r"item 2: first differs at step 1: token 12 vs 5, margin 2e-05"):
+            decoding.check_first_round(tokens, n, pad, "float32", log_probs)
+    assert asked == [([2], [reference[2].tolist()])]
+
+
+def test_oracle_log_probs_follow_the_tokens_given():
+    """On the contenders' own model (`contender_config` through `bench_weights`), tiny here: the
+    oracle's log-probs along torch_impl's greedy tokens pick those tokens; pad is impossible."""
+    src = decoding.sources(CONFIG, 3)
+    tokens = run(C.CONTENDERS["torch"](CONFIG, C.bench_weights(CONFIG), CPU), src, 6)
+    rows = np.array([0, 2])
+    log_probs = decoding.oracle_log_probs(CONFIG, src)(rows, tokens[rows])
+    assert log_probs.shape == (2, 6, CONFIG.tgt_vocab) and log_probs.dtype == np.float64
+    np.testing.assert_array_equal(log_probs.argmax(axis=-1), tokens[rows])
+    assert (log_probs[..., CONFIG.pad_id] == -np.inf).all()
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present: the contenders run there")
 @pytest.mark.parametrize("name, library", [("torch", "torch"), ("transformers", "transformers"),
                                            ("ct2-float32", "ctranslate2"), ("onnx", "onnxruntime")])
