@@ -2,7 +2,7 @@
 
 Preset ``base`` (float32), `shared.weights.init_weights` (seed 0) with the generator bias of EOS set
 to -1e9, so that every row of every contender decodes exactly the tokens asked (EOS suppressed: all
-do the same work); sources of 32 tokens with padding (row r keeps 32 - 3r).
+do the same work); sources of 32 tokens with padding (row r keeps 32 - 3 (r mod 11), `sources`).
 
 Part ``contenders`` (issues 14 and 28): torch_impl, transformers' ``MarianMTModel.generate``,
 tf_impl (compiled, XLA), CTranslate2 float32 and int8 (a reference point: quantised weights; float16
@@ -224,10 +224,14 @@ BACKENDS: dict[str, Callable[[TransformerConfig, dict, argparse.Namespace], Back
 
 
 def sources(config: TransformerConfig, batch: int) -> np.ndarray:
+    """Random ids ``(batch, SRC_LEN)`` (seeded by ``batch``), row r padded after ``SRC_LEN - 3 * (r
+    mod 11)`` real tokens: 32 down to 2, then again, never an all-padding row (CTranslate2 skips
+    one). Before, row r kept ``32 - 3r``, a count that wrapped past row 10 and left every row from
+    22 on all padding; rows 0-10 are unchanged."""
     rng = np.random.default_rng(batch)
     src = rng.integers(3, config.src_vocab, size=(batch, SRC_LEN), dtype=np.int64)
     for row in range(batch):
-        src[row, SRC_LEN - 3 * row:] = config.pad_id
+        src[row, SRC_LEN - 3 * (row % 11):] = config.pad_id
     return src
 
 
@@ -282,7 +286,12 @@ class Contender:
 
     def ready(self) -> tuple[str, str]:
         """``("ready", description)`` or ``("skipped", reason)``, once the contender is built."""
-        return self.conn.recv()
+        try:
+            return self.conn.recv()
+        except EOFError:  # its process died building it: a library that aborts instead of raising
+            self.process.join()
+            return "skipped", (f"its process exited with code {self.process.exitcode} while building "
+                               "it, before any message (its own output is above)")
 
     def decode(self, src: np.ndarray, max_len: int) -> tuple[float, np.ndarray]:
         """Seconds of one decode (timed in the contender's process) and its tokens ``(B, max_len)``."""
