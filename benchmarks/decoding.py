@@ -1,19 +1,28 @@
-"""Greedy decoding speed: torch_impl and tf_impl against CTranslate2, and cached vs recompute.
+"""Greedy decoding speed: torch_impl and tf_impl against other libraries, and cached vs recompute.
 
 Preset ``base`` (float32), `shared.weights.init_weights` (seed 0) with the generator bias of EOS set
 to -1e9, so that every row of every contender decodes exactly the tokens asked (EOS suppressed: all
-do the same work); sources of 32 tokens with padding (row r keeps 32 - 3r).
+do the same work); sources of 32 tokens with padding (row r keeps 32 - 3 (r mod 11), `sources`).
 
-Part ``contenders`` (issue 14): torch_impl, tf_impl (compiled, XLA), CTranslate2 float32 and int8
-(a reference point: quantised weights) on the same weights (`shared.exporters.ctranslate2`),
-greedy, batch 1 and 8, 64 and 128 new tokens; each round decodes every (length, contender) once,
-interleaved, so a machine whose speed drifts (shared cores) slows every contender alike. Each
-contender runs in a process of its own, as users run one framework (`_decoding_contenders.serve`:
-frameworks side by side in one process slowed torch_impl by about 5%), and all of them on the same
-``--threads`` cores (``--no-pin``: the scheduler's; unpinned, a contender whose process waited
-while another worked resumes on a core that idled, and ran 10-20% slower here). Printed: ms per
-step (a whole decode, encoder included, divided by the new tokens; median of the rounds) and the
-ratio to CTranslate2 float32, the median of the per-round ratios (target: at most 1.0).
+Part ``contenders`` (issues 14 and 28): torch_impl, transformers' ``MarianMTModel.generate``,
+tf_impl (compiled, XLA), CTranslate2 float32 and int8 (a reference point: quantised weights; float16
+and bfloat16 on request) and ONNX Runtime on the same weights, exported by the project's own
+exporters (`_decoding_contenders`: the model is ``base`` with Marian's eps and table, which cost
+nothing); greedy, batch 1 and 8, 64 and 128 new tokens; each round decodes every (length,
+contender) once, interleaved, so a machine whose speed drifts (shared cores) slows every contender
+alike. Each contender runs in a process of its own, as users run one framework
+(`_decoding_contenders.serve`: frameworks side by side in one process slowed torch_impl by about
+5%), and on the CPU all of them on the same ``--threads`` cores (``--no-pin``: the scheduler's;
+unpinned, a contender whose process waited while another worked resumes on a core that idled, and
+ran 10-20% slower here). With ``--device cuda`` every contender runs on the GPU where its library
+can (TF32 off, as in the parity tests; one that cannot is skipped with its library's message) and
+none is pinned: the host only launches work there. The first round checks that every row decoded
+exactly the tokens asked and that transformers' tokens equal torch_impl's (float32: the same
+function; `check_first_round`), and prints the share of each contender's tokens equal to
+torch_impl's. Printed: ms per step (a whole decode, encoder included, divided by the new tokens;
+median of the rounds; results on the host, so a GPU's work is inside it) and the ratio to
+CTranslate2 float32, or where it did not run to the first contender that did (the header names
+it): the median of the per-round ratios (target: at most 1.0).
 
 Part ``cache``: per backend, cached vs recompute. Printed: tokens/second, the recompute/cached
 time ratio (target: cached >= 5x faster), and the time of the 16th, 64th and 128th token (median
@@ -28,8 +37,10 @@ Thread and memory policy (`shared.threads`): ``OMP_WAIT_POLICY=PASSIVE`` and
 and every contender gets ``--threads`` (default 1: on shared cores one thread per decoder is the
 fair and the fast setting; give the core count on a quiet machine).
 
-    python3 dev.py bench decoding [--parts contenders cache] [--contenders torch tf ct2-float32 ct2-int8 onnx]
-                                  [--batches 1 8] [--tokens 64 128] [--rounds 5] [--threads N] [--no-pin]
+    python3 dev.py bench decoding [--parts contenders cache]
+                                  [--contenders torch transformers tf ct2-float32 ct2-int8
+                                                ct2-float16 ct2-bfloat16 onnx]
+                                  [--batches 1 8] [--tokens 64 128] [--rounds 5] [--threads N] [--[no-]pin]
                                   [--backends torch tf] [--repeats 3] [--recompute-repeats 1]
                                   [--modes cached recompute] [--device cpu|cuda]
                                   [--precision float32|bfloat16|float16]
@@ -113,7 +124,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _decoding_contenders
 from shared import TransformerConfig  # noqa: E402
 from shared.threads import apply_thread_policy, available_cores, thread_count  # noqa: E402
 from shared.decoding import GreedyResult  # noqa: E402
-from _decoding_contenders import bench_weights  # noqa: E402
+from _decoding_contenders import CONTENDERS, bench_weights  # noqa: E402
 
 LENGTHS = (16, 64, 128)
 SRC_LEN = 32
@@ -213,10 +224,14 @@ BACKENDS: dict[str, Callable[[TransformerConfig, dict, argparse.Namespace], Back
 
 
 def sources(config: TransformerConfig, batch: int) -> np.ndarray:
+    """Random ids ``(batch, SRC_LEN)`` (seeded by ``batch``), row r padded after ``SRC_LEN - 3 * (r
+    mod 11)`` real tokens: 32 down to 2, then again, never an all-padding row (CTranslate2 skips
+    one). Before, row r kept ``32 - 3r``, a count that wrapped past row 10 and left every row from
+    22 on all padding; rows 0-10 are unchanged."""
     rng = np.random.default_rng(batch)
     src = rng.integers(3, config.src_vocab, size=(batch, SRC_LEN), dtype=np.int64)
     for row in range(batch):
-        src[row, SRC_LEN - 3 * row:] = config.pad_id
+        src[row, SRC_LEN - 3 * (row % 11):] = config.pad_id
     return src
 
 
@@ -259,24 +274,32 @@ def report(name: str, batch: int, mode: str, total: float, at: list[float], how:
 class Contender:
     """A contender (`_decoding_contenders.serve`) in a process of its own, pinned to ``cpus``."""
 
-    def __init__(self, name: str, threads: int, cpus: list[int] | None):
+    def __init__(self, name: str, settings, cpus: list[int] | None):
         import multiprocessing
 
         from _decoding_contenders import serve
 
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no framework inherited
         self.name, (self.conn, child) = name, context.Pipe()
-        self.process = context.Process(target=serve, args=(child, name, threads, cpus), daemon=True)
+        self.process = context.Process(target=serve, args=(child, name, settings, cpus), daemon=True)
         self.process.start()
 
     def ready(self) -> tuple[str, str]:
         """``("ready", description)`` or ``("skipped", reason)``, once the contender is built."""
-        return self.conn.recv()
+        try:
+            return self.conn.recv()
+        except EOFError:  # its process died building it: a library that aborts instead of raising
+            self.process.join()
+            return "skipped", (f"its process exited with code {self.process.exitcode} while building "
+                               "it, before any message (its own output is above)")
 
     def decode(self, src: np.ndarray, max_len: int) -> tuple[float, np.ndarray]:
-        """Seconds of one decode (timed in the contender's process) and its lengths ``(B,)``."""
+        """Seconds of one decode (timed in the contender's process) and its tokens ``(B, max_len)``."""
         self.conn.send((src, max_len))
-        return self.conn.recv()
+        reply = self.conn.recv()
+        if reply[0] == "failed":
+            raise RuntimeError(f"{self.name} failed to decode batch {len(src)}, {max_len} tokens:\n{reply[1]}")
+        return reply[1], reply[2]
 
     def close(self) -> None:
         self.conn.send(None)
@@ -291,49 +314,150 @@ def pinned_cpus(threads: int, pin: bool) -> list[int] | None:
     return sorted(os.sched_getaffinity(0))[-threads:]
 
 
-def run_contenders(config: TransformerConfig, args) -> None:
-    """Part ``contenders``: interleaved rounds, ms per step and the ratio to CTranslate2 float32."""
+# Contenders whose tokens must equal torch_impl's in float32: the same function, computed by
+# another library (checked in the first round), unless the float64 oracle shows a near-tie where
+# they part. The others are reported: CTranslate2 and ONNX Runtime are checked against the
+# project's decoding in the suite, on small models; int8 is another function; and in half
+# precision each library rounds its own way (transformers runs its norms and softmax in the half
+# dtype too, torch_impl in float32: docs/design.md, section 12).
+SAME_TOKENS = ("transformers",)
+
+# (rows, tokens (rows, n)) -> the float64 oracle's step log-probs along ``tokens`` (rows, n, V)
+OracleLogProbs = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def oracle_log_probs(config: TransformerConfig, src: np.ndarray) -> OracleLogProbs:
+    """The float64 reference's teacher-forced step log-probs of ``src[rows]`` along ``tokens``, on
+    the contenders' weights (`bench_weights`), pad impossible (it is never generated): what tells a
+    near-tie from a disagreement (`shared.divergence`). Built only where tokens differ (seconds
+    for a few rows of ``base``)."""
+
+    def log_probs(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        from shared import reference
+        from shared.loss import log_softmax
+
+        c64 = config.replace(dtype="float64")
+        w64 = {name: value.astype(np.float64) for name, value in bench_weights(config).items()}
+        tgt = np.concatenate([np.full((len(rows), 1), c64.start_id), tokens[:, :-1]], axis=1)
+        out = log_softmax(reference.forward(w64, c64, src[rows], tgt))
+        out[..., c64.pad_id] = -np.inf
+        return out
+
+    return log_probs
+
+
+def check_first_round(tokens: dict[str, np.ndarray], n: int, pad_id: int, precision: str,
+                      log_probs: OracleLogProbs | None = None) -> str:
+    """Every contender decoded exactly ``n`` tokens in every row (the EOS bias forces equal work),
+    and those of `SAME_TOKENS` equal torch_impl's in float32, or part from them only at near-ties
+    of the oracle's (``log_probs``: a float64 margin within ``decode-margin`` of
+    `shared.tolerances`; without it any difference is refused). Returns the line reporting the
+    share of each contender's tokens equal to torch_impl's, and the near-ties."""
+    from shared.divergence import first_divergence
+    from shared.tolerances import bound_for
+
+    for name, ids in tokens.items():
+        lengths = (ids != pad_id).sum(axis=1)  # pad is never generated, EOS never chosen
+        if ids.shape[1] != n or not (lengths == n).all():
+            raise AssertionError(f"{name}: expected {n} tokens per row, got lengths {lengths} "
+                                 f"({ids.shape[1]} columns)")
+    reference = tokens.get("torch")
+    if reference is None:
+        return "tokens not compared: torch is not among the contenders"
+    shares = []
+    for name, ids in tokens.items():
+        if name == "torch":
+            continue
+        equal = f"{100 * (ids == reference).mean():.1f}%"
+        share = f"{name} {equal}"
+        divergences = first_divergence(reference, ids)
+        if divergences and name in SAME_TOKENS and precision == "float32":
+            bound = bound_for("float32", "decode-margin").rtol
+            rows = np.array([d.item for d in divergences])
+            if log_probs is not None:  # each row's margin, from the oracle along torch_impl's tokens
+                margins = log_probs(rows, reference[rows])
+                divergences = first_divergence(reference[rows], ids[rows], margins)
+                divergences = [d._replace(item=int(rows[d.item])) for d in divergences]
+            # either side may hold the oracle's better token; NaN (no oracle) is refused
+            refused = [d for d in divergences if not abs(d.margin) <= bound]
+            if refused:
+                raise AssertionError(f"{name}: tokens differ from torch_impl's ({equal} equal) where "
+                                     f"no near-tie explains it (float32 bound {bound:g}): "
+                                     + "; ".join(map(str, refused)))
+            share += " (near-ties: " + "; ".join(map(str, divergences)) + ")"
+        shares.append(share)
+    return "tokens equal to torch_impl's: " + (", ".join(shares) or "no other contender")
+
+
+def reference_contender(made: list[str]) -> str:
+    """The contender the ratios are taken to: ct2-float32 when it ran, else the first that ran."""
+    return "ct2-float32" if "ct2-float32" in made else made[0]
+
+
+def run_contenders(args) -> None:
+    """Part ``contenders``: interleaved rounds, ms per step and the ratio to a reference contender."""
+    from _decoding_contenders import Settings, contender_config
+
+    config = contender_config()
+    settings = Settings(args.threads, args.device, args.precision)
     cpus = pinned_cpus(args.threads, args.pin)
-    print(f"each contender in a process of its own, on cores {cpus if cpus else 'of the scheduler'}")
-    started = [Contender(name, args.threads, cpus) for name in args.contenders]
+    print(f"part contenders: preset base with norm_eps {config.norm_eps} and pe_layout "
+          f"{config.pe_layout!r} (the form every contender computes), {args.device}, {args.precision}; "
+          f"each contender in a process of its own, on cores {cpus if cpus else 'of the scheduler'}")
+    started = [Contender(name, settings, cpus) for name in args.contenders]
     made = {}
     for contender in started:  # built side by side; nothing is timed until all are ready
         status, text = contender.ready()
         print(f"{contender.name}: {text if status == 'ready' else f'skipped ({text})'}")
         if status == "ready":
             made[contender.name] = contender
-    print("contender     batch  tokens  ms/step   vs ct2-float32")
+    if not made:
+        print("no contender could run")
+        return
+    reference = reference_contender(list(made))
+    print(f"ratios: to {reference}, the median of the per-round ratios")
+    print(f"contender     batch  tokens  ms/step   vs {reference}")
     for batch in args.batches:
         src = sources(config, batch)
+        log_probs = oracle_log_probs(config, src)
         for n in args.tokens:  # warm-up: compilation, first-call allocations; equal work checked
-            for name, contender in made.items():
-                _, lengths = contender.decode(src, n)
-                if not (lengths == n).all():
-                    raise AssertionError(f"{name}: expected {n} tokens per row, got {lengths}")
+            tokens = {name: contender.decode(src, n)[1] for name, contender in made.items()}
+            line = check_first_round(tokens, n, config.pad_id, args.precision, log_probs)
+            print(f"batch {batch}, {n} tokens: {line}")
         seconds = {(name, n): [] for name in made for n in args.tokens}
         for _ in range(args.rounds):
             for n in args.tokens:
                 for name, contender in made.items():
                     seconds[(name, n)].append(contender.decode(src, n)[0])
         for n in args.tokens:
-            base = seconds.get(("ct2-float32", n))
+            base = seconds[(reference, n)]
             for name in made:
                 ms = statistics.median(seconds[(name, n)]) / n * 1e3
                 # Paired by round (decodes seconds apart), so that the machine's drift between
                 # rounds cancels: the median of the per-round ratios.
-                ratio = (f"{statistics.median(a / b for a, b in zip(seconds[(name, n)], base)):6.2f}x"
-                         if base else "     -")
-                print(f"{name:12s} {batch:6d} {n:7d} {ms:8.2f}   {ratio}", flush=True)
+                ratio = statistics.median(a / b for a, b in zip(seconds[(name, n)], base))
+                print(f"{name:12s} {batch:6d} {n:7d} {ms:8.2f}   {ratio:6.2f}x", flush=True)
     for contender in made.values():
         contender.close()
+
+
+def cuda_missing() -> str | None:
+    """Why ``--device cuda`` cannot run here, or None: torch is how the benchmark sees a GPU."""
+    try:
+        import torch
+    except ImportError as err:
+        return f"torch is not installed ({err}), and the benchmark finds CUDA devices through it"
+    if not torch.cuda.is_available():
+        return f"no CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--parts", nargs="+", default=["contenders", "cache"],
                         choices=["contenders", "cache"])
-    parser.add_argument("--contenders", nargs="+", default=["torch", "tf", "ct2-float32", "ct2-int8", "onnx"],
-                        choices=["torch", "tf", "ct2-float32", "ct2-int8", "onnx"])
+    parser.add_argument("--contenders", nargs="+", choices=list(CONTENDERS),
+                        default=["torch", "transformers", "tf", "ct2-float32", "ct2-int8", "onnx"])
     parser.add_argument("--tokens", nargs="+", type=int, default=[64, 128],
                         help="new tokens per decode, part contenders")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds, part contenders")
@@ -345,29 +469,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=thread_count, default=1,
                         help="threads per contender: torch.set_num_threads, TF intra- and inter-op "
                              "threads, CTranslate2 intra_threads (default 1)")
-    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None,
                         help="part contenders: run every contender on the same --threads cores "
-                             "(default; --no-pin: where the scheduler puts them)")
-    parser.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
+                             "(default on the CPU; --no-pin, the default with --device cuda: where "
+                             "the scheduler puts them)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="part cache: torch_impl's device; part contenders: every contender's "
+                             "(one that cannot run there is skipped, saying why)")
     parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="torch_impl's precision (torch_impl.precision; part cache)")
+                        help="torch_impl's precision (torch_impl.precision), and in part contenders "
+                             "tf_impl's and transformers' (the model's dtype)")
     parser.add_argument("--modes", nargs="+", default=["cached", "recompute"],
                         choices=["cached", "recompute"],
                         help="decoding modes to time (recompute, quadratic, is the slow one)")
     args = parser.parse_args(argv)
     apply_thread_policy(args.threads)  # before any framework is imported
+    if args.pin is None:  # on a GPU the host only launches work: no core to keep warm for it
+        args.pin = args.device == "cpu"
+    if args.device == "cuda" and (why := cuda_missing()):
+        print(f"decoding.py: --device cuda: {why}; run it on a machine with an NVIDIA GPU, or "
+              "leave --device out (cpu)", file=sys.stderr)
+        return 2
 
     config = TransformerConfig.preset("base")
     print(f"threads {args.threads} per contender, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, "
-          f"THP_MEM_ALLOC_ENABLE={os.environ['THP_MEM_ALLOC_ENABLE']}, {available_cores()} cores available")
+          f"THP_MEM_ALLOC_ENABLE={os.environ['THP_MEM_ALLOC_ENABLE']}, {available_cores()} cores available, "
+          f"load average {os.getloadavg()[0]:.1f}")
     print(f"preset base float32 ({config.n_encoder_layers}+{config.n_decoder_layers} layers, "
-          f"vocab {config.tgt_vocab}), greedy, EOS suppressed, sources of {SRC_LEN} tokens with padding; "
-          f"lengths {LENGTHS}; repeats {args.repeats} cached / {args.recompute_repeats} recompute "
-          "(median)")
+          f"vocab {config.tgt_vocab}), greedy, EOS suppressed, sources of {SRC_LEN} tokens with padding")
     if "contenders" in args.parts:
-        run_contenders(config, args)
+        run_contenders(args)
+        print(f"load average {os.getloadavg()[0]:.1f} at the end of part contenders")
     if "cache" not in args.parts:
         return 0
+    print(f"part cache: lengths {LENGTHS}; repeats {args.repeats} cached / {args.recompute_repeats} "
+          "recompute (median)")
     weights = bench_weights(config)
     header = ("backend batch  mode          tok/s   s/decode   ms per token at 16 / 64 / 128")
     ratios = []
