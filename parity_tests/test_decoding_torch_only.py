@@ -99,6 +99,9 @@ def test_step_layouts_by_rows(monkeypatch):
         monkeypatch.setattr(cache, "PACKED_MIN_ROWS", cache._packed_min_rows(vendor))
         assert [step_layout(n, cpu, torch.float32) for n in (1, 2, 3, 8, None)] == want, vendor
     assert step_layout(8, cpu, torch.float64) == DENSE
+    assert step_layout(8, cpu, torch.float16) == DENSE
+    bf16 = PACKED if torch.ops.mkldnn._is_mkldnn_bf16_supported() else DENSE  # AVX512-BF16, AMX
+    assert [step_layout(n, cpu, torch.bfloat16) for n in (1, 8, None)] == [bf16, bf16, DENSE]
     assert step_layout(8, torch.device("cuda"), torch.float32) == DENSE
     g = torch.Generator().manual_seed(0)
     kernel, bias = torch.randn(96, 40, generator=g), torch.randn(40, generator=g)

@@ -93,6 +93,36 @@ def test_forward_and_cached_steps_against_the_oracle(be, precision, case, half_m
     assert max_rel_diff(steps, ref_logits) > 10 * bound_for("float32", f"{be.framework}:reference").rtol
 
 
+@pytest.mark.parametrize("layout", ["dense", "packed"])
+def test_torch_bfloat16_decoding_in_either_kernel_layout(layout, case, half_model, monkeypatch):
+    """torch_impl's bfloat16 decoding on the CPU multiplies oneDNN's packed bfloat16 kernels where
+    the CPU has bfloat16 instructions, addmm's dense ones elsewhere (`torch_impl.cache.step_layout`):
+    in each layout, decoding's encoder pass and cached steps agree with the oracle within the
+    bfloat16 bound, and the layout asked for is the one that ran."""
+    torch = pytest.importorskip("torch")
+    import torch_impl.model
+    from torch_impl.cache import DENSE, PACKED
+    if layout == "packed" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("this CPU has no bfloat16 instructions for oneDNN")
+    monkeypatch.setattr(torch_impl.model, "step_layout",
+                        lambda rows, device, dtype: PACKED if layout == "packed" else DENSE)
+    weights, src, tgt, ref_logits, _ = case
+    be = ModelBackend("torch")
+    model = half_model(be, weights, "bfloat16")
+    s, t = be.tensor(src), be.tensor(tgt)
+    steps = []
+    with torch.inference_mode(), torch_impl.precision.autocast(model):
+        mask = model._src_mask(s, None)
+        cache = model._init_cache(model._encode_for_decoding(s, mask), mask, tgt.shape[1], 1)
+        assert cache.layers[0].weights.qkv_kernel.is_mkldnn == (layout == "packed")
+        assert cache.layers[0].weights.qkv_kernel.dtype == torch.bfloat16
+        for i in range(tgt.shape[1]):
+            out, cache = model._decode_step(t[:, i], cache)
+            steps.append(as_f64(be, out))
+    assert_close(np.stack(steps, axis=1), ref_logits, bound_for("bfloat16", "torch:reference"),
+                 f"bfloat16 cached steps, {layout} kernels")
+
+
 @pytest.mark.parametrize("precision", HALF)
 def test_half_decoding_searches_in_float32_and_cached_equals_recompute(be, precision, case, half_model):
     weights, src = case[0], case[1]

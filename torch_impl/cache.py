@@ -127,14 +127,26 @@ _PACKING_ROWS = 8  # the row count the packing is tuned for (any count runs on i
 
 
 def step_layout(rows: int | None, device: torch.device, dtype: torch.dtype) -> str:
-    """The kernel layout of a step over ``rows`` rows (`DENSE` or `PACKED`): packed from
-    `PACKED_MIN_ROWS` rows (this CPU vendor's, `_packed_min_rows`) where oneDNN's packed-weight
-    kernel exists (float32, on the CPU, with a torch that has it); else (fewer rows, float64,
-    bfloat16, CUDA, ``rows`` None: unknown) dense ``(in, out)`` for ``torch.addmm``."""
-    packable = (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
-                and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
-    return PACKED if packable and rows is not None and rows >= PACKED_MIN_ROWS else DENSE
+    """The kernel layout of a step over ``rows`` rows (`DENSE` or `PACKED`) whose products are in
+    ``dtype``: packed where oneDNN's packed-weight kernel exists (on the CPU, with a torch that has
+    it) for float32 from `PACKED_MIN_ROWS` rows (this CPU vendor's, `_packed_min_rows`), and for
+    bfloat16 at every row count where the CPU has bfloat16 instructions (AVX512-BF16, AMX); else
+    (fewer rows, float64, float16, CUDA, ``rows`` None: unknown) dense ``(in, out)`` for
+    ``torch.addmm``.
+
+    bfloat16 packed: measured (torch 2.13 CPU, 1 thread, AMD EPYC with AVX512-BF16, one row,
+    base's kernels) 0.017-0.036 ms a layer kernel packed against 0.029-0.096 through addmm, and
+    1.08 against 3.16 ms for the 37000-wide generator (float32 packed: 1.64 ms); not measured on
+    an Intel CPU."""
+    if rows is None or device.type != "cpu" or not torch.backends.mkldnn.is_available() or not (
+            hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return DENSE
+    if dtype == torch.float32:
+        return PACKED if rows >= PACKED_MIN_ROWS else DENSE
+    if dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return PACKED
+    return DENSE
 
 
 def lay_out(kernel: torch.Tensor, layout: str) -> torch.Tensor:
@@ -170,8 +182,9 @@ def dense(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor, relu: bool 
     inner layer, one launch fewer a layer and step. ``(..., in) -> (..., out)``. Same values to
     float32 rounding (the summation order differs); the rectifier itself is exact."""
     rows = x.reshape(-1, x.shape[-1])
-    if kernel.is_mkldnn:  # PACKED: (out, in)
-        out = torch.ops.mkldnn._linear_pointwise(rows, kernel, bias, "relu" if relu else "none", [], "")
+    if kernel.is_mkldnn:  # PACKED: (out, in); a bfloat16 kernel takes bfloat16 rows (autocast's cast)
+        out = torch.ops.mkldnn._linear_pointwise(rows.to(kernel.dtype), kernel, bias,
+                                                 "relu" if relu else "none", [], "")
         return out.view(*x.shape[:-1], kernel.shape[0])
     if relu and rows.is_cuda:  # not on CUDA autocast's list (addmm is): cast as it would
         out = torch._addmm_activation(bias, rows.to(kernel.dtype), kernel)

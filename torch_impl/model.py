@@ -111,12 +111,12 @@ class Transformer(nn.Module):
         ``(B, S, d)``. Where the step's products are packed for oneDNN (`step_layout` of ``B * S``
         rows), the encoder's are too (`Encoder.infer`, with `_encoder_weights`): a decode's one
         encoder pass then takes 2.4 times less time in its products (`EncoderWeights` has the
-        figures). Elsewhere (float64, CUDA) the layers' own ``nn.Linear`` (addmm) is that fast
-        path already."""
+        figures), in the products' dtype (float32, or bfloat16 where packed). Elsewhere (float64,
+        float16, CUDA) the layers' own ``nn.Linear`` (addmm) is that fast path already."""
         if step_layout(src.numel(), self.generator.bias.device, compute_dtype(self)) != PACKED:
             return self._encode(src, src_mask, None)
         x = self.positional(self.src_embed(src), self.src_embed.positions)  # (B, S, d); eval: no dropout
-        return self.encoder.infer(x, src_mask, self._encoder_weights())
+        return self.encoder.infer(x, src_mask, self._encoder_weights(), compute_dtype(self))
 
     def _decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                 tgt_mask: torch.Tensor, trace: Trace | None) -> torch.Tensor:
@@ -254,10 +254,12 @@ class Transformer(nn.Module):
 
     def _encoder_weights(self):
         """The encoder's `torch_impl.cache.EncoderWeights`, packed for oneDNN (`_encode_for_decoding`
-        asks only where that layout exists), kept as `_prepared` says (the size of the encoder's
-        layers)."""
-        return self._prepared("encoder", lambda: [lay_out_weights(w, PACKED)
-                                                  for w in self.encoder.infer_weights()])
+        asks only where that layout exists) and, in a half precision, cast to it first, kept as
+        `_prepared` says (the size of the encoder's layers in that dtype)."""
+        dtype = compute_dtype(self)
+        cast = None if dtype == getattr(torch, self.config.dtype) else dtype
+        return self._prepared(f"encoder, {str(dtype)[6:]}", lambda: [
+            lay_out_weights(w, PACKED, cast) for w in self.encoder.infer_weights()])
 
     def _prepared(self, name: str, make):
         """``make()``, the model's weights laid out for decoding, made once and kept under ``name``

@@ -37,11 +37,14 @@ class Encoder(nn.Module):
             record(trace, "encoder.final_norm", x)
         return x
 
-    def infer(self, x: torch.Tensor, mask: torch.Tensor, weights: list[EncoderWeights]) -> torch.Tensor:
+    def infer(self, x: torch.Tensor, mask: torch.Tensor, weights: list[EncoderWeights],
+              dtype: torch.dtype | None = None) -> torch.Tensor:
         """`forward` in inference, as decoding encodes its source: every layer's `EncoderLayer.infer`
-        with its ``weights`` (`infer_weights`, laid out), the mask made ready once for all layers.
-        Same shapes, same values to rounding."""
-        mask, keep = prepare_mask(mask, x.dtype)
+        with its ``weights`` (`infer_weights`, laid out), the mask made ready once for all layers
+        in ``dtype``, the products' (default ``x``'s; a half precision's where the weights are
+        half, as attention's query, key and value then are). Same shapes, same values to
+        rounding."""
+        mask, keep = prepare_mask(mask, x.dtype if dtype is None else dtype)
         for layer, layer_weights in zip(self.layers, weights):
             x = layer.infer(x, mask, keep, layer_weights)
         return x if self.final_norm is None else self.final_norm(x)
