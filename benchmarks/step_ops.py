@@ -85,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
+    if args.device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            parser.error(f"--device {args.device}: no CUDA device (torch {torch.__version__}: "
+                         f"torch.cuda.is_available() is False)")
     ops = step_ops(args.preset, args.batch, args.precision, args.device)
     launching = sum(n for (_, view), n in ops.items() if not view)
     views = sum(n for (_, view), n in ops.items() if view)

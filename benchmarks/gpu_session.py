@@ -1,0 +1,114 @@
+"""Everything a session with an NVIDIA GPU runs for the GPU's figures, in one command.
+
+GPU time is lent in short sessions (docs/performance.md, "GPU"), so the measurements the project
+asks of a GPU are listed here once, each with its command, and run in order, each with a time
+limit; every part writes its whole output to ``--out/<part>.txt`` and its last lines to the
+terminal, and a part that fails or runs out of time is reported and the next one runs. The parts:
+
+* ``suite``: the torch parity suite on the GPU (every CUDA case), ``-n 14 --dist loadfile``;
+* ``ops``: the operations of one cached step (`benchmarks/step_ops.py`) on CUDA, float32 and
+  bfloat16;
+* ``cache``: cached against recomputed greedy decoding per token, batch 1 and 8, float32 and
+  bfloat16 (`benchmarks/decoding.py --parts cache`);
+* ``contenders``: torch_impl against transformers' ``generate`` and CTranslate2 on CUDA, float32
+  and bfloat16 (`benchmarks/decoding.py --parts contenders --device cuda`);
+* ``nn``: forward and training step against ``nn.Transformer`` in bfloat16
+  (`benchmarks/torch_vs_nn_transformer.py`);
+* ``agreement``: half-precision tokens against float32 on the trained copy and dates models,
+  trained first into ``--out`` (`benchmarks/half_precision.py agreement`);
+* ``cpu``: the CPU contenders, one thread (the GPU machine's CPU is the project's second CPU).
+
+    python3 dev.py bench gpu_session [--parts suite ops cache ...] [--out DIR]
+
+Nothing here is timed against a target: the figures go to docs/performance.md by hand, with the
+machine and versions the output names.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+BENCH = ROOT / "benchmarks"
+
+
+def _parts(out: Path) -> dict[str, list[tuple[list[str], int]]]:
+    """``{part: [(argv, seconds allowed), ...]}``, in the order they run."""
+    decoding = [PY, str(BENCH / "decoding.py")]
+    runs = out / "runs"
+    train = [PY, "-m", "twins", "train", "--backend", "torch"]
+    return {
+        "suite": [([PY, "-m", "pytest", "parity_tests", "-q", "-n", "14", "--dist", "loadfile",
+                    "-p", "no:cacheprovider"], 420)],
+        "ops": [([PY, str(BENCH / "step_ops.py"), "--device", "cuda", "--precision", p], 120)
+                for p in ("float32", "bfloat16")],
+        "cache": [(decoding + ["--parts", "cache", "--backends", "torch", "--device", "cuda",
+                               "--precision", p, "--batches", "1", "8"], 300)
+                  for p in ("float32", "bfloat16")],
+        "contenders": [(decoding + ["--parts", "contenders", "--device", "cuda", "--precision", p,
+                                    "--contenders", "torch", "transformers", "ct2-float32",
+                                    f"ct2-{'float16' if p == 'float32' else p}", "--batches", "1", "8",
+                                    "--tokens", "64", "128", "--rounds", "3"], 400)
+                       for p in ("float32", "bfloat16")],
+        "nn": [([PY, str(BENCH / "torch_vs_nn_transformer.py"), "--device", "cuda", "--precision",
+                 "bfloat16", "--batch", "64", "--length", "128"] + train_flag, 200)
+               for train_flag in ([], ["--train"])],
+        "agreement": [(train + ["--task", "copy", "--steps", "600", "--checkpoint", str(runs / "copy")], 300),
+                      (train + ["--task", "dates", "--steps", "3000", "--checkpoint", str(runs / "dates")], 600),
+                      ([PY, str(BENCH / "half_precision.py"), "agreement", "--checkpoint",
+                        str(runs / "copy"), str(runs / "dates"), "--heldout", "500", "--device", "cuda",
+                        "--backends", "torch"], 600)],
+        "cpu": [(decoding + ["--parts", "contenders", "--contenders", "torch", "ct2-float32",
+                             "--batches", "1", "8", "--tokens", "64", "128", "--rounds", "3",
+                             "--threads", "1"], 500)],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    out_default = Path(os.environ.get("OUT", ROOT / "gpu_session"))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=out_default,
+                        help="where each part's output goes (default $OUT, else ./gpu_session)")
+    parser.add_argument("--parts", nargs="+", default=list(_parts(Path("."))),
+                        choices=list(_parts(Path("."))))
+    args = parser.parse_args(argv)
+    on_gpu = [part for part in args.parts if part != "cpu"]
+    if on_gpu:
+        import torch
+        if not torch.cuda.is_available():
+            parser.error(f"--parts {' '.join(on_gpu)}: no CUDA device (torch {torch.__version__}: "
+                         f"torch.cuda.is_available() is False); only --parts cpu runs here")
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    failed = []
+    parts = _parts(args.out)
+    for part in args.parts:
+        log = args.out / f"{part}.txt"
+        with open(log, "w") as sink:
+            for command, limit in parts[part]:
+                shown = " ".join(Path(c).name if c == PY else c.replace(str(ROOT) + "/", "") for c in command)
+                sink.write(f"$ {shown}\n")
+                sink.flush()
+                start = time.perf_counter()
+                try:
+                    code = subprocess.run(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, timeout=limit).returncode
+                except subprocess.TimeoutExpired:
+                    code = f"timed out after {limit} s"
+                sink.write(f"# exit {code}, {time.perf_counter() - start:.0f} s\n")
+                if code != 0:
+                    failed.append(f"{part}: {shown}: {code}")
+        print(f"== {part} ({log})")
+        print("\n".join(log.read_text().splitlines()[-14:]), flush=True)
+    if failed:
+        print("failed:\n  " + "\n  ".join(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
