@@ -66,11 +66,17 @@ def test_a_keras_file_without_h5py_names_the_file_and_the_install(tmp_path):
                     print(err)
                 else:
                     raise AssertionError("read without h5py")
+        from twins.cli import main
+        assert main(["convert", {str(tmp_path / "model.keras")!r}, {str(tmp_path / "out")!r}, "--from",
+                     "keras-hub", "--to", "torch", "--bos-id", "1", "--eos-id", "2"]) == 2
         assert "h5py" not in sys.modules
     """, blocked={"h5py"})
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 4, result.stdout
+    # twins convert says it once, naming the conversion, not wrapped in "a library is not installed"
+    assert result.stderr.strip() == (f"twins convert: error: {str(tmp_path / 'model.keras')} -> torch: "
+                                     f"{lines[-1]}"), result.stderr
     for line, name in zip(lines, ["model.weights.h5"] * 2 + ["model.keras"] * 2):
         assert line == (f"{str(tmp_path / name)!r}: a Keras file (.keras, .weights.h5; --from keras-hub, "
                         "tf-tutorial) is read with h5py, which is not installed (No module named 'h5py'); "

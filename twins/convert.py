@@ -60,8 +60,9 @@ def run(args) -> int:
         raise ValueError(str(err)) from None
     except ValueError as err:
         raise loading.respelled(err) from None
-    except ImportError as err:
-        raise ImportError(f"{args.src} -> {dst_fmt.name}: a library is not installed ({err})") from None
+    except ImportError as err:  # a bare import's message names only the module; a reader's says more
+        said = f"a library is not installed ({err})" if err.name else str(err)
+        raise ImportError(f"{args.src} -> {dst_fmt.name}: {said}") from None
     n_params = neutral.parameter_count(config)
     print(f"converted {args.src} ({src_fmt.name}) -> {args.dst} ({dst_fmt.name}): {n_params:,} "
           f"parameters in {len(weights)} tensors, {config.dtype}{': ' + said if said else ''}")
