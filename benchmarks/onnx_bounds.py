@@ -13,8 +13,8 @@ start token, and the `base` preset, float32 and float64, `random_weights` seeds,
   every position, as the backends' do).
 
 With ``--pairs``, also ``onnx:torch`` and ``onnx:tf``: the full pass against torch_impl's and
-tf_impl's float32 logits (float16: in their float16 mixed precision). Every figure is ``max|a - b| / max(max|b|, 1)``. Float64 with gelu is
-refused by the export.
+tf_impl's float32 logits (float16: in their float16 mixed precision). Every figure is
+``max|a - b| / max(max|b|, 1)``. Float64 with gelu is refused by the export.
 
     python3 dev.py bench onnx_bounds [--seeds 0 1 2 3] [--pairs] [--dtypes float32 float64 float16]
 """

@@ -31,9 +31,20 @@ added to it, is written out), the final norms, gelu (exact: ``Erf``) and swish (
 Sigmoid(x)``), learned positions (the weights) or the fixed table of `shared.positional` (layout,
 timescale and ``pe_offset`` included, stored as a constant in the model's dtype), ``embed_scale``,
 ``head_dim``, shared and tied tables (the tied generator is ``Transpose`` of the stored table, not
-a second copy), ``float32`` and ``float64``. `refusals` names the one combination refused: gelu in
-float64 (ONNX Runtime has no float64 ``Erf``). A graph over protobuf's 2 GiB keeps its weights in
-an external data file beside it (``GRAPH.onnx.data``).
+a second copy), ``float32`` and ``float64``, and float16 mixed precision (below). `refusals` names
+what is refused: gelu in float64 (ONNX Runtime has no float64 ``Erf``), bfloat16. A graph over
+protobuf's 2 GiB keeps its weights in an external data file beside it (``GRAPH.onnx.data``).
+
+**float16** (``precision="float16"`` / ``"fp16"``, a float32 model): `shared.precision`'s rule as
+torch_impl's ``set_precision(model, "float16")`` computes it. The products' kernels and biases are
+float16 initializers (`product_weights`); the products, the attention weights' product with the
+values, the key/value cache and ``logits`` are float16; embeddings, positions, the residual stream,
+layer norms, scores and softmax, gelu/swish (rounded once, as torch's half kernels) and
+``last_hidden_state`` float32, with ``Cast`` nodes at the boundaries (`_Builder.to_compute`,
+`_Builder.to_stream`). The search widens the logits (`twins.onnx_runtime`). A kernel float16
+cannot hold is refused (`half_range_problems`); ``config.json`` records the precision
+(`export_precision`). docs/formats/onnx.md, "float16", says why each choice and what ONNX Runtime's
+CPU does with such a graph (its products in float32: not faster there).
 
 **Masks** (conventions 2 and 3). ``attention_mask`` / ``encoder_attention_mask`` mark the keys that
 may be attended (nonzero = real), as the project's source mask ``src != pad_id`` does; the caller
