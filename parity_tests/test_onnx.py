@@ -628,7 +628,27 @@ def test_float16_refusals_by_name(tmp_path):
     with pytest.raises(ExportError, match=r"decoder\.layers\.0\.ffn\.inner\.kernel: values up to .* exceed "
                                           r"float16's largest finite value 65504"):
         to_onnx(c, big, tmp_path / "model", precision="float16")
+    tied = VC.BASE.replace(dtype="float32", tie_output=True)
+    wt = random_weights(tied, 0)
+    table = "tgt_embed.embeddings" if "tgt_embed.embeddings" in wt else "src_embed.embeddings"
+    with pytest.raises(ExportError, match=rf"{table}: values up to .* exceed float16's"):
+        to_onnx(tied, {**wt, table: wt[table] * np.float32(1e6)}, tmp_path / "model", precision="float16")
     assert not (tmp_path / "model").exists()
+
+
+def test_twins_compare_runs_the_float16_export(capsys):
+    """``twins compare --dtype float16 --backends onnx``: the in-memory export rebuilt in float16,
+    its logits against the oracle under the float16 bound."""
+    import json
+
+    from twins.cli import main
+    assert main(["compare", "--preset", "tiny", "--batch", "2", "--src-len", "6", "--tgt-len", "5",
+                 "--backends", "onnx", "--dtype", "float16", "--decode", "--max-new", "4", "--json", "-"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    logits = next(r for r in result["rows"] if r["name"] == "logits")["pairs"]["onnx:reference"]
+    assert logits["pass"] and logits["bound"] == bound_for("float16", "onnx:reference").rtol
+    assert logits["max_rel"] > 100 * bound_for("float32", "onnx:reference").rtol  # float16 ran, not float32
+    assert result["decoding"]["onnx"]["pass"] and result["pass"]
 
 
 def test_twins_convert_float16_verifies_and_decode_serves_it(demo, tmp_path, capsys):

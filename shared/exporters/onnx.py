@@ -113,9 +113,11 @@ def refusals(config: TransformerConfig, precision: str = "float32") -> list[str]
 
 def half_range_problems(config: TransformerConfig, weights: Mapping[str, np.ndarray]) -> list[str]:
     """The kernels and biases of ``weights`` a float16 export cannot hold: a value beyond float16's
-    largest finite one (65504) would be stored as inf (`product_weights` names the tensors)."""
+    largest finite one (65504) would be stored as inf (`product_weights` names the tensors; a tied
+    generator's table too, which the graph casts to float16 for the product)."""
     out = []
-    for name in product_weights(config):
+    tied = [tgt_embedding_name(config)] if config.tie_output else []
+    for name in product_weights(config) + tied:
         peak = float(np.max(np.abs(weights[name]))) if weights[name].size else 0.0
         if peak > FLOAT16_MAX:
             out.append(f"{name}: values up to {peak:.6g} exceed float16's largest finite value "
