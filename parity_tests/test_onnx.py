@@ -636,6 +636,19 @@ def test_float16_refusals_by_name(tmp_path):
     assert not (tmp_path / "model").exists()
 
 
+def test_float16_overflowing_logits_are_refused_not_decoded():
+    """A logit past 65504 is inf in the float16 graph (the kernel itself within range): the
+    search refuses the step, as it refuses any non-finite logits."""
+    c = TransformerConfig.preset("tiny", dropout=0.0)
+    w = random_weights(c, 0)
+    w["generator.kernel"] = w["generator.kernel"] / np.abs(w["generator.kernel"]).max() * np.float32(6e4)
+    model = OnnxRuntimeModel.from_weights(c, w, threads=1, precision="float16")
+    src = np.array([[4, 5, 6, 7]])
+    assert not np.isfinite(model.logits(src, np.array([[c.start_id]]))).all()
+    with pytest.raises(ValueError, match=r"^step: expected logits without NaN or \+inf"):
+        model.greedy(src, 4)
+
+
 def test_twins_compare_runs_the_float16_export(capsys):
     """``twins compare --dtype float16 --backends onnx``: the in-memory export rebuilt in float16,
     its logits against the oracle under the float16 bound."""
