@@ -2,11 +2,15 @@
 float32's: the measurements behind the "bfloat16" / "float16" inference bounds of
 `shared/tolerances.py`.
 
-Two parts, each for torch_impl (on ``--device``) and, where TensorFlow is installed, tf_impl (CPU):
+Two parts, each for torch_impl (on ``--device``), where TensorFlow is installed tf_impl (CPU), and
+with ``--backends ... onnx`` ONNX Runtime (CPU) on a float16 ONNX export built in memory
+(`shared.exporters.onnx`, ``precision="float16"``; bfloat16 exports are refused, so skipped):
 
 * ``parity``: for each precision, preset and seed, from the same `random_weights`: the largest
   difference of the forward logits, of every named intermediate of the trace, and of the logits of
-  cached decoding steps (teacher-forced on a target without padding) from the float64 oracle;
+  cached decoding steps (teacher-forced on a target without padding) from the float64 oracle,
+  and the same between every two backends run (an export's graphs name no intermediate but the
+  logits: its intermediates column is "-");
 * ``agreement``: trained checkpoints (``twins train`` directories, e.g. the copy and dates demos)
   decode their held-out sources greedily and with beam search (4, alpha 0.6) in float32 and in each
   half precision; the fraction of sequences whose tokens equal float32's is reported.
@@ -14,7 +18,7 @@ Two parts, each for torch_impl (on ``--device``) and, where TensorFlow is instal
 Every difference is ``max|a - b| / max(max|b|, 1)``, the rule of `shared.tolerances`.
 
     PYTHONPATH=. python benchmarks/half_precision.py parity [--presets tiny small] [--seeds 0 1 2]
-        [--device cpu|cuda] [--backends torch tf]
+        [--device cpu|cuda] [--backends torch tf onnx] [--precisions float16]
     PYTHONPATH=. python benchmarks/half_precision.py agreement --checkpoint runs/copy runs/dates
         [--device cpu|cuda] [--backends torch tf]
 """
@@ -38,6 +42,7 @@ from shared.weights import random_weights  # noqa: E402
 from torch_impl.precision import set_precision as torch_set_precision  # noqa: E402
 
 HALF = ("bfloat16", "float16")
+ONNX_PRECISIONS = ("float16",)  # the ONNX export refuses bfloat16 (shared.exporters.onnx.refusals)
 
 
 def as_f64(x) -> np.ndarray:
@@ -47,6 +52,9 @@ def as_f64(x) -> np.ndarray:
 
 
 def build(backend: str, config, weights, precision: str, device: str):
+    if backend == "onnx":
+        from twins.onnx_runtime import OnnxRuntimeModel
+        return OnnxRuntimeModel.from_weights(config, weights, threads=torch.get_num_threads(), precision=precision)
     if backend == "torch":
         model = torch_impl.Transformer(config)
         model.import_weights(weights)
@@ -69,7 +77,14 @@ def inputs(config, seed: int):
 
 
 def forward_and_steps(backend: str, model, src: np.ndarray, tgt: np.ndarray, device: str):
-    """Logits ``(B, T, V)``, the trace, and the cached steps' logits ``(B, T, V)`` of ``model``."""
+    """Logits ``(B, T, V)``, the trace (None for ONNX Runtime: its graphs name no intermediate),
+    and the cached steps' logits ``(B, T, V)`` of ``model``."""
+    if backend == "onnx":
+        step, state, steps = model.step(src), None, []
+        for i in range(tgt.shape[1]):
+            out, state = step(tgt, i, state)
+            steps.append(as_f64(out))
+        return as_f64(model.logits(src, tgt)), None, np.stack(steps, 1)
     if backend == "torch":
         s, t = torch.from_numpy(src).to(device), torch.from_numpy(tgt).to(device)
         with torch.inference_mode():
@@ -91,11 +106,20 @@ def forward_and_steps(backend: str, model, src: np.ndarray, tgt: np.ndarray, dev
     return as_f64(logits), {k: as_f64(v) for k, v in trace.items()}, np.stack(steps, 1)
 
 
+def _row(a, b, names) -> tuple:
+    """(logits, every intermediate or None, steps) of run ``a`` against ``b``."""
+    (al, at, as_), (bl, bt, bs) = a, b
+    inner = None if at is None or bt is None else max(max_rel_diff(at[k], bt[k]) for k in names)
+    return max_rel_diff(al, bl), inner, max_rel_diff(as_, bs)
+
+
 def parity(args) -> None:
     worst: dict[str, float] = {}
     print("| precision | backend | preset | seed | logits vs f64 | every intermediate | cached steps' logits |")
     print("|---|---|---|---|---|---|---|")
+    order = {"onnx": 0, "torch": 1, "tf": 2}  # pairs named as shared/tolerances.py names them
     for precision in args.precisions:
+        backends = [b for b in args.backends if b != "onnx" or precision in ONNX_PRECISIONS]
         for preset in args.presets:
             for seed in args.seeds:
                 config = TransformerConfig.preset(preset, dropout=0.0)
@@ -105,28 +129,26 @@ def parity(args) -> None:
                 ref_logits, ref = reference.forward({k: v.astype(np.float64) for k, v in weights.items()},
                                                     f64, src, tgt, return_trace=True)
                 ran = {}
-                for backend in args.backends:
+                for backend in backends:
                     model = build(backend, config, weights, precision, args.device)
-                    ran[backend] = logits, trace, steps = forward_and_steps(backend, model, src, tgt,
-                                                                            args.device)
-                    row = (max_rel_diff(logits, ref_logits), max(max_rel_diff(trace[k], ref[k]) for k in ref),
-                           max_rel_diff(steps, ref_logits))
-                    print(f"| {precision} | {backend} | {preset} | {seed} | {row[0]:.1e} | {row[1]:.1e} "
-                          f"| {row[2]:.1e} |")
-                    key = f"{precision} {backend}:reference"
-                    worst[key] = max(worst.get(key, 0.0), *row)
-                if len(ran) == 2:  # torch vs TF: logits, every intermediate, steps
-                    (tl, tt, ts), (fl, ft, fs) = ran["torch"], ran["tf"]
-                    row = (max_rel_diff(tl, fl), max(max_rel_diff(tt[k], ft[k]) for k in ref), max_rel_diff(ts, fs))
-                    print(f"| {precision} | torch vs tf | {preset} | {seed} | {row[0]:.1e} | {row[1]:.1e} "
-                          f"| {row[2]:.1e} |")
-                    worst[f"{precision} torch:tf"] = max(worst.get(f"{precision} torch:tf", 0.0), *row)
+                    ran[backend] = forward_and_steps(backend, model, src, tgt, args.device)
+                    rows = [(f"{backend}:reference", backend, _row(ran[backend], (ref_logits, ref, ref_logits), ref))]
+                    for other in [b for b in ran if b != backend]:
+                        pair = sorted((backend, other), key=order.get)
+                        rows.append((":".join(pair), " vs ".join(pair), _row(ran[pair[0]], ran[pair[1]], ref)))
+                    for key, label, row in rows:
+                        inner = "-" if row[1] is None else f"{row[1]:.1e}"
+                        print(f"| {precision} | {label} | {preset} | {seed} | {row[0]:.1e} | {inner} | {row[2]:.1e} |")
+                        worst[f"{precision} {key}"] = max(worst.get(f"{precision} {key}", 0.0),
+                                                          *(v for v in row if v is not None))
     print("\nmaxima (every intermediate, logits and steps):")
     for key, value in worst.items():
         print(f"  {key}: {value:.2e}")
 
 
 def decode(backend: str, model, src: np.ndarray, max_len: int, device: str, beam: bool) -> np.ndarray:
+    if backend == "onnx":
+        return model.beam(src, max_len, 4, 0.6).tokens if beam else model.greedy(src, max_len).tokens
     if backend == "torch":
         s = torch.from_numpy(src).to(device)
         if beam:
@@ -152,7 +174,8 @@ def agreement(args) -> None:
         for backend in args.backends:
             for beam in (False, True):
                 base = None
-                for precision in ("float32", *args.precisions):
+                for precision in ("float32", *[p for p in args.precisions
+                                               if backend != "onnx" or p in ONNX_PRECISIONS]):
                     model = build(backend, config, weights, precision, args.device)
                     tokens = np.asarray(decode(backend, model, src, max_len, args.device, beam))
                     base = tokens if base is None else base
@@ -170,7 +193,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--precisions", nargs="+", default=list(HALF), choices=HALF)
     parser.add_argument("--device", default="cpu", help="torch_impl's device (tf_impl runs on its own)")
-    parser.add_argument("--backends", nargs="+", choices=["torch", "tf"],
+    parser.add_argument("--backends", nargs="+", choices=["torch", "tf", "onnx"],
                         default=["torch", "tf"] if importlib.util.find_spec("tensorflow") else ["torch"])
     parser.add_argument("--checkpoint", nargs="+", default=[], help="agreement: twins train directories")
     parser.add_argument("--heldout", type=int, default=500, help="agreement: held-out sources per task")

@@ -1,5 +1,7 @@
 """The sweep behind ``("float32", "onnx:reference")`` in `shared/tolerances.py`: ONNX Runtime on an
-ONNX export (`shared.exporters.onnx`, `twins.onnx_runtime`) against the float64 oracle.
+ONNX export (`shared.exporters.onnx`, `twins.onnx_runtime`) against the float64 oracle; with
+``--dtypes float16``, the float16 export of the float32 model (the variants' side of
+``("float16", "onnx:reference")``, whose presets' side is benchmarks/half_precision.py parity).
 
 For every convention-15 variant (parity_tests/variant_configs.py), pad_id 3 with and without a pad
 start token, and the `base` preset, float32 and float64, `random_weights` seeds, the matrix shapes
@@ -11,10 +13,10 @@ start token, and the `base` preset, float32 and float64, `random_weights` seeds,
   every position, as the backends' do).
 
 With ``--pairs``, also ``onnx:torch`` and ``onnx:tf``: the full pass against torch_impl's and
-tf_impl's float32 logits. Every figure is ``max|a - b| / max(max|b|, 1)``. Float64 with gelu is
-refused by the export.
+tf_impl's float32 logits (float16: in their float16 mixed precision). Every figure is
+``max|a - b| / max(max|b|, 1)``. Float64 with gelu is refused by the export.
 
-    python3 dev.py bench onnx_bounds [--seeds 0 1 2 3] [--pairs]
+    python3 dev.py bench onnx_bounds [--seeds 0 1 2 3] [--pairs] [--dtypes float32 float64 float16]
 """
 from __future__ import annotations
 
@@ -50,10 +52,11 @@ def decodable_rows(c: TransformerConfig, tgt: np.ndarray) -> list[int]:
             and (first_real or tgt[b, 0] != c.pad_id)]
 
 
-def measure(c: TransformerConfig, seed: int, shapes, threads: int = 1) -> tuple[float, float]:
+def measure(c: TransformerConfig, seed: int, shapes, threads: int = 1, precision: str = "float32"
+            ) -> tuple[float, float]:
     """(full pass, cached steps) worst relative differences against the oracle."""
     w = random_weights(c, seed)
-    model = OnnxRuntimeModel.from_weights(c, w, threads=threads)
+    model = OnnxRuntimeModel.from_weights(c, w, threads=threads, precision=precision)
     full = cached = 0.0
     for shape in shapes:
         if max(shape.src_len, shape.tgt_len) > c.max_len:
@@ -71,12 +74,16 @@ def measure(c: TransformerConfig, seed: int, shapes, threads: int = 1) -> tuple[
     return full, cached
 
 
-def measure_pairs(seeds) -> None:
+def measure_pairs(seeds, precision: str = "float32") -> None:
     """``onnx:torch`` and ``onnx:tf``: decoder_model logits against torch_impl's (SDPA path) and
-    tf_impl's (eager) float32 logits, the variants above and the tiny matrix variants."""
+    tf_impl's (eager) logits, the variants above and the tiny matrix variants; in float16 the
+    export's against the backends' in that mixed precision (their ``set_precision``)."""
     from parity_tests.backends import Backend
     from parity_tests.matrix import VARIANTS
+    from tf_impl.precision import set_precision as tf_precision
+    from torch_impl.precision import set_precision as torch_precision
     backends = {"torch": Backend("torch", "eager", "cpu"), "tf": Backend("tf", "eager", "/CPU:0")}
+    set_precision = {"torch": torch_precision, "tf": tf_precision}
     cases = {**configs(), **{n: c.replace(dropout=0.0) for n, c in VARIANTS.items() if n != "base"},
              "base": TransformerConfig.preset("base", dropout=0.0)}
     worst = dict.fromkeys(backends, 0.0)
@@ -84,8 +91,10 @@ def measure_pairs(seeds) -> None:
         c = config.replace(dtype="float32")
         for seed in seeds[:2]:
             w = random_weights(c, seed)
-            model = OnnxRuntimeModel.from_weights(c, w, threads=2)
+            model = OnnxRuntimeModel.from_weights(c, w, threads=2, precision=precision)
             built = {k: b.build(c, w) for k, b in backends.items()}
+            for k, m in built.items():
+                set_precision[k](m, precision)
             for shape in (SHAPES.values() if name != "base" else [SHAPES["b2-tgt-longer"]]):
                 if max(shape.src_len, shape.tgt_len) > c.max_len:
                     continue
@@ -93,7 +102,7 @@ def measure_pairs(seeds) -> None:
                 got = model.logits(src, tgt)
                 for k, b in backends.items():
                     worst[k] = max(worst[k], max_rel_diff(got, b.logits(built[k], src, tgt)))
-        print(f"{name:<22} " + "  ".join(f"onnx:{k} {v:.2e}" for k, v in worst.items()), flush=True)
+        print(f"{name:<22} {precision:<8} " + "  ".join(f"onnx:{k} {v:.2e}" for k, v in worst.items()), flush=True)
 
 
 def main(argv=None) -> None:
@@ -101,26 +110,34 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--pairs", action="store_true",
                         help="also ONNX Runtime against torch_impl and tf_impl (needs both)")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"],
+                        choices=["float32", "float64", "float16"],
+                        help="float16: the float16 export of the float32 model")
     args = parser.parse_args(argv)
-    worst = {"float32": [0.0, 0.0], "float64": [0.0, 0.0]}
+    worst = {dtype: [0.0, 0.0] for dtype in args.dtypes}
     print(f"{'variant':<16} {'dtype':<8} {'full pass':>10} {'cached':>10}")
     for name, config in configs().items():
-        for dtype in ("float32", "float64"):
-            c = config.replace(dtype=dtype)
-            if refusals(c):
+        for dtype in args.dtypes:
+            precision = "float16" if dtype == "float16" else "float32"
+            c = config.replace(dtype="float32" if dtype == "float16" else dtype)
+            if refusals(c, precision):
                 print(f"{name:<16} {dtype:<8} {'refused':>10}")
                 continue
-            full, cached = np.max([measure(c, s, SHAPES.values()) for s in args.seeds], axis=0)
+            full, cached = np.max([measure(c, s, SHAPES.values(), precision=precision) for s in args.seeds],
+                                  axis=0)
             worst[dtype] = [max(worst[dtype][0], full), max(worst[dtype][1], cached)]
             print(f"{name:<16} {dtype:<8} {full:>10.2e} {cached:>10.2e}", flush=True)
     base = TransformerConfig.preset("base", dropout=0.0)
     for seed in args.seeds[:2]:
-        full, _ = measure(base, seed, [SHAPES["b2-tgt-longer"]], threads=2)
-        print(f"{'base':<16} {'float32':<8} {full:>10.2e} {'':>10}  (seed {seed})")
+        for dtype in [d for d in args.dtypes if d != "float64"]:
+            full, _ = measure(base, seed, [SHAPES["b2-tgt-longer"]], threads=2,
+                              precision="float16" if dtype == "float16" else "float32")
+            print(f"{'base':<16} {dtype:<8} {full:>10.2e} {'':>10}  (seed {seed})")
     for dtype, (full, cached) in worst.items():
         print(f"worst {dtype}: full pass {full:.2e}, cached {cached:.2e}")
     if args.pairs:
-        measure_pairs(args.seeds)
+        for dtype in [d for d in args.dtypes if d != "float64"]:
+            measure_pairs(args.seeds, "float16" if dtype == "float16" else "float32")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,13 @@
   and decodes it, and refuses bad input (ids out of range, a float dtype, a mask whose shape
   disagrees with the ids, a missing file) with the project's errors, never tokens;
 * Optimum's ``ORTModelForSeq2SeqLM``, where it is installed (it is not in the pinned environment:
-  docs/formats/onnx.md says why).
+  docs/formats/onnx.md says why);
+* the float16 export (``precision="float16"``, `shared.precision`'s rule): float16 kernels, biases
+  and cache, float32 embeddings, norms and memory in the files; logits of the full pass and the
+  cached steps within ``("float16", "onnx:reference")`` of the oracle and ``("float16",
+  "onnx:torch")`` of torch_impl float16; cached greedy tokens equal to a recomputing greedy's and
+  to the float32 export's; bfloat16, a float64 model and an unknown name refused by name; ``twins
+  convert --to onnx --precision fp16 --verify`` and ``twins decode --backend onnx`` on it.
 """
 from __future__ import annotations
 
@@ -40,7 +46,7 @@ from shared.checks import ids_range_message  # noqa: E402
 from shared.divergence import first_divergence  # noqa: E402
 from shared.exporters.common import ExportError  # noqa: E402
 from shared.exporters.onnx import (CONFIG_FILE, DECODER, DECODER_WITH_PAST, ENCODER, GENERATION_FILE,  # noqa: E402
-                                   GRAPHS, read_onnx, source_mask, to_onnx)
+                                   GRAPHS, export_precision, read_onnx, source_mask, to_onnx)
 from shared.loss import log_softmax  # noqa: E402
 from shared.tolerances import assert_close, bound_for  # noqa: E402
 from shared.weights import WeightsError, random_weights  # noqa: E402
@@ -48,6 +54,7 @@ from twins.onnx_runtime import OnnxRuntimeModel  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MARGIN = bound_for("float32", "decode-margin").rtol
+MARGIN16 = bound_for("float16", "decode-margin").rtol
 CONFIGS = {**{name: VC.config(name) for name in VC.VARIANTS},
            "pad3": VC.BASE.replace(pad_id=3, bos_id=1, eos_id=2),
            "pad3-start-pad": VC.BASE.replace(pad_id=3, bos_id=1, eos_id=2, decoder_start_id=3)}
@@ -160,13 +167,14 @@ def test_bad_ids_fail_inside_the_graph_too():
 
 
 # -- decoding against torch_impl and tf_impl -----------------------------------------------------
-def _assert_same_tokens(c64, w64, src, want, got, what):
-    """Identical, or parted only at a float32 near-tie of the oracle's (none measured here)."""
+def _assert_same_tokens(c64, w64, src, want, got, what, margin=MARGIN):
+    """Identical, or parted only at a near-tie of the oracle's within ``margin`` (float32's by
+    default; none measured here)."""
     tgt = np.concatenate([np.full((len(src), 1), c64.start_id), want[:, :-1]], axis=1)
     lp = log_softmax(R.forward(w64, c64, src, tgt))
     lp[..., c64.pad_id] = -np.inf
     divergences = first_divergence(want, got, lp)
-    assert not [d for d in divergences if not d.margin <= MARGIN], f"{what}: {divergences}"
+    assert not [d for d in divergences if not d.margin <= margin], f"{what}: {divergences}"
     assert not divergences, f"{what}: near-ties {divergences}"
 
 
@@ -491,3 +499,195 @@ def test_session_options_are_used_as_given_and_never_changed():
     options = session_options(1)
     assert used(OnnxRuntimeModel(c32, graphs(c32), options=options)) == [levels.ORT_ENABLE_ALL] * 3
     assert options.graph_optimization_level == levels.ORT_ENABLE_ALL
+
+
+# -- float16 exports ---------------------------------------------------------------------------------
+def _steps(model, src, tgt) -> np.ndarray:
+    """The cached steps' logits (B, T, V) along ``tgt`` (teacher forcing through `OnnxStep`)."""
+    step, state, steps = model.step(src), None, []
+    for t in range(tgt.shape[1]):
+        logits, state = step(tgt, t, state)
+        steps.append(logits)
+    return np.stack(steps, 1)
+
+
+@pytest.mark.parametrize("variant", ["start-pad", "gelu", "learned"])
+def test_float16_logits_full_and_cached(variant):
+    """start-pad: the largest measured difference; gelu: the activation computed in float32
+    between Casts; learned: positions as weights (float32 in the file)."""
+    c = CONFIGS[variant].replace(dtype="float32")
+    w = random_weights(c, seed=sorted(CONFIGS).index(variant))
+    model = OnnxRuntimeModel.from_weights(c, w, threads=1, precision="fp16")
+    assert model.precision == "float16"
+    bound = bound_for("float16", "onnx:reference")
+    src, tgt = batch(c)
+    expected = R.forward(w, c, src, tgt)
+    full = model.logits(src, tgt)
+    assert full.dtype == np.float16 and model.encode(src).dtype == np.float32
+    assert_close(full, expected, bound, f"{variant} float16 decoder_model logits")
+    steps = _steps(model, src, tgt)
+    assert steps.dtype == np.float32  # widened for the search
+    rows = decodable_rows(c, tgt)
+    assert_close(steps[rows], expected[rows], bound, f"{variant} float16 decoder_with_past logits")
+    assert_close(steps[rows], full[rows], bound, f"{variant} float16 cached vs uncached")
+    # not the float32 export under another name: it parts from the oracle as float16 does
+    assert np.max(np.abs(full - expected)) > 100 * bound_for("float32", "onnx:reference").rtol
+
+
+@pytest.fixture(scope="module")
+def demo16(demo, tmp_path_factory):
+    """The demo model's float16 export (``twins convert``'s path: `to_onnx`, precision fp16)."""
+    config, weights, _ = demo
+    return to_onnx(config, weights, tmp_path_factory.mktemp("demo16") / "onnx", precision="fp16")
+
+
+def test_float16_files_hold_float16_kernels_and_cache(demo, demo16):
+    config, _, export = demo
+    types = onnx.TensorProto
+    for name in GRAPHS:
+        model = onnx.load(str(demo16 / name))
+        kinds = {t.name: t.data_type for t in model.graph.initializer}
+        products = [n for n in kinds if n.endswith((".kernel", ".bias"))]
+        assert products and all(kinds[n] == types.FLOAT16 for n in products), name
+        nbytes = lambda m: sum(len(t.raw_data) for t in m.graph.initializer if t.name in products)  # noqa: E731
+        assert 2 * nbytes(model) == nbytes(onnx.load(str(export / name))), name  # the products' weights halve
+        assert all(kinds[n] == types.FLOAT for n in kinds if n.endswith((".gamma", ".beta", ".embeddings"))), name
+        io = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.input, *model.graph.output)}
+        for key, kind in io.items():
+            want = (types.INT64 if key in ("input_ids", "attention_mask", "encoder_attention_mask")
+                    else types.FLOAT if key in ("last_hidden_state", "encoder_hidden_states")
+                    else types.FLOAT16)  # logits, present.*, past_key_values.*
+            assert kind == want, (name, key)
+    size = lambda path: sum(f.stat().st_size for f in path.iterdir())  # noqa: E731
+    assert size(demo16) < 0.8 * size(export)  # embeddings, norms and the graphs' nodes stay as they were
+    assert read_onnx(demo16)[0] == config and export_precision(demo16) == "float16"
+    assert export_precision(export) == "float32"
+
+
+def test_float16_decodes_cached_as_full_and_as_float32(frameworks, demo, demo16):
+    """Greedy through the cache (`OnnxStep`) equals greedy recomputing the full pass every step
+    (the same search over ``decoder_model``), and the float32 export's tokens; its logits are
+    within ``("float16", "onnx:torch")`` of torch_impl float16 and its tokens equal torch's."""
+    from shared import decoding as search
+    from twins import demo_tasks
+    from torch_impl.precision import set_precision
+    from parity_tests.torch_support import build
+    torch_impl, _ = frameworks
+    config, weights, export = demo
+    model = OnnxRuntimeModel.load(demo16, threads=1)
+    src = demo_tasks.pad(demo_tasks.heldout("copy", 12).sources)
+    src[-1] = config.pad_id
+    max_len = config.max_len
+
+    class Recomputing:
+        vocab = config.tgt_vocab
+
+        def initial_state(self):
+            return None
+
+        def __call__(self, prefixes, t, state):
+            return model.logits(src, prefixes[:, : t + 1])[:, -1].astype(np.float32), None
+
+        def reorder(self, state, rows):
+            return state
+
+    cached = model.greedy(src, max_len)
+    full = search.greedy_search(Recomputing(), len(src), max_len, config.start_id, config.eos_id, config.pad_id)
+    np.testing.assert_array_equal(cached.tokens, full.tokens)
+    np.testing.assert_array_equal(cached.lengths, full.lengths)
+    c64 = config.replace(dtype="float64")
+    w64 = {k: v.astype(np.float64) for k, v in weights.items()}
+    float32 = OnnxRuntimeModel.load(export, threads=1).greedy(src, max_len)
+    _assert_same_tokens(c64, w64, src, float32.tokens, cached.tokens, "float16 vs float32 export", MARGIN16)
+    torch_model = build(config, weights)
+    set_precision(torch_model, "float16")
+    theirs = torch_impl.greedy_decode(torch_model, src, max_len)
+    _assert_same_tokens(c64, w64, src, theirs.tokens, cached.tokens, "float16 onnx vs torch", MARGIN16)
+    from parity_tests.backends import Backend
+    tgt = np.concatenate([np.full((len(src), 1), config.start_id), theirs.tokens[:, :-1]], axis=1)
+    assert_close(model.logits(src, tgt), Backend("torch", "eager", "cpu").logits(torch_model, src, tgt),
+                 bound_for("float16", "onnx:torch"), "float16 logits onnx vs torch")
+
+
+def test_float16_refusals_by_name(tmp_path):
+    """bfloat16 (either name), a float64 model, an unknown name and a kernel float16 cannot hold
+    are refused before anything is written."""
+    c = VC.config("all-sinusoidal", "float32")
+    w = random_weights(c, 0)
+    for name in ("bfloat16", "bf16"):
+        with pytest.raises(ExportError, match=r"precision='bfloat16': ONNX Runtime's CPU execution provider "
+                                              r"has no bfloat16 kernel"):
+            to_onnx(c, w, tmp_path / "model", precision=name)
+    c64 = c.replace(dtype="float64")
+    with pytest.raises(ValueError, match=r"^precision: float16 mixed precision needs a float32 model, "
+                                         r"got dtype=float64$"):
+        to_onnx(c64, {k: v.astype(np.float64) for k, v in w.items()}, tmp_path / "model", precision="float16")
+    with pytest.raises(ValueError, match=r"^precision: expected one of \[.*'fp16'.*\], got 'half'$"):
+        to_onnx(c, w, tmp_path / "model", precision="half")
+    big = {**w, "decoder.layers.0.ffn.inner.kernel": w["decoder.layers.0.ffn.inner.kernel"] * np.float32(1e6)}
+    with pytest.raises(ExportError, match=r"decoder\.layers\.0\.ffn\.inner\.kernel: values up to .* exceed "
+                                          r"float16's largest finite value 65504"):
+        to_onnx(c, big, tmp_path / "model", precision="float16")
+    tied = VC.BASE.replace(dtype="float32", tie_output=True)
+    wt = random_weights(tied, 0)
+    table = "tgt_embed.embeddings" if "tgt_embed.embeddings" in wt else "src_embed.embeddings"
+    with pytest.raises(ExportError, match=rf"{table}: values up to .* exceed float16's"):
+        to_onnx(tied, {**wt, table: wt[table] * np.float32(1e6)}, tmp_path / "model", precision="float16")
+    assert not (tmp_path / "model").exists()
+
+
+def test_float16_overflowing_logits_are_refused_not_decoded():
+    """A logit past 65504 is inf in the float16 graph (the kernel itself within range): the
+    search refuses the step, as it refuses any non-finite logits."""
+    c = TransformerConfig.preset("tiny", dropout=0.0)
+    w = random_weights(c, 0)
+    w["generator.kernel"] = w["generator.kernel"] / np.abs(w["generator.kernel"]).max() * np.float32(6e4)
+    model = OnnxRuntimeModel.from_weights(c, w, threads=1, precision="float16")
+    src = np.array([[4, 5, 6, 7]])
+    assert not np.isfinite(model.logits(src, np.array([[c.start_id]]))).all()
+    with pytest.raises(ValueError, match=r"^step: expected logits without NaN or \+inf"):
+        model.greedy(src, 4)
+
+
+def test_twins_compare_runs_the_float16_export(capsys):
+    """``twins compare --dtype float16 --backends onnx``: the in-memory export rebuilt in float16,
+    its logits against the oracle under the float16 bound."""
+    import json
+
+    from twins.cli import main
+    assert main(["compare", "--preset", "tiny", "--batch", "2", "--src-len", "6", "--tgt-len", "5",
+                 "--backends", "onnx", "--dtype", "float16", "--decode", "--max-new", "4", "--json", "-"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    logits = next(r for r in result["rows"] if r["name"] == "logits")["pairs"]["onnx:reference"]
+    assert logits["pass"] and logits["bound"] == bound_for("float16", "onnx:reference").rtol
+    assert logits["max_rel"] > 100 * bound_for("float32", "onnx:reference").rtol  # float16 ran, not float32
+    assert result["decoding"]["onnx"]["pass"] and result["pass"]
+
+
+def test_twins_convert_float16_verifies_and_decode_serves_it(demo, tmp_path, capsys):
+    """``twins convert --to onnx --precision fp16 --verify`` passes against the float16 bound;
+    ``twins decode --backend onnx`` decodes the export in float16 by default (the torch tokens of
+    ``--precision float16``), refuses another precision and the export as a source, by name."""
+    pytest.importorskip("torch")
+    from shared.weights import save_checkpoint
+    from twins.cli import main
+    config, weights, _ = demo
+    save_checkpoint(tmp_path / "model", config, weights)
+    capsys.readouterr()
+    assert main(["convert", str(tmp_path / "model"), str(tmp_path / "onnx"), "--to", "onnx",
+                 "--precision", "fp16", "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "float16 mixed-precision graphs" in out and "(float16) in onnxruntime" in out
+    assert f"{bound_for('float16', 'onnx:reference').rtol:>7.0e}  pass" in out and out.rstrip().endswith("PASS")
+    ids = ["--src", "4 5 6 7 8 9 10 11", "--src", "9 8 7", "--max-new", "12"]
+    assert main(["decode", "--checkpoint", str(tmp_path / "model"), "--backend", "torch",
+                 "--precision", "float16", *ids]) == 0
+    want = capsys.readouterr().out
+    assert main(["decode", "--checkpoint", str(tmp_path / "onnx"), "--backend", "onnx", *ids]) == 0
+    assert capsys.readouterr().out == want
+    assert main(["decode", "--checkpoint", str(tmp_path / "onnx"), "--backend", "onnx",
+                 "--precision", "float32", *ids]) == 2
+    assert "--precision: ONNX Runtime runs the export's float16 graphs, got 'float32'" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "onnx"), str(tmp_path / "back")]) == 2
+    assert "is an ONNX export, which is written, never read back" in capsys.readouterr().err
+    assert not (tmp_path / "back").exists()

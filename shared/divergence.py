@@ -7,9 +7,13 @@ near-tie (inside the float32 bound of `shared.tolerances`) from a real disagreem
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 import numpy as np
+
+from . import reference
+from .config import TransformerConfig
+from .loss import log_softmax
 
 
 class Divergence(NamedTuple):
@@ -51,3 +55,14 @@ def first_divergence(tokens_a, tokens_b, log_probs=None) -> list[Divergence]:
             margin = float(row[tok_a] - row[tok_b])
         out.append(Divergence(int(item), step, tok_a, tok_b, margin))
     return out
+
+
+def oracle_log_probs(weights: Mapping[str, np.ndarray], config: TransformerConfig, src: np.ndarray,
+                     tokens: np.ndarray) -> np.ndarray:
+    """The float64 oracle's step log-probs ``(B, T, V)`` along its own decoded ``tokens`` ``(B, T)``
+    of ``src`` (teacher forcing): the ``log_probs`` that give `first_divergence` its margins when
+    ``tokens_a`` is the oracle's. After EOS any non-pad id will do as an input (its steps are not
+    read), so a pad there is fed as EOS; column 0 is the start token, which may be pad."""
+    inputs = np.where(tokens[:, :-1] == config.pad_id, config.eos_id, tokens[:, :-1])
+    tgt = np.concatenate([np.full((src.shape[0], 1), config.start_id), inputs], axis=1)
+    return log_softmax(reference.forward(weights, config, src, tgt))

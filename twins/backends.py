@@ -30,6 +30,7 @@ import numpy as np
 
 from shared import TransformerConfig
 from shared.decoding import BeamResult, GreedyResult
+from shared.precision import check_precision
 
 IMPLEMENTATIONS = ("reference", "torch", "tf")
 BACKENDS = ("torch", "tf")  # the implementations that train
@@ -380,11 +381,12 @@ class TF(_Framework):
 class OnnxRuntime:
     """ONNX Runtime serving the ONNX export of a model (`twins.onnx_runtime`; imports neither torch
     nor TensorFlow): decoding and logits, no trace or training. Built from canonical weights (the
-    export made in memory: needs ``onnx`` and ``onnxruntime``) or loaded from an export directory
-    (``onnxruntime`` alone)."""
+    export made in memory: needs ``onnx`` and ``onnxruntime``; `set_precision` "float16" rebuilds
+    it as a float16 export) or loaded from an export directory (``onnxruntime`` alone: it computes
+    in the precision it was exported in)."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, weights: Weights | None = None):
+        self.model, self._weights = model, weights
 
     @staticmethod
     def _runtime():
@@ -398,7 +400,7 @@ class OnnxRuntime:
     @classmethod
     def from_weights(cls, config: TransformerConfig, weights: Weights, seed: int | None = None,
                      threads: int | None = None) -> "OnnxRuntime":
-        return cls(cls._runtime().OnnxRuntimeModel.from_weights(config, weights, threads=threads))
+        return cls(cls._runtime().OnnxRuntimeModel.from_weights(config, weights, threads=threads), weights)
 
     @classmethod
     def load(cls, path, threads: int | None = None) -> "OnnxRuntime":
@@ -410,11 +412,23 @@ class OnnxRuntime:
         return self.model.config
 
     def set_precision(self, precision: str) -> str:
-        """Only ``float32``: the export's graphs are float32 (or float64) products throughout."""
-        if precision != "float32":
-            raise ValueError(f"precision: ONNX Runtime runs the export's {self.config.dtype} graphs, "
-                             f"got {precision!r} (half precision: --backend torch or tf)")
-        return "float32"
+        """The export's own precision (float32: the model's dtype, or float16); an in-memory
+        export (`from_weights`) is rebuilt in float16 when asked. Anything else is refused by name
+        (bfloat16: `shared.exporters.onnx.refusals`); returns the previous one."""
+        name = check_precision(precision, self.config.dtype)
+        previous = self.model.precision
+        if name == previous:
+            return previous
+        if self._weights is not None and name != "bfloat16":
+            model = self.model
+            self.model = type(model).from_weights(self.config, self._weights, threads=model.threads,
+                                                  precision=name)
+            return previous
+        graphs = self.config.dtype if previous == "float32" else previous
+        hint = ("bfloat16 is not exported: ONNX Runtime's CPU has no bfloat16 kernels" if name == "bfloat16"
+                else "export one with twins convert --to onnx --precision float16" if name == "float16"
+                else "export the float32 model with twins convert --to onnx")
+        raise ValueError(f"precision: ONNX Runtime runs the export's {graphs} graphs, got {precision!r} ({hint})")
 
     def greedy(self, src, max_len):
         return self.model.greedy(src, max_len)

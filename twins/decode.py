@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from shared.decoding_args import check_beam_size
-from shared.exporters.onnx import read_onnx
+from shared.exporters.onnx import export_precision, read_onnx
 from shared.formats import onnx as onnx_formats
 from shared.precision import HALF_PRECISIONS, check_precision
 from shared.threads import check_threads
@@ -66,10 +66,11 @@ def add_arguments(parser) -> None:
                              "demos: target length + 1; at most the model's max_len)")
     parser.add_argument("--json", metavar="FILE", help="ids: also write the results as JSON ('-': "
                                                       "stdout, alone)")
-    parser.add_argument("--precision", choices=["float32", *HALF_PRECISIONS], default="float32",
+    parser.add_argument("--precision", choices=["float32", *HALF_PRECISIONS],
                         help="the products' precision: float32 (default; a float64 model computes in "
                              "float64), or bfloat16 / float16 mixed precision with float32 weights, "
-                             "residual stream, layer norm, softmax and search (shared.precision)")
+                             "residual stream, layer norm, softmax and search (shared.precision); an "
+                             "ONNX export computes in the precision it was exported in (the default)")
     parser.add_argument("--threads", type=int, metavar="N",
                         help="CPU threads of the framework (default: its own, one per core; idle "
                              "threads sleep, OMP_WAIT_POLICY=PASSIVE, see shared/threads.py)")
@@ -150,8 +151,10 @@ def run(args) -> int:
             raise ValueError(f"--checkpoint {args.checkpoint!r} is an ONNX export: decode it with "
                              f"--backend onnx (got --backend {args.backend})")
         config, weights = read_onnx(args.checkpoint)[0], None
+        args.precision = args.precision or export_precision(args.checkpoint)
     else:
         _, config, weights = loading.read(args.checkpoint, args)
+    args.precision = args.precision or "float32"
     check_beam_size(args.beam_size, config.tgt_vocab, name="--beam-size")  # before any framework loads
     try:
         check_precision(args.precision, config.dtype)
