@@ -67,11 +67,14 @@ def contender_config() -> TransformerConfig:
 
 
 def bench_weights(config: TransformerConfig) -> dict:
-    """`shared.weights.init_weights` (seed 0) with the generator bias of EOS at -1e9: EOS is never
-    chosen, so every row decodes exactly the tokens asked and all contenders do the same work."""
+    """`shared.weights.init_weights` (seed 0) with the generator bias of EOS at -3e4: EOS is never
+    chosen (the other logits are within a few units of 0), so every row decodes exactly the tokens
+    asked and all contenders do the same work. -3e4, not lower: a float16 contender stores the
+    bias in float16, whose largest finite value is 65504 (the ONNX export refuses a larger one);
+    the figures measured with -1e9 before are the same work."""
     weights = init_weights(config, 0)
     weights["generator.bias"] = weights["generator.bias"].copy()
-    weights["generator.bias"][config.eos_id] = -1e9
+    weights["generator.bias"][config.eos_id] = -3e4
     return weights
 
 
@@ -229,7 +232,9 @@ def onnx_contender(config: TransformerConfig, weights: dict, settings: Settings)
     written to a directory and loaded as a user would), greedy through `twins.onnx_runtime`: the
     shared NumPy search over the ``decoder_with_past`` session, under its session options
     (``ORT_ENABLE_ALL``, sequential, ``threads`` intra-op threads, spinning off under
-    OMP_WAIT_POLICY=PASSIVE). float32, the export's dtype, whatever ``settings.precision`` says.
+    OMP_WAIT_POLICY=PASSIVE). A float16 export where ``settings.precision`` is float16
+    (`shared.exporters.onnx`'s half-precision graphs), else float32 (ONNX Runtime's CPU has no
+    bfloat16 products: the export refuses them).
 
     On ``cuda``, only where ``onnxruntime.get_available_providers()`` lists CUDAExecutionProvider:
     the three sessions are reopened on it (`twins.onnx_runtime` opens CPU sessions), and the NumPy
@@ -245,7 +250,8 @@ def onnx_contender(config: TransformerConfig, weights: dict, settings: Settings)
         raise Skipped(f"onnxruntime {onnxruntime.__version__}: CUDAExecutionProvider is not in "
                       f"onnxruntime.get_available_providers() = {providers}")
     path = os.path.join(tempfile.mkdtemp(prefix="twins-bench-onnx-"), "model")
-    to_onnx(config, weights, path)
+    precision = "float16" if settings.precision == "float16" else "float32"
+    to_onnx(config, weights, path, precision=precision)
     model = OnnxRuntimeModel.load(path, threads=settings.threads)
     where = "ORT_ENABLE_ALL"
     if settings.device == "cuda":
@@ -262,7 +268,7 @@ def onnx_contender(config: TransformerConfig, weights: dict, settings: Settings)
     def decode(src: np.ndarray, max_len: int):
         return model.greedy(src, max_len)
 
-    return Decoder(f"onnxruntime {onnxruntime.__version__}, {settings.device}, float32, {where}, "
+    return Decoder(f"onnxruntime {onnxruntime.__version__}, {settings.device}, {precision}, {where}, "
                    f"{settings.threads} intra-op threads", decode)
 
 

@@ -1,7 +1,7 @@
 """Greedy decoding speed: torch_impl and tf_impl against other libraries, and cached vs recompute.
 
 Preset ``base`` (float32), `shared.weights.init_weights` (seed 0) with the generator bias of EOS set
-to -1e9, so that every row of every contender decodes exactly the tokens asked (EOS suppressed: all
+to -3e4 (`bench_weights`; -1e9 before float16 contenders), so that every row of every contender decodes exactly the tokens asked (EOS suppressed: all
 do the same work); sources of 32 tokens with padding (row r keeps 32 - 3 (r mod 11), `sources`).
 
 Part ``contenders`` (issues 14 and 28): torch_impl, transformers' ``MarianMTModel.generate``,

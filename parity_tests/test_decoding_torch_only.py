@@ -99,7 +99,8 @@ def test_step_layouts_by_rows(monkeypatch):
         monkeypatch.setattr(cache, "PACKED_MIN_ROWS", cache._packed_min_rows(vendor))
         assert [step_layout(n, cpu, torch.float32) for n in (1, 2, 3, 8, None)] == want, vendor
     assert step_layout(8, cpu, torch.float64) == DENSE
-    assert step_layout(8, cpu, torch.float16) == DENSE
+    assert [step_layout(n, cpu, torch.float16) for n in (1, 8)] == [cache.DENSE_OUT_IN] * 2
+    assert step_layout(8, torch.device("cuda"), torch.float16) == DENSE
     bf16 = PACKED if torch.ops.mkldnn._is_mkldnn_bf16_supported() else DENSE  # AVX512-BF16, AMX
     assert [step_layout(n, cpu, torch.bfloat16) for n in (1, 8, None)] == [bf16, bf16, DENSE]
     assert step_layout(8, torch.device("cuda"), torch.float32) == DENSE
@@ -110,7 +111,7 @@ def test_step_layouts_by_rows(monkeypatch):
         exact = (x.double() @ kernel.double() + bias.double()).numpy()
         magnitude = (x.double().abs() @ kernel.double().abs() + bias.double().abs()).numpy()
         bound = (96 + 1) * 2.0 ** -24 * magnitude  # 96 products and the bias, float32's u
-        for layout in (DENSE, PACKED):
+        for layout in (DENSE, cache.DENSE_OUT_IN, PACKED):
             y = dense(x, lay_out(kernel, layout), bias)
             assert y.shape == (rows, 1, 40) and y.dtype == torch.float32
             assert (np.abs(y.double().numpy() - exact) <= bound).all(), layout

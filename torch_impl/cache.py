@@ -100,6 +100,7 @@ class EncoderWeights(NamedTuple):
 # is the one setting to change (``torch_impl.cache.PACKED_MIN_ROWS = n``, read at every decode)
 # where a machine says otherwise. Both layouts give the same values to float32 rounding.
 DENSE, PACKED = "dense (in, out)", "packed for oneDNN"
+DENSE_OUT_IN = "dense, (out, in) in memory"  # float16 on a CPU: see `step_layout`
 
 
 def _cpu_vendor() -> str:
@@ -127,26 +128,32 @@ _PACKING_ROWS = 8  # the row count the packing is tuned for (any count runs on i
 
 
 def step_layout(rows: int | None, device: torch.device, dtype: torch.dtype) -> str:
-    """The kernel layout of a step over ``rows`` rows (`DENSE` or `PACKED`) whose products are in
-    ``dtype``: packed where oneDNN's packed-weight kernel exists (on the CPU, with a torch that has
-    it) for float32 from `PACKED_MIN_ROWS` rows (this CPU vendor's, `_packed_min_rows`), and for
-    bfloat16 at every row count where the CPU has bfloat16 instructions (AVX512-BF16, AMX); else
-    (fewer rows, float64, float16, CUDA, ``rows`` None: unknown) dense ``(in, out)`` for
-    ``torch.addmm``.
+    """The kernel layout of a step over ``rows`` rows (`DENSE`, `DENSE_OUT_IN` or `PACKED`) whose
+    products are in ``dtype``: packed where oneDNN's packed-weight kernel exists (on the CPU, with a
+    torch that has it) for float32 from `PACKED_MIN_ROWS` rows (this CPU vendor's,
+    `_packed_min_rows`), and for bfloat16 at every row count where the CPU has bfloat16
+    instructions (AVX512-BF16, AMX); float16 on the CPU `DENSE_OUT_IN`; else (fewer rows, float64,
+    CUDA, ``rows`` None: unknown) dense ``(in, out)`` for ``torch.addmm``.
+
+    float16 on the CPU: torch's addmm reads an ``(out, in)``-contiguous kernel 6 to 24 times faster
+    than an ``(in, out)``-contiguous one (measured, torch 2.13 CPU, 1 thread, AMD EPYC without
+    float16 instructions, one row: 0.068 against 0.689 ms for 512 -> 1536, 1.67 against 11.2 for
+    the 37000-wide generator), so every float16 kernel is stored that way (`lay_out`). oneDNN packs
+    float16 only on a CPU with float16 instructions (AVX512-FP16, AVX-NE-CONVERT), not measured.
 
     bfloat16 packed: measured (torch 2.13 CPU, 1 thread, AMD EPYC with AVX512-BF16, one row,
     base's kernels) 0.017-0.036 ms a layer kernel packed against 0.029-0.096 through addmm, and
     1.08 against 3.16 ms for the 37000-wide generator (float32 packed: 1.64 ms); not measured on
     an Intel CPU."""
-    if rows is None or device.type != "cpu" or not torch.backends.mkldnn.is_available() or not (
-            hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+    if rows is None or device.type != "cpu":
         return DENSE
-    if dtype == torch.float32:
+    packable = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    if dtype == torch.float32 and packable:
         return PACKED if rows >= PACKED_MIN_ROWS else DENSE
-    if dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if dtype == torch.bfloat16 and packable and torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return PACKED
-    return DENSE
+    return DENSE_OUT_IN if dtype == torch.float16 else DENSE
 
 
 def lay_out(kernel: torch.Tensor, layout: str) -> torch.Tensor:
@@ -159,7 +166,7 @@ def lay_out(kernel: torch.Tensor, layout: str) -> torch.Tensor:
     512 -> 1536 0.19 and 0.35 ms (the 37000-wide output projection: 3.7 and 8.6 ms)."""
     if layout == PACKED:
         return torch.ops.mkldnn._reorder_linear_weight(kernel.t().contiguous(), _PACKING_ROWS)
-    if kernel.shape[0] > kernel.shape[1]:  # narrowing: (out, in) in memory, seen as (in, out)
+    if layout == DENSE_OUT_IN or kernel.shape[0] > kernel.shape[1]:  # (out, in) in memory, seen as (in, out)
         return kernel.t().contiguous().t()
     return kernel.contiguous()
 
