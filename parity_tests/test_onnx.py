@@ -691,3 +691,8 @@ def test_twins_convert_float16_verifies_and_decode_serves_it(demo, tmp_path, cap
     assert main(["convert", str(tmp_path / "onnx"), str(tmp_path / "back")]) == 2
     assert "is an ONNX export, which is written, never read back" in capsys.readouterr().err
     assert not (tmp_path / "back").exists()
+    import torch_impl
+    from shared.weights import load_checkpoint
+    for load in (load_checkpoint, torch_impl.load_checkpoint):  # the library, not only the commands
+        with pytest.raises(ValueError, match="is an ONNX export, which is written, never read back"):
+            load(tmp_path / "onnx")

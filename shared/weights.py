@@ -323,6 +323,11 @@ def load_checkpoint(path: str | os.PathLike, allow_nonfinite: bool = False
         raise ValueError(f"load_checkpoint: {str(path)!r} is not a checkpoint directory "
                          f"(expected a directory with {CONFIG_FILE} and {WEIGHTS_FILE})")
     config_file, weights_file = path / CONFIG_FILE, path / WEIGHTS_FILE
+    if not weights_file.is_file() and (path / "encoder_model.onnx").is_file():
+        # its config.json alone would pass for a neutral checkpoint's (shared.formats.onnx)
+        raise ValueError(f"{str(path)!r} is an ONNX export, which is written, never read back: its "
+                         f"weights are rearranged for its graphs (and rounded in a float16 export); "
+                         f"read the checkpoint it was exported from")
     for f in (config_file, weights_file):
         if not f.is_file():
             raise FileNotFoundError(f"load_checkpoint: missing {str(f)!r}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from shared import TransformerConfig, formats
-from shared.formats import onnx as onnx_formats
 from shared.saving import recover
 
 
@@ -73,10 +72,6 @@ def read(path: str, args, what: str = "--checkpoint", options: dict | None = Non
     if not Path(path).exists():
         raise FileNotFoundError(f"{what} {path!r}: no such file or directory")
     fmt = source_format(path, args)
-    if fmt.fallback and onnx_formats.is_export(path):  # config.json alone would pass for a neutral one
-        raise ValueError(f"{what} {path!r} is an ONNX export, which is written, never read back: its "
-                         f"weights are rearranged for its graphs (and rounded in a float16 export); "
-                         f"read the checkpoint it was exported from")
     config = config_of(args)
     options = given_options(args, "read") if options is None else options
     options = formats.check_options(fmt, "read", options, config, spell=flag)
