@@ -186,8 +186,9 @@ def torch_backend(config: TransformerConfig, weights: dict, args) -> Backend:
 
 
 def tf_backend(config: TransformerConfig, weights: dict, args) -> Backend:
-    """tf_impl with its defaults (compiled; XLA where `tf_impl.decoding.JIT_COMPILE` says). TF
-    places ops on its first GPU when it sees one, else on the CPU; TF32 off, as in the parity tests."""
+    """tf_impl with its defaults (compiled; XLA where `tf_impl.decoding.JIT_COMPILE` says), in
+    ``--precision``. TF places ops on its first GPU when it sees one, else on the CPU; TF32 off, as
+    in the parity tests."""
     import os
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -195,6 +196,7 @@ def tf_backend(config: TransformerConfig, weights: dict, args) -> Backend:
 
     import tf_impl
     from tf_impl.decoding import JIT_COMPILE
+    from tf_impl.precision import set_precision
 
     try:  # before TF starts its thread pools (part contenders may have started them already)
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
@@ -205,6 +207,7 @@ def tf_backend(config: TransformerConfig, weights: dict, args) -> Backend:
     tf.get_logger().setLevel("ERROR")  # the retracing notice: a trace per max_len is by design here
     model = tf_impl.Transformer(config)
     model.import_weights(weights)
+    set_precision(model, args.precision)  # the Keras mixed policy of `tf_impl.precision`
 
     def decode(src: np.ndarray, max_len: int, use_cache: bool) -> GreedyResult:
         return tf_impl.greedy_decode(model, src, max_len, use_cache=use_cache)
@@ -212,7 +215,7 @@ def tf_backend(config: TransformerConfig, weights: dict, args) -> Backend:
     where = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
     threads = tf.config.threading.get_intra_op_parallelism_threads() or "TF's default"
     xla = {True: "XLA", False: "tf.function, no XLA"}
-    return Backend("tf", f"tf {tf.__version__}, {where}, intra-op threads {threads}; compiled: cached "
+    return Backend("tf", f"tf {tf.__version__}, {where}, {args.precision}, intra-op threads {threads}; compiled: cached "
                    f"{xla[JIT_COMPILE[True]]}, recompute {xla[JIT_COMPILE[False]]}", decode,
                    warm_up_lengths=LENGTHS)
 
@@ -477,8 +480,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="part cache: torch_impl's device; part contenders: every contender's "
                              "(one that cannot run there is skipped, saying why)")
     parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="torch_impl's precision (torch_impl.precision), and in part contenders "
-                             "tf_impl's and transformers' (the model's dtype)")
+                        help="torch_impl's and tf_impl's precision (their precision modules), and in "
+                             "part contenders transformers' (the model's dtype) and the ONNX export's")
     parser.add_argument("--modes", nargs="+", default=["cached", "recompute"],
                         choices=["cached", "recompute"],
                         help="decoding modes to time (recompute, quadratic, is the slow one)")
