@@ -13,6 +13,7 @@ import torch_impl  # noqa: E402
 from parity_tests.decoding_cases import MAX_LEN, model_for, sources, tiny_configs, weights_for  # noqa: E402
 from parity_tests.matrix import VARIANTS  # noqa: E402
 from parity_tests.torch_support import build  # noqa: E402
+from shared import TransformerConfig  # noqa: E402
 from shared import reference as R  # noqa: E402
 from shared.tolerances import assert_close, bound_for  # noqa: E402
 
@@ -329,3 +330,26 @@ def test_cuda_greedy_reads_a_step_late_and_still_names_the_bad_step():
     # each device's own logsumexp: the same log-probs to float32 rounding
     np.testing.assert_allclose(on_gpu.log_probs, on_cpu.log_probs, rtol=0, atol=1e-6)
     assert stub.calls == 5  # the CPU read each step at once: steps 0-4, the last one EOS
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_a_graph_step_launches_its_masks_once_and_no_conversions(precision):
+    """What a CUDA graph replays is one kernel per operation (`benchmarks/step_ops.py` counts
+    them): the step makes its position mask once for every layer (one ``arange``), hands SDPA
+    masks already in its additive form (no ``where`` converting a bool mask per layer), and, where
+    its products are oneDNN-packed, runs the feed-forward rectifier inside the product (no
+    ``relu``)."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "step_ops", Path(__file__).resolve().parent.parent / "benchmarks" / "step_ops.py")
+    step_ops = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(step_ops)
+    ops = {name: n for (name, view), n in step_ops.step_ops("tiny", 2, precision, "cpu").items() if not view}
+    layers = TransformerConfig.preset("tiny").n_decoder_layers
+    assert ops["arange"] == 1, ops
+    assert "where" not in ops and "le" not in ops, ops
+    assert ops["index_copy_"] == 2 * layers, ops  # each layer's key and value, written in place
+    from torch_impl.cache import PACKED, step_layout
+    if step_layout(2, torch.device("cpu"), getattr(torch, precision)) == PACKED:
+        assert not any(name.startswith("relu") for name in ops), ops
