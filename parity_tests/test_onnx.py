@@ -696,3 +696,23 @@ def test_twins_convert_float16_verifies_and_decode_serves_it(demo, tmp_path, cap
     for load in (load_checkpoint, torch_impl.load_checkpoint):  # the library, not only the commands
         with pytest.raises(ValueError, match="is an ONNX export, which is written, never read back"):
             load(tmp_path / "onnx")
+
+
+@pytest.mark.parametrize("export, margin, verdict", [
+    ("float16", 0.5 * MARGIN16, "near-ties"), ("float16", -0.5 * MARGIN16, "near-ties"),
+    ("float16", 3 * MARGIN16, "DIFFER"), ("float32", 0.5 * MARGIN16, "DIFFER")])
+def test_verify_lets_a_float16_export_part_from_the_oracle_only_at_a_near_tie(
+        export, margin, verdict, demo, demo16, monkeypatch, capsys):
+    """`twins.onnx_runtime.verify`'s token check: tokens that part from the oracle's pass only for
+    a float16 export, and only where the oracle's margin there is within the float16 decode-margin
+    bound (either sign); a float32 export's tokens must be identical. The parting is staged (the
+    real exports part nowhere on this batch), so that each verdict is reached."""
+    from shared import divergence
+    from twins.onnx_runtime import verify
+    config, weights, export32 = demo
+    parted = divergence.Divergence(item=1, step=2, token_a=5, token_b=6, margin=margin)
+    monkeypatch.setattr(divergence, "first_divergence", lambda *args: [parted])
+    status = verify(config, weights, demo16 if export == "float16" else export32)
+    out = capsys.readouterr().out
+    assert (status == 0) == (verdict == "near-ties"), out
+    assert f"{verdict:>31}" in out and str(parted) in out, out
