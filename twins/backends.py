@@ -14,7 +14,8 @@ arrays. One interface (`Adapter`): ``trace``, ``logits``, ``time_forward``, ``gr
 ``export_moments``). Build one with `make_adapter` (a config and canonical weights) or
 `load_adapter` (a checkpoint path). A framework is imported only when its adapter is built, so
 ``twins train --backend torch`` never imports TensorFlow; a framework that is not installed raises
-`Unavailable` (an ``ImportError``, which the command line reports as an error).
+`Unavailable` (an ``ImportError``, which the command line reports as an error). `to_numpy` brings
+either framework's tensor back to NumPy.
 
 Adam's moments travel in the canonical layout: ``m.<name>`` (first moment) and ``v.<name>`` (second
 moment) for every canonical weight name, kernels ``(in, out)``, plus the optimizer's step count.
@@ -248,15 +249,13 @@ class _Framework(Adapter):
         return self._training.export_moments(self.model, self.optimizer)
 
 
-def _numpy(tensor) -> np.ndarray:
-    """A torch tensor as NumPy; bfloat16 (which NumPy lacks) widened exactly to float32."""
-    if str(tensor.dtype) == "torch.bfloat16":
-        tensor = tensor.float()
-    return tensor.detach().cpu().numpy()
-
-
-def _tf_numpy(tensor) -> np.ndarray:
-    """A TF tensor as NumPy; bfloat16 widened exactly to float32, as for torch."""
+def to_numpy(tensor) -> np.ndarray:
+    """A torch or TF tensor (on any device), or an array, as a NumPy array on the host; bfloat16,
+    which NumPy lacks, widened exactly to float32."""
+    if hasattr(tensor, "detach"):  # torch: off the autograd graph and the device first
+        tensor = tensor.detach().cpu()
+        tensor = tensor.float() if str(tensor.dtype) == "torch.bfloat16" else tensor
+        return tensor.numpy()
     array = np.asarray(tensor)
     return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
 
@@ -300,12 +299,12 @@ class Torch(_Framework):
         self.model.eval()  # training leaves the model in train mode
         with self._torch.no_grad():
             _, out = self.model(self._ids(src), self._ids(tgt), return_trace=True)
-        return {k: _numpy(v) for k, v in out.items()}
+        return {k: to_numpy(v) for k, v in out.items()}
 
     def logits(self, src, tgt):
         self.model.eval()
         with self._torch.no_grad():
-            return _numpy(self.model(self._ids(src), self._ids(tgt)))
+            return to_numpy(self.model(self._ids(src), self._ids(tgt)))
 
     def make_optimizer(self, warmup, factor, step, moments=None):
         self.optimizer = self._new_optimizer(warmup, factor, step)
@@ -357,10 +356,10 @@ class TF(_Framework):
 
     def trace(self, src, tgt):
         _, out = self.model(src, tgt, return_trace=True, training=False)
-        return {k: _tf_numpy(v) for k, v in out.items()}
+        return {k: to_numpy(v) for k, v in out.items()}
 
     def logits(self, src, tgt):
-        return _tf_numpy(self.model(src, tgt, training=False))
+        return to_numpy(self.model(src, tgt, training=False))
 
     def _timed_forward(self, src, tgt):
         # Timed under tf.function, as TF users run a model: eager Keras pays a per-layer Python
