@@ -22,19 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
 import pytest
 
+from parity_tests.importable import present
 from shared import TransformerConfig
 from shared.weights import random_weights
 from twins.backends import to_numpy
 
-HAVE_TORCH = importlib.util.find_spec("torch") is not None
-HAVE_TF = importlib.util.find_spec("tensorflow") is not None
+HAVE_TORCH, HAVE_TF = present("torch"), present("tf")
 
 if HAVE_TORCH:
     import torch
@@ -42,6 +41,7 @@ if HAVE_TORCH:
     import torch_impl
     from parity_tests import torch_support
     from torch_impl import inputs as torch_inputs
+    from torch_impl import training as torch_training
     from torch_impl import weights_io as torch_weights_io
 if HAVE_TF:
     from parity_tests import tf_support  # first: switches TF32 off before any TF computation
@@ -49,6 +49,7 @@ if HAVE_TF:
 
     import tf_impl
     from tf_impl import inputs as tf_inputs
+    from tf_impl import training as tf_training
     from tf_impl import weights_io as tf_weights_io
 
 # Kinds, for selecting backends: "torch", "tf-eager", "tf-function", "tf-xla".
@@ -93,7 +94,7 @@ class Backend:
     @property
     def training(self):
         """The backend's training module (`torch_impl.training` / `tf_impl.training`)."""
-        return self.impl.training
+        return torch_training if self.framework == "torch" else tf_training
 
     @property
     def inputs(self):
@@ -113,15 +114,14 @@ class Backend:
                              config, seed)
 
     # -- conversions -----------------------------------------------------------------------------
-    def tensor(self, array, dtype: str | None = None) -> Any:
+    def tensor(self, array) -> Any:
         """``array`` (NumPy, or already this framework's tensor on any device: moved, never read
-        back through NumPy) as this framework's tensor on this device, cast to ``dtype`` if given."""
+        back through NumPy) as this framework's tensor on this device, dtype unchanged."""
         if self.framework == "torch":
-            out = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.asarray(array))
-            return out.to(self.device, getattr(torch, dtype) if dtype else None)
+            return (array if isinstance(array, torch.Tensor) else torch.from_numpy(np.asarray(array))
+                    ).to(self.device)
         with tf.device(self.device):
-            out = tf.identity(tf.constant(array))
-            return out if dtype is None else tf.cast(out, dtype)
+            return tf.identity(tf.constant(array))
 
     numpy = staticmethod(to_numpy)  # any tensor as NumPy on the host (bfloat16 widened to float32)
 

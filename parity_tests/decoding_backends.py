@@ -30,6 +30,7 @@ import pytest
 from parity_tests.backends import HAVE_TF, HAVE_TORCH, Backend
 from shared import TransformerConfig
 from shared import decoding as D
+from shared.weights import random_weights
 
 if HAVE_TORCH:
     import torch
@@ -215,9 +216,8 @@ def _markov_loop(beam_size, batch, max_len, ids, jit_compile):
 
 def installed_search_backends() -> list[SearchBackend]:
     """The `SEARCH_BACKENDS` whose framework can be imported here (the reference always)."""
-    from parity_tests.importable import present
-    return [SearchBackend(name) for name in SEARCH_BACKENDS
-            if name == "reference" or present(name.partition("-")[0])]
+    have = {"reference": True, "torch": HAVE_TORCH, "tf": HAVE_TF}
+    return [SearchBackend(name) for name in SEARCH_BACKENDS if have[name.partition("-")[0]]]
 
 
 @pytest.fixture(params=SEARCH_BACKENDS)  # conftest skips a param whose framework is absent
@@ -261,14 +261,15 @@ class ModelBackend(Backend):
     def eager(self) -> "ModelBackend":
         return ModelBackend("tf-eager") if self.framework == "tf" else self
 
-    def build(self, config: TransformerConfig, weights: dict | None = None):
-        if weights is not None:  # cast to the model's dtype (the cases hold float64 weights)
-            weights = {name: np.asarray(value).astype(config.dtype) for name, value in weights.items()}
+    def build(self, config: TransformerConfig, weights: dict | None = None, seed: int = 0):
+        """`Backend.build` with ``weights`` cast to ``config.dtype`` (the cases hold float64 ones);
+        TF's model is the one model of ``config``, given them (its compiled loops kept with it)."""
+        weights = (random_weights(config, seed) if weights is None
+                   else {name: np.asarray(value).astype(config.dtype) for name, value in weights.items()})
         if self.framework == "torch":
             return super().build(config, weights)
         model = _tf_model(config)
-        if weights is not None:
-            model.import_weights(weights)
+        model.import_weights(weights)
         return model
 
     def src(self, src: np.ndarray):
