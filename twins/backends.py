@@ -225,14 +225,17 @@ class _Framework(Adapter):
         """Adam on the Noam schedule (``warmup``, ``factor``), continuing at ``step``; with
         ``moments`` (canonical layout, `moment_names`) Adam resumes exactly where it stopped,
         without them it starts from zero moments."""
-        raise NotImplementedError
-
-    def _new_optimizer(self, warmup: int, factor: float, start_step: int):
-        """The backend's Adam + Noam, on the data-parallel engine when there is one."""
+        # tf_impl's schedule reads the optimizer's own step count, which imported moments set (and
+        # Adam's bias corrections with it); torch's schedule counts apart, so it is offset by hand,
+        # as it is in both when Adam starts fresh.
+        start = 0 if moments is not None and self._adam_counts_steps else step
         if self.parallel is not None:
-            return self.parallel.make_optimizer(warmup=warmup, factor=factor, start_step=start_step)
-        return self._training.make_optimizer(self.model, warmup=warmup, factor=factor,
-                                             start_step=start_step)
+            self.optimizer = self.parallel.make_optimizer(warmup=warmup, factor=factor, start_step=start)
+        else:
+            self.optimizer = self._training.make_optimizer(self.model, warmup=warmup, factor=factor,
+                                                           start_step=start)
+        if moments is not None:
+            self._training.import_moments(self.model, self.optimizer, moments, step)
 
     def train_step(self, batch, smoothing: float) -> tuple[float, float]:
         """One update on ``batch = (src, tgt_in, tgt_out)``: ``(loss before it, learning rate)``.
@@ -262,6 +265,7 @@ def to_numpy(tensor) -> np.ndarray:
 
 class Torch(_Framework):
     name = "torch"
+    _adam_counts_steps = False
 
     @classmethod
     def _setup(cls, seed, threads):
@@ -306,14 +310,11 @@ class Torch(_Framework):
         with self._torch.no_grad():
             return to_numpy(self.model(self._ids(src), self._ids(tgt)))
 
-    def make_optimizer(self, warmup, factor, step, moments=None):
-        self.optimizer = self._new_optimizer(warmup, factor, step)
-        if moments is not None:
-            self._training.import_moments(self.model, self.optimizer, moments, step)
 
 
 class TF(_Framework):
     name = "tf"
+    _adam_counts_steps = True
 
     @classmethod
     def _setup(cls, seed, threads):
@@ -369,12 +370,6 @@ class TF(_Framework):
             self._compiled = tf.function(lambda s, t: self.model(s, t, training=False))
         self._compiled(tf.constant(src), tf.constant(tgt)).numpy()
 
-    def make_optimizer(self, warmup, factor, step, moments=None):
-        # With moments the optimizer's own step count carries the position (Adam's bias corrections
-        # and the schedule both read it); without, only the schedule is offset and Adam starts fresh.
-        self.optimizer = self._new_optimizer(warmup, factor, 0 if moments is not None else step)
-        if moments is not None:
-            self._training.import_moments(self.model, self.optimizer, moments, step)
 
 
 class OnnxRuntime:
