@@ -7,9 +7,11 @@ A `Backend` is a framework (``torch`` / ``tf``), an execution mode and a device:
   ``xla`` (``tf.function(jit_compile=True)``).
 
 Every method takes and returns NumPy (ids ``(B, S)`` / ``(B, T)`` integer arrays; masks bool, True =
-may attend, broadcastable to ``(B, H, q_len, k_len)``), converts at its boundary, and runs the model
-the way that backend's users run it. On GPU, TF32 is off in both frameworks (the support modules
-switch it off on import / build).
+may attend, broadcastable to ``(B, H, q_len, k_len)``), converts at its boundary (back to NumPy
+with the product's `twins.backends.to_numpy`), and runs the model the way that backend's users run
+it. On GPU, TF32 is off in both frameworks (the support modules switch it off on import / build).
+The decoding and checkpoint adapters (`parity_tests.decoding_backends.ModelBackend`,
+`parity_tests.checkpoint_backends`) are built on this one.
 
 Speed: models that tests only read come from `Backend.cached` (one per config, seed and device), and
 a compiled backend keeps one ``tf.function`` per (model, kind), which retraces per input signature
