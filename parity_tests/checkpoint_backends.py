@@ -9,8 +9,6 @@ held) is here, so that the tests say only what both must do; running a model is 
 """
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 
 from parity_tests.backends import Backend, build_model
@@ -31,11 +29,11 @@ class _Side:
     name: str
     device: str
 
-    def __init__(self):
+    def __init__(self, checkpoints, weights_io):
+        """``checkpoints``, ``weights_io``: the backend's modules of those names."""
         self.backend = Backend(self.name, "eager", self.device)
         self.impl, self.Transformer = self.backend.impl, self.backend.impl.Transformer
-        self.checkpoints = importlib.import_module(f"{self.name}_impl.checkpoints")
-        self.weights_io = importlib.import_module(f"{self.name}_impl.weights_io")
+        self.checkpoints, self.weights_io = checkpoints, weights_io
 
     def model(self, config, weights=None):
         """A fresh model of ``config`` holding ``weights`` (None: the framework's initialisation)."""
@@ -62,7 +60,9 @@ class TorchSide(_Side):
 
     def __init__(self):
         import torch
-        super().__init__()
+
+        from torch_impl import checkpoints, weights_io
+        super().__init__(checkpoints, weights_io)
         self.torch = torch
 
     def trainable(self, model) -> list:
@@ -142,7 +142,9 @@ class TFSide(_Side):
         import h5py
         import keras
         import tensorflow as tf
-        super().__init__()
+
+        from tf_impl import checkpoints, weights_io
+        super().__init__(checkpoints, weights_io)
         self.tf, self.keras, self.h5py = tf, keras, h5py
 
     def trainable(self, model) -> list:
