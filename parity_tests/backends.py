@@ -7,9 +7,11 @@ A `Backend` is a framework (``torch`` / ``tf``), an execution mode and a device:
   ``xla`` (``tf.function(jit_compile=True)``).
 
 Every method takes and returns NumPy (ids ``(B, S)`` / ``(B, T)`` integer arrays; masks bool, True =
-may attend, broadcastable to ``(B, H, q_len, k_len)``), converts at its boundary, and runs the model
-the way that backend's users run it. On GPU, TF32 is off in both frameworks (the support modules
-switch it off on import / build).
+may attend, broadcastable to ``(B, H, q_len, k_len)``), converts at its boundary (back to NumPy
+with the product's `twins.backends.to_numpy`), and runs the model the way that backend's users run
+it. On GPU, TF32 is off in both frameworks (the support modules switch it off on import / build).
+The decoding and checkpoint adapters (`parity_tests.decoding_backends.ModelBackend`,
+`parity_tests.checkpoint_backends`) are built on this one.
 
 Speed: models that tests only read come from `Backend.cached` (one per config, seed and device), and
 a compiled backend keeps one ``tf.function`` per (model, kind), which retraces per input signature
@@ -20,19 +22,20 @@ Import this module freely: it imports a framework only when that framework is in
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
 import pytest
 
+from parity_tests.importable import present
 from shared import TransformerConfig
 from shared.weights import random_weights
+from twins.backends import to_numpy
 
-HAVE_TORCH = importlib.util.find_spec("torch") is not None
-HAVE_TF = importlib.util.find_spec("tensorflow") is not None
+HAVE_TORCH, HAVE_TF = present("torch"), present("tf")
 
 if HAVE_TORCH:
     import torch
@@ -87,22 +90,25 @@ class Backend:
         return self.framework
 
     @property
+    def impl(self):
+        return torch_impl if self.framework == "torch" else tf_impl
+
+    @property
     def training(self):
         """The backend's training module (`torch_impl.training` / `tf_impl.training`)."""
         return torch_training if self.framework == "torch" else tf_training
 
     @property
-    def impl(self):
-        return torch_impl if self.framework == "torch" else tf_impl
+    def inputs(self):
+        """The backend's input checks and derived masks (`torch_impl.inputs` / `tf_impl.inputs`)."""
+        return torch_inputs if self.framework == "torch" else tf_inputs
 
     # -- models ----------------------------------------------------------------------------------
     def build(self, config: TransformerConfig, weights: dict | None = None, seed: int = 0):
         """A fresh model (eval mode) on this device with ``weights`` (default
         ``random_weights(config, seed)``); the caller may mutate it."""
-        weights = random_weights(config, seed) if weights is None else weights
-        if self.framework == "torch":
-            return torch_support.build(config, weights, self.device)
-        return tf_support.build(config, weights)
+        return build_model(self.framework, self.device, config,
+                      random_weights(config, seed) if weights is None else weights)
 
     def cached(self, config: TransformerConfig, seed: int = 0):
         """A shared read-only model per (framework, device, config, seed): never mutate it."""
@@ -111,16 +117,23 @@ class Backend:
 
     # -- conversions -----------------------------------------------------------------------------
     def tensor(self, array) -> Any:
-        """``array`` as this framework's tensor on this device, dtype unchanged."""
+        """``array`` (NumPy, or already this framework's tensor on any device: moved, never read
+        back through NumPy) as this framework's tensor on this device, dtype unchanged."""
         if self.framework == "torch":
-            return torch.from_numpy(np.asarray(array)).to(self.device)
+            return (array if isinstance(array, torch.Tensor) else torch.from_numpy(np.asarray(array))
+                    ).to(self.device)
         with tf.device(self.device):
-            return tf.identity(tf.constant(np.asarray(array)))
+            return tf.identity(tf.constant(array))
 
-    def numpy(self, value) -> np.ndarray:
-        if self.framework == "torch":
-            return value.detach().cpu().numpy()
-        return np.asarray(value)
+    numpy = staticmethod(to_numpy)  # any tensor as NumPy on the host (bfloat16 widened to float32)
+
+    def no_grad(self):
+        """A context without autograd (torch); TF records nothing outside a tape."""
+        return torch.no_grad() if self.framework == "torch" else contextlib.nullcontext()
+
+    def placed(self):
+        """Where this backend runs a call: torch without autograd, TF on its device."""
+        return self.no_grad() if self.framework == "torch" else tf.device(self.device)
 
     def _masks(self, masks: dict) -> dict:
         return {k: (None if v is None else self.tensor(v)) for k, v in masks.items()}
@@ -139,63 +152,48 @@ class Backend:
         return trace["logits"], trace
 
     def _run(self, model, kind: str, src, tgt, training: bool, masks: dict):
-        masks = self._masks(masks)
+        masks, trace = self._masks(masks), kind == "trace"
         if self.framework == "torch":
             was = model.training
             model.train(training)
             try:
                 with torch.no_grad():
-                    out = model(self.tensor(src), self.tensor(tgt), return_trace=(kind == "trace"),
-                                **masks)
+                    out = model(self.tensor(src), self.tensor(tgt), return_trace=trace, **masks)
             finally:
                 model.train(was)
-            return ({k: self.numpy(v) for k, v in out[1].items()} if kind == "trace"
-                    else self.numpy(out))
-        fn = self._function(model, "call", lambda s, t, sm, tm, trace, training: model(
-            s, t, src_mask=sm, tgt_mask=tm, training=training, return_trace=trace))
-        with tf.device(self.device):
-            out = fn(self.tensor(src), self.tensor(tgt), masks.get("src_mask"), masks.get("tgt_mask"),
-                     kind == "trace", training)
-        return {k: np.asarray(v) for k, v in out[1].items()} if kind == "trace" else np.asarray(out)
+        else:
+            fn = self._function(model, "call", lambda s, t, sm, tm, trace, training: model(
+                s, t, src_mask=sm, tgt_mask=tm, training=training, return_trace=trace))
+            with tf.device(self.device):
+                out = fn(self.tensor(src), self.tensor(tgt), masks.get("src_mask"),
+                         masks.get("tgt_mask"), trace, training)
+        return {k: to_numpy(v) for k, v in out[1].items()} if trace else to_numpy(out)
 
     def call(self, model, src, tgt, **masks):
         """The raw call on native tensors (for error tests: raises what the model raises)."""
         masks = self._masks(masks)
-        if self.framework == "torch":
-            with torch.no_grad():
-                return model(self.tensor(src), self.tensor(tgt), **masks)
-        with tf.device(self.device):
+        with self.placed():
             return model(self.tensor(src), self.tensor(tgt), **masks)
 
     def pieces(self, model, src, tgt) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(memory, generator(decode(tgt, memory, src_mask)), call(src, tgt))`` as NumPy, each
         computed in this backend's mode; the source mask is the framework's ``make_src_mask``."""
-        if self.framework == "torch":
-            s, t = self.tensor(src), self.tensor(tgt)
-            with torch.no_grad():
-                memory = model.encode(s)
-                logits = model.generator(model.decode(t, memory, torch_inputs.make_src_mask(
-                    s, model.config.pad_id)))
-                whole = model(s, t)
-            assert logits.dtype == getattr(torch, model.config.dtype)
-            assert logits.device.type == torch.device(self.device).type
-            return self.numpy(memory), self.numpy(logits), self.numpy(whole)
-
         def run(s, t):
             memory = model.encode(s)
-            hidden = model.decode(t, memory, tf_inputs.make_src_mask(s, model.config.pad_id))
+            hidden = model.decode(t, memory, self.inputs.make_src_mask(s, model.config.pad_id))
             return memory, model.generator(hidden), model(s, t)
 
-        with tf.device(self.device):
+        with self.placed():
             out = self._function(model, "pieces", run)(self.tensor(src), self.tensor(tgt))
-        assert out[1].dtype.name == model.config.dtype
-        return tuple(np.asarray(v) for v in out)
+        assert dtype_name(out[1].dtype) == model.config.dtype
+        if self.framework == "torch":
+            assert out[1].device.type == torch.device(self.device).type
+        return tuple(to_numpy(v) for v in out)
 
     def make_masks(self, src, tgt, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
         """The framework's derived ``(src_mask, tgt_mask)`` as NumPy."""
-        inputs = torch_inputs if self.framework == "torch" else tf_inputs
-        return (self.numpy(inputs.make_src_mask(self.tensor(src), pad_id)),
-                self.numpy(inputs.make_tgt_mask(self.tensor(tgt), pad_id)))
+        return (to_numpy(self.inputs.make_src_mask(self.tensor(src), pad_id)),
+                to_numpy(self.inputs.make_tgt_mask(self.tensor(tgt), pad_id)))
 
     # -- gradients -------------------------------------------------------------------------------
     def probe_gradients(self, model, src, tgt, probe, return_trace: bool = False) -> dict[str, np.ndarray]:
@@ -207,7 +205,7 @@ class Backend:
             out = model(self.tensor(src), self.tensor(tgt), return_trace=return_trace)
             scalar = ((out[0] if return_trace else out) * self.tensor(probe)).sum()
             grads = torch.autograd.grad(scalar, [p for p, _ in table.values()])
-            return {name: self.numpy(g.T if transposed else g)
+            return {name: to_numpy(g.T if transposed else g)
                     for (name, (_, transposed)), g in zip(table.items(), grads)}
         table = tf_weights_io.weight_table(model)
 
@@ -220,7 +218,7 @@ class Backend:
         fn = self._function(model, f"grad-{return_trace}", run)
         with tf.device(self.device):
             grads = fn(self.tensor(src), self.tensor(tgt), self.tensor(probe))
-        return {name: np.asarray(g) for name, g in zip(table, grads)}
+        return {name: to_numpy(g) for name, g in zip(table, grads)}
 
     # -- compiled functions, one per (model, kind) -----------------------------------------------
     def _function(self, model, kind: str, fn: Callable) -> Callable:
@@ -244,9 +242,18 @@ def cached_weights(config: TransformerConfig, seed: int = 0) -> dict[str, np.nda
 # A few dozen configs; the base ones are 0.25-0.5 GB each, at most 4 (2 dtypes x 2 frameworks) a device.
 @functools.lru_cache(maxsize=None)
 def _cached_model(framework: str, device: str, config: TransformerConfig, seed: int):
+    return build_model(framework, device, config, cached_weights(config, seed))
+
+
+def build_model(framework: str, device: str, config: TransformerConfig, weights: dict | None = None):
+    """A fresh model of ``framework`` in eval mode holding ``weights`` (None: the framework's own
+    initialisation), torch's on ``device`` (TF places its variables itself)."""
     if framework == "torch":
-        return torch_support.build(config, cached_weights(config, seed), device)
-    return tf_support.build(config, cached_weights(config, seed))
+        return torch_support.build(config, weights, device)
+    model = tf_impl.Transformer(config)
+    if weights is not None:
+        model.import_weights(weights)
+    return model
 
 
 def _all() -> list[Backend]:

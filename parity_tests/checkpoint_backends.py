@@ -3,13 +3,15 @@
 
 `BACKENDS` names them; the ``backend`` fixture of those files gives a `TorchSide` or a `TFSide`,
 importing its framework only then. Each side has the same methods: what differs between the
-frameworks (how a tensor is made, how a native file is damaged, the label a native reader gives a
-tensor) is here, so that the tests say only what both must do.
+frameworks (how a native file is damaged, the label a native reader gives a tensor, how weights are
+held) is here, so that the tests say only what both must do; running a model is the CPU
+`parity_tests.backends.Backend`'s.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from parity_tests.backends import Backend, build_model
 from shared import TransformerConfig
 from shared.weights import random_weights
 
@@ -20,8 +22,36 @@ TIED = TransformerConfig.preset("tiny", tgt_vocab=13, share_embeddings=True, tie
                                 norm_first=False, norm_style="standard", dtype="float64")
 
 
-class TorchSide:
-    name = "torch"
+class _Side:
+    """What both sides share: the backend's package, its checkpoints and weights_io modules, and
+    its models, run on the CPU `Backend`."""
+
+    name: str
+    device: str
+
+    def __init__(self, checkpoints, weights_io):
+        """``checkpoints``, ``weights_io``: the backend's modules of those names."""
+        self.backend = Backend(self.name, "eager", self.device)
+        self.impl, self.Transformer = self.backend.impl, self.backend.impl.Transformer
+        self.checkpoints, self.weights_io = checkpoints, weights_io
+
+    def model(self, config, weights=None):
+        """A fresh model of ``config`` holding ``weights`` (None: the framework's initialisation)."""
+        return build_model(self.name, self.device, config, weights)
+
+    def logits(self, model, src, tgt) -> np.ndarray:
+        return self.backend.logits(model, src, tgt)
+
+    def tensor(self, array):
+        return self.backend.tensor(array)
+
+    def label(self, name: str, config=TINY) -> str:
+        """The native file's key of a canonical weight (the first, for a tied one)."""
+        return next(k for k, s in self.checkpoints.native_layout(config).items() if s.name == name)
+
+
+class TorchSide(_Side):
+    name, device = "torch", "cpu"
     suffix = ".pt"
     other = "tf"
     not_native = "not a PyTorch file"  # a file under the suffix that is no torch.save archive
@@ -31,25 +61,9 @@ class TorchSide:
     def __init__(self):
         import torch
 
-        import torch_impl
-        from parity_tests import torch_support
         from torch_impl import checkpoints, weights_io
-        self.torch, self.impl, self.checkpoints = torch, torch_impl, checkpoints
-        self.support, self.weights_io = torch_support, weights_io
-        self.Transformer = torch_impl.Transformer
-
-    # -- models -----------------------------------------------------------------------------------
-    def model(self, config, weights=None):
-        model = self.Transformer(config)
-        if weights is not None:
-            model.import_weights(weights)
-        return model
-
-    def logits(self, model, src, tgt) -> np.ndarray:
-        return self.support.run_logits(model.eval(), src, tgt)
-
-    def tensor(self, array):
-        return self.torch.as_tensor(array)
+        super().__init__(checkpoints, weights_io)
+        self.torch = torch
 
     def trainable(self, model) -> list:
         return list(model.parameters())  # shared parameters once
@@ -76,10 +90,6 @@ class TorchSide:
         obj = self.torch.load(path, weights_only=True)
         change(obj)
         self.torch.save(obj, path)
-
-    def label(self, name: str, config=TINY) -> str:
-        """The state-dict key of a canonical weight (the first, for a tied one)."""
-        return next(k for k, s in self.checkpoints.native_layout(config).items() if s.name == name)
 
     def set_config(self, path, text: str) -> None:
         self.rewrite(path, lambda obj: obj.__setitem__("config", text))
@@ -121,8 +131,8 @@ class TorchSide:
         monkeypatch.setattr(self.torch, "save", broken)
 
 
-class TFSide:
-    name = "tf"
+class TFSide(_Side):
+    name, device = "tf", "/CPU:0"
     suffix = ".weights.h5"
     other = "torch"
     not_native = "not a readable HDF5 file"
@@ -133,25 +143,9 @@ class TFSide:
         import keras
         import tensorflow as tf
 
-        import tf_impl
-        from parity_tests import tf_support
         from tf_impl import checkpoints, weights_io
-        self.tf, self.keras, self.h5py, self.impl, self.checkpoints = tf, keras, h5py, tf_impl, checkpoints
-        self.support, self.weights_io = tf_support, weights_io
-        self.Transformer = tf_impl.Transformer
-
-    # -- models -----------------------------------------------------------------------------------
-    def model(self, config, weights=None):
-        model = self.Transformer(config)
-        if weights is not None:
-            model.import_weights(weights)
-        return model
-
-    def logits(self, model, src, tgt) -> np.ndarray:
-        return self.support.run_logits(model, src, tgt)
-
-    def tensor(self, array):
-        return self.tf.constant(array)
+        super().__init__(checkpoints, weights_io)
+        self.tf, self.keras, self.h5py = tf, keras, h5py
 
     def trainable(self, model) -> list:
         return list(model.trainable_weights)
@@ -171,10 +165,6 @@ class TFSide:
         return (any("positional" in v.path for v in model.weights), table.dtype.name, tuple(table.shape))
 
     # -- native files ------------------------------------------------------------------------------
-    def label(self, name: str, config=TINY) -> str:
-        """The dataset path of a canonical weight in the Keras file."""
-        return next(p for p, s in self.checkpoints.native_layout(config).items() if s.name == name)
-
     def set_config(self, path, text: str) -> None:
         with self.h5py.File(path, "r+") as f:
             f.attrs["twin_transformer.config"] = text

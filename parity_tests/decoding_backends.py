@@ -23,22 +23,28 @@ Fixtures: ``search_backend`` (parametrized over `SEARCH_BACKENDS`) and ``model_b
 from __future__ import annotations
 
 import functools
+
 import numpy as np
 import pytest
 
+from parity_tests.backends import HAVE_TF, HAVE_TORCH, Backend
 from shared import TransformerConfig
 from shared import decoding as D
+from shared.weights import random_weights
+
+if HAVE_TORCH:
+    import torch
+
+    from parity_tests.torch_support import DEVICES as TORCH_DEVICES
+    from torch_impl import search as torch_search
+if HAVE_TF:
+    import tensorflow as tf
+
+    import tf_impl
+    from tf_impl import search as tf_search
 
 SEARCH_BACKENDS = ["reference", "torch", "tf-eager", "tf-function"]
 NATIVE_SEARCH_BACKENDS = SEARCH_BACKENDS + ["tf-xla"]  # steps written in each backend's own ops
-
-
-def _torch():
-    return pytest.importorskip("torch")
-
-
-def _tf():
-    return pytest.importorskip("tensorflow")
 
 
 # -- the search loops -----------------------------------------------------------------------------
@@ -47,7 +53,6 @@ class TorchAdapter:
     come back as tensors (logits) in ``dtype`` (the table's, float64, unless told)."""
 
     def __init__(self, step, dtype=None):
-        torch = _torch()
         self.step, self.vocab = step, step.vocab
         self.dtype = dtype or torch.from_numpy(np.zeros(0, step.dtype)).dtype
 
@@ -56,7 +61,7 @@ class TorchAdapter:
 
     def __call__(self, prefixes, t, state):
         out, state = self.step(prefixes.cpu().numpy().copy(), t, state)
-        return _torch().from_numpy(np.array(out)), state
+        return torch.from_numpy(np.array(out)), state
 
     def reorder(self, state, rows):
         return self.step.reorder(state, rows.cpu().numpy())
@@ -68,13 +73,12 @@ class TFAdapter:
     one compiled loop serves every table of one shape (`_compiled_greedy`, `_compiled_beam`)."""
 
     def __init__(self, step, vocab: int, dtype):
-        self.step, self.vocab, self.dtype = step, vocab, _tf().as_dtype(dtype)
+        self.step, self.vocab, self.dtype = step, vocab, tf.as_dtype(dtype)
 
     def initial_state(self):
         return ()
 
     def __call__(self, prefixes, t, state):
-        tf = _tf()
         if tf.executing_eagerly():
             out, _ = self.step(prefixes.numpy(), int(t), self.step.initial_state())
             return tf.constant(out), state
@@ -93,14 +97,12 @@ def _table_step(vocab: int, dtype: str) -> TFAdapter:
 
 @functools.lru_cache(maxsize=None)
 def _compiled_greedy(vocab, dtype, *args):
-    from tf_impl import search
-    return _tf().function(lambda: search.greedy_loop(_table_step(vocab, dtype), *args), autograph=False)
+    return tf.function(lambda: tf_search.greedy_loop(_table_step(vocab, dtype), *args), autograph=False)
 
 
 @functools.lru_cache(maxsize=None)
 def _compiled_beam(vocab, dtype, *args):
-    from tf_impl import search
-    return _tf().function(lambda alpha: search.beam_loop(_table_step(vocab, dtype), *args,
+    return tf.function(lambda alpha: tf_search.beam_loop(_table_step(vocab, dtype), *args,
                                                          length_penalty=alpha), autograph=False)
 
 
@@ -116,40 +118,42 @@ class SearchBackend:
     def __repr__(self) -> str:
         return self.name
 
-    def greedy_search(self, step, batch, max_len, bos_id, eos_id, pad_id) -> D.GreedyResult:
-        if self.name == "reference":
-            return D.greedy_search(step, batch, max_len, bos_id, eos_id, pad_id)
+    def _eager(self, step):
+        """(the search module, ``step`` as its step) of ``torch`` or ``tf-eager``."""
         if self.name == "torch":
-            from torch_impl import search
-            return search.greedy_search(TorchAdapter(step), batch, max_len, bos_id, eos_id, pad_id)
-        from tf_impl import search
-        if self.name == "tf-eager":
-            return search.greedy_search(TFAdapter(step, step.vocab, step.dtype), batch, max_len,
-                                        bos_id, eos_id, pad_id)
+            return torch_search, TorchAdapter(step)
+        return tf_search, TFAdapter(step, step.vocab, step.dtype)
+
+    @staticmethod
+    def _table(step) -> TFAdapter:
+        """The compiled loops' one step of ``step``'s shape, now reading ``step``."""
         table = _table_step(step.vocab, np.dtype(step.dtype).name)
         table.step = step
-        D.check_greedy_args(table, batch, max_len, bos_id, eos_id, pad_id)
-        loop = _compiled_greedy(table.vocab, table.dtype.name, batch, max_len, bos_id, eos_id, pad_id)
-        return search.greedy_result(loop())
+        return table
+
+    def greedy_search(self, step, batch, max_len, bos_id, eos_id, pad_id) -> D.GreedyResult:
+        args = (batch, max_len, bos_id, eos_id, pad_id)
+        if self.name == "reference":
+            return D.greedy_search(step, *args)
+        if self.name in ("torch", "tf-eager"):
+            search, native = self._eager(step)
+            return search.greedy_search(native, *args)
+        table = self._table(step)
+        D.check_greedy_args(table, *args)
+        return tf_search.greedy_result(_compiled_greedy(table.vocab, table.dtype.name, *args)())
 
     def beam_search(self, step, batch, max_len, beam_size, bos_id, eos_id, pad_id,
                     length_penalty=0.0, return_all=False) -> D.BeamResult:
         args = (batch, max_len, beam_size, bos_id, eos_id, pad_id)
         if self.name == "reference":
             return D.beam_search(step, *args, length_penalty, return_all)
-        if self.name == "torch":
-            from torch_impl import search
-            return search.beam_search(TorchAdapter(step), *args, length_penalty, return_all)
-        from tf_impl import search
-        if self.name == "tf-eager":
-            return search.beam_search(TFAdapter(step, step.vocab, step.dtype), *args, length_penalty,
-                                      return_all)
-        table = _table_step(step.vocab, np.dtype(step.dtype).name)
-        table.step = step
+        if self.name in ("torch", "tf-eager"):
+            search, native = self._eager(step)
+            return search.beam_search(native, *args, length_penalty, return_all)
+        table = self._table(step)
         D.check_beam_args(table, *args, length_penalty)
         loop = _compiled_beam(table.vocab, table.dtype.name, *args)
-        alpha = _tf().constant(float(length_penalty), table.dtype)
-        return search.beam_result(loop(alpha), return_all)
+        return tf_search.beam_result(loop(tf.constant(float(length_penalty), table.dtype)), return_all)
 
     def markov(self, table: np.ndarray, beam_size: int, alpha: float, ids):
         """The loops on a `MarkovStep` table (beam_size 0: greedy; every beam returned). The
@@ -160,11 +164,9 @@ class SearchBackend:
             if beam_size == 0:
                 return self.greedy_search(step, batch, max_len, *ids)
             return self.beam_search(step, batch, max_len, beam_size, *ids, alpha, True)
-        from tf_impl import search
-        tf = _tf()
         loop = _markov_loop(beam_size, batch, max_len, tuple(ids), self.name == "tf-xla")
         out = loop(tf.constant(table), tf.constant(alpha, tf.float64))
-        return search.greedy_result(out) if beam_size == 0 else search.beam_result(out, True)
+        return tf_search.greedy_result(out) if beam_size == 0 else tf_search.beam_result(out, True)
 
 
 class MarkovStep:
@@ -190,12 +192,10 @@ class TFMarkovStep(MarkovStep):
     """`MarkovStep` in TF ops (so that it also runs under XLA)."""
 
     def __init__(self, table, beams: int):
-        tf = _tf()
         self.table, self.beams = table, beams
         self.vocab, self.dtype = int(table.shape[-1]), tf.float64
 
     def __call__(self, prefixes, t, state):
-        tf = _tf()
         n = prefixes.shape[0]
         last = tf.gather(prefixes, t, axis=1)  # (N,)
         at = tf.stack([tf.range(n, dtype=tf.int64) // self.beams, tf.fill([n], tf.cast(t, tf.int64)),
@@ -206,40 +206,27 @@ class TFMarkovStep(MarkovStep):
 @functools.lru_cache(maxsize=None)
 def _markov_loop(beam_size, batch, max_len, ids, jit_compile):
     """One compiled loop per shape; the table and alpha are its arguments (beam_size 0: greedy)."""
-    from tf_impl import search
-
     def loop(table, alpha):
         step = TFMarkovStep(table, max(beam_size, 1))
         if beam_size == 0:
-            return search.greedy_loop(step, batch, max_len, *ids)
-        return search.beam_loop(step, batch, max_len, beam_size, *ids, alpha)
-    return _tf().function(loop, jit_compile=jit_compile, autograph=False)
+            return tf_search.greedy_loop(step, batch, max_len, *ids)
+        return tf_search.beam_loop(step, batch, max_len, beam_size, *ids, alpha)
+    return tf.function(loop, jit_compile=jit_compile, autograph=False)
 
 
 def installed_search_backends() -> list[SearchBackend]:
     """The `SEARCH_BACKENDS` whose framework can be imported here (the reference always)."""
-    from parity_tests.importable import present
-    return [SearchBackend(name) for name in SEARCH_BACKENDS
-            if name == "reference" or present(name.partition("-")[0])]
+    have = {"reference": True, "torch": HAVE_TORCH, "tf": HAVE_TF}
+    return [SearchBackend(name) for name in SEARCH_BACKENDS if have[name.partition("-")[0]]]
 
 
-@pytest.fixture(params=SEARCH_BACKENDS)
+@pytest.fixture(params=SEARCH_BACKENDS)  # conftest skips a param whose framework is absent
 def search_backend(request) -> SearchBackend:
-    if request.param != "reference":
-        _torch() if request.param == "torch" else _tf()
     return SearchBackend(request.param)
 
 
 # -- the model-level API --------------------------------------------------------------------------
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-MODEL_BACKENDS = ["torch"] + (["torch-cuda"] if _cuda_available() else []) + [
+MODEL_BACKENDS = ["torch"] + (["torch-cuda"] if HAVE_TORCH and "cuda" in TORCH_DEVICES else []) + [
     "tf-eager", "tf-function", "tf-xla"]
 TF_MODES = {"tf-eager": dict(compiled=False), "tf-function": dict(compiled=True, jit_compile=False),
             "tf-xla": dict(compiled=True, jit_compile=True)}
@@ -247,84 +234,59 @@ TF_MODES = {"tf-eager": dict(compiled=False), "tf-function": dict(compiled=True,
 
 @functools.lru_cache(maxsize=None)
 def _tf_model(config: TransformerConfig):
-    import tf_impl
     return tf_impl.Transformer(config)
 
 
-class ModelBackend:
-    """One backend's model-level decoding: ``build(config, weights)`` gives a model (TF: the one
-    model of that config, holding ``weights``), ``greedy_decode`` / ``beam_search`` take the
-    model-level arguments and add the backend's mode (TF: compiled / jit_compile; torch: nothing;
-    the model is on the backend's device). ``eager()`` is the backend where ``observe`` works."""
+class ModelBackend(Backend):
+    """One backend's model-level decoding, named as in `MODEL_BACKENDS`: a `Backend` (its
+    tensors, NumPy, ``no_grad``, ``inputs``) whose ``build(config, weights)`` gives a model (TF: the
+    one model of that config, holding ``weights``) and whose ``greedy_decode`` / ``beam_search``
+    take the model-level arguments and add the backend's mode (TF: compiled / jit_compile; torch:
+    nothing, the model on the backend's device). ``eager()`` is the backend where ``observe`` works."""
 
     def __init__(self, name: str):
-        self.name = name
-        self.framework = name.split("-")[0]
-        self.device = "cuda" if name == "torch-cuda" else "cpu"
-        self.mode = TF_MODES.get(name, {})
+        framework, _, mode = name.partition("-")
+        if framework == "torch":
+            super().__init__("torch", "eager", mode or "cpu")
+        else:
+            super().__init__("tf", mode, "/CPU:0")
+
+    @property
+    def name(self) -> str:
+        return "torch-cuda" if self.device == "cuda" else self.kind
 
     def __repr__(self) -> str:
         return self.name
 
-    @property
-    def impl(self):
-        import importlib
-        return importlib.import_module(f"{self.framework}_impl")
-
     def eager(self) -> "ModelBackend":
         return ModelBackend("tf-eager") if self.framework == "tf" else self
 
-    def build(self, config: TransformerConfig, weights: dict | None = None):
-        if weights is not None:  # cast to the model's dtype (the cases hold float64 weights)
-            weights = {name: np.asarray(value).astype(config.dtype) for name, value in weights.items()}
+    def build(self, config: TransformerConfig, weights: dict | None = None, seed: int = 0):
+        """`Backend.build` with ``weights`` cast to ``config.dtype`` (the cases hold float64 ones);
+        TF's model is the one model of ``config``, given them (its compiled loops kept with it)."""
+        weights = (random_weights(config, seed) if weights is None
+                   else {name: np.asarray(value).astype(config.dtype) for name, value in weights.items()})
         if self.framework == "torch":
-            from parity_tests.torch_support import build
-            return build(config, weights, self.device)
+            return super().build(config, weights)
         model = _tf_model(config)
-        if weights is not None:
-            model.import_weights(weights)
+        model.import_weights(weights)
         return model
 
     def src(self, src: np.ndarray):
         """The sources as this backend's users pass them (torch: a tensor on its device)."""
-        if self.framework == "torch":
-            return _torch().from_numpy(np.asarray(src)).to(self.device)
-        return src
+        return self.tensor(src) if self.framework == "torch" else src
 
     def greedy_decode(self, model, src, max_len, **kwargs) -> D.GreedyResult:
-        return self.impl.greedy_decode(model, src, max_len, **self.mode, **kwargs)
+        return self.impl.greedy_decode(model, src, max_len, **TF_MODES.get(self.name, {}), **kwargs)
 
     def beam_search(self, model, src, max_len, *args, **kwargs) -> D.BeamResult:
-        return self.impl.beam_search(model, src, max_len, *args, **self.mode, **kwargs)
-
-    def tensor(self, array, dtype=None):
-        """``array`` (a NumPy array, or already this backend's tensor on any device) as this
-        backend's tensor on its device; a tensor is moved, never read back through NumPy (a CUDA
-        tensor has no NumPy view)."""
-        if self.framework == "torch":
-            torch = _torch()
-            out = (array if isinstance(array, torch.Tensor) else torch.as_tensor(np.asarray(array)))
-            out = out.to(self.device)
-            return out if dtype is None else out.to(getattr(_torch(), dtype))
-        tf = _tf()
-        return tf.constant(array) if dtype is None else tf.cast(tf.constant(array), dtype)
-
-    def numpy(self, x) -> np.ndarray:
-        return x.detach().cpu().numpy() if self.framework == "torch" else np.asarray(x)
-
-    def no_grad(self):
-        """A context without autograd (torch); TF records nothing outside a tape."""
-        import contextlib
-        return _torch().no_grad() if self.framework == "torch" else contextlib.nullcontext()
+        return self.impl.beam_search(model, src, max_len, *args, **TF_MODES.get(self.name, {}), **kwargs)
 
     def make_src_mask(self, src, pad_id: int):
         """The backend's own ``inputs.make_src_mask`` of ``src`` (as that backend's tensor)."""
-        import importlib
-        inputs = importlib.import_module(f"{self.framework}_impl.inputs")
-        return inputs.make_src_mask(self.tensor(src), pad_id)
+        return self.inputs.make_src_mask(self.tensor(src), pad_id)
 
 
-@pytest.fixture(params=MODEL_BACKENDS)
+@pytest.fixture(params=MODEL_BACKENDS)  # conftest skips a param whose framework is absent
 def model_backend(request) -> ModelBackend:
-    _torch() if request.param.startswith("torch") else _tf()
     return ModelBackend(request.param)

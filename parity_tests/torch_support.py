@@ -1,5 +1,5 @@
-"""Helpers for the torch tests: devices, TF32 off, building a model, and its logits as NumPy. The
-backend-neutral interface built on it: `parity_tests.backends`.
+"""Helpers for the torch tests: devices, TF32 off, building a model. The backend-neutral interface
+built on it: `parity_tests.backends`.
 
 Import only after ``pytest.importorskip("torch")``.
 """
@@ -32,17 +32,3 @@ def build(config: TransformerConfig, weights: Mapping[str, np.ndarray] | None = 
         model.import_weights(weights)
     return model.to(device).eval()
 
-
-def ids(array: np.ndarray, device: str = "cpu") -> torch.Tensor:
-    return torch.from_numpy(np.asarray(array)).to(device)
-
-
-def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().cpu().numpy()
-
-
-def run_logits(model: torch_impl.Transformer, src: np.ndarray, tgt: np.ndarray, device: str = "cpu",
-               **masks) -> np.ndarray:
-    """Logits as NumPy, computed without gradients (fast SDPA path)."""
-    with torch.no_grad():
-        return to_numpy(model(ids(src, device), ids(tgt, device), **masks))

@@ -14,7 +14,8 @@ arrays. One interface (`Adapter`): ``trace``, ``logits``, ``time_forward``, ``gr
 ``export_moments``). Build one with `make_adapter` (a config and canonical weights) or
 `load_adapter` (a checkpoint path). A framework is imported only when its adapter is built, so
 ``twins train --backend torch`` never imports TensorFlow; a framework that is not installed raises
-`Unavailable` (an ``ImportError``, which the command line reports as an error).
+`Unavailable` (an ``ImportError``, which the command line reports as an error). `to_numpy` brings
+either framework's tensor back to NumPy.
 
 Adam's moments travel in the canonical layout: ``m.<name>`` (first moment) and ``v.<name>`` (second
 moment) for every canonical weight name, kernels ``(in, out)``, plus the optimizer's step count.
@@ -224,14 +225,17 @@ class _Framework(Adapter):
         """Adam on the Noam schedule (``warmup``, ``factor``), continuing at ``step``; with
         ``moments`` (canonical layout, `moment_names`) Adam resumes exactly where it stopped,
         without them it starts from zero moments."""
-        raise NotImplementedError
-
-    def _new_optimizer(self, warmup: int, factor: float, start_step: int):
-        """The backend's Adam + Noam, on the data-parallel engine when there is one."""
+        # tf_impl's schedule reads the optimizer's own step count, which imported moments set (and
+        # Adam's bias corrections with it); torch's schedule counts apart, so it is offset by hand,
+        # as it is in both when Adam starts fresh.
+        start = 0 if moments is not None and self._adam_counts_steps else step
         if self.parallel is not None:
-            return self.parallel.make_optimizer(warmup=warmup, factor=factor, start_step=start_step)
-        return self._training.make_optimizer(self.model, warmup=warmup, factor=factor,
-                                             start_step=start_step)
+            self.optimizer = self.parallel.make_optimizer(warmup=warmup, factor=factor, start_step=start)
+        else:
+            self.optimizer = self._training.make_optimizer(self.model, warmup=warmup, factor=factor,
+                                                           start_step=start)
+        if moments is not None:
+            self._training.import_moments(self.model, self.optimizer, moments, step)
 
     def train_step(self, batch, smoothing: float) -> tuple[float, float]:
         """One update on ``batch = (src, tgt_in, tgt_out)``: ``(loss before it, learning rate)``.
@@ -248,21 +252,20 @@ class _Framework(Adapter):
         return self._training.export_moments(self.model, self.optimizer)
 
 
-def _numpy(tensor) -> np.ndarray:
-    """A torch tensor as NumPy; bfloat16 (which NumPy lacks) widened exactly to float32."""
-    if str(tensor.dtype) == "torch.bfloat16":
-        tensor = tensor.float()
-    return tensor.detach().cpu().numpy()
-
-
-def _tf_numpy(tensor) -> np.ndarray:
-    """A TF tensor as NumPy; bfloat16 widened exactly to float32, as for torch."""
+def to_numpy(tensor) -> np.ndarray:
+    """A torch or TF tensor (on any device), or an array, as a NumPy array on the host; bfloat16,
+    which NumPy lacks, widened exactly to float32."""
+    if hasattr(tensor, "detach"):  # torch: off the autograd graph and the device first
+        tensor = tensor.detach().cpu()
+        tensor = tensor.float() if str(tensor.dtype) == "torch.bfloat16" else tensor
+        return tensor.numpy()
     array = np.asarray(tensor)
     return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
 
 
 class Torch(_Framework):
     name = "torch"
+    _adam_counts_steps = False
 
     @classmethod
     def _setup(cls, seed, threads):
@@ -300,21 +303,18 @@ class Torch(_Framework):
         self.model.eval()  # training leaves the model in train mode
         with self._torch.no_grad():
             _, out = self.model(self._ids(src), self._ids(tgt), return_trace=True)
-        return {k: _numpy(v) for k, v in out.items()}
+        return {k: to_numpy(v) for k, v in out.items()}
 
     def logits(self, src, tgt):
         self.model.eval()
         with self._torch.no_grad():
-            return _numpy(self.model(self._ids(src), self._ids(tgt)))
+            return to_numpy(self.model(self._ids(src), self._ids(tgt)))
 
-    def make_optimizer(self, warmup, factor, step, moments=None):
-        self.optimizer = self._new_optimizer(warmup, factor, step)
-        if moments is not None:
-            self._training.import_moments(self.model, self.optimizer, moments, step)
 
 
 class TF(_Framework):
     name = "tf"
+    _adam_counts_steps = True
 
     @classmethod
     def _setup(cls, seed, threads):
@@ -357,10 +357,10 @@ class TF(_Framework):
 
     def trace(self, src, tgt):
         _, out = self.model(src, tgt, return_trace=True, training=False)
-        return {k: _tf_numpy(v) for k, v in out.items()}
+        return {k: to_numpy(v) for k, v in out.items()}
 
     def logits(self, src, tgt):
-        return _tf_numpy(self.model(src, tgt, training=False))
+        return to_numpy(self.model(src, tgt, training=False))
 
     def _timed_forward(self, src, tgt):
         # Timed under tf.function, as TF users run a model: eager Keras pays a per-layer Python
@@ -370,12 +370,6 @@ class TF(_Framework):
             self._compiled = tf.function(lambda s, t: self.model(s, t, training=False))
         self._compiled(tf.constant(src), tf.constant(tgt)).numpy()
 
-    def make_optimizer(self, warmup, factor, step, moments=None):
-        # With moments the optimizer's own step count carries the position (Adam's bias corrections
-        # and the schedule both read it); without, only the schedule is offset and Adam starts fresh.
-        self.optimizer = self._new_optimizer(warmup, factor, 0 if moments is not None else step)
-        if moments is not None:
-            self._training.import_moments(self.model, self.optimizer, moments, step)
 
 
 class OnnxRuntime:
