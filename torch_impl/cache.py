@@ -84,21 +84,15 @@ class EncoderWeights(NamedTuple):
 # repacks the whole weight matrix at every call, which costs more than the product at a few rows;
 # oneDNN's kernel reads weights packed once, ahead of time, for its own blocking, and one packing
 # (for 8 rows) serves every row count. `python3 dev.py bench step_layouts` times both on `base`'s
-# step products (its 36 decoder kernels and the 37000 x 512 output projection, 164 MB, from memory
-# as in a step; 1 thread, median of interleaved rounds); dense / packed ms:
-#
-#   rows                              1              2              8
-#   AMD EPYC, AVX-512 (torch 2.13)    7.03 / 4.90    12.1 / 5.3     17.4 / 7.3
-#   Intel Xeon, AVX-512 (torch 2.11)  13.10 / 16.19  15.33 / 15.80  31.67 / 26.11
-#
-# On the Intel CPU MKL's matrix-vector path (addmm on one or two rows) is the faster one; on AMD,
-# where MKL does not run its Intel-tuned kernels, oneDNN's packed kernel wins from one row.
-# CTranslate2 decides the same way, by the vendor (MKL on "GenuineIntel", oneDNN elsewhere:
-# src/cpu/backend.cc). So the switch is per vendor: packed from 3 rows on Intel (dense measured
-# faster at 1 and 2, packed at 8), from 1 row elsewhere. One earlier AMD EPYC measured addmm
-# faster at 1 row (11.2-11.8 against 13.0-13.8 ms) and the same from 2 rows up: `PACKED_MIN_ROWS`
-# is the one setting to change (``torch_impl.cache.PACKED_MIN_ROWS = n``, read at every decode)
-# where a machine says otherwise. Both layouts give the same values to float32 rounding.
+# step products (its 36 decoder kernels and the 37000 x 512 output projection, from memory as in a
+# step); docs/performance.md ("The CPU contenders on two CPUs") has the figures of two CPUs. On the
+# Intel CPU MKL's matrix-vector path (addmm on one or two rows) was the faster; on AMD, where MKL
+# does not run its Intel-tuned kernels, oneDNN's packed kernel won from one row. CTranslate2 decides
+# the same way, by the vendor (MKL on "GenuineIntel", oneDNN elsewhere: src/cpu/backend.cc). So the
+# switch is per vendor: packed from 3 rows on Intel (dense measured faster at 1 and 2, packed at 8),
+# from 1 row elsewhere. `PACKED_MIN_ROWS` is the one setting to change (``torch_impl.cache.
+# PACKED_MIN_ROWS = n``, read at every decode) where a machine says otherwise (an earlier AMD EPYC
+# did, at one row). Both layouts give the same values to float32 rounding.
 DENSE, PACKED = "dense (in, out)", "packed for oneDNN"
 DENSE_OUT_IN = "dense, (out, in) in memory"  # float16 on a CPU: see `step_layout`
 
@@ -135,16 +129,13 @@ def step_layout(rows: int | None, device: torch.device, dtype: torch.dtype) -> s
     instructions (AVX512-BF16, AMX); float16 on the CPU `DENSE_OUT_IN`; else (fewer rows, float64,
     CUDA, ``rows`` None: unknown) dense ``(in, out)`` for ``torch.addmm``.
 
-    float16 on the CPU: torch's addmm reads an ``(out, in)``-contiguous kernel 6 to 24 times faster
-    than an ``(in, out)``-contiguous one (measured, torch 2.13 CPU, 1 thread, AMD EPYC without
-    float16 instructions, one row: 0.068 against 0.689 ms for 512 -> 1536, 1.67 against 11.2 for
-    the 37000-wide generator), so every float16 kernel is stored that way (`lay_out`). oneDNN packs
-    float16 only on a CPU with float16 instructions (AVX512-FP16, AVX-NE-CONVERT), not measured.
-
-    bfloat16 packed: measured (torch 2.13 CPU, 1 thread, AMD EPYC with AVX512-BF16, one row,
-    base's kernels) 0.017-0.036 ms a layer kernel packed against 0.029-0.096 through addmm, and
-    1.08 against 3.16 ms for the 37000-wide generator (float32 packed: 1.64 ms); not measured on
-    an Intel CPU."""
+    float16 on the CPU: torch's addmm reads an ``(out, in)``-contiguous kernel several times faster
+    than an ``(in, out)``-contiguous one on a CPU without float16 instructions, so every float16
+    kernel is stored that way (`lay_out`); oneDNN packs float16 only on a CPU with float16
+    instructions (AVX512-FP16, AVX-NE-CONVERT), not measured. bfloat16 packed is several times
+    faster than bfloat16 addmm where the CPU has bfloat16 instructions; not measured on an Intel
+    CPU. The figures: docs/performance.md, "bfloat16 decoding on the CPU" and "float16 decoding on
+    the CPU"."""
     if rows is None or device.type != "cpu":
         return DENSE
     packable = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
