@@ -35,7 +35,7 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
     return weights.masked_fill(blocked, 0.0)
 
 
-def _kept(context: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+def _zero_keyless(context: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     """Attention's output with the rows that had no key zeroed (``keep`` of
     `torch_impl.cache.prepare_mask`; None: every row had one, nothing to multiply)."""
     return context if keep is None else context * keep
@@ -165,7 +165,7 @@ class MultiHeadAttention(nn.Module):
         Shape: query_in ``(N, 1, d_model)``, k/v ``(N, H, S, d_k)`` -> ``(N, 1, d_model)``."""
         n = query_in.shape[0]
         q = dense(query_in, *query).view(n, self.n_heads, 1, self.d_k)  # (N, H, 1, d_k): one position
-        context = _kept(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)
+        context = _zero_keyless(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)
         return dense(context.reshape(n, 1, self.n_heads * self.d_k), *output)
 
     def self_attend_prepared(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor,
@@ -179,7 +179,7 @@ class MultiHeadAttention(nn.Module):
         b, length, _ = x.shape
         # (B, S, 3, H, d_k) -> three (B, H, S, d_k) views; SDPA reads them strided
         q, k, v = dense(x, *qkv).view(b, length, 3, self.n_heads, self.d_k).permute(2, 0, 3, 1, 4)
-        context = _kept(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)  # (B, H, S, d_k)
+        context = _zero_keyless(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)  # (B, H, S, d_k)
         return dense(context.transpose(1, 2).reshape(b, length, self.n_heads * self.d_k), *output)
 
     def extend(self, query_in: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

@@ -38,13 +38,12 @@ class Encoder(nn.Module):
         return x
 
     def infer(self, x: torch.Tensor, mask: torch.Tensor, weights: list[EncoderWeights],
-              dtype: torch.dtype | None = None) -> torch.Tensor:
+              dtype: torch.dtype) -> torch.Tensor:
         """`forward` in inference, as decoding encodes its source: every layer's `EncoderLayer.infer`
         with its ``weights`` (`infer_weights`, laid out), the mask made ready once for all layers
-        in ``dtype``, the products' (default ``x``'s; a half precision's where the weights are
-        half, as attention's query, key and value then are). Same shapes, same values to
-        rounding."""
-        mask, keep = prepare_mask(mask, x.dtype if dtype is None else dtype)
+        in ``dtype``, the products' (a half precision's where the weights are half, as attention's
+        query, key and value then are). Same shapes, same values to rounding."""
+        mask, keep = prepare_mask(mask, dtype)
         for layer, layer_weights in zip(self.layers, weights):
             x = layer.infer(x, mask, keep, layer_weights)
         return x if self.final_norm is None else self.final_norm(x)
