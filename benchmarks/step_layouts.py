@@ -20,8 +20,8 @@ the model's forward and, where nothing is packed, a decode run; query, key and v
                                       [--repeats 20] [--threads 1]
 
 Measured (quiet 2-core AMD EPYC with AVX-512, torch 2.13 CPU, 1 thread, OMP_WAIT_POLICY=PASSIVE,
-THP_MEM_ALLOC_ENABLE=1, 5 rounds of 20): see the figures in `torch_impl/cache.py`'s comment above
-`PACKED_MIN_ROWS`, and in `EncoderWeights`' docstring, which this script reproduces.
+THP_MEM_ALLOC_ENABLE=1, 5 rounds of 20): docs/performance.md, "Kernel layouts" and "The CPU
+contenders on two CPUs", which this script reproduces.
 """
 from __future__ import annotations
 

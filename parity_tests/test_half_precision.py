@@ -79,6 +79,8 @@ def test_forward_and_cached_steps_against_the_oracle(be, precision, case, half_m
         assert dtype_name(logits) == precision  # the generator's product ran in half
         for name, expected in ref_trace.items():
             assert_close(as_f64(be, trace[name]), expected, bound, name)
+        # untraced (torch: on the kept half weights, test_inference_forward_torch_only.py)
+        assert_close(as_f64(be, model(s, t)), ref_logits, bound, "logits, untraced")
         cache = model.init_cache(model.encode(s), be.make_src_mask(src, CONFIG.pad_id), tgt.shape[1])
         assert dtype_name(cache.layers[0].self_key) == precision  # the cache is half
         steps = []

@@ -49,6 +49,11 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
                                 "out its products itself",
         "stacks:Encoder.infer": "the encoder pass of EncoderWeights",
         "stacks:Encoder.infer_weights": "the encoder's EncoderWeights",
+        "stacks:Decoder.infer": "the decoder pass of the forward pass without gradients, on the "
+                                "StepWeights laid out and kept as the encoder's (eager torch's "
+                                "products run as laid out; TF's forward casts and lays out under "
+                                "its own graph)",
+        "layers:DecoderLayer.infer": "one layer of Decoder.infer",
         "layers:EncoderLayer.infer": "one layer of the encoder pass of EncoderWeights",
         "layers:EncoderLayer.infer_weights": "one layer's EncoderWeights",
         "attention:MultiHeadAttention.self_attend_prepared": "the self-attention of the encoder pass "

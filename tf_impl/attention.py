@@ -109,10 +109,17 @@ class MultiHeadAttention(keras.layers.Layer):
         k, v = self.keys_values(memory)
         return self.attend(query_in, k, v, mask, return_weights, training)
 
-    def keys_values(self, memory: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def keys_values(self, memory: tf.Tensor, kv: tuple | None = None) -> tuple[tf.Tensor, tf.Tensor]:
         """Per-head keys and values of ``memory (B, K, d_model)``, each ``(B, H, K, d_k)``: what a
-        decoding cache (`tf_impl.cache`) keeps instead of recomputing."""
-        return self._heads(self.key(memory)), self._heads(self.value(memory))
+        decoding cache (`tf_impl.cache`) keeps instead of recomputing. With ``kv``, the stacked
+        ``(kernel (d, 2 * H * d_k), bias)`` of `step_kernels`, both from one product; the same to
+        rounding."""
+        if kv is None:
+            return self._heads(self.key(memory)), self._heads(self.value(memory))
+        b, length = dims(memory, 2)
+        kv = tf.reshape(dense(memory, *kv), [b, length, 2, self.n_heads, self.d_k])
+        k, v = tf.unstack(tf.transpose(kv, [2, 0, 3, 1, 4]))  # (B, H, K, d_k) each
+        return k, v
 
     def attend(self, query_in: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor | None,
                return_weights: bool = False, training: bool = False) -> tuple[tf.Tensor, tf.Tensor | None]:
@@ -130,10 +137,12 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def step_kernels(self) -> tuple[tf.Tensor, ...]:
         """``(query | key | value kernel (d, 3 * H * d_k), its bias, query kernel (d, H * d_k), its
-        bias, output kernel (H * d_k, d), its bias)``: `tf_impl.cache.StepWeights`' layout."""
-        qkv = (self.query, self.key, self.value)
+        bias, key | value kernel (d, 2 * H * d_k), its bias, output kernel (H * d_k, d), its
+        bias)``: `tf_impl.cache.StepWeights`' layout."""
+        qkv, kv = (self.query, self.key, self.value), (self.key, self.value)
         return (tf.concat([d.kernel for d in qkv], axis=1), tf.concat([d.bias for d in qkv], axis=0),
                 tf.convert_to_tensor(self.query.kernel), tf.convert_to_tensor(self.query.bias),
+                tf.concat([d.kernel for d in kv], axis=1), tf.concat([d.bias for d in kv], axis=0),
                 tf.convert_to_tensor(self.output.kernel), tf.convert_to_tensor(self.output.bias))
 
     def attend_prepared(self, query_in: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor,

@@ -35,14 +35,18 @@ from .inputs import runtime_check
 class StepWeights(NamedTuple):
     """One decoder layer's weights laid out for a decoding step, as torch_impl.cache's: kernels
     ``(in, out)`` (the Keras layout already), the self-attention's query, key and value stacked
-    into one kernel so that a step projects its token with one product instead of three. Taken
-    when the cache is made (inside a compiled decode: once per call, before the loop)."""
+    into one kernel so that a step projects its token with one product instead of three, and the
+    cross-attention's key and value into another (the cache's source keys and values, one product
+    per layer and source). Taken when the cache is made (inside a compiled decode: once per call,
+    before the loop)."""
     qkv_kernel: tf.Tensor  # (d, 3 * H * d_k): query | key | value
     qkv_bias: tf.Tensor
     self_output_kernel: tf.Tensor  # (H * d_k, d)
     self_output_bias: tf.Tensor
     cross_query_kernel: tf.Tensor  # (d, H * d_k)
     cross_query_bias: tf.Tensor
+    cross_kv_kernel: tf.Tensor  # (d, 2 * H * d_k): key | value, applied to the encoder memory
+    cross_kv_bias: tf.Tensor
     cross_output_kernel: tf.Tensor  # (H * d_k, d)
     cross_output_bias: tf.Tensor
     inner_kernel: tf.Tensor  # (d, d_ff)

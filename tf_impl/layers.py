@@ -167,19 +167,19 @@ class DecoderLayer(_TracingLayer):
 
         def cross_attn(h: tf.Tensor):
             return self.cross_attn.attend_prepared(h, cache.cross_key, cache.cross_value, src_mask,
-                                                   src_keep, w[4:6], w[6:8]), None
+                                                   src_keep, w[4:6], w[8:10]), None
 
         x = sublayer_connection(x, self_attn, self.self_attn_norm, None, self.norm_first, None,
                                 "self_attn", False)
         x = sublayer_connection(x, cross_attn, self.cross_attn_norm, None, self.norm_first, None,
                                 "cross_attn", False)
-        x = sublayer_connection(x, lambda h: (self.ffn.step(h, w[8:10], w[10:12]), None), self.ffn_norm,
+        x = sublayer_connection(x, lambda h: (self.ffn.step(h, w[10:12], w[12:14]), None), self.ffn_norm,
                                 None, self.norm_first, None, "ffn", False)
         return x, cache.updated(kept["key"], kept["value"])
 
     def step_weights(self) -> StepWeights:
         """This layer's weights as `step` reads them (`tf_impl.cache.StepWeights`)."""
-        qkv, qkv_bias, _, _, out, out_bias = self.self_attn.step_kernels()
-        _, _, query, query_bias, cross_out, cross_out_bias = self.cross_attn.step_kernels()
-        return StepWeights(qkv, qkv_bias, out, out_bias, query, query_bias, cross_out, cross_out_bias,
-                           *self.ffn.step_kernels())
+        qkv, qkv_bias, _, _, _, _, out, out_bias = self.self_attn.step_kernels()
+        _, _, query, query_bias, kv, kv_bias, cross_out, cross_out_bias = self.cross_attn.step_kernels()
+        return StepWeights(qkv, qkv_bias, out, out_bias, query, query_bias, kv, kv_bias, cross_out,
+                           cross_out_bias, *self.ffn.step_kernels())

@@ -73,7 +73,7 @@ class Decoder(_TracingLayer):
         layers = []
         for layer, layer_weights in zip(self.layers, weights):
             attn = layer.self_attn
-            k, v = layer.cross_attn.keys_values(memory)  # (B, H, S, d_k), once per source
+            k, v = layer.cross_attn.keys_values(memory, layer_weights[6:8])  # (B, H, S, d_k), once per source
             # (N, H, capacity, d_k) in the keys' dtype: the model's, or half under a mixed policy
             empty = tf.zeros([n, attn.n_heads, capacity, attn.d_k], k.dtype)
             layers.append(LayerCache(empty, empty, repeat_rows(k, beams), repeat_rows(v, beams),

@@ -104,10 +104,16 @@ class MultiHeadAttention(nn.Module):
         out = F.linear(x, weight, bias).view(b, length, len(linears), self.n_heads, self.d_k)
         return list(out.permute(2, 0, 3, 1, 4).unbind(0))  # views; SDPA reads them strided
 
-    def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def keys_values(self, memory: torch.Tensor, kv: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head keys and values of ``memory (B, K, d_model)``, each ``(B, H, K, d_k)``, from one
-        product: what a decoding cache (`torch_impl.cache`) keeps instead of recomputing."""
-        k, v = self._project(memory, self.key, self.value)
+        product: what a decoding cache (`torch_impl.cache`) keeps instead of recomputing. With
+        ``kv``, the stacked ``(kernel (d, 2 * H * d_k), bias)`` of `step_kernels` in a
+        `torch_impl.cache.lay_out` layout (inference), no module is called; the same to rounding."""
+        if kv is None:
+            k, v = self._project(memory, self.key, self.value)
+            return k, v
+        b, length, _ = memory.shape
+        k, v = dense(memory, *kv).view(b, length, 2, self.n_heads, self.d_k).permute(2, 0, 3, 1, 4)
         return k, v
 
     def attend(self, query_in: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -145,32 +151,35 @@ class MultiHeadAttention(nn.Module):
 
     def step_kernels(self) -> tuple[torch.Tensor, ...]:
         """``(query | key | value kernel (d, 3 * H * d_k), its bias, query kernel (d, H * d_k), its
-        bias, output kernel (H * d_k, d), its bias)``: `torch_impl.cache.StepWeights`' layout,
-        copies detached from autograd."""
+        bias, key | value kernel (d, 2 * H * d_k), its bias, output kernel (H * d_k, d), its
+        bias)``: `torch_impl.cache.StepWeights`' layout, copies detached from autograd."""
         def kernel(*linears):
             return torch.cat([lin.weight for lin in linears]).t().contiguous().detach()
 
         def bias(*linears):
             return torch.cat([lin.bias for lin in linears]).detach()
-        qkv = (self.query, self.key, self.value)
-        return (kernel(*qkv), bias(*qkv), kernel(self.query), bias(self.query), kernel(self.output),
-                bias(self.output))
+        qkv, kv = (self.query, self.key, self.value), (self.key, self.value)
+        return (kernel(*qkv), bias(*qkv), kernel(self.query), bias(self.query), kernel(*kv), bias(*kv),
+                kernel(self.output), bias(self.output))
 
     def attend_prepared(self, query_in: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        mask: torch.Tensor, keep: torch.Tensor, query: tuple, output: tuple) -> torch.Tensor:
-        """`attend` of one decoding step (the cross-attention of a cached step): the query and
-        output projections given as ``(kernel (in, out), bias)`` (`step_kernels`), the mask made
-        ready once (`torch_impl.cache.prepare_mask`: additive, every row may attend some key,
-        ``keep`` zeroes the rows that had none; None: every row had one), no dropout, no weights.
-        Shape: query_in ``(N, 1, d_model)``, k/v ``(N, H, S, d_k)`` -> ``(N, 1, d_model)``."""
-        n = query_in.shape[0]
-        q = dense(query_in, *query).view(n, self.n_heads, 1, self.d_k)  # (N, H, 1, d_k): one position
+                        mask: torch.Tensor, keep: torch.Tensor | None, query: tuple,
+                        output: tuple) -> torch.Tensor:
+        """`attend` in inference (the cross-attention of a cached step, and of the forward pass
+        without gradients): the query and output projections given as ``(kernel (in, out), bias)``
+        (`step_kernels`, in a `torch_impl.cache.lay_out` layout), the mask made ready once
+        (`torch_impl.cache.prepare_mask`: additive, every row may attend some key, ``keep`` zeroes
+        the rows that had none; None: every row had one), no dropout, no weights.
+        Shape: query_in ``(N, Q, d_model)``, k/v ``(N, H, S, d_k)``, mask broadcastable to
+        ``(N, H, Q, S)`` -> ``(N, Q, d_model)``."""
+        n, q_len, _ = query_in.shape
+        q = dense(query_in, *query).view(n, q_len, self.n_heads, self.d_k).transpose(1, 2)  # (N, H, Q, d_k)
         context = _zero_keyless(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)
-        return dense(context.reshape(n, 1, self.n_heads * self.d_k), *output)
+        return dense(context.transpose(1, 2).reshape(n, q_len, self.n_heads * self.d_k), *output)
 
     def self_attend_prepared(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor,
                              qkv: tuple, output: tuple) -> torch.Tensor:
-        """Self-attention in inference (decoding's encoder pass, `torch_impl.stacks.Encoder.infer`):
+        """Self-attention in inference (`torch_impl.stacks.Encoder.infer` and `Decoder.infer`):
         the query, key and value from one product with ``qkv``, then the ``output`` projection
         (each ``(kernel, bias)`` of `step_kernels`, in a `torch_impl.cache.lay_out` layout), the
         mask made ready once (`torch_impl.cache.prepare_mask`), no dropout, no weights. Same

@@ -5,13 +5,12 @@ on the encoder memory) and self-attention keys and values grow by one position a
 ``n = item * beams + beam`` (``beams = 1`` for greedy), the row order of `shared.decoding`.
 
 Self-attention keys/values live in buffers preallocated for ``capacity`` positions and written in
-place at the current position, rather than concatenated along the length axis each step. Measured
-on ``base`` float32 (torch 2.13 CPU, 1 thread, greedy, 128 tokens, 4 interleaved runs each), the two
-are equally fast: 2.10-2.26 s (buffer) vs 2.10-2.19 s (concatenation) at batch 1, 5.17-6.62 s vs
-5.15-8.45 s at batch 8. A step is dominated by reading the weights (~180 MB); concatenation copies
-the growing cache (up to 2 MB per layer a step at batch 8), attention over a buffer slice reads it
-strided. The buffer wins on the rest: no allocation per step, and it is the fixed-shape state a
-compiled loop (tf_impl's ``tf.while_loop``, XLA) needs, so both backends keep one design.
+place at the current position, rather than concatenated along the length axis each step. The two
+measured equally fast on the CPU (docs/performance.md, "The key/value buffer"): a step is dominated
+by reading the weights, concatenation copies the growing cache, attention over a buffer slice reads
+it strided. The buffer wins on the rest: no allocation per step, and it is the fixed-shape state a
+compiled loop (tf_impl's ``tf.while_loop``, XLA, a CUDA graph) needs, so both backends keep one
+design.
 
 Every update is written in place (torch tensors are mutable) and the updated object is also
 returned (`MultiHeadAttention.extend` returns the buffers, `DecoderLayer.step` the layer cache,
@@ -31,16 +30,17 @@ import torch
 
 
 class StepWeights(NamedTuple):
-    """One decoder layer's weights laid out for a decoding step: the self-attention's query, key
-    and value stacked into one kernel, and every kernel in the layout of `step_layout` (made by
-    `lay_out`; `dense` multiplies by either).
+    """One decoder layer's weights laid out for inference: a decoding step, and the forward pass
+    without gradients (`Transformer.forward`). The self-attention's query, key and value are stacked
+    into one kernel, as are the cross-attention's key and value, and every kernel is in the layout
+    of `step_layout` (made by `lay_out`; `dense` multiplies by either).
 
     Why: a step multiplies one row per hypothesis by each kernel, and there the layout decides the
-    speed. Measured (torch 2.13 CPU, 1 thread, 2 loaded cores): a (1, 512) row times the 37000 x
-    512 output projection took 22 ms with ``nn.Linear``'s ``(out, in)`` weight and 9 ms with the
-    ``(in, out)`` copy (``torch.addmm``); 0.50 vs 0.08 ms for a 512 -> 2048 layer. The stacked
-    projection makes one product of three. `torch_impl.Transformer` keeps these copies between
-    decodes while its parameters are unchanged (their version counters say so), one set per layout.
+    speed: ``nn.Linear``'s ``(out, in)`` weight read through MKL's sgemm was several times slower
+    than an ``(in, out)`` copy or a oneDNN-packed one (docs/performance.md, "Kernel layouts").
+    Stacked projections make one product of three (or two), and, in a half precision, the copies
+    are cast once rather than by autocast at every call. `torch_impl.Transformer` keeps these
+    copies while its parameters are unchanged (their version counters say so), one set per layout.
     """
     qkv_kernel: torch.Tensor  # (d, 3 * H * d_k): query | key | value
     qkv_bias: torch.Tensor
@@ -48,6 +48,8 @@ class StepWeights(NamedTuple):
     self_output_bias: torch.Tensor
     cross_query_kernel: torch.Tensor  # (d, H * d_k)
     cross_query_bias: torch.Tensor
+    cross_kv_kernel: torch.Tensor  # (d, 2 * H * d_k): key | value, applied to the encoder memory
+    cross_kv_bias: torch.Tensor
     cross_output_kernel: torch.Tensor  # (H * d_k, d)
     cross_output_bias: torch.Tensor
     inner_kernel: torch.Tensor  # (d, d_ff)
@@ -57,17 +59,14 @@ class StepWeights(NamedTuple):
 
 
 class EncoderWeights(NamedTuple):
-    """One encoder layer's weights laid out for decoding's encoder pass (`Encoder.infer`): the
-    query, key and value stacked into one kernel, every kernel packed for oneDNN (`lay_out`).
+    """One encoder layer's weights laid out for inference (`Encoder.infer`: a decode's encoder
+    pass, and the forward pass without gradients): the query, key and value stacked into one
+    kernel, every kernel in a `lay_out` layout, in a half precision cast once.
 
-    Why: a decode encodes its source once, ``B * S`` rows through every encoder kernel, and MKL's
-    sgemm behind ``nn.Linear`` is the slow product there. Measured (`python3 dev.py bench
-    step_layouts`, torch 2.13 CPU, 1 thread, quiet 2-core AMD EPYC with AVX-512, base's 6 encoder
-    layers, 75 MB of kernels, median of 5 interleaved rounds): at 32 rows (batch 1 of 32 tokens)
-    16.6 ms through ``nn.Linear`` (73 GFLOP/s) and 7.5 ms packed (162 GFLOP/s); at 256 rows 97.7
-    and 42.2 ms: about 0.15 ms a step of a 64-token greedy decode at batch 1, 0.9 ms at batch 8
-    (benchmarks/decoding.py). `torch_impl.Transformer` keeps them, as the step's, while its
-    parameters are unchanged.
+    Why: an encoder pass multiplies ``B * S`` rows by every kernel, and MKL's sgemm behind
+    ``nn.Linear`` is the slow product there on the CPU; oneDNN's packed kernels take less than half
+    its time (docs/performance.md, "Kernel layouts"). `torch_impl.Transformer` keeps them, as the
+    step's, while its parameters are unchanged.
     """
     qkv_kernel: torch.Tensor  # (d, 3 * H * d_k): query | key | value
     qkv_bias: torch.Tensor
@@ -151,10 +150,8 @@ def lay_out(kernel: torch.Tensor, layout: str) -> torch.Tensor:
     """An ``(in, out)`` kernel in ``layout``: packed by oneDNN (`PACKED`: an opaque ``is_mkldnn``
     tensor of shape ``(out, in)`` that only `dense` reads), or (`DENSE`) an ``(in, out)`` tensor
     whose longer axis is the contiguous one: one row times a widening kernel (in <= out) reads it
-    row by row, a narrowing one (in > out) as dot products along ``in``. Measured (torch 2.13 CPU,
-    1 thread, one row, 12 copies of each kernel in turn, so from memory): 2048 -> 512 took
-    0.43 ms ``(in, out)``-contiguous and 0.31 ms ``(out, in)``; 512 -> 2048 0.20 and 0.47 ms;
-    512 -> 1536 0.19 and 0.35 ms (the 37000-wide output projection: 3.7 and 8.6 ms)."""
+    row by row, a narrowing one (in > out) as dot products along ``in``: each the faster order
+    for one row (docs/performance.md, "Kernel layouts")."""
     if layout == PACKED:
         return torch.ops.mkldnn._reorder_linear_weight(kernel.t().contiguous(), _PACKING_ROWS)
     if layout == DENSE_OUT_IN or kernel.shape[0] > kernel.shape[1]:  # (out, in) in memory, seen as (in, out)
@@ -190,6 +187,34 @@ def dense(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor, relu: bool 
         out = torch.addmm(bias, rows, kernel)
         out = out.relu_() if relu else out
     return out.view(*x.shape[:-1], kernel.shape[1])
+
+
+def _inferring(module: torch.nn.Module) -> bool:
+    """Whether a pass of ``module`` may run on weights laid out for inference (`_prepared`): eval
+    mode (no dropout), no gradient being recorded, and nothing tracing it (``torch.compile`` or
+    ``torch.export``, whose graph the kept weights' key, read from pointers, would break;
+    ``torch.jit.trace`` and the ONNX exporter built on it, which would record oneDNN's packed
+    tensors as constants): a traced program gets the modules, which it records whole."""
+    return not (module.training or torch.is_grad_enabled() or torch.compiler.is_compiling()
+                or torch.jit.is_tracing())
+
+
+def _prepared(owner: torch.nn.Module, name: str, tensors, make):
+    """``make()``, weights of ``owner`` laid out for inference, made once and kept in its
+    ``_prepared_weights`` under ``name`` while ``tensors`` (the parameters they are made from) are
+    unchanged: the key is each one's storage and version counter, which any in-place update (an
+    optimizer step, ``import_weights``, ``.to()``) changes. Caches, not state: an owner's
+    ``__getstate__`` leaves them out."""
+    key = tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in tensors)
+    kept = owner.__dict__.setdefault("_prepared_weights", {})
+    if kept.get(name, (None,))[0] != key:
+        # Ordinary tensors even when a decode (under torch.inference_mode) asks first: they
+        # outlive it, and a later decode_step outside inference mode (float64: addmm, which
+        # saves its kernel for backward when the input records gradients) could not use an
+        # inference tensor.
+        with torch.inference_mode(False), torch.no_grad():
+            kept[name] = (key, make())
+    return kept[name][1]
 
 
 @dataclass

@@ -53,7 +53,7 @@ def _signature(cache, *fixed) -> tuple:
     """What a graph recorded over ``cache`` depends on besides the values in its tensors: every
     cache tensor's shape, dtype and device, the prepared weights it reads (by identity: a graph
     reads them at their addresses, and the model keeps the same objects while its parameters are
-    unchanged, `Transformer._prepared`), whether the source has a row without keys (``src_keep``)
+    unchanged, `torch_impl.cache._prepared`), whether the source has a row without keys (``src_keep``)
     and ``fixed`` (the search's Python constants)."""
     def form(t):
         return None if t is None else (tuple(t.shape), t.dtype, t.device)

@@ -107,7 +107,7 @@ class EncoderLayer(nn.Module):
     def infer_weights(self) -> EncoderWeights:
         """This layer's weights as `infer` reads them (`torch_impl.cache.EncoderWeights`), ``(in,
         out)`` copies detached from autograd."""
-        qkv, qkv_bias, _, _, out, out_bias = self.self_attn.step_kernels()
+        qkv, qkv_bias, _, _, _, _, out, out_bias = self.self_attn.step_kernels()
         return EncoderWeights(qkv, qkv_bias, out, out_bias, *self.ffn.step_kernels())
 
 
@@ -144,6 +144,34 @@ class DecoderLayer(nn.Module):
         return sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm,
                                    self.dropout, self.norm_first, trace, f"{prefix}.ffn")
 
+    def infer(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+              src_keep: torch.Tensor | None, tgt_mask: torch.Tensor, tgt_keep: torch.Tensor | None,
+              weights: StepWeights) -> torch.Tensor:
+        """`forward` in inference (no gradients, no dropout, no trace): the kernels of
+        `step_weights` (in a `torch_impl.cache.lay_out` layout, half in a half precision), the
+        query, key and value from one product, the cross-attention's key and value from another,
+        no module calls but the norms. Same values to rounding.
+
+        Shape: x ``(B, T, d)``, memory ``(B, S, d)``; each mask and keep from
+        `torch_impl.cache.prepare_mask` (additive, made once for every layer), src_mask
+        broadcastable to ``(B, H, T, S)``, tgt_mask to ``(B, H, T, T)`` -> ``(B, T, d)``.
+        """
+        w = weights
+        k, v = self.cross_attn.keys_values(memory, w[6:8])  # (B, H, S, d_k)
+
+        def self_attn(h: torch.Tensor):
+            return self.self_attn.self_attend_prepared(h, tgt_mask, tgt_keep, w[0:2], w[2:4]), None
+
+        def cross_attn(h: torch.Tensor):
+            return self.cross_attn.attend_prepared(h, k, v, src_mask, src_keep, w[4:6], w[8:10]), None
+
+        x = sublayer_connection(x, self_attn, self.self_attn_norm, None, self.norm_first, None,
+                                "self_attn")
+        x = sublayer_connection(x, cross_attn, self.cross_attn_norm, None, self.norm_first, None,
+                                "cross_attn")
+        return sublayer_connection(x, lambda h: (self.ffn.step(h, w[10:12], w[12:14]), None),
+                                   self.ffn_norm, None, self.norm_first, None, "ffn")
+
     def step(self, x: torch.Tensor, cache: LayerCache, position: int, src_mask: torch.Tensor,
              src_keep: torch.Tensor | None, self_mask: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, LayerCache]:
@@ -167,19 +195,19 @@ class DecoderLayer(nn.Module):
 
         def cross_attn(h: torch.Tensor):
             return self.cross_attn.attend_prepared(h, cache.cross_key, cache.cross_value, src_mask,
-                                                   src_keep, w[4:6], w[6:8]), None
+                                                   src_keep, w[4:6], w[8:10]), None
 
         x = sublayer_connection(x, self_attn, self.self_attn_norm, None, self.norm_first, None,
                                 "self_attn")
         x = sublayer_connection(x, cross_attn, self.cross_attn_norm, None, self.norm_first, None,
                                 "cross_attn")
-        x = sublayer_connection(x, lambda h: (self.ffn.step(h, w[8:10], w[10:12]), None), self.ffn_norm, None,
-                                self.norm_first, None, "ffn")
+        x = sublayer_connection(x, lambda h: (self.ffn.step(h, w[10:12], w[12:14]), None), self.ffn_norm,
+                                None, self.norm_first, None, "ffn")
         return x, cache.updated(kept["key"], kept["value"])
 
     def step_weights(self) -> StepWeights:
-        """This layer's weights as `step` reads them (`torch_impl.cache.StepWeights`)."""
-        qkv, qkv_bias, _, _, out, out_bias = self.self_attn.step_kernels()
-        _, _, query, query_bias, cross_out, cross_out_bias = self.cross_attn.step_kernels()
-        return StepWeights(qkv, qkv_bias, out, out_bias, query, query_bias, cross_out, cross_out_bias,
-                           *self.ffn.step_kernels())
+        """This layer's weights as `step` and `infer` read them (`torch_impl.cache.StepWeights`)."""
+        qkv, qkv_bias, _, _, _, _, out, out_bias = self.self_attn.step_kernels()
+        _, _, query, query_bias, kv, kv_bias, cross_out, cross_out_bias = self.cross_attn.step_kernels()
+        return StepWeights(qkv, qkv_bias, out, out_bias, query, query_bias, kv, kv_bias, cross_out,
+                           cross_out_bias, *self.ffn.step_kernels())

@@ -14,7 +14,8 @@ from shared.decoding import check_max_len
 from shared.masks import padding_id, start_is_pad
 
 from . import weights_io
-from .cache import PACKED, DecoderCache, dense, filled_mask, lay_out, lay_out_weights, step_layout
+from .cache import (DecoderCache, _inferring, _prepared, dense, filled_mask, lay_out, lay_out_weights,
+                    step_layout)
 from .embedding import PositionalEncoding, TokenEmbedding
 from .inputs import _is_integer, check_ids, check_mask, check_same_batch, make_src_mask, make_tgt_mask
 from .layers import Trace, record
@@ -38,9 +39,42 @@ class Generator(nn.Module):
         self.kernel = None if tied is not None else nn.Linear(d_model, vocab, bias=False, dtype=dtype)
         self.bias = nn.Parameter(torch.zeros(vocab, dtype=dtype))
 
+    def _table(self) -> torch.Tensor:
+        return self._tied[0].table.weight if self._tied else self.kernel.weight  # (V, d)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self._tied[0].table.weight if self._tied else self.kernel.weight  # (V, d)
-        return F.linear(x, weight, self.bias)  # (B, T, V)
+        """``(B, T, d)`` -> ``(B, T, V)``. In eval mode without gradients (`torch_impl.cache.
+        _inferring`) from the kernel `_laid_out` for the ``B * T`` rows, in the products' dtype
+        (the autocast one where autocast is on, as it would cast): the same values to rounding."""
+        table = self._table()
+        if not _inferring(self):
+            return self._linear(x)
+        dtype = table.dtype
+        if table.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
+            dtype = torch.get_autocast_dtype(x.device.type)
+        return dense(x, *self._laid_out(step_layout(x.numel() // x.shape[-1], x.device, dtype), dtype))
+
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` through the parameters themselves (autograd; a traced pass)."""
+        return F.linear(x, self._table(), self.bias)
+
+    def _laid_out(self, layout: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(kernel (d, V) in layout, bias (V,))`` in ``dtype``: the projection as inference
+        multiplies by it (`torch_impl.cache.lay_out`; a decoding step's, `Transformer._step_weights`),
+        made once and kept while the table and bias are unchanged (`torch_impl.cache._prepared`)."""
+        table = self._table()
+
+        def make():
+            kernel, bias = table.detach().t(), self.bias.detach()
+            return lay_out(kernel.to(dtype), layout), bias.to(dtype)
+        return _prepared(self, f"{layout}, {str(dtype)[6:]}", (table, self.bias), make)
+
+    def __getstate__(self):
+        """Pickling and copying leave out the kept kernels (`_laid_out`): a cache, and oneDNN's
+        packed tensors have no storage to pickle."""
+        state = self.__dict__.copy()
+        state.pop("_prepared_weights", None)
+        return state
 
 
 class Transformer(nn.Module):
@@ -76,9 +110,9 @@ class Transformer(nn.Module):
 
     def __getstate__(self):
         """Pickling and copying (``torch.save(model)``, ``copy.deepcopy``) leave out the weights
-        laid out for decoding (`_prepared`) and the CUDA graphs of decoding kept from the last
-        decode (`torch_impl.graphs`): caches, remade when next needed (oneDNN's packed tensors have
-        no storage to pickle, a CUDA graph no state to copy)."""
+        laid out for inference (`torch_impl.cache._prepared`) and the CUDA graphs of decoding kept
+        from the last decode (`torch_impl.graphs`): caches, remade when next needed (oneDNN's
+        packed tensors have no storage to pickle, a CUDA graph no state to copy)."""
         state = self.__dict__.copy()
         state.pop("_prepared_weights", None)
         state.pop("_graphs", None)
@@ -99,29 +133,39 @@ class Transformer(nn.Module):
         return tgt_mask
 
     # -- the computation --------------------------------------------------------------------------
+    # Two ways through the same maths: the modules (autograd, dropout, traces), and, in eval mode
+    # without gradients (`torch_impl.cache._inferring`), the weights laid out once and kept
+    # (`torch_impl.cache._prepared`): query, key and value stacked into one product, every kernel
+    # in the layout that is fast for the pass's row count (`torch_impl.cache.step_layout`:
+    # oneDNN-packed on the CPU), and in a half precision cast once rather than by autocast at every
+    # call. Same values to rounding (parity_tests/test_inference_forward_torch_only.py).
     def _encode(self, src: torch.Tensor, src_mask: torch.Tensor, trace: Trace | None) -> torch.Tensor:
         x = self.positional(self.src_embed(src), self.src_embed.positions)  # (B, S, d)
         record(trace, "encoder.embed", x)
+        if trace is None and _inferring(self):  # eval: the dropout above was none
+            return self._encode_for_decoding(src, src_mask, x)
         memory = self.encoder(x, src_mask, trace)
         record(trace, "encoder.output", memory)
         return memory
 
-    def _encode_for_decoding(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
-        """`_encode` as a decode runs it (inference: no dropout, no trace), ``(B, S)`` ->
-        ``(B, S, d)``. Where the step's products are packed for oneDNN (`step_layout` of ``B * S``
-        rows), the encoder's are too (`Encoder.infer`, with `_encoder_weights`): a decode's one
-        encoder pass then takes 2.4 times less time in its products (`EncoderWeights` has the
-        figures), in the products' dtype (float32, or bfloat16 where packed). Elsewhere (float64,
-        float16, CUDA) the layers' own ``nn.Linear`` (addmm) is that fast path already."""
-        if step_layout(src.numel(), self.generator.bias.device, compute_dtype(self)) != PACKED:
-            return self._encode(src, src_mask, None)
-        x = self.positional(self.src_embed(src), self.src_embed.positions)  # (B, S, d); eval: no dropout
-        return self.encoder.infer(x, src_mask, self._encoder_weights(), compute_dtype(self))
+    def _encode_for_decoding(self, src: torch.Tensor, src_mask: torch.Tensor,
+                             x: torch.Tensor | None = None) -> torch.Tensor:
+        """The encoder pass of inference (a decode's, and `_encode`'s without gradients), ``(B, S)``
+        -> ``(B, S, d)``: `Encoder.infer` on `_encoder_weights` in the layout of ``B * S`` rows.
+        ``x``: the embedded source, where the caller has it."""
+        if x is None:
+            x = self.positional(self.src_embed(src), self.src_embed.positions)  # eval: no dropout
+        dtype = compute_dtype(self)
+        layout = step_layout(src.numel(), self.generator.bias.device, dtype)
+        return self.encoder.infer(x, src_mask, self._encoder_weights(layout), dtype)
 
     def _decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                 tgt_mask: torch.Tensor, trace: Trace | None) -> torch.Tensor:
         x = self.positional(self.tgt_embed(tgt), self.tgt_embed.positions)  # (B, T, d)
         record(trace, "decoder.embed", x)
+        if trace is None and _inferring(self):
+            weights, _ = self._step_weights(tgt.numel())
+            return self.decoder.infer(x, memory, src_mask, tgt_mask, weights, compute_dtype(self))
         hidden = self.decoder(x, memory, src_mask, tgt_mask, trace)
         record(trace, "decoder.output", hidden)
         return hidden
@@ -149,6 +193,11 @@ class Transformer(nn.Module):
 
         With ``torch_impl.precision.set_precision(model, "bfloat16")`` the pass runs under
         ``torch.autocast`` (bfloat16 logits; `torch_impl.precision` says which ops).
+
+        In eval mode without gradients (``torch.no_grad()``, ``torch.inference_mode()``) and without
+        a trace, the pass runs on weights laid out for inference and kept while the parameters are
+        unchanged (`torch_impl.cache.StepWeights`): the same values to rounding, faster, and in a
+        half precision no weight is cast at the call.
         """
         c = self.config
         check_ids("src", src, c.src_vocab, c.max_len)
@@ -159,7 +208,9 @@ class Transformer(nn.Module):
         trace: Trace | None = {} if return_trace else None
         with autocast(self):
             memory = self._encode(src, src_mask, trace)
-            logits = self.generator(self._decode(tgt, memory, src_mask, tgt_mask, trace))
+            hidden = self._decode(tgt, memory, src_mask, tgt_mask, trace)
+            # a traced pass runs the modules throughout (no kept weights), its generator too
+            logits = self.generator(hidden) if trace is None else self.generator._linear(hidden)
         if trace is None:
             return logits
         trace["logits"] = logits
@@ -172,7 +223,8 @@ class Transformer(nn.Module):
         """
         c = self.config
         check_ids("src", src, c.src_vocab, c.max_len)
-        return self._encode(src, self._src_mask(src, src_mask), None)
+        with autocast(self):
+            return self._encode(src, self._src_mask(src, src_mask), None)
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                tgt_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -194,7 +246,8 @@ class Transformer(nn.Module):
             raise ValueError("src_mask: required by decode (the memory cannot tell where the source "
                              "padding was); use torch_impl.inputs.make_src_mask(src, pad_id)")
         check_mask("src_mask", src_mask, tgt.shape[0], c.n_heads, tgt.shape[1], memory.shape[1])
-        return self._decode(tgt, memory, src_mask, self._tgt_mask(tgt, tgt_mask), None)
+        with autocast(self):
+            return self._decode(tgt, memory, src_mask, self._tgt_mask(tgt, tgt_mask), None)
 
     # -- incremental decoding (the cache of torch_impl.cache) -------------------------------------
     def init_cache(self, memory: torch.Tensor, src_mask: torch.Tensor, max_len: int,
@@ -236,45 +289,26 @@ class Transformer(nn.Module):
         """The decoder's `torch_impl.cache.StepWeights` and the generator's ``(kernel (d, V),
         bias)`` for a step over ``rows`` rows, every kernel in that step's layout
         (`torch_impl.cache.step_layout`) and, in a half precision, kernels and biases cast to it
-        (`torch_impl.precision`), kept as `_prepared` says (one set per layout and dtype, each the
-        size of the decoder and generator weights in that dtype)."""
+        (`torch_impl.precision`), kept as `torch_impl.cache._prepared` says (one set per layout and
+        dtype, each the size of the decoder and generator weights in that dtype)."""
         dtype = compute_dtype(self)
         layout = step_layout(rows, self.generator.bias.device, dtype)
         cast = None if dtype == getattr(torch, self.config.dtype) else dtype
 
         def make():
-            g = self.generator
-            table = g._tied[0].table.weight if g._tied else g.kernel.weight  # (V, d)
             weights = [lay_out_weights(w, layout, cast) for w in self.decoder.step_weights()]
-            bias = g.bias.detach() if cast is None else g.bias.detach().to(cast)
-            table = table.t() if cast is None else table.t().to(cast)
-            return weights, (lay_out(table, layout), bias)
+            return weights, self.generator._laid_out(layout, dtype)
 
-        return self._prepared(f"{layout}, {str(dtype)[6:]}", make)
+        return _prepared(self, f"{layout}, {str(dtype)[6:]}", self.parameters(), make)
 
-    def _encoder_weights(self):
-        """The encoder's `torch_impl.cache.EncoderWeights`, packed for oneDNN (`_encode_for_decoding`
-        asks only where that layout exists) and, in a half precision, cast to it first, kept as
-        `_prepared` says (the size of the encoder's layers in that dtype)."""
+    def _encoder_weights(self, layout: str):
+        """The encoder's `torch_impl.cache.EncoderWeights` in ``layout`` (`torch_impl.cache.lay_out`)
+        and, in a half precision, cast to it first, kept as `torch_impl.cache._prepared` says (the
+        size of the encoder's layers in that dtype)."""
         dtype = compute_dtype(self)
         cast = None if dtype == getattr(torch, self.config.dtype) else dtype
-        return self._prepared(f"encoder, {str(dtype)[6:]}", lambda: [
-            lay_out_weights(w, PACKED, cast) for w in self.encoder.infer_weights()])
-
-    def _prepared(self, name: str, make):
-        """``make()``, the model's weights laid out for decoding, made once and kept under ``name``
-        while no parameter changes: the key is every parameter's storage and version counter,
-        which any in-place update (an optimizer step, `import_weights`, ``.to()``) changes."""
-        key = tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in self.parameters())
-        kept = self.__dict__.setdefault("_prepared_weights", {})
-        if kept.get(name, (None,))[0] != key:
-            # Ordinary tensors even when a decode (under torch.inference_mode) asks first: they
-            # outlive it, and a later decode_step outside inference mode (float64: addmm, which
-            # saves its kernel for backward when the input records gradients) could not use an
-            # inference tensor.
-            with torch.inference_mode(False), torch.no_grad():
-                kept[name] = (key, make())
-        return kept[name][1]
+        return _prepared(self, f"encoder, {layout}, {str(dtype)[6:]}", self.parameters(), lambda: [
+            lay_out_weights(w, layout, cast) for w in self.encoder.infer_weights()])
 
     def decode_step(self, tokens: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
         """Logits for the next position of every row, from its newest token and the cache.

@@ -12,10 +12,11 @@ the residual stream (float32 + half promotes to float32), layer norm and the los
 The explicit attention path (traces) computes its scores in float32 from the half query and key,
 as SDPA's CPU kernel does (`torch_impl.attention`).
 
-Decoding keeps half-precision copies of the step's kernels and biases (made once and kept while
-the parameters are unchanged, `Transformer._step_weights`), so a step casts no weight, only its
-few activation rows; its key/value cache is half precision; its logits are cast to float32 for the
-search (`shared.precision`).
+Decoding, and the forward pass in eval mode without gradients, keep half-precision copies of the
+kernels and biases (made once and kept while the parameters are unchanged,
+`torch_impl.cache._prepared`), so neither casts a weight at the call, only its activation rows;
+a decode's key/value cache is half precision; its logits are cast to float32 for the search
+(`shared.precision`). A pass with gradients casts under autocast, as autograd needs.
 """
 from __future__ import annotations
 

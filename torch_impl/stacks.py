@@ -39,10 +39,11 @@ class Encoder(nn.Module):
 
     def infer(self, x: torch.Tensor, mask: torch.Tensor, weights: list[EncoderWeights],
               dtype: torch.dtype) -> torch.Tensor:
-        """`forward` in inference, as decoding encodes its source: every layer's `EncoderLayer.infer`
-        with its ``weights`` (`infer_weights`, laid out), the mask made ready once for all layers
-        in ``dtype``, the products' (a half precision's where the weights are half, as attention's
-        query, key and value then are). Same shapes, same values to rounding."""
+        """`forward` in inference (a decode's encoder pass, the forward pass without gradients):
+        every layer's `EncoderLayer.infer` with its ``weights`` (`infer_weights`, laid out), the
+        mask made ready once for all layers in ``dtype``, the products' (a half precision's where
+        the weights are half, as attention's query, key and value then are). Same shapes, same
+        values to rounding."""
         mask, keep = prepare_mask(mask, dtype)
         for layer, layer_weights in zip(self.layers, weights):
             x = layer.infer(x, mask, keep, layer_weights)
@@ -86,7 +87,7 @@ class Decoder(nn.Module):
         layers = []
         for layer, layer_weights in zip(self.layers, weights):
             attn = layer.self_attn
-            k, v = layer.cross_attn.keys_values(memory)  # (B, H, S, d_k), once per source
+            k, v = layer.cross_attn.keys_values(memory, layer_weights[6:8])  # (B, H, S, d_k), once per source
             # (N, H, capacity, d_k) in the keys' dtype: the model's, or half under autocast
             empty = k.new_zeros(n, attn.n_heads, capacity, attn.d_k)
             layers.append(LayerCache(empty, torch.zeros_like(empty), repeat_rows(k, beams),
@@ -96,8 +97,21 @@ class Decoder(nn.Module):
         keep = None if keep is None else repeat_rows(keep, beams)
         return DecoderCache(layers, repeat_rows(mask, beams), keep, generator, 0)
 
+    def infer(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+              tgt_mask: torch.Tensor, weights: list[StepWeights], dtype: torch.dtype) -> torch.Tensor:
+        """`forward` in inference (the forward pass without gradients): every layer's
+        `DecoderLayer.infer` with its ``weights`` (`step_weights`, laid out), both masks made ready
+        once for all layers in ``dtype``, the products' (as `Encoder.infer`). Same shapes, same
+        values to rounding."""
+        src_mask, src_keep = prepare_mask(src_mask, dtype)
+        tgt_mask, tgt_keep = prepare_mask(tgt_mask, dtype)
+        for layer, layer_weights in zip(self.layers, weights):
+            x = layer.infer(x, memory, src_mask, src_keep, tgt_mask, tgt_keep, layer_weights)
+        return x if self.final_norm is None else self.final_norm(x)
+
     def step_weights(self) -> list[StepWeights]:
-        """Every layer's weights as a decoding step reads them (`torch_impl.cache.StepWeights`)."""
+        """Every layer's weights as a decoding step and `infer` read them
+        (`torch_impl.cache.StepWeights`)."""
         return [layer.step_weights() for layer in self.layers]
 
     def step(self, x: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:

@@ -1,0 +1,171 @@
+"""torch_impl's forward pass in inference: in eval mode without gradients and without a trace, the
+pass runs on weights laid out once and kept (`torch_impl.cache.StepWeights`, `EncoderWeights`:
+query, key and value stacked, every kernel in the layout of the pass's row count, half copies in a
+half precision) instead of the modules. It must give the oracle's values within the bounds the
+modules meet, in every layout and precision; cast no weight at the call; follow the parameters
+when they change; and leave every other pass (gradients, training mode, traces, torch.compile) on
+the modules. tf_impl has no second path (its forward is one graph), so the contract is torch's."""
+import collections
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch_impl  # noqa: E402
+import torch_impl.model  # noqa: E402
+from parity_tests.matrix import VARIANTS  # noqa: E402
+from parity_tests.torch_support import build  # noqa: E402
+from shared import reference as R  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
+from shared.tolerances import assert_close, bound_for  # noqa: E402
+from shared.weights import random_weights  # noqa: E402
+from torch_impl.cache import DENSE, DENSE_OUT_IN, PACKED, step_layout  # noqa: E402
+from torch_impl.precision import set_precision  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def _packs(dtype: torch.dtype) -> bool:
+    return step_layout(64, CPU, dtype) == PACKED
+
+
+# (model dtype, precision, layout): each precision in the layouts a CPU can run it in
+CASES = [("float64", "float32", DENSE), ("float32", "float32", DENSE), ("float32", "float32", PACKED),
+         ("float32", "bfloat16", DENSE), ("float32", "bfloat16", PACKED),
+         ("float32", "float16", DENSE_OUT_IN)]
+
+
+def _case(variant: str, dtype: str):
+    config = VARIANTS[variant].replace(dtype=dtype, dropout=0.1)  # dropout: eval must switch it off
+    weights = random_weights(config, 0)
+    src, tgt = src_tgt(config, batch=3, src_len=9, tgt_len=7, seed=0, src_lengths=[9, 4, 0],
+                       tgt_lengths=[7, 5, 0])  # a padded row and an all-padding row
+    f64 = config.replace(dtype="float64")
+    logits, trace = R.forward({k: v.astype(np.float64) for k, v in weights.items()}, f64, src, tgt,
+                              return_trace=True)
+    return config, weights, src, tgt, logits, trace
+
+
+def _f64(x: torch.Tensor) -> np.ndarray:
+    return x.detach().double().numpy()
+
+
+@pytest.mark.parametrize("dtype, precision, layout", CASES)
+@pytest.mark.parametrize("variant", ["tiny-pre-annotated", "tiny-shared-tied-post", "tiny-post-final-norm"])
+def test_the_inference_pass_meets_the_oracle_in_every_layout(variant, dtype, precision, layout, monkeypatch):
+    """`forward`, `encode` and `decode` without gradients agree with the float64 oracle within the
+    bound the modules meet (``{precision} torch:reference``), in each kernel layout, and the
+    layout asked for is the one that ran; the modules' pass (gradients on) meets the same bound."""
+    if layout == PACKED and not _packs(getattr(torch, precision)):
+        pytest.skip(f"this CPU or torch build has no oneDNN packed {precision} kernels")
+    monkeypatch.setattr(torch_impl.model, "step_layout", lambda rows, device, dtype: layout)
+    config, weights, src, tgt, want, trace = _case(variant, dtype)
+    model = build(config, weights)
+    set_precision(model, precision)
+    bound = bound_for(precision if precision != "float32" else dtype, "torch:reference")
+    s, t = torch.from_numpy(src), torch.from_numpy(tgt)
+    with torch.no_grad():
+        logits = model(s, t)
+        memory = model.encode(s)
+        hidden = model.decode(t, memory, model._src_mask(s, None))
+    kept = model.__dict__["_prepared_weights"]
+    assert len(kept) == 2 and all(layout in name for name in kept), kept.keys()  # encoder, decoder
+    encoder = next(weights for name, (_, weights) in kept.items() if name.startswith("encoder"))
+    qkv = encoder[0].qkv_kernel
+    assert qkv.is_mkldnn == (layout == PACKED)
+    assert qkv.dtype == getattr(torch, precision if precision != "float32" else dtype)
+    assert_close(_f64(logits), want, bound, f"{variant} {precision} {layout} logits")
+    assert_close(_f64(memory), trace["encoder.output"], bound, "encode")
+    decoded = trace["decoder.final_norm" if config.final_norm else "decoder.output"]
+    assert_close(_f64(hidden), decoded, bound, "decode")
+    modules = model(s, t)  # gradients on: the modules' pass
+    assert modules.requires_grad
+    assert_close(_f64(modules), want, bound, f"{variant} {precision} modules' logits")
+
+
+def _counted_ops(model, fn) -> collections.Counter:
+    """``Counter({(op, reads a parameter): count})`` of the operations ``fn()`` dispatches."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    params = {p.data_ptr() for p in model.parameters()}
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            reads = any(isinstance(a, torch.Tensor) and not a.is_mkldnn and a.data_ptr() in params
+                        for a in tree_flatten(args)[0])  # cat's tensors come in a list
+            self.ops[(str(func.overloadpacket).removeprefix("aten."), reads)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count() as count:
+        fn()
+    return count.ops
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_a_half_inference_pass_casts_and_stacks_no_weight(precision):
+    """In a half precision the inference pass reads half copies made once: at the call, no
+    operation converts, stacks or multiplies by a parameter; the only ones that read parameters
+    are the embeddings' lookup and the layer norms, which stay float32 (`shared.precision`'s rule).
+    The modules' pass, for contrast, casts and stacks its weights at every call (autocast), so the
+    count can fail."""
+    config, weights, src, tgt, _, _ = _case("tiny-shared-tied-post", "float32")
+    model = build(config, weights)
+    set_precision(model, precision)
+    s, t = torch.from_numpy(src), torch.from_numpy(tgt)
+    with torch.no_grad():
+        model(s, t)  # the first call prepares the weights
+        inference = _counted_ops(model, lambda: model(s, t))
+    modules = _counted_ops(model, lambda: model(s, t))
+    touched = {op for (op, reads), n in inference.items() if reads}
+    assert touched <= {"embedding", "native_layer_norm"}, inference
+    assert modules[("_to_copy", True)] > 0 and modules[("cat", True)] > 0, modules
+
+
+def test_the_kept_weights_follow_the_parameters():
+    """The prepared weights are kept between calls while no parameter changes, and remade after an
+    in-place update (an optimizer step): the next inference pass gives the modules' logits for the
+    new weights, not the old ones."""
+    config, weights, src, tgt, _, _ = _case("tiny-pre-annotated", "float64")
+    model = build(config, weights)
+    s, t = torch.from_numpy(src), torch.from_numpy(tgt)
+    with torch.no_grad():
+        before = model(s, t)
+        kept = dict(model.__dict__["_prepared_weights"])
+        model(s, t)
+        assert all(model.__dict__["_prepared_weights"][k] is v for k, v in kept.items())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    model(s, t).square().mean().backward()
+    optimizer.step()
+    with torch.no_grad():
+        after = model(s, t)
+    np.testing.assert_allclose(after.numpy(), model(s, t).detach().numpy(), rtol=0, atol=1e-12)
+    assert np.abs(after.numpy() - before.numpy()).max() > 1e-3
+
+
+@pytest.mark.parametrize("tracer", ["compile", "jit.trace"])
+def test_training_mode_traces_and_compilation_take_the_modules(tracer, monkeypatch):
+    """Only eval mode without gradients, a trace, ``torch.compile``/``export`` or ``jit.trace``
+    takes the kept weights: training mode keeps its dropout (two calls differ), a traced pass
+    records every intermediate, and while a tracer records the pass it stays on the modules (no
+    kept weights are made)."""
+    config, weights, src, tgt, _, _ = _case("tiny-pre-annotated", "float32")
+    s, t = torch.from_numpy(src), torch.from_numpy(tgt)
+    model = build(config, weights).train()
+    with torch.no_grad():
+        assert not torch.equal(model(s, t), model(s, t))  # dropout ran
+        model.eval()
+        _, trace = model(s, t, return_trace=True)
+        assert "decoder.layers.0.self_attn.weights" in trace
+        assert "_prepared_weights" not in model.__dict__ | model.generator.__dict__
+        asks = {"compile": (torch.compiler, "is_compiling"), "jit.trace": (torch.jit, "is_tracing")}
+        monkeypatch.setattr(*asks[tracer], lambda: True)
+        model(s, t)
+        assert "_prepared_weights" not in model.__dict__
+        monkeypatch.undo()
+        model(s, t)
+        assert "_prepared_weights" in model.__dict__
