@@ -193,9 +193,9 @@ def _top_lowest(x: np.ndarray, k: int) -> np.ndarray:
     k = 1 is ``np.argmax`` (documented to return the first occurrence of the maximum) unless it
     lands on a NaN (argmax takes NaN as the maximum); otherwise only the keys at or below the row's
     k-th smallest key (``np.partition``) are sorted, in index order, stably: the first k of the
-    whole sort are among them, in the same order (the whole row when that key is NaN). A sort of a
-    37000-wide row took 27 ms a step at 8 rows, more than a decoder step of ``base``
-    (docs/performance.md). The search itself only passes float64 rows without NaN."""
+    whole sort are among them, in the same order (the whole row when that key is NaN). A sort of
+    whole 37000-wide rows cost more than a decoder step of ``base`` (docs/performance.md). The
+    search itself only passes float64 rows without NaN."""
     x = np.asarray(x)
     if x.dtype.kind not in "biuf":
         x = x.astype(np.float64)

@@ -46,13 +46,10 @@ from .cache import repeat_rows
 from .inputs import check_ids, dims, in_xla_context, make_src_mask, make_tgt_mask
 from .model import Transformer
 
-# use_cache -> the default jit_compile: XLA where it helps. Measured (base float32, greedy decoding
-# of 128 tokens from 32-token sources, TF 2.21 CPU, 2 shared cores, after a warm-up):
-#   cached:    tf.function 1.43 s (batch 1), 7.04 s (batch 8); XLA 1.12 s, 3.01 s (medians of 3,
-#              interleaved): XLA fuses the many small per-step ops, and its dot is 3.4x faster
-#              than TF's MatMul for the tied (8, 512) x (512, 37000)^T projection (12 vs 42 ms);
-#   recompute: tf.function 7.0 s, 42.6 s; XLA 17.2 s, 66.3 s (best of 2): static shapes make every
-#              XLA step run all max_len positions, where tf.function runs the t + 1 of the prefix.
+# use_cache -> the default jit_compile: XLA where it helps (docs/performance.md, "Figures behind
+# the code's choices"). Cached: XLA fuses the many small per-step ops, and its dot is several times
+# faster than TF's MatMul for the tied generator projection. Recompute: static shapes would make
+# every XLA step run all max_len positions, where tf.function runs the t + 1 of the prefix.
 JIT_COMPILE = {True: True, False: False}
 
 

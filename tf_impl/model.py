@@ -238,9 +238,9 @@ class Transformer(keras.Model):
         """The decoder's `tf_impl.cache.StepWeights` and the generator's ``(matrix, bias)``, made
         when a cache is (a compiled decode: once per call, before the loop; torch_impl keeps its
         copies between decodes). The matrix is laid out for the rows a step multiplies
-        (`_generator_transposed`): measured under XLA (TF 2.21 CPU, 1 thread), one row times
-        the 37000 x 512 projection took 3.5 ms from a ``(d, V)`` kernel and 8.5 ms from the
-        ``(V, d)`` table used transposed, eight rows 24 and 15 ms."""
+        (`_generator_transposed`): under XLA one row is faster from a ``(d, V)`` kernel, eight
+        rows from the ``(V, d)`` table used transposed (docs/performance.md, "Figures behind the
+        code's choices")."""
         g = self.generator
         matrix = g._tied().embeddings if g._tied is not None else g.kernel  # (V, d) | (d, V)
         if _generator_transposed(rows) != (g._tied is not None):

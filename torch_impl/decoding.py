@@ -40,9 +40,8 @@ def _inference(model: Transformer):
 
     ``torch.inference_mode`` rather than ``no_grad``: no version counters or view tracking on the
     tensors a decode makes (its caches, logits and prefixes, none of which outlives it), which a
-    step's hundred-odd small ops pay for. Measured (base, float32, greedy, 128 tokens, 1 thread,
-    5 interleaved runs): 6.35-6.53 ms a step against 6.57-6.71 at batch 1, 11.30-12.08 against
-    11.75-12.00 at batch 8. The weights a decode prepares and the model keeps are made outside
+    step's hundred-odd small ops pay for (a few percent of a step: docs/performance.md, "Figures
+    behind the code's choices"). The weights a decode prepares and the model keeps are made outside
     it (`Transformer._step_weights`). In a half precision the whole decode runs under the
     model's autocast (`torch_impl.precision`)."""
     was_training = model.training
@@ -57,9 +56,8 @@ def _inference(model: Transformer):
 def _attention_kernels(model: Transformer):
     """On CUDA, SDPA's flash, memory-efficient and math kernels, not cuDNN's: a decode's attention
     changes shape at every step (the cached keys grow by one position, a recomputed prefix too),
-    and cuDNN's attention builds an execution plan per shape. Measured (base, H100, torch 2.11,
-    bfloat16, greedy, batch 1): 72 ms a token with cuDNN's kernel chosen, against 2.7 ms float32
-    (which cuDNN's attention does not take); docs/performance.md has the figures after."""
+    and cuDNN's attention builds an execution plan per shape: a token took over twenty times as
+    long with cuDNN's kernel chosen (docs/performance.md, "Figures behind the code's choices")."""
     if _device(model).type != "cuda":
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel

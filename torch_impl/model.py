@@ -81,9 +81,10 @@ class Transformer(nn.Module):
     """The 2017 encoder-decoder Transformer, configured by a `shared.TransformerConfig`.
 
     Submodules: ``src_embed``, ``tgt_embed`` (the same object when ``config.share_embeddings``; each
-    holds its learned ``positions`` when ``config.positional == "learned"``), ``positional``, ``encoder``, ``decoder``, ``generator``. Parameters are created in
-    ``config.dtype`` with the training initialisation (Xavier-uniform matrices); load trained or
-    reference weights with `import_weights`. Dropout is active only in ``train()``.
+    holds its learned ``positions`` when ``config.positional == "learned"``), ``positional``,
+    ``encoder``, ``decoder``, ``generator``. Parameters are created in ``config.dtype`` with the
+    training initialisation (Xavier-uniform matrices); load trained or reference weights with
+    `import_weights`. Dropout is active only in ``train()``.
 
     Masks everywhere are boolean, ``True`` = may attend, broadcastable to
     ``(batch, heads, q_len, k_len)``; when omitted they are derived from ``config.pad_id``.
