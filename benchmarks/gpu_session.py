@@ -12,8 +12,9 @@ terminal, and a part that fails or runs out of time is reported and the next one
   bfloat16 (`benchmarks/decoding.py --parts cache`);
 * ``contenders``: torch_impl against transformers' ``generate`` and CTranslate2 on CUDA, float32
   and bfloat16 (`benchmarks/decoding.py --parts contenders --device cuda`);
-* ``nn``: forward and training step against ``nn.Transformer`` in bfloat16
-  (`benchmarks/torch_vs_nn_transformer.py`);
+* ``nn``: forward and training step against ``nn.Transformer`` in bfloat16, and the forward in
+  float32; each forward also against torch_impl's own modules' pass, which its inference pass
+  (kept weights, no casts at the call) replaces (`benchmarks/torch_vs_nn_transformer.py`);
 * ``agreement``: half-precision tokens against float32 on the trained copy and dates models,
   trained first into ``--out`` (`benchmarks/half_precision.py agreement`);
 * ``cpu``: the CPU contenders, one thread (the GPU machine's CPU is the project's second CPU).
@@ -56,8 +57,9 @@ def _parts(out: Path) -> dict[str, list[tuple[list[str], int]]]:
                                     "--tokens", "64", "128", "--rounds", "3"], 400)
                        for p in ("float32", "bfloat16")],
         "nn": [([PY, str(BENCH / "torch_vs_nn_transformer.py"), "--device", "cuda", "--precision",
-                 "bfloat16", "--batch", "64", "--length", "128"] + train_flag, 200)
-               for train_flag in ([], ["--train"])],
+                 precision, "--batch", "64", "--length", "128"] + train_flag, 200)
+               for precision, train_flag in (("bfloat16", []), ("bfloat16", ["--train"]),
+                                             ("float32", []))],
         "agreement": [(train + ["--task", "copy", "--steps", "600", "--checkpoint", str(runs / "copy")], 300),
                       (train + ["--task", "dates", "--steps", "3000", "--checkpoint", str(runs / "dates")], 600),
                       ([PY, str(BENCH / "half_precision.py"), "agreement", "--checkpoint",
