@@ -100,7 +100,8 @@ def test_step_layouts_by_rows(monkeypatch):
         monkeypatch.setattr(cache, "PACKED_MIN_ROWS", cache._packed_min_rows(vendor))
         assert [step_layout(n, cpu, torch.float32) for n in (1, 2, 3, 8, None)] == want, vendor
     assert step_layout(8, cpu, torch.float64) == DENSE
-    assert [step_layout(n, cpu, torch.float16) for n in (1, 8)] == [cache.DENSE_OUT_IN] * 2
+    assert [step_layout(n, cpu, torch.float16) for n in (1, 2, 8, None)] == [
+        cache.DENSE_OUT_IN, cache.WIDENED, cache.WIDENED, DENSE]
     assert step_layout(8, torch.device("cuda"), torch.float16) == DENSE
     bf16 = PACKED if torch.ops.mkldnn._is_mkldnn_bf16_supported() else DENSE  # AVX512-BF16, AMX
     assert [step_layout(n, cpu, torch.bfloat16) for n in (1, 8, None)] == [bf16, bf16, DENSE]
@@ -117,6 +118,20 @@ def test_step_layouts_by_rows(monkeypatch):
             assert y.shape == (rows, 1, 40) and y.dtype == torch.float32
             assert (np.abs(y.double().numpy() - exact) <= bound).all(), layout
             rectified = dense(x, lay_out(kernel, layout), bias, relu=True)
+            assert torch.equal(rectified, y.relu()), layout
+        # float16's product, in either float16 layout: float16 operands, a float32 sum, the result
+        # rounded to float16 (half an ulp: 2**-11 of it), as torch's own float16 addmm rounds
+        k16, b16, x16 = kernel.half(), bias.half(), x.half()
+        exact = (x16.double() @ k16.double() + b16.double()).numpy()
+        sum_error = (96 + 1) * 2.0 ** -24 * (x16.double().abs() @ k16.double().abs()
+                                              + b16.double().abs()).numpy()
+        for layout in (cache.DENSE_OUT_IN, cache.WIDENED):
+            with torch.autocast("cpu", dtype=torch.float16):  # as a float16 step runs
+                y = dense(x, lay_out(k16, layout), b16)  # float32 rows, rounded for the product
+                rectified = dense(x, lay_out(k16, layout), b16, relu=True)
+            assert y.dtype == torch.float16, layout
+            assert (np.abs(y.double().numpy() - exact) <= 2.0 ** -11 * (np.abs(exact) + sum_error)
+                    + sum_error).all(), layout
             assert torch.equal(rectified, y.relu()), layout
 
 

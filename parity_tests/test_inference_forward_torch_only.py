@@ -20,20 +20,20 @@ from shared import reference as R  # noqa: E402
 from shared.batches import src_tgt  # noqa: E402
 from shared.tolerances import assert_close, bound_for  # noqa: E402
 from shared.weights import random_weights  # noqa: E402
-from torch_impl.cache import DENSE, DENSE_OUT_IN, PACKED, step_layout  # noqa: E402
+from torch_impl.cache import DENSE, DENSE_OUT_IN, PACKED, WIDENED, step_layout  # noqa: E402
 from torch_impl.precision import set_precision  # noqa: E402
 
 CPU = torch.device("cpu")
 
 
 def _packs(dtype: torch.dtype) -> bool:
-    return step_layout(64, CPU, dtype) == PACKED
+    return step_layout(64, CPU, dtype) in (PACKED, WIDENED)
 
 
 # (model dtype, precision, layout): each precision in the layouts a CPU can run it in
 CASES = [("float64", "float32", DENSE), ("float32", "float32", DENSE), ("float32", "float32", PACKED),
          ("float32", "bfloat16", DENSE), ("float32", "bfloat16", PACKED),
-         ("float32", "float16", DENSE_OUT_IN)]
+         ("float32", "float16", DENSE_OUT_IN), ("float32", "float16", WIDENED)]
 
 
 def _case(variant: str, dtype: str):
@@ -57,7 +57,7 @@ def test_the_inference_pass_meets_the_oracle_in_every_layout(variant, dtype, pre
     """`forward`, `encode` and `decode` without gradients agree with the float64 oracle within the
     bound the modules meet (``{precision} torch:reference``), in each kernel layout, and the
     layout asked for is the one that ran; the modules' pass (gradients on) meets the same bound."""
-    if layout == PACKED and not _packs(getattr(torch, precision)):
+    if layout in (PACKED, WIDENED) and not _packs(getattr(torch, precision)):
         pytest.skip(f"this CPU or torch build has no oneDNN packed {precision} kernels")
     monkeypatch.setattr(torch_impl.model, "step_layout", lambda rows, device, dtype: layout)
     config, weights, src, tgt, want, trace = _case(variant, dtype)
@@ -73,8 +73,9 @@ def test_the_inference_pass_meets_the_oracle_in_every_layout(variant, dtype, pre
     assert len(kept) == 2 and all(layout in name for name in kept), kept.keys()  # encoder, decoder
     encoder = next(weights for name, (_, weights) in kept.items() if name.startswith("encoder"))
     qkv = encoder[0].qkv_kernel
-    assert qkv.is_mkldnn == (layout == PACKED)
-    assert qkv.dtype == getattr(torch, precision if precision != "float32" else dtype)
+    assert qkv.is_mkldnn == (layout in (PACKED, WIDENED))
+    kernel_dtype = "float32" if layout == WIDENED else precision if precision != "float32" else dtype
+    assert qkv.dtype == getattr(torch, kernel_dtype)
     assert_close(_f64(logits), want, bound, f"{variant} {precision} {layout} logits")
     assert_close(_f64(memory), trace["encoder.output"], bound, "encode")
     decoded = trace["decoder.final_norm" if config.final_norm else "decoder.output"]

@@ -93,7 +93,9 @@ class EncoderWeights(NamedTuple):
 # PACKED_MIN_ROWS = n``, read at every decode) where a machine says otherwise (an earlier AMD EPYC
 # did, at one row). Both layouts give the same values to float32 rounding.
 DENSE, PACKED = "dense (in, out)", "packed for oneDNN"
-DENSE_OUT_IN = "dense, (out, in) in memory"  # float16 on a CPU: see `step_layout`
+DENSE_OUT_IN = "dense, (out, in) in memory"  # float16 on a CPU at one row: see `step_layout`
+WIDENED = "float16 values packed as float32 for oneDNN"  # float16 on a CPU from two rows
+_WIDENED_MIN_ROWS = 2  # float16 on a CPU: from this many rows WIDENED, below DENSE_OUT_IN
 
 
 def _cpu_vendor() -> str:
@@ -121,16 +123,21 @@ _PACKING_ROWS = 8  # the row count the packing is tuned for (any count runs on i
 
 
 def step_layout(rows: int | None, device: torch.device, dtype: torch.dtype) -> str:
-    """The kernel layout of a step over ``rows`` rows (`DENSE`, `DENSE_OUT_IN` or `PACKED`) whose
-    products are in ``dtype``: packed where oneDNN's packed-weight kernel exists (on the CPU, with a
-    torch that has it) for float32 from `PACKED_MIN_ROWS` rows (this CPU vendor's,
-    `_packed_min_rows`), and for bfloat16 at every row count where the CPU has bfloat16
-    instructions (AVX512-BF16, AMX); float16 on the CPU `DENSE_OUT_IN`; else (fewer rows, float64,
-    CUDA, ``rows`` None: unknown) dense ``(in, out)`` for ``torch.addmm``.
+    """The kernel layout of a step over ``rows`` rows (`DENSE`, `DENSE_OUT_IN`, `PACKED` or
+    `WIDENED`) whose products are in ``dtype``: packed where oneDNN's packed-weight kernel exists
+    (on the CPU, with a torch that has it) for float32 from `PACKED_MIN_ROWS` rows (this CPU
+    vendor's, `_packed_min_rows`), and for bfloat16 at every row count where the CPU has bfloat16
+    instructions (AVX512-BF16, AMX); float16 on the CPU `WIDENED` from two rows, `DENSE_OUT_IN`
+    at one; else (fewer rows, float64, CUDA, ``rows`` None: unknown) dense ``(in, out)`` for
+    ``torch.addmm``.
 
-    float16 on the CPU: torch's addmm reads an ``(out, in)``-contiguous kernel several times faster
-    than an ``(in, out)``-contiguous one on a CPU without float16 instructions, so every float16
-    kernel is stored that way (`lay_out`); oneDNN packs float16 only on a CPU with float16
+    float16 on the CPU: torch's float16 addmm (a CPU without float16 instructions) reads an
+    ``(out, in)``-contiguous kernel several times faster than an ``(in, out)``-contiguous one, so
+    at one row every float16 kernel is stored that way (`lay_out`); from two rows oneDNN's float32
+    packed kernel over the same float16 values (`WIDENED`: kernel and rows rounded to float16,
+    then widened exactly, the sum in float32, the result rounded to float16: the rounding points
+    of a float16 product, as torch's CPU kernel and cuBLAS's default compute them, in a different
+    order) is several times faster. oneDNN packs float16 itself only on a CPU with float16
     instructions (AVX512-FP16, AVX-NE-CONVERT), not measured. bfloat16 packed is several times
     faster than bfloat16 addmm where the CPU has bfloat16 instructions; not measured on an Intel
     CPU. The figures: docs/performance.md, "bfloat16 decoding on the CPU" and "float16 decoding on
@@ -143,16 +150,22 @@ def step_layout(rows: int | None, device: torch.device, dtype: torch.dtype) -> s
         return PACKED if rows >= PACKED_MIN_ROWS else DENSE
     if dtype == torch.bfloat16 and packable and torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return PACKED
-    return DENSE_OUT_IN if dtype == torch.float16 else DENSE
+    if dtype == torch.float16:
+        return WIDENED if packable and rows >= _WIDENED_MIN_ROWS else DENSE_OUT_IN
+    return DENSE
 
 
 def lay_out(kernel: torch.Tensor, layout: str) -> torch.Tensor:
     """An ``(in, out)`` kernel in ``layout``: packed by oneDNN (`PACKED`: an opaque ``is_mkldnn``
-    tensor of shape ``(out, in)`` that only `dense` reads), or (`DENSE`) an ``(in, out)`` tensor
+    tensor of shape ``(out, in)`` that only `dense` reads; `WIDENED`: the same, of the kernel's
+    float16 values widened to float32), or (`DENSE`) an ``(in, out)`` tensor
     whose longer axis is the contiguous one: one row times a widening kernel (in <= out) reads it
     row by row, a narrowing one (in > out) as dot products along ``in``: each the faster order
     for one row (docs/performance.md, "Kernel layouts")."""
     if layout == PACKED:
+        return torch.ops.mkldnn._reorder_linear_weight(kernel.t().contiguous(), _PACKING_ROWS)
+    if layout == WIDENED:  # the float16 values, exactly, in float32 (the bias stays float16: `dense`)
+        kernel = kernel.to(torch.float16).float()
         return torch.ops.mkldnn._reorder_linear_weight(kernel.t().contiguous(), _PACKING_ROWS)
     if layout == DENSE_OUT_IN or kernel.shape[0] > kernel.shape[1]:  # (out, in) in memory, seen as (in, out)
         return kernel.t().contiguous().t()
@@ -171,12 +184,19 @@ def lay_out_weights(weights: StepWeights | EncoderWeights, layout: str,
 
 
 def dense(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor, relu: bool = False) -> torch.Tensor:
-    """``x @ kernel + bias`` in one product, with ``kernel`` in either layout of `lay_out`, and with
+    """``x @ kernel + bias`` in one product, with ``kernel`` in any layout of `lay_out`, and with
     ``relu`` the rectifier applied in the same kernel (oneDNN's post-op on a packed kernel,
     cuBLASLt's epilogue through ``torch._addmm_activation`` on CUDA): the feed-forward network's
     inner layer, one launch fewer a layer and step. ``(..., in) -> (..., out)``. Same values to
-    float32 rounding (the summation order differs); the rectifier itself is exact."""
+    rounding (the summation order differs); the rectifier itself is exact. A `WIDENED` kernel
+    (float32, packed) comes with its float16 bias, and the product is float16's: ``x`` rounded to
+    float16, the sum in float32, the result rounded to float16."""
     rows = x.reshape(-1, x.shape[-1])
+    if kernel.is_mkldnn and bias.dtype == torch.float16:  # WIDENED: float16 values, float32 sums
+        rows = rows.to(torch.float16).float()  # rounded as autocast rounds a product's input
+        out = torch.ops.mkldnn._linear_pointwise(rows, kernel, bias.float(), "relu" if relu else "none",
+                                                 [], "")
+        return out.to(torch.float16).view(*x.shape[:-1], kernel.shape[0])
     if kernel.is_mkldnn:  # PACKED: (out, in); a bfloat16 kernel takes bfloat16 rows (autocast's cast)
         out = torch.ops.mkldnn._linear_pointwise(rows.to(kernel.dtype), kernel, bias,
                                                  "relu" if relu else "none", [], "")
