@@ -107,17 +107,20 @@ def _counted_ops(model, fn) -> collections.Counter:
     return count.ops
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("precision", ["bfloat16", "float16"])
-def test_a_half_inference_pass_casts_and_stacks_no_weight(precision):
+def test_a_half_inference_pass_casts_and_stacks_no_weight(precision, device):
     """In a half precision the inference pass reads half copies made once: at the call, no
     operation converts, stacks or multiplies by a parameter; the only ones that read parameters
     are the embeddings' lookup and the layer norms, which stay float32 (`shared.precision`'s rule).
     The modules' pass, for contrast, casts and stacks its weights at every call (autocast), so the
     count can fail."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
     config, weights, src, tgt, _, _ = _case("tiny-shared-tied-post", "float32")
-    model = build(config, weights)
+    model = build(config, weights, device)
     set_precision(model, precision)
-    s, t = torch.from_numpy(src), torch.from_numpy(tgt)
+    s, t = torch.from_numpy(src).to(device), torch.from_numpy(tgt).to(device)
     with torch.no_grad():
         model(s, t)  # the first call prepares the weights
         inference = _counted_ops(model, lambda: model(s, t))
