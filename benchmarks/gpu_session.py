@@ -46,8 +46,9 @@ def _parts(out: Path) -> dict[str, list[tuple[list[str], int]]]:
     return {
         "suite": [([PY, "-m", "pytest", "parity_tests", "-q", "-n", "14", "--dist", "loadfile",
                     "-p", "no:cacheprovider"], 420)],
-        "ops": [([PY, str(BENCH / "step_ops.py"), "--device", "cuda", "--precision", p], 120)
-                for p in ("float32", "bfloat16")],
+        "ops": [([PY, str(BENCH / "step_ops.py"), "--device", "cuda", "--precision", p] + forward, 120)
+                for p in ("float32", "bfloat16")
+                for forward in ([], ["--forward", "128", "--batch", "64"])],
         "cache": [(decoding + ["--parts", "cache", "--backends", "torch", "--device", "cuda",
                                "--precision", p, "--batches", "1", "8"], 300)
                   for p in ("float32", "bfloat16")],

@@ -173,3 +173,22 @@ def test_training_mode_traces_and_compilation_take_the_modules(tracer, monkeypat
         monkeypatch.undo()
         model(s, t)
         assert "_prepared_weights" in model.__dict__
+
+
+def test_a_callers_autocast_sets_the_inference_dtype():
+    """A float32-precision model called under the caller's own ``torch.autocast(bfloat16)`` in
+    eval without gradients computes as its modules do under that autocast: bfloat16 kernels kept
+    (not float32 ones), bfloat16 logits, within the bfloat16 bound of the oracle; outside it, the
+    same model is float32 again (the kept weights are per dtype)."""
+    config, weights, src, tgt, want, _ = _case("tiny-pre-annotated", "float32")
+    model = build(config, weights)
+    s, t = torch.from_numpy(src), torch.from_numpy(tgt)
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            half = model(s, t)
+        full = model(s, t)
+    kept = model.__dict__["_prepared_weights"]
+    assert {name.rsplit(", ", 1)[1] for name in kept} == {"bfloat16", "float32"}, kept.keys()
+    assert half.dtype == torch.bfloat16 and full.dtype == torch.float32
+    assert_close(_f64(half), want, bound_for("bfloat16", "torch:reference"), "under autocast")
+    assert_close(_f64(full), want, bound_for("float32", "torch:reference"), "float32")

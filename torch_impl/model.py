@@ -19,7 +19,7 @@ from .cache import (DecoderCache, _inferring, _prepared, dense, filled_mask, lay
 from .embedding import PositionalEncoding, TokenEmbedding
 from .inputs import _is_integer, check_ids, check_mask, check_same_batch, make_src_mask, make_tgt_mask
 from .layers import Trace, record
-from .precision import autocast, compute_dtype
+from .precision import _products_dtype, autocast
 from .stacks import Decoder, Encoder
 
 
@@ -45,13 +45,11 @@ class Generator(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, T, d)`` -> ``(B, T, V)``. In eval mode without gradients (`torch_impl.cache.
         _inferring`) from the kernel `_laid_out` for the ``B * T`` rows, in the products' dtype
-        (the autocast one where autocast is on, as it would cast): the same values to rounding."""
-        table = self._table()
+        (`torch_impl.precision._products_dtype`: autocast's where it is on, as it would cast):
+        the same values to rounding."""
         if not _inferring(self):
             return self._linear(x)
-        dtype = table.dtype
-        if table.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
-            dtype = torch.get_autocast_dtype(x.device.type)
+        dtype = _products_dtype(self.bias.dtype, x.device)
         return dense(x, *self._laid_out(step_layout(x.numel() // x.shape[-1], x.device, dtype), dtype))
 
     def _linear(self, x: torch.Tensor) -> torch.Tensor:
@@ -156,7 +154,7 @@ class Transformer(nn.Module):
         ``x``: the embedded source, where the caller has it."""
         if x is None:
             x = self.positional(self.src_embed(src), self.src_embed.positions)  # eval: no dropout
-        dtype = compute_dtype(self)
+        dtype = self._products_dtype()
         layout = step_layout(src.numel(), self.generator.bias.device, dtype)
         return self.encoder.infer(x, src_mask, self._encoder_weights(layout), dtype)
 
@@ -166,7 +164,7 @@ class Transformer(nn.Module):
         record(trace, "decoder.embed", x)
         if trace is None and _inferring(self):
             weights, _ = self._step_weights(tgt.numel())
-            return self.decoder.infer(x, memory, src_mask, tgt_mask, weights, compute_dtype(self))
+            return self.decoder.infer(x, memory, src_mask, tgt_mask, weights, self._products_dtype())
         hidden = self.decoder(x, memory, src_mask, tgt_mask, trace)
         record(trace, "decoder.output", hidden)
         return hidden
@@ -292,7 +290,7 @@ class Transformer(nn.Module):
         (`torch_impl.cache.step_layout`) and, in a half precision, kernels and biases cast to it
         (`torch_impl.precision`), kept as `torch_impl.cache._prepared` says (one set per layout and
         dtype, each the size of the decoder and generator weights in that dtype)."""
-        dtype = compute_dtype(self)
+        dtype = self._products_dtype()
         layout = step_layout(rows, self.generator.bias.device, dtype)
         cast = None if dtype == getattr(torch, self.config.dtype) else dtype
 
@@ -302,11 +300,17 @@ class Transformer(nn.Module):
 
         return _prepared(self, f"{layout}, {str(dtype)[6:]}", self.parameters(), make)
 
+    def _products_dtype(self) -> torch.dtype:
+        """The dtype of an inference pass's products in the autocast it runs in: the model's
+        precision under its own (`autocast`), a caller's ``torch.autocast`` otherwise
+        (`torch_impl.precision._products_dtype`)."""
+        return _products_dtype(getattr(torch, self.config.dtype), self.generator.bias.device)
+
     def _encoder_weights(self, layout: str):
         """The encoder's `torch_impl.cache.EncoderWeights` in ``layout`` (`torch_impl.cache.lay_out`)
         and, in a half precision, cast to it first, kept as `torch_impl.cache._prepared` says (the
         size of the encoder's layers in that dtype)."""
-        dtype = compute_dtype(self)
+        dtype = self._products_dtype()
         cast = None if dtype == getattr(torch, self.config.dtype) else dtype
         return _prepared(self, f"encoder, {layout}, {str(dtype)[6:]}", self.parameters(), lambda: [
             lay_out_weights(w, layout, cast) for w in self.encoder.infer_weights()])

@@ -42,6 +42,16 @@ def compute_dtype(model: torch.nn.Module) -> torch.dtype:
     return getattr(torch, compute_dtype_name(getattr(model, "precision", "float32"), model.config.dtype))
 
 
+def _products_dtype(weights: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype an inference pass multiplies in, and so the dtype of the weights kept for it
+    (`torch_impl.cache._prepared`): autocast's where autocast is on for ``device`` and the weights
+    are float32 (all it casts), whether the model's own (`autocast`, a half precision) or a
+    caller's ``torch.autocast`` around the call, as the modules would compute; else ``weights``."""
+    if weights == torch.float32 and torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return weights
+
+
 def autocast(model: torch.nn.Module):
     """The context a forward pass or a decoding step of ``model`` runs in: ``torch.autocast`` in
     its half dtype on the model's device when its precision is a half one, else nothing."""
