@@ -18,7 +18,7 @@ from parity_tests.matrix import VARIANTS  # noqa: E402
 from parity_tests.torch_support import build  # noqa: E402
 from shared import reference as R  # noqa: E402
 from shared.batches import src_tgt  # noqa: E402
-from shared.tolerances import assert_close, bound_for  # noqa: E402
+from shared.tolerances import assert_close, bound_for, max_rel_diff  # noqa: E402
 from shared.weights import random_weights  # noqa: E402
 from torch_impl.cache import DENSE, DENSE_OUT_IN, PACKED, WIDENED, step_layout  # noqa: E402
 from torch_impl.precision import set_precision  # noqa: E402
@@ -192,3 +192,23 @@ def test_a_callers_autocast_sets_the_inference_dtype():
     assert half.dtype == torch.bfloat16 and full.dtype == torch.float32
     assert_close(_f64(half), want, bound_for("bfloat16", "torch:reference"), "under autocast")
     assert_close(_f64(full), want, bound_for("float32", "torch:reference"), "float32")
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_encode_and_decode_compute_in_the_models_precision(grad):
+    """`encode` and `decode` run under the model's autocast, as `forward` does (and as tf_impl's
+    policy applies to every call): in bfloat16 their outputs are bfloat16's (within its bound of the
+    oracle, and far from float32's), with gradients (the modules) or without (the kept weights)."""
+    config, weights, src, tgt, _, trace = _case("tiny-pre-annotated", "float32")
+    model = build(config, weights)
+    s, t = torch.from_numpy(src), torch.from_numpy(tgt)
+    outputs = {}
+    for precision in ("float32", "bfloat16"):
+        set_precision(model, precision)
+        with torch.set_grad_enabled(grad):
+            memory = model.encode(s)
+            outputs[precision] = (_f64(memory), _f64(model.decode(t, memory, model._src_mask(s, None))))
+    f32_bound = bound_for("float32", "torch:reference")
+    for i, name in enumerate(("encoder.output", "decoder.output")):
+        assert_close(outputs["bfloat16"][i], trace[name], bound_for("bfloat16", "torch:reference"), name)
+        assert max_rel_diff(outputs["bfloat16"][i], outputs["float32"][i]) > 10 * f32_bound.rtol, name
