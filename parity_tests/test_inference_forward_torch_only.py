@@ -212,3 +212,28 @@ def test_encode_and_decode_compute_in_the_models_precision(grad):
     for i, name in enumerate(("encoder.output", "decoder.output")):
         assert_close(outputs["bfloat16"][i], trace[name], bound_for("bfloat16", "torch:reference"), name)
         assert max_rel_diff(outputs["bfloat16"][i], outputs["float32"][i]) > 10 * f32_bound.rtol, name
+
+
+@pytest.mark.parametrize("convert", ["double", "half", "bfloat16"])
+def test_a_converted_model_runs_in_its_parameters_dtype(convert):
+    """``model.double()``, ``.half()`` or ``.bfloat16()`` (parameters in a dtype other than
+    ``config.dtype``, the PyTorch idiom) infers and decodes in that dtype: the kept weights follow
+    the parameters, not the config (a float32-config model made ``.half()`` failed in oneDNN's
+    float32 packing before). ``.double()`` meets the oracle within float32's bound (its positional
+    table was made in float32, ``config.dtype``, and widened: float32-accurate) and decodes its
+    tokens; a half model's cached decode gives its recomputing decode's tokens."""
+    config, weights, src, tgt, want, _ = _case("tiny-pre-annotated", "float32")
+    model = getattr(build(config, weights), convert)()
+    s, t = torch.from_numpy(src), torch.from_numpy(tgt)
+    with torch.no_grad():
+        logits = model(s, t)
+    assert logits.dtype == getattr(torch, {"double": "float64", "half": "float16"}.get(convert, convert))
+    greedy = torch_impl.greedy_decode(model, s, 6)
+    if convert == "double":
+        assert_close(_f64(logits), want, bound_for("float32", "torch:reference"), "logits")
+        w64 = {k: v.astype(np.float64) for k, v in weights.items()}
+        oracle = R.greedy_decode(R.Model(w64, config.replace(dtype="float64")), src, 6)
+        np.testing.assert_array_equal(greedy.tokens, oracle.tokens)
+    else:
+        recomputed = torch_impl.greedy_decode(model, s, 6, use_cache=False)
+        np.testing.assert_array_equal(greedy.tokens, recomputed.tokens)

@@ -292,7 +292,7 @@ class Transformer(nn.Module):
         dtype, each the size of the decoder and generator weights in that dtype)."""
         dtype = self._products_dtype()
         layout = step_layout(rows, self.generator.bias.device, dtype)
-        cast = None if dtype == getattr(torch, self.config.dtype) else dtype
+        cast = None if dtype == self.generator.bias.dtype else dtype
 
         def make():
             weights = [lay_out_weights(w, layout, cast) for w in self.decoder.step_weights()]
@@ -303,15 +303,16 @@ class Transformer(nn.Module):
     def _products_dtype(self) -> torch.dtype:
         """The dtype of an inference pass's products in the autocast it runs in: the model's
         precision under its own (`autocast`), a caller's ``torch.autocast`` otherwise
-        (`torch_impl.precision._products_dtype`)."""
-        return _products_dtype(getattr(torch, self.config.dtype), self.generator.bias.device)
+        (`torch_impl.precision._products_dtype`); without autocast the parameters' dtype (which
+        ``model.half()`` or ``.double()`` may have made other than ``config.dtype``)."""
+        return _products_dtype(self.generator.bias.dtype, self.generator.bias.device)
 
     def _encoder_weights(self, layout: str):
         """The encoder's `torch_impl.cache.EncoderWeights` in ``layout`` (`torch_impl.cache.lay_out`)
         and, in a half precision, cast to it first, kept as `torch_impl.cache._prepared` says (the
         size of the encoder's layers in that dtype)."""
         dtype = self._products_dtype()
-        cast = None if dtype == getattr(torch, self.config.dtype) else dtype
+        cast = None if dtype == self.generator.bias.dtype else dtype
         return _prepared(self, f"encoder, {layout}, {str(dtype)[6:]}", self.parameters(), lambda: [
             lay_out_weights(w, layout, cast) for w in self.encoder.infer_weights()])
 
