@@ -149,6 +149,16 @@ def test_the_kept_weights_follow_the_parameters():
         after = model(s, t)
     np.testing.assert_allclose(after.numpy(), model(s, t).detach().numpy(), rtol=0, atol=1e-12)
     assert np.abs(after.numpy() - before.numpy()).max() > 1e-3
+    # load_state_dict and an in-place update under no_grad (an EMA's) are seen too
+    other = build(config, random_weights(config, 1))
+    model.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        np.testing.assert_array_equal(model(s, t).numpy(), other(s, t).numpy())
+        for p in model.parameters():
+            p.mul_(0.5)
+        for p in other.parameters():
+            p.mul_(0.5)
+        np.testing.assert_array_equal(model(s, t).numpy(), other(s, t).numpy())
 
 
 @pytest.mark.parametrize("tracer", ["compile", "jit.trace"])
