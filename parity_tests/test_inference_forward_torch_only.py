@@ -161,12 +161,12 @@ def test_the_kept_weights_follow_the_parameters():
         np.testing.assert_array_equal(model(s, t).numpy(), other(s, t).numpy())
 
 
-@pytest.mark.parametrize("tracer", ["compile", "jit.trace"])
+@pytest.mark.parametrize("tracer", ["compile", "jit.trace", "DataParallel replica"])
 def test_training_mode_traces_and_compilation_take_the_modules(tracer, monkeypatch):
-    """Only eval mode without gradients, a trace, ``torch.compile``/``export`` or ``jit.trace``
-    takes the kept weights: training mode keeps its dropout (two calls differ), a traced pass
-    records every intermediate, and while a tracer records the pass it stays on the modules (no
-    kept weights are made)."""
+    """Only eval mode without gradients, a trace, ``torch.compile``/``export``, ``jit.trace`` or
+    ``nn.DataParallel``'s replication takes the kept weights: training mode keeps its dropout (two
+    calls differ), a traced pass records every intermediate, and while a tracer records the pass,
+    or on a replica, it stays on the modules (no kept weights are made)."""
     config, weights, src, tgt, _, _ = _case("tiny-pre-annotated", "float32")
     s, t = torch.from_numpy(src), torch.from_numpy(tgt)
     model = build(config, weights).train()
@@ -176,8 +176,11 @@ def test_training_mode_traces_and_compilation_take_the_modules(tracer, monkeypat
         _, trace = model(s, t, return_trace=True)
         assert "decoder.layers.0.self_attn.weights" in trace
         assert "_prepared_weights" not in model.__dict__ | model.generator.__dict__
-        asks = {"compile": (torch.compiler, "is_compiling"), "jit.trace": (torch.jit, "is_tracing")}
-        monkeypatch.setattr(*asks[tracer], lambda: True)
+        if tracer == "DataParallel replica":  # what nn.parallel.replicate marks (CUDA only)
+            monkeypatch.setattr(model, "_is_replica", True, raising=False)
+        else:
+            asks = {"compile": (torch.compiler, "is_compiling"), "jit.trace": (torch.jit, "is_tracing")}
+            monkeypatch.setattr(*asks[tracer], lambda: True)
         model(s, t)
         assert "_prepared_weights" not in model.__dict__
         monkeypatch.undo()
@@ -247,3 +250,24 @@ def test_a_converted_model_runs_in_its_parameters_dtype(convert):
     else:
         recomputed = torch_impl.greedy_decode(model, s, 6, use_cache=False)
         np.testing.assert_array_equal(greedy.tokens, recomputed.tokens)
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")  # torch's, about SDPA
+def test_an_ensemble_under_vmap_runs_on_the_modules():
+    """``torch.vmap`` over ``torch.func.functional_call`` with stacked parameters (the PyTorch way
+    to run an ensemble) works in eval without gradients: under a ``torch.func`` transform the pass
+    takes the modules (batched tensors have no storage for the kept weights' key), and each
+    member's logits are its own model's."""
+    from torch.func import functional_call, stack_module_state
+    config, _, src, tgt, _, _ = _case("tiny-pre-annotated", "float64")
+    members = [build(config, random_weights(config, seed)) for seed in (0, 1)]
+    params, buffers = stack_module_state(members)
+    s, t = torch.from_numpy(src), torch.from_numpy(tgt)
+
+    def member(p, b):
+        return functional_call(members[0], (p, b), (s, t))
+    with torch.no_grad():
+        together = torch.vmap(member)(params, buffers)
+        for i, model in enumerate(members):
+            assert_close(together[i].numpy(), model(s, t).numpy(), bound_for("float64", "torch:reference"),
+                         f"member {i}")

@@ -211,12 +211,18 @@ def dense(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor, relu: bool 
 
 def _inferring(module: torch.nn.Module) -> bool:
     """Whether a pass of ``module`` may run on weights laid out for inference (`_prepared`): eval
-    mode (no dropout), no gradient being recorded, and nothing tracing it (``torch.compile`` or
-    ``torch.export``, whose graph the kept weights' key, read from pointers, would break;
-    ``torch.jit.trace`` and the ONNX exporter built on it, which would record oneDNN's packed
-    tensors as constants): a traced program gets the modules, which it records whole."""
+    mode (no dropout), no gradient being recorded, and the parameters the module's own:
+    - nothing tracing it: ``torch.compile`` or ``torch.export`` (whose graph the kept weights'
+      key, read from pointers, would break), ``torch.jit.trace`` and the ONNX exporter built on it
+      (which would record oneDNN's packed tensors as constants): a traced program gets the
+      modules, which it records whole;
+    - no ``torch.func`` transform (``vmap`` over ``functional_call``, an ensemble's stacked
+      parameters: batched tensors have no storage to key on);
+    - not a ``nn.DataParallel`` replica (its parameters are new tensors at every call: the
+      weights would be laid out again each time, for nothing)."""
     return not (module.training or torch.is_grad_enabled() or torch.compiler.is_compiling()
-                or torch.jit.is_tracing())
+                or torch.jit.is_tracing() or torch._C._are_functorch_transforms_active()
+                or getattr(module, "_is_replica", False))
 
 
 def _prepared(owner: torch.nn.Module, name: str, tensors, make):
