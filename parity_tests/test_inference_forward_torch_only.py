@@ -271,3 +271,34 @@ def test_an_ensemble_under_vmap_runs_on_the_modules():
         for i, model in enumerate(members):
             assert_close(together[i].numpy(), model(s, t).numpy(), bound_for("float64", "torch:reference"),
                          f"member {i}")
+
+
+@pytest.mark.parametrize("where", ["submodule", "pre-hook", "global"])
+def test_forward_hooks_fire(where):
+    """A forward hook on a submodule (feature extraction: an encoder layer's output), a pre-hook, or
+    a global one fires in eval without gradients as in any ``nn.Module``: with hooks the pass runs
+    the modules; once they are removed it runs on the kept weights again."""
+    config, weights, src, tgt, _, trace = _case("tiny-pre-annotated", "float64")
+    model = build(config, weights)
+    s, t = torch.from_numpy(src), torch.from_numpy(tgt)
+    seen = []
+    layer = model.encoder.layers[0]
+    if where == "submodule":
+        handle = layer.register_forward_hook(lambda module, args, out: seen.append(out))
+    elif where == "pre-hook":
+        handle = model.generator.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    else:
+        handle = torch.nn.modules.module.register_module_forward_hook(
+            lambda module, args, out: seen.append(out) if module is layer else None)
+    try:
+        with torch.no_grad():
+            model(s, t)
+    finally:
+        handle.remove()
+    assert len(seen) == 1 and "_prepared_weights" not in model.__dict__
+    if where != "pre-hook":
+        assert_close(_f64(seen[0]), trace["encoder.layers.0.ffn.residual"],
+                     bound_for("float64", "torch:reference"), "the hooked layer's output")
+    with torch.no_grad():
+        model(s, t)
+    assert len(seen) == 1 and "_prepared_weights" in model.__dict__

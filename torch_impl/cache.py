@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+from torch.nn.modules import module as _modules  # the registries of global forward hooks
 
 
 class StepWeights(NamedTuple):
@@ -219,10 +220,35 @@ def _inferring(module: torch.nn.Module) -> bool:
     - no ``torch.func`` transform (``vmap`` over ``functional_call``, an ensemble's stacked
       parameters: batched tensors have no storage to key on);
     - not a ``nn.DataParallel`` replica (its parameters are new tensors at every call: the
-      weights would be laid out again each time, for nothing)."""
-    return not (module.training or torch.is_grad_enabled() or torch.compiler.is_compiling()
-                or torch.jit.is_tracing() or torch._C._are_functorch_transforms_active()
-                or getattr(module, "_is_replica", False))
+      weights would be laid out again each time, for nothing);
+    - no forward hook on a submodule, nor a global one (feature extraction, ``torchinfo``,
+      ``torch.nn.utils.prune``'s pre-hooks): the inference pass calls no submodule, so the
+      modules run and the hooks fire, as they would for any ``nn.Module``."""
+    if (module.training or torch.is_grad_enabled() or torch.compiler.is_compiling()
+            or torch.jit.is_tracing() or torch._C._are_functorch_transforms_active()
+            or getattr(module, "_is_replica", False)):
+        return False
+    if _modules._global_forward_hooks or _modules._global_forward_pre_hooks:
+        return False
+    below = list(module._modules.values())  # every submodule (not `modules()`, which builds names)
+    while below:
+        sub = below.pop()
+        if sub is not None:
+            if sub._forward_hooks or sub._forward_pre_hooks:
+                return False
+            below.extend(sub._modules.values())
+    return True
+
+
+def _parameters(module: torch.nn.Module):
+    """Every parameter of ``module`` and its submodules (a shared one as often as it is held), by
+    walking ``_modules``: what `_prepared`'s key reads at every inference call, twice as fast as
+    ``module.parameters()``, which builds every submodule's name."""
+    below = [module]
+    while below:
+        sub = below.pop()
+        yield from (p for p in sub._parameters.values() if p is not None)
+        below.extend(m for m in sub._modules.values() if m is not None)
 
 
 def _prepared(owner: torch.nn.Module, name: str, tensors, make):

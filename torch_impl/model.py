@@ -14,8 +14,8 @@ from shared.decoding import check_max_len
 from shared.masks import padding_id, start_is_pad
 
 from . import weights_io
-from .cache import (DecoderCache, _inferring, _prepared, dense, filled_mask, lay_out, lay_out_weights,
-                    step_layout)
+from .cache import (DecoderCache, _inferring, _parameters, _prepared, dense, filled_mask, lay_out,
+                    lay_out_weights, step_layout)
 from .embedding import PositionalEncoding, TokenEmbedding
 from .inputs import _is_integer, check_ids, check_mask, check_same_batch, make_src_mask, make_tgt_mask
 from .layers import Trace, record
@@ -298,7 +298,7 @@ class Transformer(nn.Module):
             weights = [lay_out_weights(w, layout, cast) for w in self.decoder.step_weights()]
             return weights, self.generator._laid_out(layout, dtype)
 
-        return _prepared(self, f"{layout}, {str(dtype)[6:]}", self.parameters(), make)
+        return _prepared(self, f"{layout}, {str(dtype)[6:]}", _parameters(self), make)
 
     def _products_dtype(self) -> torch.dtype:
         """The dtype of an inference pass's products in the autocast it runs in: the model's
@@ -313,7 +313,7 @@ class Transformer(nn.Module):
         size of the encoder's layers in that dtype)."""
         dtype = self._products_dtype()
         cast = None if dtype == self.generator.bias.dtype else dtype
-        return _prepared(self, f"encoder, {layout}, {str(dtype)[6:]}", self.parameters(), lambda: [
+        return _prepared(self, f"encoder, {layout}, {str(dtype)[6:]}", _parameters(self), lambda: [
             lay_out_weights(w, layout, cast) for w in self.encoder.infer_weights()])
 
     def decode_step(self, tokens: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
