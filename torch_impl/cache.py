@@ -19,6 +19,10 @@ code that uses a cache is the same as tf_impl's, whose caches are immutable tupl
 
 Used through `torch_impl.Transformer.init_cache` and `.decode_step`; `torch_impl.search` gives the
 loops that drive them (the `shared.decoding` spec, with the cache as the step's state).
+
+The weights a step reads are laid out for it once and kept (`StepWeights`, `step_layout`,
+`lay_out`, `dense`); the forward pass in inference reads the same (`EncoderWeights` for its
+encoder), under the rule of `_inferring` and kept by `_prepared`.
 """
 from __future__ import annotations
 
@@ -193,7 +197,7 @@ def dense(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor, relu: bool 
     (float32, packed) comes with its float16 bias, and the product is float16's: ``x`` rounded to
     float16, the sum in float32, the result rounded to float16."""
     rows = x.reshape(-1, x.shape[-1])
-    if kernel.is_mkldnn and bias.dtype == torch.float16:  # WIDENED: float16 values, float32 sums
+    if kernel.is_mkldnn and kernel.dtype == torch.float32 and bias.dtype == torch.float16:  # WIDENED
         rows = rows.to(torch.float16).float()  # rounded as autocast rounds a product's input
         out = torch.ops.mkldnn._linear_pointwise(rows, kernel, bias.float(), "relu" if relu else "none",
                                                  [], "")
