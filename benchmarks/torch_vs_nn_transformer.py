@@ -241,8 +241,12 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 diff = (a - model(src, tgt)).abs()[real].max().item()
             except RuntimeError as error:  # nn's fused encoder under CPU autocast: "expected Float"
-                print(f"skipped {label}: {str(error).splitlines()[0]}")
-                del models[label]
+                if args.train:  # the fused path is eval's only; its training steps still run
+                    print(f"same maths not checked for {label} (its eval pass raised: "
+                          f"{str(error).splitlines()[0]}); its training steps are timed")
+                else:
+                    print(f"skipped {label}: {str(error).splitlines()[0]}")
+                    del models[label]
                 continue
             print(f"same maths: max |torch_impl - {label}| on real target positions = {diff:.2e} "
                   f"(logit scale {a.abs().max().item():.2f})")
