@@ -146,18 +146,21 @@ class MultiHeadAttention(keras.layers.Layer):
                 tf.convert_to_tensor(self.output.kernel), tf.convert_to_tensor(self.output.bias))
 
     def attend_prepared(self, query_in: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor,
-                        keep: tf.Tensor, query: tuple, output: tuple) -> tf.Tensor:
+                        keep: tf.Tensor, query: tuple | None, output: tuple | None) -> tf.Tensor:
         """`attend` of one decoding step (the cross-attention of a cached step): the query and
         output projections given as ``(kernel (in, out), bias)`` (`step_kernels`), the mask made
         ready once (`tf_impl.cache.prepare_mask`: every row may attend some key, ``keep`` zeroes
         the rows that had none), no dropout, no weights. Shape: query_in ``(N, 1, d_model)``, k/v
-        ``(N, H, S, d_k)`` -> ``(N, 1, d_model)``."""
+        ``(N, H, S, d_k)`` -> ``(N, 1, d_model)``. With ``query`` and ``output`` None (a model
+        not as built: `tf_impl.cache._as_built`) the projections are the layers, called."""
         n = dims(query_in, 1)[0]
-        q = tf.reshape(dense(query_in, *query), [n, self.n_heads, 1, self.d_k])  # (N, H, 1, d_k)
+        q = self.query(query_in) if query is None else dense(query_in, *query)
+        q = tf.reshape(q, [n, self.n_heads, 1, self.d_k])  # (N, H, 1, d_k)
         scores = _scores(q, k, self.d_k)  # (N, H, 1, S)
         weights = tf.nn.softmax(tf.where(mask, scores, tf.constant(scores.dtype.min, scores.dtype)))
         context = tf.matmul(tf.cast(weights, v.dtype), v) * keep  # (N, H, 1, d_k)
-        return dense(tf.reshape(context, [n, 1, self.n_heads * self.d_k]), *output)
+        context = tf.reshape(context, [n, 1, self.n_heads * self.d_k])
+        return self.output(context) if output is None else dense(context, *output)
 
     def extend(self, query_in: tf.Tensor, key_cache: tf.Tensor, value_cache: tf.Tensor,
                position: tf.Tensor, qkv: tuple | None = None, output: tuple | None = None,

@@ -27,9 +27,37 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import keras
 import tensorflow as tf
 
 from .inputs import runtime_check
+
+# The Keras classes tf_impl builds its models from. With tf_impl's own classes, the only layer
+# types whose weights a decoding step may read instead of calling them (`_as_built`).
+_BUILT_FROM = frozenset({keras.layers.Dense, keras.layers.Dropout})
+
+
+def _as_built(layer: keras.layers.Layer) -> bool:
+    """Whether every sublayer of ``layer`` computes what reading its weights computes, so that
+    decoding may read them (`StepWeights`) instead of calling the layers:
+    - each of a type tf_impl builds (`_BUILT_FROM`, or a class of tf_impl's own), not a
+      replacement nor a subclass;
+    - none quantized (``Model.quantize``: a Dense's ``kernel`` is then its int8 or int4 values,
+      which its call rescales). A Dense with LoRA enabled (``enable_lora``) is as built: its
+      ``kernel`` includes the adapter.
+    Otherwise the layers are called, as torch_impl calls its modules (`torch_impl.cache.
+    _as_built`): the same results, slower."""
+    for sub in layer._flatten_layers(include_self=False):
+        if not (type(sub) in _BUILT_FROM or type(sub).__module__.startswith("tf_impl.")):
+            return False
+        if getattr(sub, "quantization_mode", None) is not None:
+            return False
+    return True
+
+
+# A cache's weights where its steps call the layers (a model not as built, `_as_built`): an empty
+# structure, which ``tf.while_loop``'s state can carry (None it cannot).
+NO_WEIGHTS = ()
 
 
 class StepWeights(NamedTuple):
@@ -84,13 +112,14 @@ class LayerCache(NamedTuple):
         self_key, self_value: ``(N, H, capacity, d_k)``; positions ``0 .. length - 1`` of the owning
             `DecoderCache` are filled, the rest is scratch.
         cross_key, cross_value: ``(N, H, S, d_k)``, from the encoder memory, never changed.
-        weights: the layer's weights as a step reads them (`StepWeights`).
+        weights: the layer's weights as a step reads them (`StepWeights`); `NO_WEIGHTS` for a
+            model not as built (`_as_built`): its steps call the layers.
     """
     self_key: tf.Tensor
     self_value: tf.Tensor
     cross_key: tf.Tensor
     cross_value: tf.Tensor
-    weights: StepWeights
+    weights: StepWeights | tuple[()]
 
     def updated(self, self_key: tf.Tensor, self_value: tf.Tensor) -> "LayerCache":
         """This layer's cache holding the self-attention buffers of a step (those
@@ -109,14 +138,15 @@ class DecoderCache(NamedTuple):
         src_keep: ``(N|1, 1|H, 1, 1)`` in the model dtype, 0 for a row with no source key, else 1.
         generator: the output projection as a step reads it, ``(matrix, bias (V,))``: the matrix
             ``(d, V)`` for one row, ``(V, d)`` used transposed for more (the faster layout for
-            each under XLA, `tf_impl.Transformer._step_weights`).
+            each under XLA, `tf_impl.Transformer._step_weights`); `NO_WEIGHTS` where the layers'
+            are (the generator layer is called).
         length: int32 scalar tensor, positions already decoded; the next token goes to position
             ``length`` (and gets row ``length`` of the positional table).
     """
     layers: tuple[LayerCache, ...]
     src_mask: tf.Tensor
     src_keep: tf.Tensor
-    generator: tuple[tf.Tensor, tf.Tensor]
+    generator: tuple[tf.Tensor, tf.Tensor] | tuple[()]
     length: tf.Tensor
 
     @property

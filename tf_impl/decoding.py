@@ -44,7 +44,7 @@ from shared.masks import padding_id, start_is_pad
 from . import search
 from .cache import repeat_rows
 from .inputs import check_ids, dims, in_xla_context, make_src_mask, make_tgt_mask
-from .model import Transformer
+from .model import Transformer, _structure
 
 # use_cache -> the default jit_compile: XLA where it helps (docs/performance.md, "Figures behind
 # the code's choices"). Cached: XLA fuses the many small per-step ops, and its dot is several times
@@ -121,23 +121,26 @@ def _beam_program(model, src, src_mask, alpha, max_len, beam_size, use_cache, ob
                             alpha, observe)
 
 
-# model -> {(program, jit_compile): tf.function}; weak, so a model's compiled loops go with it.
+# model -> {(program, jit_compile): (structure, tf.function)}; weak, so a model's compiled loops
+# go with it.
 _COMPILED: "weakref.WeakKeyDictionary[Transformer, dict]" = weakref.WeakKeyDictionary()
 
 
 def _compiled(model: Transformer, program, jit_compile: bool):
-    """The model's ``tf.function`` of ``program``, created once; it retraces by itself for a new
-    source shape or Python argument (max_len, beam size, use_cache) and reuses traces otherwise."""
+    """The model's ``tf.function`` of ``program``, created once and again whenever the model's
+    structure changes (`tf_impl.model._structure`: LoRA, quantization, precision); it retraces
+    by itself for a new source shape or Python argument (max_len, beam size, use_cache) and
+    reuses traces otherwise."""
     functions = _COMPILED.setdefault(model, {})
-    key = (program.__name__, jit_compile)
-    if key not in functions:
+    key, structure = (program.__name__, jit_compile), _structure(model)
+    if functions.get(key, (None,))[0] != structure:
         ref = weakref.ref(model)  # the function must not keep its model (the dict's key) alive
 
         def run(*args, **kwargs):
             return program(ref(), *args, **kwargs)
 
-        functions[key] = tf.function(run, jit_compile=jit_compile, autograph=False)
-    return functions[key]
+        functions[key] = (structure, tf.function(run, jit_compile=jit_compile, autograph=False))
+    return functions[key][1]
 
 
 def _run(model, program, compiled, jit_compile, use_cache, observe, *args, **kwargs):

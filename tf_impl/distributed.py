@@ -29,7 +29,7 @@ from shared import TransformerConfig
 from shared.data_parallel import TIMEOUT_S, check_workers, disagreement
 from shared.loss import check_smoothing
 
-from .model import Transformer
+from .model import Transformer, _structure
 from .training import _IDS, StepResult, _batch, _loss, make_optimizer
 
 
@@ -129,9 +129,11 @@ class DataParallel:
 
     def _compiled_step(self, smoothing: float):
         """One ``tf.function`` per smoothing, traced once for every batch shape: ``strategy.run``
-        of the replica step, then the replicas' losses summed."""
-        if smoothing in self._steps:
-            return self._steps[smoothing]
+        of the replica step, then the replicas' losses summed. Made again when the model's
+        structure changes (`tf_impl.model._structure`), as `tf_impl.training.train_step`'s."""
+        structure = _structure(self.model)
+        if self._steps.get(smoothing, (None,))[0] == structure:
+            return self._steps[smoothing][1]
         model, optimizer, strategy, workers = self.model, self.optimizer, self.strategy, self.workers
         pad_id = model.config.pad_id
 
@@ -154,7 +156,7 @@ class DataParallel:
             return (strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None),
                     strategy.experimental_local_results(lrs)[0])
 
-        self._steps[smoothing] = step
+        self._steps[smoothing] = (structure, step)
         return step
 
     def train_step(self, batch, smoothing: float = 0.0) -> StepResult:

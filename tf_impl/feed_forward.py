@@ -59,9 +59,12 @@ class FeedForward(keras.layers.Layer):
         return tuple(tf.convert_to_tensor(w) for w in (self.inner.kernel, self.inner.bias,
                                                        self.outer.kernel, self.outer.bias))
 
-    def step(self, x: tf.Tensor, inner: tuple, outer: tuple) -> tf.Tensor:
+    def step(self, x: tf.Tensor, inner: tuple | None, outer: tuple | None) -> tf.Tensor:
         """`call` in inference, as a decoding step runs it, with the kernels of `step_kernels`: no
-        dropout, no layer calls. Same shapes, same values to rounding."""
+        dropout, no layer calls. Same shapes, same values to rounding. With the kernels None (a
+        model not as built: `tf_impl.cache._as_built`), `call`."""
+        if inner is None:
+            return self(x)
         return dense(self.activation(dense(x, *inner)), *outer)
 
     def get_config(self) -> dict:

@@ -156,24 +156,28 @@ class DecoderLayer(_TracingLayer):
         Shape: x ``(N, 1, d)``, src_mask bool broadcastable to ``(N, H, 1, S)`` and src_keep
         (`tf_impl.cache.prepare_mask`) -> ``((N, 1, d), the layer's cache with its self-attention
         keys/values updated)``. ``self_mask``: the step's `tf_impl.cache.filled_mask`, made once
-        for every layer (`Decoder.step`).
+        for every layer (`Decoder.step`). A cache without weights (`tf_impl.cache.NO_WEIGHTS`, a
+        model not as built) has the step call the layers.
         """
         kept, w = {}, cache.weights
 
+        def pair(start: int):  # a (kernel, bias) of the cache's weights, or None: call the layer
+            return w[start:start + 2] if w else None
+
         def self_attn(h: tf.Tensor):
             out, kept["key"], kept["value"] = self.self_attn.extend(
-                h, cache.self_key, cache.self_value, position, w[0:2], w[2:4], self_mask)
+                h, cache.self_key, cache.self_value, position, pair(0), pair(2), self_mask)
             return out, None
 
         def cross_attn(h: tf.Tensor):
             return self.cross_attn.attend_prepared(h, cache.cross_key, cache.cross_value, src_mask,
-                                                   src_keep, w[4:6], w[8:10]), None
+                                                   src_keep, pair(4), pair(8)), None
 
         x = sublayer_connection(x, self_attn, self.self_attn_norm, None, self.norm_first, None,
                                 "self_attn", False)
         x = sublayer_connection(x, cross_attn, self.cross_attn_norm, None, self.norm_first, None,
                                 "cross_attn", False)
-        x = sublayer_connection(x, lambda h: (self.ffn.step(h, w[10:12], w[12:14]), None), self.ffn_norm,
+        x = sublayer_connection(x, lambda h: (self.ffn.step(h, pair(10), pair(12)), None), self.ffn_norm,
                                 None, self.norm_first, None, "ffn", False)
         return x, cache.updated(kept["key"], kept["value"])
 

@@ -14,7 +14,7 @@ from shared.masks import padding_id, start_is_pad
 from shared.precision import compute_dtype_name
 
 from . import weights_io
-from .cache import DecoderCache, check_free_position
+from .cache import DecoderCache, _as_built, check_free_position
 from .embedding import PositionalEncoding, TokenEmbedding
 from .inputs import (check_ids, check_mask, check_same_batch, dims, guarded, make_src_mask,
                      make_tgt_mask, poison, to_tensor)
@@ -231,6 +231,8 @@ class Transformer(keras.Model):
 
     def _init_cache(self, memory: tf.Tensor, src_mask: tf.Tensor, max_len: int, beams: int) -> DecoderCache:
         """`init_cache` without the checks (the decoders call it)."""
+        if not _as_built(self):  # replaced or quantized layers: the steps call them
+            return self.decoder.init_cache(memory, src_mask, max_len, beams, None, None)
         rows = memory.shape[0] * beams if memory.shape[0] is not None else None
         return self.decoder.init_cache(memory, src_mask, max_len, beams, *self._step_weights(rows))
 
@@ -302,6 +304,8 @@ class Transformer(keras.Model):
         table = self.positional.select(self.tgt_embed.positions)  # fixed or learned (max_len, d)
         x = x + tf.gather(table, t)  # inference: no dropout (nor a call of the inactive layer)
         hidden, cache = self.decoder.step(x, cache)  # (N, 1, d); cache.length is now t + 1
+        if not cache.generator:  # a model not as built (`tf_impl.cache._as_built`): the layer
+            return self.generator(hidden)[:, 0], cache
         matrix, bias = cache.generator  # (V, d) used transposed, or (d, V): see _step_weights
         rows = tf.cast(hidden[:, 0], matrix.dtype)  # a half precision's product (shared.precision)
         logits = tf.matmul(rows, matrix, transpose_b=_generator_transposed(cache.rows))
@@ -337,6 +341,16 @@ class Transformer(keras.Model):
     def from_config(cls, config: dict) -> "Transformer":
         config = dict(config)
         return cls(TransformerConfig.from_dict(config.pop("config")), **config)
+
+
+def _structure(model: Transformer) -> tuple:
+    """What a trace of ``model`` depends on beyond its arguments and its variables' values: which
+    variables it reads and each layer's dtype policy. ``enable_lora`` adds variables,
+    ``Model.quantize`` replaces kernels and policies, `tf_impl.precision.set_precision` changes
+    policies; a ``tf.function`` traced before any of them computes the model as it was, so
+    tf_impl's own (decoding's, the training step's) are made again when this changes."""
+    return (tuple(map(id, model.variables)),
+            tuple(layer.dtype_policy.name for layer in model._flatten_layers(include_self=False)))
 
 
 def _generator_transposed(rows: int | None) -> bool:

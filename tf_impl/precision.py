@@ -21,7 +21,9 @@ as autocast does), keeps its key/value cache in the half dtype, and its logits a
 for the search. One rounding differs from torch's (docs/design.md, "Mixed precision"): a half
 product's bias is added after the product is rounded, where torch adds it before its one rounding.
 
-A ``tf.function`` keeps the precision it was traced with: set it before the first call.
+A ``tf.function`` keeps the precision it was traced with. tf_impl's own (the compiled decoding
+loops, the training step) are made again when it changes (`tf_impl.model._structure`); one of
+your own around the model is not: set the precision before its first call.
 """
 from __future__ import annotations
 

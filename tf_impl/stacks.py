@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from shared import TransformerConfig
 
-from .cache import DecoderCache, LayerCache, StepWeights, filled_mask, prepare_mask, repeat_rows
+from .cache import NO_WEIGHTS, DecoderCache, LayerCache, StepWeights, filled_mask, prepare_mask, repeat_rows
 from .inputs import dims
 from .layers import DecoderLayer, EncoderLayer, Trace, _TracingLayer, norm_layer, record
 from .norm import LayerNorm
@@ -62,18 +62,22 @@ class Decoder(_TracingLayer):
         return x
 
     def init_cache(self, memory: tf.Tensor, src_mask: tf.Tensor, capacity: int, beams: int,
-                   weights: list[StepWeights], generator: tuple[tf.Tensor, tf.Tensor]) -> DecoderCache:
+                   weights: list[StepWeights] | None,
+                   generator: tuple[tf.Tensor, tf.Tensor] | None) -> DecoderCache:
         """An empty cache for ``capacity`` positions: cross-attention keys/values of ``memory``
         computed once, then repeated for ``beams`` rows per item; the source mask prepared once;
-        ``weights`` (`step_weights`) and ``generator`` (kernel (d, V), bias) kept for the steps.
+        ``weights`` (`step_weights`) and ``generator`` (kernel (d, V), bias) kept for the steps
+        (None: a model not as built, whose steps call the layers: `tf_impl.cache._as_built`; the
+        cache then holds `tf_impl.cache.NO_WEIGHTS`).
 
         Shape: memory ``(B, S, d)``, src_mask ``(B|1, 1|H, 1, S)`` -> a cache of ``N = B * beams`` rows.
         """
         n = dims(memory, 1)[0] * beams
         layers = []
-        for layer, layer_weights in zip(self.layers, weights):
+        for layer, layer_weights in zip(self.layers, weights or [NO_WEIGHTS] * len(self.layers)):
             attn = layer.self_attn
-            k, v = layer.cross_attn.keys_values(memory, layer_weights[6:8])  # (B, H, S, d_k), once per source
+            kv = layer_weights[6:8] if layer_weights else None
+            k, v = layer.cross_attn.keys_values(memory, kv)  # (B, H, S, d_k), once per source
             # (N, H, capacity, d_k) in the keys' dtype: the model's, or half under a mixed policy
             empty = tf.zeros([n, attn.n_heads, capacity, attn.d_k], k.dtype)
             layers.append(LayerCache(empty, empty, repeat_rows(k, beams), repeat_rows(v, beams),
@@ -81,7 +85,7 @@ class Decoder(_TracingLayer):
         # once per source, not per layer and step; src_keep in the dtype of the context it scales
         mask, keep = prepare_mask(src_mask, layers[0].cross_key.dtype if layers else memory.dtype)
         return DecoderCache(tuple(layers), repeat_rows(mask, beams), repeat_rows(keep, beams),
-                            generator, tf.constant(0, tf.int32))
+                            generator or NO_WEIGHTS, tf.constant(0, tf.int32))
 
     def step_weights(self) -> list[StepWeights]:
         """Every layer's weights as a decoding step reads them (`tf_impl.cache.StepWeights`)."""

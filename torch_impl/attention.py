@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import dense, filled_mask
+from .cache import _plain_linear, dense, filled_mask
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -97,7 +97,11 @@ class MultiHeadAttention(nn.Module):
         """The per-head projections of ``x (B, L, d_model)`` by ``linears``, each ``(B, H, L, d_k)``,
         from one product with their weights stacked (as ``nn.MultiheadAttention``'s ``in_proj``):
         one launch where there were as many as linears, and under autocast one cast of the
-        stacked weight instead of one per linear. Differentiable (the stacking is a ``cat``)."""
+        stacked weight instead of one per linear. Differentiable (the stacking is a ``cat``).
+        A projection that is not a plain ``nn.Linear`` (hooked, quantized, wrapped by an adapter:
+        `torch_impl.cache._plain_linear`) is called instead, each on its own."""
+        if not all(map(_plain_linear, linears)):
+            return [self._heads(lin(x)) for lin in linears]
         b, length, _ = x.shape
         weight = torch.cat([lin.weight for lin in linears])
         bias = torch.cat([lin.bias for lin in linears])
@@ -163,19 +167,22 @@ class MultiHeadAttention(nn.Module):
                 kernel(self.output), bias(self.output))
 
     def attend_prepared(self, query_in: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        mask: torch.Tensor, keep: torch.Tensor | None, query: tuple,
-                        output: tuple) -> torch.Tensor:
+                        mask: torch.Tensor, keep: torch.Tensor | None, query: tuple | None,
+                        output: tuple | None) -> torch.Tensor:
         """`attend` in inference (the cross-attention of a cached step, and of the forward pass
         without gradients): the query and output projections given as ``(kernel (in, out), bias)``
         (`step_kernels`, in a `torch_impl.cache.lay_out` layout), the mask made ready once
         (`torch_impl.cache.prepare_mask`: additive, every row may attend some key, ``keep`` zeroes
         the rows that had none; None: every row had one), no dropout, no weights.
         Shape: query_in ``(N, Q, d_model)``, k/v ``(N, H, S, d_k)``, mask broadcastable to
-        ``(N, H, Q, S)`` -> ``(N, Q, d_model)``."""
+        ``(N, H, Q, S)`` -> ``(N, Q, d_model)``. With ``query`` and ``output`` None (a model not
+        as built: `torch_impl.cache._as_built`) the projections are the modules, called."""
         n, q_len, _ = query_in.shape
-        q = dense(query_in, *query).view(n, q_len, self.n_heads, self.d_k).transpose(1, 2)  # (N, H, Q, d_k)
+        q = self.query(query_in) if query is None else dense(query_in, *query)
+        q = q.view(n, q_len, self.n_heads, self.d_k).transpose(1, 2)  # (N, H, Q, d_k)
         context = _zero_keyless(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)
-        return dense(context.transpose(1, 2).reshape(n, q_len, self.n_heads * self.d_k), *output)
+        context = context.transpose(1, 2).reshape(n, q_len, self.n_heads * self.d_k)
+        return self.output(context) if output is None else dense(context, *output)
 
     def self_attend_prepared(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor,
                              qkv: tuple, output: tuple) -> torch.Tensor:

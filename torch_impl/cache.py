@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+from torch import nn
 from torch.nn.modules import module as _modules  # the registries of global forward hooks
 
 
@@ -216,7 +217,8 @@ def dense(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor, relu: bool 
 
 def _inferring(module: torch.nn.Module) -> bool:
     """Whether a pass of ``module`` may run on weights laid out for inference (`_prepared`): eval
-    mode (no dropout), no gradient being recorded, and the parameters the module's own:
+    mode (no dropout), no gradient being recorded, the modules as built (`_as_built`), and the
+    parameters the module's own:
     - nothing tracing it: ``torch.compile`` or ``torch.export`` (whose graph the kept weights'
       key, read from pointers, would break), ``torch.jit.trace`` and the ONNX exporter built on it
       (which would record oneDNN's packed tensors as constants): a traced program gets the
@@ -224,24 +226,62 @@ def _inferring(module: torch.nn.Module) -> bool:
     - no ``torch.func`` transform (``vmap`` over ``functional_call``, an ensemble's stacked
       parameters: batched tensors have no storage to key on);
     - not a ``nn.DataParallel`` replica (its parameters are new tensors at every call: the
-      weights would be laid out again each time, for nothing);
-    - no forward hook on a submodule, nor a global one (feature extraction, ``torchinfo``,
-      ``torch.nn.utils.prune``'s pre-hooks): the inference pass calls no submodule, so the
-      modules run and the hooks fire, as they would for any ``nn.Module``."""
+      weights would be laid out again each time, for nothing)."""
     if (module.training or torch.is_grad_enabled() or torch.compiler.is_compiling()
             or torch.jit.is_tracing() or torch._C._are_functorch_transforms_active()
             or getattr(module, "_is_replica", False)):
         return False
+    return _as_built(module)
+
+
+# The torch.nn classes torch_impl builds its models from. With torch_impl's own classes, the only
+# module types whose weights inference may read instead of calling them (`_as_built`).
+_BUILT_FROM = frozenset({nn.Linear, nn.Embedding, nn.Dropout, nn.ModuleList})
+# A parameter inference may read: a Parameter, or the plain tensor ``torch.func.functional_call``
+# puts in its place; not a tensor subclass (a weight-only quantization's packed weights).
+_PLAIN_TENSORS = (nn.Parameter, torch.Tensor)
+
+
+def _as_built(module: torch.nn.Module) -> bool:
+    """Whether every submodule of ``module`` computes what reading its weights computes, so that
+    the inference pass and decoding may read them (`StepWeights`) instead of calling the modules:
+    - each of a type torch_impl builds (`_BUILT_FROM`, or a class of torch_impl's own), not a
+      replacement: no quantized module (``torch.ao.quantization.quantize_dynamic``), no adapter
+      wrapping a Linear (LoRA), no subclass, no parametrized module (``torch.nn.utils.
+      parametrize`` and ``parametrizations.weight_norm`` swap the class);
+    - its parameters plain tensors (`_PLAIN_TENSORS`), the root's too;
+    - no forward hook or pre-hook on any of them, nor a global one (feature extraction,
+      ``torchinfo``, ``torch.nn.utils.prune``'s pre-hooks): hooks fire only on a module's call.
+    Otherwise the modules run, as they would in any ``nn.Module``: the same results, slower."""
     if _modules._global_forward_hooks or _modules._global_forward_pre_hooks:
         return False
-    below = list(module._modules.values())  # every submodule (not `modules()`, which builds names)
-    while below:
+    below = list(module._modules.values())
+    for p in module._parameters.values():
+        if type(p) not in _PLAIN_TENSORS and p is not None:
+            return False
+    while below:  # a plain loop: this runs at every inference call (docs/performance.md)
         sub = below.pop()
-        if sub is not None:
-            if sub._forward_hooks or sub._forward_pre_hooks:
+        if sub is None:
+            continue
+        kind = type(sub)
+        if kind not in _BUILT_FROM and not kind.__module__.startswith("torch_impl."):
+            return False
+        if sub._forward_hooks or sub._forward_pre_hooks:
+            return False
+        for p in sub._parameters.values():
+            if type(p) not in _PLAIN_TENSORS and p is not None:
                 return False
-            below.extend(sub._modules.values())
+        below.extend(sub._modules.values())
     return True
+
+
+def _plain_linear(linear: torch.nn.Module) -> bool:
+    """Whether ``linear`` is an ``nn.Linear`` as built, whose ``weight`` and ``bias`` a product may
+    read instead of calling it (`_as_built`'s rule for one module): the modules' pass stacks such
+    projections (`torch_impl.attention.MultiHeadAttention._project`) and calls any other."""
+    return (type(linear) is nn.Linear and not (linear._forward_hooks or linear._forward_pre_hooks)
+            and type(linear.weight) in _PLAIN_TENSORS
+            and not (_modules._global_forward_hooks or _modules._global_forward_pre_hooks))
 
 
 def _parameters(module: torch.nn.Module):
@@ -273,6 +313,11 @@ def _prepared(owner: torch.nn.Module, name: str, tensors, make):
     return kept[name][1]
 
 
+# A cache's weights where its steps call the modules (a model not as built, `_as_built`): an
+# empty structure rather than None, as in tf_impl, whose ``tf.while_loop`` state cannot hold None.
+NO_WEIGHTS = ()
+
+
 @dataclass
 class LayerCache:
     """One decoder layer's cached keys and values, per head.
@@ -282,13 +327,14 @@ class LayerCache:
             `DecoderCache` are filled, the rest is scratch.
         cross_key, cross_value: ``(N, H, S, d_k)``, from the encoder memory, never changed.
         weights: the layer's weights as a step reads them (`StepWeights`), taken when the cache
-            is made: a cache is valid for the weights of that moment.
+            is made: a cache is valid for the weights of that moment. `NO_WEIGHTS` for a model
+            not as built (`_as_built`): its steps call the modules.
     """
     self_key: torch.Tensor
     self_value: torch.Tensor
     cross_key: torch.Tensor
     cross_value: torch.Tensor
-    weights: "StepWeights"
+    weights: "StepWeights | tuple[()]"
 
     def updated(self, self_key: torch.Tensor, self_value: torch.Tensor) -> "LayerCache":
         """This layer's cache holding the self-attention buffers of a step (those
@@ -311,14 +357,15 @@ class DecoderCache:
             None where every row has a key.
         generator: the output projection as a step reads it, ``(kernel (d, V), bias (V,))``
             (the tied table transposed, or the generator's own kernel), the kernel in the
-            layout of the layers' (`step_layout`).
+            layout of the layers' (`step_layout`); `NO_WEIGHTS` where the layers' are (the
+            generator module is called).
         length: positions already decoded; the next token goes to position ``length`` (and gets
             row ``length`` of the positional table).
     """
     layers: list[LayerCache]
     src_mask: torch.Tensor
     src_keep: torch.Tensor | None
-    generator: tuple[torch.Tensor, torch.Tensor]
+    generator: tuple[torch.Tensor, torch.Tensor] | tuple[()]
     length: int = 0
 
     @property

@@ -28,7 +28,7 @@ from shared.decoding import BeamResult, GreedyResult, check_search_args
 from shared.masks import padding_id, start_is_pad
 
 from . import graphs, search
-from .cache import repeat_rows
+from .cache import _as_built, repeat_rows
 from .inputs import check_ids, make_tgt_mask
 from .model import Transformer
 from .precision import autocast
@@ -142,8 +142,15 @@ def _step(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, beams: 
     if not use_cache:
         kind = RecomputeStep
     else:  # on CUDA the step's launches are replayed from one graph (torch_impl.graphs)
-        kind = graphs.GraphedStep if graphs.usable(src.device) else CachedStep
+        kind = graphs.GraphedStep if _graphed(model, src.device) else CachedStep
     return kind(model, memory, src_mask, beams, max_len)
+
+
+def _graphed(model: Transformer, device: torch.device) -> bool:
+    """Whether a cached decode replays CUDA graphs: on CUDA (`torch_impl.graphs.usable`), for a
+    model as built (`torch_impl.cache._as_built`). A graph replays kernels; it would not call a
+    replaced module's Python, nor fire a hook, at each step."""
+    return graphs.usable(device) and _as_built(model)
 
 
 def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cache: bool = True,
@@ -168,7 +175,7 @@ def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cach
     src, src_mask = _decode_inputs(model, src, max_len, src_mask)
     c = model.config
     with _inference(model):
-        if use_cache and observe is None and graphs.usable(src.device):  # step and selection: one graph
+        if use_cache and observe is None and _graphed(model, src.device):  # step and selection: one graph
             memory = model._encode_for_decoding(src, src_mask)
             return search.greedy_result(graphs.greedy_loop(model, memory, src_mask, max_len, c.start_id,
                                                            c.eos_id, c.pad_id))

@@ -58,9 +58,12 @@ class FeedForward(nn.Module):
         return (self.inner.weight.t().contiguous().detach(), self.inner.bias.detach(),
                 self.outer.weight.t().contiguous().detach(), self.outer.bias.detach())
 
-    def step(self, x: torch.Tensor, inner: tuple, outer: tuple) -> torch.Tensor:
+    def step(self, x: torch.Tensor, inner: tuple | None, outer: tuple | None) -> torch.Tensor:
         """`forward` in inference, as a decoding step (and decoding's encoder pass) runs it, with the
-        kernels of `step_kernels`: no dropout, no module calls. Same shapes, same values to rounding."""
+        kernels of `step_kernels`: no dropout, no module calls. Same shapes, same values to rounding.
+        With the kernels None (a model not as built: `torch_impl.cache._as_built`), `forward`."""
+        if inner is None:
+            return self(x)
         if self.activation is _relu:  # the rectifier inside the product's kernel (`dense`)
             return dense(dense(x, *inner, relu=True), *outer)
         return dense(self.activation(dense(x, *inner)), *outer)

@@ -14,8 +14,8 @@ from shared.decoding import check_max_len
 from shared.masks import padding_id, start_is_pad
 
 from . import weights_io
-from .cache import (DecoderCache, _inferring, _parameters, _prepared, dense, filled_mask, lay_out,
-                    lay_out_weights, step_layout)
+from .cache import (DecoderCache, _as_built, _inferring, _parameters, _plain_linear, _prepared, dense,
+                    filled_mask, lay_out, lay_out_weights, step_layout)
 from .embedding import PositionalEncoding, TokenEmbedding
 from .inputs import _is_integer, check_ids, check_mask, check_same_batch, make_src_mask, make_tgt_mask
 from .layers import Trace, record
@@ -53,8 +53,12 @@ class Generator(nn.Module):
         return dense(x, *self._laid_out(step_layout(x.numel() // x.shape[-1], x.device, dtype), dtype))
 
     def _linear(self, x: torch.Tensor) -> torch.Tensor:
-        """`forward` through the parameters themselves (autograd; a traced pass)."""
-        return F.linear(x, self._table(), self.bias)
+        """`forward` through the parameters themselves (autograd; a traced pass); an own ``kernel``
+        that is not a plain ``nn.Linear`` (hooked, quantized, wrapped: `torch_impl.cache.
+        _plain_linear`) is called."""
+        if self._tied or _plain_linear(self.kernel):
+            return F.linear(x, self._table(), self.bias)
+        return self.kernel(x) + self.bias
 
     def _laid_out(self, layout: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``(kernel (d, V) in layout, bias (V,))`` in ``dtype``: the projection as inference
@@ -142,20 +146,23 @@ class Transformer(nn.Module):
         x = self.positional(self.src_embed(src), self.src_embed.positions)  # (B, S, d)
         record(trace, "encoder.embed", x)
         if trace is None and _inferring(self):  # eval: the dropout above was none
-            return self._encode_for_decoding(src, src_mask, x)
+            return self._infer_encoder(x, src_mask)
         memory = self.encoder(x, src_mask, trace)
         record(trace, "encoder.output", memory)
         return memory
 
-    def _encode_for_decoding(self, src: torch.Tensor, src_mask: torch.Tensor,
-                             x: torch.Tensor | None = None) -> torch.Tensor:
-        """The encoder pass of inference (a decode's, and `_encode`'s without gradients), ``(B, S)``
-        -> ``(B, S, d)``: `Encoder.infer` on `_encoder_weights` in the layout of ``B * S`` rows.
-        ``x``: the embedded source, where the caller has it."""
-        if x is None:
-            x = self.positional(self.src_embed(src), self.src_embed.positions)  # eval: no dropout
+    def _encode_for_decoding(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """A decode's encoder pass (in eval, without gradients), ``(B, S)`` -> ``(B, S, d)``: the
+        inference pass (`_infer_encoder`), or the modules for a model not as built
+        (`torch_impl.cache._as_built`: hooks, replaced or wrapped modules)."""
+        x = self.positional(self.src_embed(src), self.src_embed.positions)  # eval: no dropout
+        return self._infer_encoder(x, src_mask) if _inferring(self) else self.encoder(x, src_mask)
+
+    def _infer_encoder(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """The encoder's inference pass on the embedded source ``x (B, S, d)``: `Encoder.infer` on
+        `_encoder_weights` in the layout of ``B * S`` rows."""
         dtype = self._products_dtype()
-        layout = step_layout(src.numel(), self.generator.bias.device, dtype)
+        layout = step_layout(x.shape[0] * x.shape[1], self.generator.bias.device, dtype)
         return self.encoder.infer(x, src_mask, self._encoder_weights(layout), dtype)
 
     def _decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
@@ -281,6 +288,8 @@ class Transformer(nn.Module):
         """`init_cache` without the checks, in the caller's autocast (the decoders call it under
         the model's, `torch_impl.decoding`)."""
         with torch.no_grad():
+            if not _as_built(self):  # hooks, replaced or wrapped modules: the steps call them
+                return self.decoder.init_cache(memory, src_mask, max_len, beams, None, None)
             weights, generator = self._step_weights(memory.shape[0] * beams)
             return self.decoder.init_cache(memory, src_mask, max_len, beams, weights, generator)
 
@@ -366,7 +375,12 @@ class Transformer(nn.Module):
         table = self.positional.select(self.tgt_embed.positions)  # fixed or learned (max_len, d)
         x = x + table[t: t + 1]  # inference: no dropout (nor a call of the inactive module)
         hidden, cache = self.decoder.step(x, cache)  # (N, 1, d); cache.length is now t + 1
-        return dense(hidden[:, 0], *cache.generator), cache  # (N, V)
+        return self._step_generator(hidden[:, 0], cache), cache  # (N, V)
+
+    def _step_generator(self, hidden: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+        """A step's logits ``(N, V)`` from its hidden states ``(N, d)``: the cache's kernel, or the
+        generator module where the cache keeps no weights (a model not as built)."""
+        return dense(hidden, *cache.generator) if cache.generator else self.generator(hidden)
 
     def _step_logits(self, tokens: torch.Tensor, cache: DecoderCache, position) -> torch.Tensor:
         """The logits of one cached step at ``position`` (an int, or a 0-d int64 tensor on the
@@ -383,7 +397,7 @@ class Transformer(nn.Module):
             x, _ = layer.step(x, layer_cache, position, cache.src_mask, cache.src_keep, self_mask)
         if self.decoder.final_norm is not None:
             x = self.decoder.final_norm(x)
-        return dense(x[:, 0], *cache.generator)  # (N, V)
+        return self._step_generator(x[:, 0], cache)  # (N, V)
 
     # -- canonical weights ------------------------------------------------------------------------
     def import_weights(self, weights: Mapping[str, np.ndarray]) -> None:

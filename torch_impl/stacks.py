@@ -6,7 +6,8 @@ from torch import nn
 
 from shared import TransformerConfig
 
-from .cache import DecoderCache, EncoderWeights, LayerCache, StepWeights, prepare_mask, repeat_rows
+from .cache import (NO_WEIGHTS, DecoderCache, EncoderWeights, LayerCache, StepWeights, prepare_mask,
+                    repeat_rows)
 from .layers import DecoderLayer, EncoderLayer, Trace, record
 from .norm import LayerNorm
 
@@ -76,18 +77,22 @@ class Decoder(nn.Module):
         return x
 
     def init_cache(self, memory: torch.Tensor, src_mask: torch.Tensor, capacity: int, beams: int,
-                   weights: list[StepWeights], generator: tuple[torch.Tensor, torch.Tensor]) -> DecoderCache:
+                   weights: list[StepWeights] | None,
+                   generator: tuple[torch.Tensor, torch.Tensor] | None) -> DecoderCache:
         """An empty cache for ``capacity`` positions: cross-attention keys/values of ``memory``
         computed once, then repeated for ``beams`` rows per item; the source mask prepared once;
-        ``weights`` (`step_weights`) and ``generator`` (kernel (d, V), bias) kept for the steps.
+        ``weights`` (`step_weights`) and ``generator`` (kernel (d, V), bias) kept for the steps
+        (None: a model not as built, whose steps call the modules: `torch_impl.cache._as_built`; the
+        cache then holds `torch_impl.cache.NO_WEIGHTS`).
 
         Shape: memory ``(B, S, d)``, src_mask ``(B|1, 1|H, 1, S)`` -> a cache of ``N = B * beams`` rows.
         """
         n = memory.shape[0] * beams
         layers = []
-        for layer, layer_weights in zip(self.layers, weights):
+        for layer, layer_weights in zip(self.layers, weights or [NO_WEIGHTS] * len(self.layers)):
             attn = layer.self_attn
-            k, v = layer.cross_attn.keys_values(memory, layer_weights[6:8])  # (B, H, S, d_k), once per source
+            kv = layer_weights[6:8] if layer_weights else None
+            k, v = layer.cross_attn.keys_values(memory, kv)  # (B, H, S, d_k), once per source
             # (N, H, capacity, d_k) in the keys' dtype: the model's, or half under autocast
             empty = k.new_zeros(n, attn.n_heads, capacity, attn.d_k)
             layers.append(LayerCache(empty, torch.zeros_like(empty), repeat_rows(k, beams),
@@ -95,7 +100,7 @@ class Decoder(nn.Module):
         # once per source, not per layer and step; src_keep in the dtype of the context it scales
         mask, keep = prepare_mask(src_mask, layers[0].cross_key.dtype if layers else memory.dtype)
         keep = None if keep is None else repeat_rows(keep, beams)
-        return DecoderCache(layers, repeat_rows(mask, beams), keep, generator, 0)
+        return DecoderCache(layers, repeat_rows(mask, beams), keep, generator or NO_WEIGHTS, 0)
 
     def infer(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
               tgt_mask: torch.Tensor, weights: list[StepWeights], dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,340 @@
+"""Models whose layers changed after they were built, in both backends: a low-rank adapter (LoRA)
+on every attention and feed-forward projection (torch: a PEFT-style wrapper module, or
+``torch.nn.utils.parametrize``; Keras: ``Dense.enable_lora``), quantized projections
+(``torch.ao.quantization.quantize_dynamic``, Keras' ``Model.quantize("int8")``), a hook on a
+projection (torch), a precision set after a compiled decode (TF).
+
+The rule under test (docs/design.md, "Layers changed after building"): the inference pass and
+decoding read a layer's weights directly only while every layer is as built
+(`torch_impl.cache._as_built`, `tf_impl.cache._as_built`) and call the layers otherwise, and
+tf_impl's compiled loops are traced again when the model's structure changes
+(`tf_impl.model._structure`). Each case first decodes the unchanged model, so that torch_impl has
+kept its weights and tf_impl has traced its loop, then changes it: the answers must be the changed
+model's, never the kept or traced ones of before.
+"""
+import copy
+
+import numpy as np
+import pytest
+
+from parity_tests.backends import HAVE_TF, HAVE_TORCH
+from parity_tests.matrix import VARIANTS
+from shared import reference as R
+from shared.batches import src_tgt
+from shared.loss import log_softmax
+from shared.tolerances import assert_close, bound_for
+from shared.weights import random_weights
+
+RANK, MAX_LEN, BEAM = 2, 6, 3
+
+if HAVE_TORCH:
+    import torch
+    from torch import nn
+    from torch.nn.utils import parametrize
+
+    import torch_impl
+    from parity_tests.torch_support import build as torch_build
+
+    class LowRankAdapter(nn.Module):
+        """A LoRA adapter as PEFT wraps a projection: ``base(x) + (x @ a) @ b``, ``a (in, r)``,
+        ``b (r, out)``; the base Linear is called as it is."""
+
+        def __init__(self, base: nn.Linear, a: np.ndarray, b: np.ndarray):
+            super().__init__()
+            self.base = base
+            self.a, self.b = nn.Parameter(torch.from_numpy(a)), nn.Parameter(torch.from_numpy(b))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.base(x) + (x @ self.a) @ self.b
+
+    class LowRankDelta(nn.Module):
+        """The same adapter as a parametrization of the weight ``(out, in)``: ``w + (a @ b).T``."""
+
+        def __init__(self, a: np.ndarray, b: np.ndarray):
+            super().__init__()
+            self.a, self.b = nn.Parameter(torch.from_numpy(a)), nn.Parameter(torch.from_numpy(b))
+
+        def forward(self, weight: torch.Tensor) -> torch.Tensor:
+            return weight + (self.a @ self.b).t()
+
+if HAVE_TF:
+    import tensorflow as tf
+
+    import tf_impl
+    from parity_tests.tf_support import build as tf_build
+    from tf_impl.precision import set_precision as tf_set_precision
+
+
+def _config(variant: str, **changes):
+    """A tiny variant with one encoder and one decoder layer: every code path of a layer, and a
+    TF trace of half the cost (a trace costs about a second a layer pair)."""
+    return VARIANTS[variant].replace(n_encoder_layers=1, n_decoder_layers=1, **changes)
+
+
+def _layer(model, path: str):
+    """The layer at a canonical path (``decoder.layers.0.self_attn.query``): the same attributes
+    in both backends (docs/design.md, the mirror rule)."""
+    for part in path.split("."):
+        model = model[int(part)] if part.isdigit() else getattr(model, part)
+    return model
+
+
+def _factors(config) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{projection path: (a (in, r), b (r, out))}`` for every attention and feed-forward
+    projection, large enough to change the decoded tokens. Multiples of 1/16 up to 1/4: ``a @ b``
+    is then exact in float32 too, as Keras computes it (``enable_lora`` makes float32 factors
+    even for a float64 layer), so every backend's adapted kernel is the oracle's merged one."""
+    weights, rng = random_weights(config, 0), np.random.default_rng(1)
+    factors = {}
+    for name, kernel in weights.items():
+        if name.endswith(".kernel") and ".layers." in name:
+            fan_in, fan_out = kernel.shape
+            factors[name[:-len(".kernel")]] = (rng.integers(-4, 5, (fan_in, RANK)) / 16,
+                                               rng.integers(-4, 5, (RANK, fan_out)) / 16)
+    return factors
+
+
+def _merged(weights: dict, factors: dict) -> dict:
+    """The canonical weights with each adapter folded into its kernel: ``kernel + a @ b``."""
+    merged = dict(weights)
+    for path, (a, b) in factors.items():
+        merged[f"{path}.kernel"] = weights[f"{path}.kernel"] + a @ b
+    return merged
+
+
+# -- the backends: build, adapt, run --------------------------------------------------------------
+def _torch_wrap(model, factors) -> None:
+    for path, (a, b) in factors.items():
+        parent, name = path.rsplit(".", 1)
+        setattr(_layer(model, parent), name, LowRankAdapter(_layer(model, path), a, b))
+
+
+def _torch_parametrize(model, factors) -> None:
+    for path, (a, b) in factors.items():
+        parametrize.register_parametrization(_layer(model, path), "weight", LowRankDelta(a, b))
+
+
+def _keras_lora(model, factors) -> None:
+    for path, (a, b) in factors.items():
+        dense = _layer(model, path)
+        dense.enable_lora(RANK)  # lora_alpha = rank: the product is added as it is
+        dense.lora_kernel_a.assign(a)
+        dense.lora_kernel_b.assign(b)
+
+
+class _Torch:
+    framework = "torch"
+
+    def __init__(self, adapt):
+        self.adapt = adapt
+
+    def build(self, config, weights):
+        return torch_build(config, weights)
+
+    def forwards(self, model, src, tgt):
+        """Logits of the inference pass (eval, no gradients) and of the modules (gradients on)."""
+        s, t = torch.from_numpy(src), torch.from_numpy(tgt)
+        with torch.no_grad():
+            inferred = model(s, t).numpy()
+        return [inferred, model(s, t).detach().numpy()]
+
+    def greedy(self, model, src, use_cache=True):
+        return torch_impl.greedy_decode(model, src, MAX_LEN, use_cache=use_cache)
+
+    def beam(self, model, src, use_cache=True):
+        return torch_impl.beam_search(model, src, MAX_LEN, BEAM, use_cache=use_cache)
+
+
+class _Keras:
+    framework = "tf"
+
+    def __init__(self, adapt, compiled):
+        self.adapt, self.compiled = adapt, compiled
+
+    def build(self, config, weights):
+        return tf_build(config, weights)
+
+    def forwards(self, model, src, tgt):
+        return [model(src, tgt).numpy()]
+
+    def greedy(self, model, src, use_cache=True):
+        return tf_impl.greedy_decode(model, src, MAX_LEN, use_cache=use_cache, **self._mode())
+
+    def beam(self, model, src, use_cache=True):
+        return tf_impl.beam_search(model, src, MAX_LEN, BEAM, use_cache=use_cache, **self._mode())
+
+    def _mode(self):  # tf.function without XLA: the same trace-keeping, a cheaper trace
+        return {"compiled": True, "jit_compile": False} if self.compiled else {"compiled": False}
+
+
+def _cases():
+    cases = []
+    if HAVE_TORCH:
+        cases += [pytest.param(lambda: _Torch(_torch_wrap), variant, id=f"torch-wrapper-{variant}")
+                  for variant in ("tiny-pre-annotated", "tiny-shared-tied-post")]
+        cases.append(pytest.param(lambda: _Torch(_torch_parametrize), "tiny-post-final-norm",
+                                  id="torch-parametrization-tiny-post-final-norm"))
+    if HAVE_TF:  # a trace costs about a second: one variant compiled, one eager
+        cases += [pytest.param(lambda: _Keras(_keras_lora, True), "tiny-pre-annotated",
+                               id="tf-function-lora-tiny-pre-annotated"),
+                  pytest.param(lambda: _Keras(_keras_lora, False), "tiny-shared-tied-post",
+                               id="tf-eager-lora-tiny-shared-tied-post")]
+    return cases
+
+
+def _batch(config):
+    # a padded row and an all-padding one, as the decoding contract's
+    return src_tgt(config, batch=3, src_len=9, tgt_len=7, seed=0, src_lengths=[9, 4, 0],
+                   tgt_lengths=[7, 5, 0])
+
+
+@pytest.mark.parametrize("make, variant", _cases())
+def test_an_adapted_model_computes_and_decodes_its_merged_weights(make, variant):
+    """With a low-rank adapter on every projection, the forward pass, greedy decoding (cached and
+    recomputed) and beam search give what the float64 oracle gives for the weights with the
+    adapters folded in, after a decode of the unadapted model kept its weights or traced its loop."""
+    backend, config = make(), _config(variant, dtype="float64")
+    weights, factors = random_weights(config, 0), _factors(config)
+    src, tgt = _batch(config)
+    model = backend.build(config, weights)
+    before = backend.greedy(model, src)  # torch_impl keeps its weights, tf_impl traces its loop
+    np.testing.assert_array_equal(before.tokens, R.greedy_decode(R.Model(weights, config), src, MAX_LEN).tokens)
+
+    backend.adapt(model, factors)
+    merged_weights = _merged(weights, factors)
+    merged = R.Model(merged_weights, config)
+    bound = bound_for("float64", f"{backend.framework}:reference")
+    want = R.forward(merged_weights, config, src, tgt)
+    assert not np.allclose(want, R.forward(weights, config, src, tgt), atol=1e-3)  # adapters matter
+    for i, logits in enumerate(backend.forwards(model, src, tgt)):
+        assert_close(logits, want, bound, f"logits ({i})")
+
+    want_greedy = R.greedy_decode(merged, src, MAX_LEN)
+    assert not np.allclose(want_greedy.log_probs, before.log_probs, atol=1e-3)  # so would a stale decode
+    for use_cache in (True, False):
+        got = backend.greedy(model, src, use_cache)
+        np.testing.assert_array_equal(got.tokens, want_greedy.tokens, f"greedy, use_cache={use_cache}")
+        assert_close(got.log_probs, want_greedy.log_probs, bound, f"greedy log-probs, use_cache={use_cache}")
+    got, want_beam = backend.beam(model, src), R.beam_search(merged, src, MAX_LEN, BEAM)
+    np.testing.assert_array_equal(got.tokens, want_beam.tokens, "beam tokens")
+    assert_close(got.scores, want_beam.scores, bound, "beam scores")
+
+
+# -- torch: hooks ---------------------------------------------------------------------------------
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch not installed")
+def test_a_hook_on_a_projection_fires_in_every_torch_pass():
+    """A forward hook on one projection (the query of the first decoder layer: what attention
+    probes read) fires in the modules' pass with gradients, in the forward pass without, and at
+    every cached decoding step, and the values are those of the model without the hook."""
+    config = _config("tiny-pre-annotated", dtype="float64")
+    model = torch_build(config, random_weights(config, 0))
+    src, tgt = _batch(config)
+    s, t = torch.from_numpy(src), torch.from_numpy(tgt)
+    plain_greedy, plain_beam = (torch_impl.greedy_decode(model, src, MAX_LEN),
+                                torch_impl.beam_search(model, src, MAX_LEN, BEAM))
+    with torch.no_grad():
+        plain = model(s, t).numpy()
+    seen = []
+    handle = model.decoder.layers[0].self_attn.query.register_forward_hook(
+        lambda module, args, out: seen.append(tuple(out.shape)))
+    bound = bound_for("float64", "torch:reference")
+    try:
+        assert_close(model(s, t).detach().numpy(), plain, bound, "logits, gradients on")
+        with torch.no_grad():
+            assert_close(model(s, t).numpy(), plain, bound, "logits, no gradients")
+        assert seen == [(3, 7, config.d_model)] * 2
+        seen.clear()
+        greedy = torch_impl.greedy_decode(model, src, MAX_LEN)
+        assert seen == [(3, 1, config.d_model)] * int(greedy.lengths.max())  # one call a step
+        np.testing.assert_array_equal(greedy.tokens, plain_greedy.tokens)
+        assert_close(greedy.log_probs, plain_greedy.log_probs, bound, "greedy log-probs")
+        beam = torch_impl.beam_search(model, src, MAX_LEN, BEAM)
+        np.testing.assert_array_equal(beam.tokens, plain_beam.tokens)
+        assert_close(beam.scores, plain_beam.scores, bound, "beam scores")
+    finally:
+        handle.remove()
+
+
+# -- quantized projections ------------------------------------------------------------------------
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch not installed")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_a_dynamically_quantized_torch_model_runs_its_quantized_layers():
+    """``quantize_dynamic`` replaces every Linear with an int8 one (the generator's too). The
+    forward pass runs them with and without gradients (the same values: both call the modules),
+    and decodes run them: the first step, where a cached and a recomputing decode give every
+    layer the same rows, agrees within float32 rounding. (Later steps differ by design: a dynamic
+    quantization scales each call's input by its own range.)"""
+    quantize_dynamic = getattr(getattr(torch, "ao", None), "quantization", None)
+    quantize_dynamic = getattr(quantize_dynamic, "quantize_dynamic", None)
+    if quantize_dynamic is None:
+        pytest.skip("this torch has no torch.ao.quantization.quantize_dynamic")
+    config = _config("tiny-pre-annotated")
+    model = torch_build(config, random_weights(config, 0))
+    src, tgt = _batch(config)
+    s, t = torch.from_numpy(src), torch.from_numpy(tgt)
+    torch_impl.greedy_decode(model, src, MAX_LEN)  # kept weights of the float model
+    quantized = quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
+    with torch.no_grad():
+        inferred, floating = quantized(s, t), model(s, t)
+    assert torch.equal(inferred, quantized(s, t).detach())
+    assert not torch.allclose(inferred, floating, atol=1e-4)  # the int8 layers ran
+    cached = torch_impl.greedy_decode(quantized, src, MAX_LEN)
+    recomputed = torch_impl.greedy_decode(quantized, src, MAX_LEN, use_cache=False)
+    assert_close(cached.log_probs[:, 0], recomputed.log_probs[:, 0], bound_for("float32", "torch:reference"),
+                 "first step's log-probs")
+    assert np.isfinite(torch_impl.beam_search(quantized, src, MAX_LEN, BEAM).scores).all()
+
+
+@pytest.mark.skipif(not HAVE_TF, reason="TensorFlow not installed")
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("compiled", [True, False], ids=["tf-function", "tf-eager"])
+def test_an_int8_keras_model_decodes_as_its_forward_pass(compiled):
+    """Keras' ``Model.quantize("int8")`` makes each Dense's ``kernel`` its int8 values, which its
+    call rescales: decoding calls the layers. Keras quantizes a Dense's input row by row, so a
+    cached step and the full pass give a row the same products: the greedy log-probs (cached and
+    recomputed) are the teacher-forced forward pass's to float64 rounding."""
+    config = _config("tiny-pre-annotated", dtype="float64")
+    model = tf_build(config, random_weights(config, 0))
+    src, _ = _batch(config)
+    mode = {"compiled": True, "jit_compile": False} if compiled else {"compiled": False}
+    before = tf_impl.greedy_decode(model, src, MAX_LEN, **mode)
+    model.quantize("int8")
+    bound = bound_for("float64", "tf:reference")
+    for use_cache in (True, False):
+        got = tf_impl.greedy_decode(model, src, MAX_LEN, use_cache=use_cache, **mode)
+        prefix = np.concatenate([np.full((src.shape[0], 1), config.start_id), got.tokens[:, :-1]], axis=1)
+        logits = model(src, prefix).numpy()  # teacher-forced on the decoded tokens
+        forced = np.take_along_axis(log_softmax(logits), got.tokens[..., None], axis=-1)[..., 0]
+        live = np.arange(MAX_LEN)[None] < got.lengths[:, None]  # 0 after EOS
+        assert_close(np.where(live, forced, 0.0), got.log_probs, bound, f"log-probs, use_cache={use_cache}")
+        assert not np.allclose(got.log_probs, before.log_probs, atol=1e-4)  # the int8 layers ran
+
+
+# -- TF: a precision set after a compiled decode or training step ---------------------------------
+@pytest.mark.skipif(not HAVE_TF, reason="TensorFlow not installed")
+def test_a_precision_set_after_tracing_applies_to_decoding_and_training():
+    """`tf_impl.precision.set_precision` after the compiled decoding loop and the training step
+    were traced: the next decode and step run in the new precision, exactly as in a model given
+    that precision before its first call (a kept trace would run float32)."""
+    import keras
+
+    from tf_impl.training import train_step
+
+    config = _config("tiny-pre-annotated", dropout=0.0)
+    weights = random_weights(config, 0)
+    src, tgt = _batch(config)
+    batch = (src, tgt[:, :-1], tgt[:, 1:])
+    late, early = tf_build(config, weights), tf_build(config, weights)
+    tf_set_precision(early, "bfloat16")
+    # learning rate 0: the first step leaves the weights as they were, so both models' next
+    # losses are computed from the same weights
+    late_opt, early_opt = keras.optimizers.Adam(0.0), keras.optimizers.Adam(0.0)
+    float32_greedy = tf_impl.greedy_decode(late, src, MAX_LEN, jit_compile=False)
+    float32_loss = train_step(late, late_opt, batch).loss
+    tf_set_precision(late, "bfloat16")
+    greedy = tf_impl.greedy_decode(late, src, MAX_LEN, jit_compile=False)
+    np.testing.assert_array_equal(greedy.log_probs,
+                                  tf_impl.greedy_decode(early, src, MAX_LEN, jit_compile=False).log_probs)
+    assert not np.array_equal(greedy.log_probs, float32_greedy.log_probs)
+    loss = train_step(late, late_opt, batch).loss
+    assert loss == train_step(early, early_opt, batch).loss and loss != float32_loss
