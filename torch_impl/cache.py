@@ -234,12 +234,12 @@ def _inferring(module: torch.nn.Module) -> bool:
     return _as_built(module)
 
 
-# The torch.nn classes torch_impl builds its models from. With torch_impl's own classes, the only
-# module types whose weights inference may read instead of calling them (`_as_built`).
-_BUILT_FROM = frozenset({nn.Linear, nn.Embedding, nn.Dropout, nn.ModuleList})
+# The module types whose weights inference may read instead of calling them (`_as_built`): the
+# torch.nn classes torch_impl builds its models from, and torch_impl's own classes, added as met.
+_BUILT_FROM = {nn.Linear, nn.Embedding, nn.Dropout, nn.ModuleList}
 # A parameter inference may read: a Parameter, or the plain tensor ``torch.func.functional_call``
 # puts in its place; not a tensor subclass (a weight-only quantization's packed weights).
-_PLAIN_TENSORS = (nn.Parameter, torch.Tensor)
+_PLAIN_TENSORS = frozenset({nn.Parameter, torch.Tensor})
 
 
 def _as_built(module: torch.nn.Module) -> bool:
@@ -264,8 +264,10 @@ def _as_built(module: torch.nn.Module) -> bool:
         if sub is None:
             continue
         kind = type(sub)
-        if kind not in _BUILT_FROM and not kind.__module__.startswith("torch_impl."):
-            return False
+        if kind not in _BUILT_FROM:
+            if not kind.__module__.startswith("torch_impl."):
+                return False
+            _BUILT_FROM.add(kind)  # one of torch_impl's classes (a bounded set)
         if sub._forward_hooks or sub._forward_pre_hooks:
             return False
         for p in sub._parameters.values():
