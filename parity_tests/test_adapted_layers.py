@@ -220,6 +220,29 @@ def test_an_adapted_model_computes_and_decodes_its_merged_weights(make, variant)
     assert_close(got.scores, want_beam.scores, bound, "beam scores")
 
 
+@pytest.mark.skipif(not HAVE_TF, reason="TensorFlow not installed")
+def test_keras_predict_and_evaluate_follow_an_adapter():
+    """Keras keeps the functions it compiles for ``predict``, ``fit`` and ``evaluate`` (it makes
+    them again only on ``quantize``); tf_impl's model makes them again when its structure changed,
+    so after ``enable_lora`` they compute the adapted model: the oracle's logits and loss for the
+    merged weights."""
+    import keras
+
+    config = _config("tiny-pre-annotated", dtype="float64")
+    weights, factors = random_weights(config, 0), _factors(config)
+    src, tgt = _batch(config)
+    inputs, labels = {"src": src, "tgt": tgt}, np.roll(tgt, -1, axis=1)
+    model = tf_build(config, weights)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)  # float32 arithmetic
+    model.compile(loss=loss)
+    model.predict(inputs, verbose=0), model.evaluate(inputs, labels, verbose=0)  # both traced
+    _keras_lora(model, factors)
+    want = R.forward(_merged(weights, factors), config, src, tgt)  # (B, T, V) float64
+    assert_close(model.predict(inputs, verbose=0), want, bound_for("float64", "tf:reference"), "predict")
+    # the loss of the oracle's logits, computed by the same Keras loss (in float32, as Keras does)
+    assert model.evaluate(inputs, labels, verbose=0) == float(loss(labels, want))
+
+
 # -- torch: hooks ---------------------------------------------------------------------------------
 @pytest.mark.skipif(not HAVE_TORCH, reason="torch not installed")
 def test_a_hook_on_a_projection_fires_in_every_torch_pass():
@@ -313,9 +336,10 @@ def test_an_int8_keras_model_decodes_as_its_forward_pass(compiled):
 # -- TF: a precision set after a compiled decode or training step ---------------------------------
 @pytest.mark.skipif(not HAVE_TF, reason="TensorFlow not installed")
 def test_a_precision_set_after_tracing_applies_to_decoding_and_training():
-    """`tf_impl.precision.set_precision` after the compiled decoding loop and the training step
-    were traced: the next decode and step run in the new precision, exactly as in a model given
-    that precision before its first call (a kept trace would run float32)."""
+    """`tf_impl.precision.set_precision` after the compiled decoding loop, the training step and
+    Keras' ``predict`` were traced: the next decode, step and prediction run in the new precision,
+    exactly as in a model given that precision before its first call (a kept trace would run
+    float32)."""
     import keras
 
     from tf_impl.training import train_step
@@ -331,7 +355,11 @@ def test_a_precision_set_after_tracing_applies_to_decoding_and_training():
     late_opt, early_opt = keras.optimizers.Adam(0.0), keras.optimizers.Adam(0.0)
     float32_greedy = tf_impl.greedy_decode(late, src, MAX_LEN, jit_compile=False)
     float32_loss = train_step(late, late_opt, batch).loss
+    float32_predicted = late.predict({"src": src, "tgt": tgt}, verbose=0)
     tf_set_precision(late, "bfloat16")
+    predicted = late.predict({"src": src, "tgt": tgt}, verbose=0)
+    np.testing.assert_array_equal(predicted, early.predict({"src": src, "tgt": tgt}, verbose=0))
+    assert not np.array_equal(predicted, float32_predicted)
     greedy = tf_impl.greedy_decode(late, src, MAX_LEN, jit_compile=False)
     np.testing.assert_array_equal(greedy.log_probs,
                                   tf_impl.greedy_decode(early, src, MAX_LEN, jit_compile=False).log_probs)

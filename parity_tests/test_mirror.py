@@ -66,6 +66,10 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
         "*:*.from_config": "Keras serialisation, the inverse of get_config",
         "model:Transformer.predict": "keras.Model.predict, overridden to check ids eagerly (XLA drops "
                                      "asserts)",
+        "model:Transformer.make_predict_function": "Keras' compiled predict, made again when the "
+                                                   "model's structure changed (LoRA, precision)",
+        "model:Transformer.make_train_function": "Keras' compiled fit step, the same rule",
+        "model:Transformer.make_test_function": "Keras' compiled evaluate step, the same rule",
         "attention:MultiHeadAttention.output": "a property over _output: Keras' Layer.output and its "
                                                "saving claim the attribute; torch's is a plain submodule",
         "inputs:to_tensor": "TF also takes arrays and lists (converted without casting); torch takes "

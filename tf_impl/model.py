@@ -311,6 +311,26 @@ class Transformer(keras.Model):
         logits = tf.matmul(rows, matrix, transpose_b=_generator_transposed(cache.rows))
         return logits + bias, cache  # (N, V), in the compute dtype
 
+    # Keras keeps the functions it compiles for predict, fit and evaluate until `Model.quantize`;
+    # enable_lora and set_precision change what a trace computes too, so tf_impl's own compiled
+    # functions' rule applies: made again when the model's structure (`_structure`) changed.
+    def make_predict_function(self, force=False):
+        return super().make_predict_function(force or self._changed_since_traced("predict"))
+
+    def make_train_function(self, force=False):
+        return super().make_train_function(force or self._changed_since_traced("train"))
+
+    def make_test_function(self, force=False):
+        return super().make_test_function(force or self._changed_since_traced("test"))
+
+    def _changed_since_traced(self, kind: str) -> bool:
+        """Whether `_structure` changed since Keras' ``kind`` function was asked for last (never,
+        the first time); records it. Kept in ``__dict__``, past Keras' attribute tracking."""
+        traced, structure = self.__dict__.setdefault("_traced_structures", {}), _structure(self)
+        changed = traced.get(kind, structure) != structure
+        traced[kind] = structure
+        return changed
+
     def predict(self, x, *args, **kwargs):
         """``keras.Model.predict`` with the ids of array inputs checked eagerly first: under XLA
         (Keras compiles ``predict`` with XLA by default on GPU) nothing can raise inside the step."""
