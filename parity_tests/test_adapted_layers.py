@@ -243,6 +243,85 @@ def test_keras_predict_and_evaluate_follow_an_adapter():
     assert model.evaluate(inputs, labels, verbose=0) == float(loss(labels, want))
 
 
+# -- the weights of a changed model: read merged, or refused whole -------------------------------
+def _changes():
+    """``(backend, change, got, merged)``: how a case changes a model, what its projections then
+    are (the ``got`` of `shared.weights.changed_layer`), and whether an export reads the adapted
+    kernels merged (a parametrization, Keras' LoRA) or must refuse (a replacement, a quantization)."""
+    cases = []
+    if HAVE_TORCH:
+        def quantize(model, factors):
+            torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+        cases += [pytest.param("torch", _torch_wrap, f"a {__name__}.LowRankAdapter", False, id="torch-wrapper"),
+                  pytest.param("torch", _torch_parametrize, "a Linear with its weight parametrized", True,
+                               id="torch-parametrization")]
+        if hasattr(getattr(torch, "ao", None), "quantization"):
+            cases.append(pytest.param("torch", quantize, "a torch.ao.nn.quantized.dynamic.modules.linear.Linear",
+                                      False, id="torch-int8"))
+    if HAVE_TF:
+        cases += [pytest.param("tf", _keras_lora, f"a Dense with LoRA enabled (rank {RANK})", True,
+                               id="tf-lora"),
+                  pytest.param("tf", lambda model, factors: model.quantize("int8"), "a Dense quantized to int8",
+                               False, id="tf-int8")]
+    return cases
+
+
+@pytest.mark.parametrize("framework, change, got, merged", _changes())
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_the_weights_of_a_changed_model_are_read_merged_or_refused_whole(framework, change, got, merged,
+                                                                          tmp_path):
+    """`export_weights` (and so `save_checkpoint`) of a model whose projections were changed reads
+    an adapter merged into its kernel where the layer computes one (a parametrization, Keras'
+    LoRA) and otherwise refuses with one `WeightsError` naming every changed projection, writing
+    no file; `import_weights` always refuses (the parameters the schema names are not the ones
+    the layers compute with), leaving the model as it was. Both backends, the same words."""
+    from shared.weights import WeightsError, changed_layer
+
+    impl = torch_impl if framework == "torch" else tf_impl
+    dtype = "float32" if "quantize" in got else "float64"  # quantize_dynamic takes float32 only
+    config = _config("tiny-pre-annotated", dtype=dtype)
+    weights, factors = random_weights(config, 0), _factors(config)
+    model = (torch_build if framework == "torch" else tf_build)(config, weights)
+    change(model, factors)
+    changed = list(factors) + (["generator"] if framework == "torch" and "quantize" in got else [])
+    path = tmp_path / "model.safetensors"
+    if merged:
+        np.testing.assert_equal(model.export_weights(), _merged(weights, factors))  # dyadic: exact
+        impl.save_checkpoint(model, path)
+        np.testing.assert_equal(impl.load_checkpoint(path).export_weights(), _merged(weights, factors))
+    else:
+        with pytest.raises(WeightsError) as raised:
+            model.export_weights()
+        assert raised.value.problems == [changed_layer(name, got, True) for name in changed]
+        with pytest.raises(WeightsError):
+            impl.save_checkpoint(model, path)
+        assert not path.exists() and not list(tmp_path.iterdir())
+    before = [np.array(v) for v in _state(framework, model)]
+    with pytest.raises(WeightsError) as raised:
+        model.import_weights(random_weights(config, 1))
+    assert raised.value.problems == [changed_layer(name, got, False) for name in changed]
+    for old, new in zip(before, _state(framework, model)):
+        np.testing.assert_array_equal(new, old)  # nothing half-written
+
+
+def _state(framework: str, model) -> list:
+    """Every value the model holds, as arrays (torch: the state dict; Keras: its variables)."""
+    if framework == "torch":
+        return [t.detach().numpy() for t in _tensors(model.state_dict())]
+    return [v.numpy() for v in model.variables]
+
+
+def _tensors(state: dict) -> list:
+    """The plain tensors of a state dict (a quantized module keeps packed parameters as tuples)."""
+    out = []
+    for value in state.values():
+        if isinstance(value, torch.Tensor):
+            out.append(value.dequantize() if value.is_quantized else value)
+        elif isinstance(value, tuple):
+            out += [v.dequantize() if v.is_quantized else v for v in value if isinstance(v, torch.Tensor)]
+    return out
+
+
 # -- torch: hooks ---------------------------------------------------------------------------------
 @pytest.mark.skipif(not HAVE_TORCH, reason="torch not installed")
 def test_a_hook_on_a_projection_fires_in_every_torch_pass():

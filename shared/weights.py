@@ -169,6 +169,21 @@ class WeightsError(ValueError):
         super().__init__(f"{source}: {len(problems)} problem(s) with the weights:\n  {listed}")
 
 
+def changed_layer(name: str, got: str, values_only: bool) -> str:
+    """The problem with a layer the weight schema maps that was changed after the model was built
+    (docs/design.md, "Layers changed after building"), in the words both backends use. ``name``
+    is its canonical prefix (``decoder.layers.0.self_attn.query``), ``got`` what it is now (``a
+    DynamicQuantizedLinear``, ``a Dense with LoRA enabled (rank 8)``). ``values_only``: the
+    weights were only to be read (an export, where an adapter merged into the kernel is what is
+    read), else the parameters themselves were wanted (to write, differentiate or keep
+    optimizer state for)."""
+    if values_only:
+        hint = "export before quantizing or replacing the layer; merge an adapter wrapper into its Linear first"
+    else:
+        hint = "load, train or differentiate the weights before adapting, quantizing or replacing the layer"
+    return f"{name}: expected the layer the model was built with, got {got} ({hint})"
+
+
 def tensor_problems(label: str, shape: tuple, dtype: str, got_shape: tuple, got_dtype: str,
               why: tuple[str, str] = ("", "")) -> list[str]:
     """The shape and dtype problems of one tensor: the one rule of `check_weights` and of every

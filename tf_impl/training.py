@@ -282,7 +282,7 @@ def gradients(model: Transformer, batch: Batch, smoothing: float = 0.0,
     ``{name: ndarray}`` in the canonical layout (kernels ``(in, out)``, as Keras stores them); a
     tied weight appears once, with the sum over its uses. ``training``: dropout on (as in
     `train_step`) or off."""
-    table = weight_table(model)
+    table = weight_table(model, "gradients")
     src, tgt_in, tgt_out = _batch(model, batch)
     with tf.GradientTape() as tape:
         loss = _loss(model, src, tgt_in, tgt_out, smoothing, training)
@@ -297,7 +297,7 @@ def export_moments(model: Transformer, optimizer: keras.optimizers.Optimizer | N
     optimizer. With `import_moments` a run saved from either backend resumes in the other. Keras
     keeps them in private slots (``_momentums``, ``_velocities``): read here and nowhere else."""
     out = {}
-    table = weight_table(model)
+    table = weight_table(model, "export_moments")
     for kind in ("m", "v"):
         for name, variable in table.items():
             if optimizer is None:
@@ -314,7 +314,7 @@ def import_moments(model: Transformer, optimizer: keras.optimizers.Optimizer, mo
     optimizer keeps one step count (``iterations``), which both Adam's bias corrections and the
     schedule read: it is set here, so the optimizer must be made with ``start_step=0``."""
     optimizer.iterations.assign(step)
-    for name, variable in weight_table(model).items():
+    for name, variable in weight_table(model, "import_moments").items():
         index = optimizer._get_variable_index(variable)
         optimizer._momentums[index].assign(np.asarray(moments[f"m.{name}"], dtype=model.config.dtype))
         optimizer._velocities[index].assign(np.asarray(moments[f"v.{name}"], dtype=model.config.dtype))

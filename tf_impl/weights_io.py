@@ -16,15 +16,40 @@ from typing import Mapping
 import keras
 import numpy as np
 
-from shared.weights import PROJECTIONS, check_weights, weight_schema
+from shared.weights import PROJECTIONS, WeightsError, changed_layer, check_weights, weight_schema
 
 
 Table = dict[str, keras.Variable]  # canonical name -> variable
 
 
-def _dense(table: Table, prefix: str, dense: keras.layers.Dense) -> None:
+class _Tree:
+    """What the table is built for, and the layers found changed after building on the way."""
+
+    def __init__(self, values_only: bool):
+        self.values_only, self.problems = values_only, []
+
+
+def _dense(table: Table, prefix: str, dense: keras.layers.Layer, tree: _Tree) -> None:
+    got = _changed(dense, tree.values_only)
+    if got:
+        tree.problems.append(changed_layer(prefix, got, tree.values_only))
+        return
     table[f"{prefix}.kernel"] = dense.kernel  # (in, out) here and in the canonical schema
     table[f"{prefix}.bias"] = dense.bias
+
+
+def _changed(dense: keras.layers.Layer, values_only: bool) -> str | None:
+    """What a projection changed after building is now (`shared.weights.changed_layer`'s
+    ``got``), or None where the table may hold its kernel: a ``Dense`` not quantized (whose
+    ``kernel`` would be its int8 or int4 values), with LoRA only where values alone are read
+    (its ``kernel`` is then the base plus the adapter, a tensor rather than the variable)."""
+    if not isinstance(dense, keras.layers.Dense):
+        return f"a {type(dense).__module__}.{type(dense).__qualname__}"
+    if dense.quantization_mode is not None:
+        return f"a Dense quantized to {dense.quantization_mode}"
+    if not values_only and dense.lora_enabled:
+        return f"a Dense with LoRA enabled (rank {dense.lora_rank})"
+    return None
 
 
 def _norm(table: Table, prefix: str, norm) -> None:
@@ -32,19 +57,26 @@ def _norm(table: Table, prefix: str, norm) -> None:
     table[f"{prefix}.beta"] = norm.beta
 
 
-def _attention(table: Table, prefix: str, attn) -> None:
+def _attention(table: Table, prefix: str, attn, tree: _Tree) -> None:
     for p in PROJECTIONS:
-        _dense(table, f"{prefix}.{p}", getattr(attn, p))
+        _dense(table, f"{prefix}.{p}", getattr(attn, p), tree)
 
 
-def _ffn(table: Table, prefix: str, ffn) -> None:
-    _dense(table, f"{prefix}.inner", ffn.inner)
-    _dense(table, f"{prefix}.outer", ffn.outer)
+def _ffn(table: Table, prefix: str, ffn, tree: _Tree) -> None:
+    _dense(table, f"{prefix}.inner", ffn.inner, tree)
+    _dense(table, f"{prefix}.outer", ffn.outer, tree)
 
 
-def weight_table(model: keras.Model) -> Table:
-    """Every canonical name, in `shared.weights.weight_schema` order, with its variable."""
+def weight_table(model: keras.Model, source: str = "weight_table", values_only: bool = False) -> Table:
+    """Every canonical name, in `shared.weights.weight_schema` order, with its variable.
+
+    A projection changed after the model was built (quantized by ``Model.quantize``, LoRA enabled:
+    docs/design.md, "Layers changed after building") has no variable the schema can name: one
+    `shared.weights.WeightsError` from ``source`` lists every such layer, before anything is read
+    or written. ``values_only`` (an export): a Dense with LoRA enabled is read, its ``kernel``
+    (the adapter merged in)."""
     c = model.config
+    tree = _Tree(values_only)
     table: Table = {"src_embed.embeddings": model.src_embed.embeddings}
     if model.src_embed.positions is not None:  # learned positions (config.positional)
         table["src_embed.positions"] = model.src_embed.positions
@@ -54,25 +86,27 @@ def weight_table(model: keras.Model) -> Table:
             table["tgt_embed.positions"] = model.tgt_embed.positions
     for i, layer in enumerate(model.encoder.layers):
         p = f"encoder.layers.{i}"
-        _attention(table, f"{p}.self_attn", layer.self_attn)
+        _attention(table, f"{p}.self_attn", layer.self_attn, tree)
         _norm(table, f"{p}.self_attn_norm", layer.self_attn_norm)
-        _ffn(table, f"{p}.ffn", layer.ffn)
+        _ffn(table, f"{p}.ffn", layer.ffn, tree)
         _norm(table, f"{p}.ffn_norm", layer.ffn_norm)
     if model.encoder.final_norm is not None:
         _norm(table, "encoder.final_norm", model.encoder.final_norm)
     for i, layer in enumerate(model.decoder.layers):
         p = f"decoder.layers.{i}"
-        _attention(table, f"{p}.self_attn", layer.self_attn)
+        _attention(table, f"{p}.self_attn", layer.self_attn, tree)
         _norm(table, f"{p}.self_attn_norm", layer.self_attn_norm)
-        _attention(table, f"{p}.cross_attn", layer.cross_attn)
+        _attention(table, f"{p}.cross_attn", layer.cross_attn, tree)
         _norm(table, f"{p}.cross_attn_norm", layer.cross_attn_norm)
-        _ffn(table, f"{p}.ffn", layer.ffn)
+        _ffn(table, f"{p}.ffn", layer.ffn, tree)
         _norm(table, f"{p}.ffn_norm", layer.ffn_norm)
     if model.decoder.final_norm is not None:
         _norm(table, "decoder.final_norm", model.decoder.final_norm)
     if model.generator.kernel is not None:  # absent when tied to the embedding table
         table["generator.kernel"] = model.generator.kernel
     table["generator.bias"] = model.generator.bias
+    if tree.problems:
+        raise WeightsError(source, tree.problems)
     if list(table) != list(weight_schema(c)):  # the layer tree and the schema must never drift
         raise AssertionError("tf_impl.weights_io: variable table does not match weight_schema")
     return table
@@ -86,11 +120,11 @@ def import_weights(model: keras.Model, weights: Mapping[str, np.ndarray],
     differ cannot leave a half-loaded model. NaN/Inf are refused unless ``allow_nonfinite`` (to
     inspect a diverged run, say)."""
     checked = check_weights(model.config, weights, source="import_weights", allow_nonfinite=allow_nonfinite)
-    for name, variable in weight_table(model).items():
+    for name, variable in weight_table(model, "import_weights").items():
         variable.assign(checked[name])  # same dtype and shape, checked above: an exact copy
 
 
 def export_weights(model: keras.Model) -> dict[str, np.ndarray]:
     """Canonical ``{name: ndarray}`` in ``config.dtype``, C-contiguous, owning its memory."""
     return {name: np.array(variable.numpy(), dtype=model.config.dtype, order="C", copy=True)
-            for name, variable in weight_table(model).items()}
+            for name, variable in weight_table(model, "export_weights", values_only=True).items()}

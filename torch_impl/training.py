@@ -170,7 +170,7 @@ def gradients(model: Transformer, batch: Batch, smoothing: float = 0.0,
     ``.grad``: ``{name: ndarray}`` in the canonical layout (kernels ``(in, out)``, transposed from
     ``nn.Linear``'s ``(out, in)``); a tied weight appears once, with the sum over its uses.
     ``training``: dropout on (as in `train_step`) or off."""
-    table = weight_table(model)
+    table = weight_table(model, "gradients")
     loss = _loss(model, batch, smoothing, training)
     grads = torch.autograd.grad(loss, [param for param, _ in table.values()])
     return {name: np.ascontiguousarray((g.T if transposed else g).detach().cpu().numpy())
@@ -184,7 +184,7 @@ def export_moments(model: Transformer, optimizer: torch.optim.Optimizer | None) 
     transposed back); zeros for a weight without state yet (or without an optimizer). With
     `import_moments` a run saved from either backend resumes in the other."""
     out = {}
-    table = weight_table(model)
+    table = weight_table(model, "export_moments")
     for kind, key in (("m", "exp_avg"), ("v", "exp_avg_sq")):
         for name, (param, transposed) in table.items():
             state = optimizer.state.get(param) if optimizer is not None else None
@@ -202,7 +202,7 @@ def import_moments(model: Transformer, optimizer: torch.optim.Optimizer, moments
     ``step`` updates, so that the next update is the one the saved run would have made. The
     schedule's offset is ``make_optimizer(start_step=step)``'s: torch's Adam keeps its step per
     parameter, which is set here."""
-    for name, (param, transposed) in weight_table(model).items():
+    for name, (param, transposed) in weight_table(model, "import_moments").items():
         m, v = (np.asarray(moments[f"{k}.{name}"]) for k in ("m", "v"))
         optimizer.state[param] = {"step": torch.tensor(float(step)),
                                   "exp_avg": _as_param(m, param, transposed),

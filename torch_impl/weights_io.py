@@ -16,15 +16,44 @@ import numpy as np
 import torch
 from torch import nn
 
-from shared.weights import PROJECTIONS, check_weights, weight_schema
+from torch.nn.utils import parametrize
+
+from shared.weights import PROJECTIONS, WeightsError, changed_layer, check_weights, weight_schema
 
 
 Table = dict[str, tuple[nn.Parameter, bool]]  # canonical name -> (parameter, transposed?)
 
 
-def _linear(table: Table, prefix: str, linear: nn.Linear) -> None:
+class _Tree:
+    """What the table is built for, and the layers found changed after building on the way."""
+
+    def __init__(self, values_only: bool):
+        self.values_only, self.problems = values_only, []
+
+
+def _linear(table: Table, prefix: str, linear: nn.Module, tree: _Tree, bias: bool = True) -> None:
+    got = _changed(linear, tree.values_only)
+    if got:
+        tree.problems.append(changed_layer(prefix, got, tree.values_only))
+        return
     table[f"{prefix}.kernel"] = (linear.weight, True)  # (out, in) here, (in, out) canonical
-    table[f"{prefix}.bias"] = (linear.bias, False)
+    if bias:
+        table[f"{prefix}.bias"] = (linear.bias, False)
+
+
+def _changed(linear: nn.Module, values_only: bool) -> str | None:
+    """What a projection changed after building is now (`shared.weights.changed_layer`'s
+    ``got``), or None where the table may hold its weight: an ``nn.Linear`` (a subclass too)
+    with plain tensors, parametrized only where values alone are read (its ``weight`` is then the
+    computed one: an adapter merged in)."""
+    if not isinstance(linear, nn.Linear):
+        return f"a {type(linear).__module__}.{type(linear).__qualname__}"  # a LoRA wrapper, a quantized module
+    if not values_only and parametrize.is_parametrized(linear):
+        return f"a Linear with its {', '.join(linear.parametrizations)} parametrized"
+    weight = linear.weight
+    if type(weight) not in (nn.Parameter, torch.Tensor):
+        return f"a Linear whose weight is a {type(weight).__name__}"  # a weight-only quantization
+    return None
 
 
 def _norm(table: Table, prefix: str, norm) -> None:
@@ -32,19 +61,26 @@ def _norm(table: Table, prefix: str, norm) -> None:
     table[f"{prefix}.beta"] = (norm.beta, False)
 
 
-def _attention(table: Table, prefix: str, attn) -> None:
+def _attention(table: Table, prefix: str, attn, tree: _Tree) -> None:
     for p in PROJECTIONS:
-        _linear(table, f"{prefix}.{p}", getattr(attn, p))
+        _linear(table, f"{prefix}.{p}", getattr(attn, p), tree)
 
 
-def _ffn(table: Table, prefix: str, ffn) -> None:
-    _linear(table, f"{prefix}.inner", ffn.inner)
-    _linear(table, f"{prefix}.outer", ffn.outer)
+def _ffn(table: Table, prefix: str, ffn, tree: _Tree) -> None:
+    _linear(table, f"{prefix}.inner", ffn.inner, tree)
+    _linear(table, f"{prefix}.outer", ffn.outer, tree)
 
 
-def weight_table(model: nn.Module) -> Table:
-    """Every canonical name, in `shared.weights.weight_schema` order, with its parameter."""
+def weight_table(model: nn.Module, source: str = "weight_table", values_only: bool = False) -> Table:
+    """Every canonical name, in `shared.weights.weight_schema` order, with its parameter.
+
+    A projection changed after the model was built (a LoRA wrapper, a quantized module, a
+    parametrization: docs/design.md, "Layers changed after building") has no parameter the schema
+    can name: one `shared.weights.WeightsError` from ``source`` lists every such layer, before
+    anything is read or written. ``values_only`` (an export): a parametrized Linear is read, its
+    computed weight (an adapter merged in)."""
     c = model.config
+    tree = _Tree(values_only)
     table: Table = {"src_embed.embeddings": (model.src_embed.table.weight, False)}
     if model.src_embed.positions is not None:  # learned positions (config.positional)
         table["src_embed.positions"] = (model.src_embed.positions, False)
@@ -54,25 +90,27 @@ def weight_table(model: nn.Module) -> Table:
             table["tgt_embed.positions"] = (model.tgt_embed.positions, False)
     for i, layer in enumerate(model.encoder.layers):
         p = f"encoder.layers.{i}"
-        _attention(table, f"{p}.self_attn", layer.self_attn)
+        _attention(table, f"{p}.self_attn", layer.self_attn, tree)
         _norm(table, f"{p}.self_attn_norm", layer.self_attn_norm)
-        _ffn(table, f"{p}.ffn", layer.ffn)
+        _ffn(table, f"{p}.ffn", layer.ffn, tree)
         _norm(table, f"{p}.ffn_norm", layer.ffn_norm)
     if model.encoder.final_norm is not None:
         _norm(table, "encoder.final_norm", model.encoder.final_norm)
     for i, layer in enumerate(model.decoder.layers):
         p = f"decoder.layers.{i}"
-        _attention(table, f"{p}.self_attn", layer.self_attn)
+        _attention(table, f"{p}.self_attn", layer.self_attn, tree)
         _norm(table, f"{p}.self_attn_norm", layer.self_attn_norm)
-        _attention(table, f"{p}.cross_attn", layer.cross_attn)
+        _attention(table, f"{p}.cross_attn", layer.cross_attn, tree)
         _norm(table, f"{p}.cross_attn_norm", layer.cross_attn_norm)
-        _ffn(table, f"{p}.ffn", layer.ffn)
+        _ffn(table, f"{p}.ffn", layer.ffn, tree)
         _norm(table, f"{p}.ffn_norm", layer.ffn_norm)
     if model.decoder.final_norm is not None:
         _norm(table, "decoder.final_norm", model.decoder.final_norm)
     if model.generator.kernel is not None:  # absent when tied to the embedding table
-        table["generator.kernel"] = (model.generator.kernel.weight, True)
+        _linear(table, "generator", model.generator.kernel, tree, bias=False)  # its own bias, next
     table["generator.bias"] = (model.generator.bias, False)
+    if tree.problems:
+        raise WeightsError(source, tree.problems)
     if list(table) != list(weight_schema(c)):  # the module tree and the schema must never drift
         raise AssertionError("torch_impl.weights_io: parameter table does not match weight_schema")
     return table
@@ -86,8 +124,9 @@ def import_weights(model: nn.Module, weights: Mapping[str, np.ndarray],
     differ cannot leave a half-loaded model. NaN/Inf are refused unless ``allow_nonfinite`` (to
     inspect a diverged run, say)."""
     checked = check_weights(model.config, weights, source="import_weights", allow_nonfinite=allow_nonfinite)
+    table = weight_table(model, "import_weights")
     with torch.no_grad():
-        for name, (param, transposed) in weight_table(model).items():
+        for name, (param, transposed) in table.items():
             value = torch.from_numpy(checked[name])
             param.copy_(value.T if transposed else value)
 
@@ -95,7 +134,7 @@ def import_weights(model: nn.Module, weights: Mapping[str, np.ndarray],
 def export_weights(model: nn.Module) -> dict[str, np.ndarray]:
     """Canonical ``{name: ndarray}`` in ``config.dtype``, C-contiguous, owning its memory."""
     out: dict[str, np.ndarray] = {}
-    for name, (param, transposed) in weight_table(model).items():
+    for name, (param, transposed) in weight_table(model, "export_weights", values_only=True).items():
         value = param.detach()
         value = (value.T if transposed else value).cpu().numpy()
         out[name] = np.array(value, dtype=model.config.dtype, order="C", copy=True)
