@@ -365,11 +365,12 @@ class Transformer(keras.Model):
 
 def _structure(model: Transformer) -> tuple:
     """What a trace of ``model`` depends on beyond its arguments and its variables' values: which
-    variables it reads and each layer's dtype policy. ``enable_lora`` adds variables,
-    ``Model.quantize`` replaces kernels and policies, `tf_impl.precision.set_precision` changes
-    policies; a ``tf.function`` traced before any of them computes the model as it was, so
-    tf_impl's own (decoding's, the training step's) are made again when this changes."""
-    return (tuple(map(id, model.variables)),
+    variables it reads, which of them train, and each layer's dtype policy. ``enable_lora`` adds
+    variables, ``Model.quantize`` replaces kernels and policies, `tf_impl.precision.set_precision`
+    changes policies, ``layer.trainable = False`` freezes variables; a ``tf.function`` traced
+    before any of them computes (or trains) the model as it was, so tf_impl's own (decoding's,
+    the training steps, Keras' predict/fit/evaluate) are made again when this changes."""
+    return (tuple((id(v), v.trainable) for v in model.variables),
             tuple(layer.dtype_policy.name for layer in model._flatten_layers(include_self=False)))
 
 
