@@ -8,7 +8,9 @@ paper's post-norm has none; ``nn.Transformer`` adds them unless given its own st
 are copied into it and the two outputs compared first, so the timed work is provably the same maths.
 Forward passes also time "torch_impl (modules)": the same model through its modules (what a pass
 with gradients runs), against its own forward, which in eval without gradients runs on weights laid
-out and kept for inference (`torch_impl.cache.StepWeights`).
+out and kept for inference (`torch_impl.cache.StepWeights`); and "torch_impl (frozen, grad on)":
+its forward with gradients on, the model frozen (a teacher in a student's step), which takes the
+kept weights too.
 
 The two are interleaved after warm-up (A, B, A, B, ...) so drift in the machine's speed hits both;
 the medians, their ratio, and achieved GFLOP/s against a plain matmul measured in the same run are
@@ -38,6 +40,20 @@ from shared import TransformerConfig  # noqa: E402
 from shared.threads import thread_count  # noqa: E402
 
 BATCH, SRC_LEN, TGT_LEN = 8, 64, 64  # --batch, --length change them
+
+
+class FrozenPass(nn.Module):
+    """torch_impl's forward with gradients on, the model frozen (``requires_grad_(False)``): a
+    teacher called inside a student's training step. It takes the inference pass too (nothing
+    to record: `torch_impl.cache._inferring`); before 2026-11-25 it ran the modules."""
+
+    def __init__(self, ours: torch_impl.Transformer):
+        super().__init__()
+        self.ours = ours
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode(False), torch.enable_grad():
+            return self.ours(src, tgt)
 
 
 class ModulesPass(nn.Module):
@@ -212,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     models = {"torch_impl": ours}
     if not args.train:  # a training step has only the modules' pass
         models["torch_impl (modules)"] = ModulesPass(ours)
+        ours.requires_grad_(False)  # forward passes only: frozen, as a teacher is
+        models["torch_impl (frozen, grad on)"] = FrozenPass(ours)
     for label, nested in (("nn.Transformer", True), ("nn.Transformer (no nested)", False)):
         models[label] = NNTransformerBaseline(ours, nested=nested).eval()
         copy_weights(ours, models[label])

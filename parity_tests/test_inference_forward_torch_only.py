@@ -161,6 +161,51 @@ def test_the_kept_weights_follow_the_parameters():
         np.testing.assert_array_equal(model(s, t).numpy(), other(s, t).numpy())
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["own-generator", "tied-generator"])
+def test_a_frozen_model_infers_with_gradients_on(tied):
+    """A model frozen by ``requires_grad_(False)`` in eval mode (a teacher inside a student's
+    training step, gradients on) runs the inference pass: its logits are the ones under
+    ``torch.no_grad()`` to the bit. What still needs a gradient runs the modules, whose
+    gradients are then the unfrozen model's: a ``memory`` that requires one (``decode``), a
+    generator frozen alone whose table is the unfrozen target embedding (``tied``), one
+    parameter left trainable."""
+    variant = "tiny-shared-tied-post" if tied else "tiny-pre-annotated"
+    config, weights, src, tgt, _, _ = _case(variant, "float32")  # packed kernels: no autograd
+    s, t = torch.from_numpy(src), torch.from_numpy(tgt)
+    model = build(config, weights)
+    with torch.no_grad():
+        want = model(s, t)
+    model.requires_grad_(False)
+    del model.__dict__["_prepared_weights"]
+    got = model(s, t)
+    assert not got.requires_grad and "_prepared_weights" in model.__dict__
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+    reference = build(config, weights)  # trainable: its gradients are the modules'
+    mask = model._src_mask(s, None)
+    memory, memory_ref = (model.encode(s).clone().requires_grad_(), reference.encode(s).detach().clone()
+                          .requires_grad_())
+    model.decode(t, memory, mask).square().sum().backward()
+    reference.decode(t, memory_ref, mask).square().sum().backward()
+    np.testing.assert_allclose(memory.grad.numpy(), memory_ref.grad.numpy(), rtol=0, atol=0)
+
+    model.requires_grad_(True)
+    model.generator.requires_grad_(False)  # tied: the table it reads still trains
+    reference.zero_grad(set_to_none=True)
+    hidden = model.decode(t, model.encode(s), mask).detach()
+    logits = model.generator(hidden)
+    assert logits.requires_grad == tied
+    if tied:
+        logits.square().sum().backward()
+        reference.generator(hidden).square().sum().backward()
+        np.testing.assert_allclose(model.tgt_embed.table.weight.grad.numpy(),
+                                   reference.tgt_embed.table.weight.grad.numpy(), rtol=0, atol=0)
+    model.requires_grad_(False)
+    model.decoder.layers[0].ffn.inner.bias.requires_grad_(True)  # one parameter left to train
+    model(s, t).sum().backward()
+    assert model.decoder.layers[0].ffn.inner.bias.grad is not None
+
+
 @pytest.mark.parametrize("tracer", ["compile", "jit.trace", "DataParallel replica"])
 def test_training_mode_traces_and_compilation_take_the_modules(tracer, monkeypatch):
     """Only eval mode without gradients, a trace, ``torch.compile``/``export``, ``jit.trace`` or

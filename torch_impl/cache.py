@@ -215,10 +215,12 @@ def dense(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor, relu: bool 
     return out.view(*x.shape[:-1], kernel.shape[1])
 
 
-def _inferring(module: torch.nn.Module) -> bool:
-    """Whether a pass of ``module`` may run on weights laid out for inference (`_prepared`): eval
-    mode (no dropout), no gradient being recorded, the modules as built (`_as_built`), and the
-    parameters the module's own:
+def _inferring(module: torch.nn.Module, *inputs: torch.Tensor) -> bool:
+    """Whether a pass of ``module`` on ``inputs`` (its float inputs) may run on weights laid out
+    for inference (`_prepared`): eval mode (no dropout), no gradient to record (gradients off, or
+    a frozen module, ``requires_grad_(False)``, on inputs that need none: a frozen teacher inside
+    a student's training step), the modules as built (`_as_built`), and the parameters the
+    module's own:
     - nothing tracing it: ``torch.compile`` or ``torch.export`` (whose graph the kept weights'
       key, read from pointers, would break), ``torch.jit.trace`` and the ONNX exporter built on it
       (which would record oneDNN's packed tensors as constants): a traced program gets the
@@ -227,11 +229,14 @@ def _inferring(module: torch.nn.Module) -> bool:
       parameters: batched tensors have no storage to key on);
     - not a ``nn.DataParallel`` replica (its parameters are new tensors at every call: the
       weights would be laid out again each time, for nothing)."""
-    if (module.training or torch.is_grad_enabled() or torch.compiler.is_compiling()
+    if (module.training or torch.compiler.is_compiling()
             or torch.jit.is_tracing() or torch._C._are_functorch_transforms_active()
             or getattr(module, "_is_replica", False)):
         return False
-    return _as_built(module)
+    recording = torch.is_grad_enabled()
+    if recording and any(x.requires_grad for x in inputs):
+        return False
+    return _as_built(module, frozen=recording)
 
 
 # The module types whose weights inference may read instead of calling them (`_as_built`): the
@@ -242,7 +247,7 @@ _BUILT_FROM = {nn.Linear, nn.Embedding, nn.Dropout, nn.ModuleList}
 _PLAIN_TENSORS = frozenset({nn.Parameter, torch.Tensor})
 
 
-def _as_built(module: torch.nn.Module) -> bool:
+def _as_built(module: torch.nn.Module, frozen: bool = False) -> bool:
     """Whether every submodule of ``module`` computes what reading its weights computes, so that
     the inference pass and decoding may read them (`StepWeights`) instead of calling the modules:
     - each of a type torch_impl builds (`_BUILT_FROM`, or a class of torch_impl's own), not a
@@ -251,13 +256,14 @@ def _as_built(module: torch.nn.Module) -> bool:
       parametrize`` and ``parametrizations.weight_norm`` swap the class);
     - its parameters plain tensors (`_PLAIN_TENSORS`), the root's too;
     - no forward hook or pre-hook on any of them, nor a global one (feature extraction,
-      ``torchinfo``, ``torch.nn.utils.prune``'s pre-hooks): hooks fire only on a module's call.
+      ``torchinfo``, ``torch.nn.utils.prune``'s pre-hooks): hooks fire only on a module's call;
+    - with ``frozen``, no parameter requiring a gradient.
     Otherwise the modules run, as they would in any ``nn.Module``: the same results, slower."""
     if _modules._global_forward_hooks or _modules._global_forward_pre_hooks:
         return False
     below = list(module._modules.values())
     for p in module._parameters.values():
-        if type(p) not in _PLAIN_TENSORS and p is not None:
+        if p is not None and (type(p) not in _PLAIN_TENSORS or frozen and p.requires_grad):
             return False
     while below:  # a plain loop: this runs at every inference call (docs/performance.md)
         sub = below.pop()
@@ -271,7 +277,7 @@ def _as_built(module: torch.nn.Module) -> bool:
         if sub._forward_hooks or sub._forward_pre_hooks:
             return False
         for p in sub._parameters.values():
-            if type(p) not in _PLAIN_TENSORS and p is not None:
+            if p is not None and (type(p) not in _PLAIN_TENSORS or frozen and p.requires_grad):
                 return False
         below.extend(sub._modules.values())
     return True

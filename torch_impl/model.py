@@ -43,11 +43,12 @@ class Generator(nn.Module):
         return self._tied[0].table.weight if self._tied else self.kernel.weight  # (V, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, T, d)`` -> ``(B, T, V)``. In eval mode without gradients (`torch_impl.cache.
-        _inferring`) from the kernel `_laid_out` for the ``B * T`` rows, in the products' dtype
-        (`torch_impl.precision._products_dtype`: autocast's where it is on, as it would cast):
-        the same values to rounding."""
-        if not _inferring(self):
+        """``(B, T, d)`` -> ``(B, T, V)``. In eval mode without gradients to record (`torch_impl.
+        cache._inferring`) from the kernel `_laid_out` for the ``B * T`` rows, in the products'
+        dtype (`torch_impl.precision._products_dtype`: autocast's where it is on, as it would
+        cast): the same values to rounding."""
+        tied = [self._tied[0].table.weight] if self._tied else []  # outside this module's tree
+        if not _inferring(self, x, *tied):
             return self._linear(x)
         dtype = _products_dtype(self.bias.dtype, x.device)
         return dense(x, *self._laid_out(step_layout(x.numel() // x.shape[-1], x.device, dtype), dtype))
@@ -145,7 +146,7 @@ class Transformer(nn.Module):
     def _encode(self, src: torch.Tensor, src_mask: torch.Tensor, trace: Trace | None) -> torch.Tensor:
         x = self.positional(self.src_embed(src), self.src_embed.positions)  # (B, S, d)
         record(trace, "encoder.embed", x)
-        if trace is None and _inferring(self):  # eval: the dropout above was none
+        if trace is None and _inferring(self, x):  # eval: the dropout above was none
             return self._infer_encoder(x, src_mask)
         memory = self.encoder(x, src_mask, trace)
         record(trace, "encoder.output", memory)
@@ -156,7 +157,7 @@ class Transformer(nn.Module):
         inference pass (`_infer_encoder`), or the modules for a model not as built
         (`torch_impl.cache._as_built`: hooks, replaced or wrapped modules)."""
         x = self.positional(self.src_embed(src), self.src_embed.positions)  # eval: no dropout
-        return self._infer_encoder(x, src_mask) if _inferring(self) else self.encoder(x, src_mask)
+        return self._infer_encoder(x, src_mask) if _inferring(self, x) else self.encoder(x, src_mask)
 
     def _infer_encoder(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """The encoder's inference pass on the embedded source ``x (B, S, d)``: `Encoder.infer` on
@@ -169,7 +170,7 @@ class Transformer(nn.Module):
                 tgt_mask: torch.Tensor, trace: Trace | None) -> torch.Tensor:
         x = self.positional(self.tgt_embed(tgt), self.tgt_embed.positions)  # (B, T, d)
         record(trace, "decoder.embed", x)
-        if trace is None and _inferring(self):
+        if trace is None and _inferring(self, x, memory):
             weights, _ = self._step_weights(tgt.numel())
             return self.decoder.infer(x, memory, src_mask, tgt_mask, weights, self._products_dtype())
         hidden = self.decoder(x, memory, src_mask, tgt_mask, trace)
@@ -200,10 +201,11 @@ class Transformer(nn.Module):
         With ``torch_impl.precision.set_precision(model, "bfloat16")`` the pass runs under
         ``torch.autocast`` (bfloat16 logits; `torch_impl.precision` says which ops).
 
-        In eval mode without gradients (``torch.no_grad()``, ``torch.inference_mode()``) and without
-        a trace, the pass runs on weights laid out for inference and kept while the parameters are
-        unchanged (`torch_impl.cache.StepWeights`): the same values to rounding, faster, and in a
-        half precision no weight is cast at the call.
+        In eval mode without gradients to record (``torch.no_grad()``, ``torch.inference_mode()``,
+        or a model frozen by ``requires_grad_(False)``) and without a trace, the pass runs on
+        weights laid out for inference and kept while the parameters are unchanged
+        (`torch_impl.cache.StepWeights`): the same values to rounding, faster, and in a half
+        precision no weight is cast at the call.
         """
         c = self.config
         check_ids("src", src, c.src_vocab, c.max_len)
