@@ -336,10 +336,13 @@ def _tensors(state: dict) -> list:
 
 # -- torch: hooks ---------------------------------------------------------------------------------
 @pytest.mark.skipif(not HAVE_TORCH, reason="torch not installed")
-def test_a_hook_on_a_projection_fires_in_every_torch_pass():
+def test_a_hook_on_a_projection_fires_in_every_torch_pass(monkeypatch):
     """A forward hook on one projection (the query of the first decoder layer: what attention
     probes read) fires in the modules' pass with gradients, in the forward pass without, and at
-    every cached decoding step, and the values are those of the model without the hook."""
+    every cached decoding step, and the values are those of the model without the hook. Where
+    CUDA graphs would replay the steps (here made to think so), a hooked model is not graphed
+    (`torch_impl.decoding._graphed`): a replay would not fire the hook."""
+    from torch_impl import graphs
     config = _config("tiny-pre-annotated", dtype="float64")
     model = torch_build(config, random_weights(config, 0))
     src, tgt = _batch(config)
@@ -358,6 +361,8 @@ def test_a_hook_on_a_projection_fires_in_every_torch_pass():
             assert_close(model(s, t).numpy(), plain, bound, "logits, no gradients")
         assert seen == [(3, 7, config.d_model)] * 2
         seen.clear()
+        monkeypatch.setattr(graphs, "usable", lambda where: True)  # as on CUDA
+        monkeypatch.setattr(graphs, "_capture", lambda work, where: pytest.fail("a hooked model was graphed"))
         greedy = torch_impl.greedy_decode(model, src, MAX_LEN)
         assert seen == [(3, 1, config.d_model)] * int(greedy.lengths.max())  # one call a step
         np.testing.assert_array_equal(greedy.tokens, plain_greedy.tokens)
