@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shared.batches import src_tgt
-from shared import TransformerConfig
+from shared import TransformerConfig, tasks
 
 TINY = TransformerConfig.preset("tiny")
 
@@ -64,3 +64,12 @@ def case(variant: str, shape: str, dtype: str) -> tuple[TransformerConfig, np.nd
     config = VARIANTS[variant].replace(dtype=dtype, final_norm=VARIANTS[variant].final_norm)
     src, tgt = SHAPES[shape].make(config)
     return config, src, tgt
+
+
+def copy_batches(steps: int, seed: int = 0):
+    """``steps`` training batches of 4 copy sequences, lengths 10, 8, 6, 4 (padding in every
+    batch), as `shared.tasks.batch_sequences` makes them: the training trajectories' data."""
+    pairs = tasks.copy_examples(4 * steps, seed)
+    for i in range(steps):
+        sources = [s[: 10 - 2 * j] for j, (s, _) in enumerate(pairs[4 * i: 4 * i + 4])]
+        yield tasks.batch_sequences(sources, sources)

@@ -13,50 +13,28 @@ kept its weights and tf_impl has traced its loop, then changes it: the answers m
 model's, never the kept or traced ones of before.
 """
 import copy
-import gc
 
 import numpy as np
 import pytest
 
+from parity_tests.adapters import (RANK, adapter_factors, fold_adapters, keras_int8, keras_lora, layer_at,
+                                   lora_training_differences, one_layer_config, torch_parametrize,
+                                   torch_wrap)
 from parity_tests.backends import HAVE_TF, HAVE_TORCH
-from parity_tests.matrix import VARIANTS
 from shared import reference as R
 from shared.batches import src_tgt
 from shared.loss import log_softmax
 from shared.tolerances import assert_close, bound_for
 from shared.weights import random_weights
 
-RANK, MAX_LEN, BEAM = 2, 6, 3
+MAX_LEN, BEAM = 6, 3
 
 if HAVE_TORCH:
     import torch
     from torch import nn
-    from torch.nn.utils import parametrize
 
     import torch_impl
     from parity_tests.torch_support import build as torch_build
-
-    class LowRankAdapter(nn.Module):
-        """A LoRA adapter as PEFT wraps a projection: ``base(x) + (x @ a) @ b``, ``a (in, r)``,
-        ``b (r, out)``; the base Linear is called as it is."""
-
-        def __init__(self, base: nn.Linear, a: np.ndarray, b: np.ndarray):
-            super().__init__()
-            self.base = base
-            self.a, self.b = nn.Parameter(torch.from_numpy(a)), nn.Parameter(torch.from_numpy(b))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.base(x) + (x @ self.a) @ self.b
-
-    class LowRankDelta(nn.Module):
-        """The same adapter as a parametrization of the weight ``(out, in)``: ``w + (a @ b).T``."""
-
-        def __init__(self, a: np.ndarray, b: np.ndarray):
-            super().__init__()
-            self.a, self.b = nn.Parameter(torch.from_numpy(a)), nn.Parameter(torch.from_numpy(b))
-
-        def forward(self, weight: torch.Tensor) -> torch.Tensor:
-            return weight + (self.a @ self.b).t()
 
 if HAVE_TF:
     import tensorflow as tf
@@ -64,74 +42,6 @@ if HAVE_TF:
     import tf_impl
     from parity_tests.tf_support import build as tf_build
     from tf_impl.precision import set_precision as tf_set_precision
-
-
-def _config(variant: str, **changes):
-    """A tiny variant with one encoder and one decoder layer: every code path of a layer, and a
-    TF trace of half the cost (a trace costs about a second a layer pair)."""
-    return VARIANTS[variant].replace(n_encoder_layers=1, n_decoder_layers=1, **changes)
-
-
-def _layer(model, path: str):
-    """The layer at a canonical path (``decoder.layers.0.self_attn.query``): the same attributes
-    in both backends (docs/design.md, the mirror rule)."""
-    for part in path.split("."):
-        model = model[int(part)] if part.isdigit() else getattr(model, part)
-    return model
-
-
-def _factors(config) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``{projection path: (a (in, r), b (r, out))}`` for every attention and feed-forward
-    projection, large enough to change the decoded tokens. Multiples of 1/16 up to 1/4: ``a @ b``
-    is then exact in float32 too, as Keras computes it (``enable_lora`` makes float32 factors
-    even for a float64 layer), so every backend's adapted kernel is the oracle's merged one."""
-    weights, rng = random_weights(config, 0), np.random.default_rng(1)
-    factors = {}
-    for name, kernel in weights.items():
-        if name.endswith(".kernel") and ".layers." in name:
-            fan_in, fan_out = kernel.shape
-            factors[name[:-len(".kernel")]] = (rng.integers(-4, 5, (fan_in, RANK)) / 16,
-                                               rng.integers(-4, 5, (RANK, fan_out)) / 16)
-    return factors
-
-
-def _merged(weights: dict, factors: dict) -> dict:
-    """The canonical weights with each adapter folded into its kernel: ``kernel + a @ b``."""
-    merged = dict(weights)
-    for path, (a, b) in factors.items():
-        merged[f"{path}.kernel"] = weights[f"{path}.kernel"] + a @ b
-    return merged
-
-
-# -- the backends: build, adapt, run --------------------------------------------------------------
-def _torch_wrap(model, factors) -> None:
-    for path, (a, b) in factors.items():
-        parent, name = path.rsplit(".", 1)
-        setattr(_layer(model, parent), name, LowRankAdapter(_layer(model, path), a, b))
-
-
-def _torch_parametrize(model, factors) -> None:
-    for path, (a, b) in factors.items():
-        parametrize.register_parametrization(_layer(model, path), "weight", LowRankDelta(a, b))
-
-
-def _keras_int8(model, factors=None) -> None:
-    """``model.quantize("int8")``. Keras deletes each replaced kernel with a full ``gc.collect()``,
-    which in a long test process (every object the earlier tests left) takes about a second a
-    layer: the objects alive before are frozen out of those collections meanwhile."""
-    gc.freeze()
-    try:
-        model.quantize("int8")
-    finally:
-        gc.unfreeze()
-
-
-def _keras_lora(model, factors) -> None:
-    for path, (a, b) in factors.items():
-        dense = _layer(model, path)
-        dense.enable_lora(RANK)  # lora_alpha = rank: the product is added as it is
-        dense.lora_kernel_a.assign(a)
-        dense.lora_kernel_b.assign(b)
 
 
 class _Torch:
@@ -182,14 +92,14 @@ class _Keras:
 def _cases():
     cases = []
     if HAVE_TORCH:
-        cases += [pytest.param(lambda: _Torch(_torch_wrap), variant, id=f"torch-wrapper-{variant}")
+        cases += [pytest.param(lambda: _Torch(torch_wrap), variant, id=f"torch-wrapper-{variant}")
                   for variant in ("tiny-pre-annotated", "tiny-shared-tied-post")]
-        cases.append(pytest.param(lambda: _Torch(_torch_parametrize), "tiny-post-final-norm",
+        cases.append(pytest.param(lambda: _Torch(torch_parametrize), "tiny-post-final-norm",
                                   id="torch-parametrization-tiny-post-final-norm"))
     if HAVE_TF:  # a trace costs about a second: one variant compiled, one eager
-        cases += [pytest.param(lambda: _Keras(_keras_lora, True), "tiny-pre-annotated",
+        cases += [pytest.param(lambda: _Keras(keras_lora, True), "tiny-pre-annotated",
                                id="tf-function-lora-tiny-pre-annotated"),
-                  pytest.param(lambda: _Keras(_keras_lora, False), "tiny-shared-tied-post",
+                  pytest.param(lambda: _Keras(keras_lora, False), "tiny-shared-tied-post",
                                id="tf-eager-lora-tiny-shared-tied-post")]
     return cases
 
@@ -205,15 +115,15 @@ def test_an_adapted_model_computes_and_decodes_its_merged_weights(make, variant)
     """With a low-rank adapter on every projection, the forward pass, greedy decoding (cached and
     recomputed) and beam search give what the float64 oracle gives for the weights with the
     adapters folded in, after a decode of the unadapted model kept its weights or traced its loop."""
-    backend, config = make(), _config(variant, dtype="float64")
-    weights, factors = random_weights(config, 0), _factors(config)
+    backend, config = make(), one_layer_config(variant, dtype="float64")
+    weights, factors = random_weights(config, 0), adapter_factors(config)
     src, tgt = _batch(config)
     model = backend.build(config, weights)
     before = backend.greedy(model, src)  # torch_impl keeps its weights, tf_impl traces its loop
     np.testing.assert_array_equal(before.tokens, R.greedy_decode(R.Model(weights, config), src, MAX_LEN).tokens)
 
     backend.adapt(model, factors)
-    merged_weights = _merged(weights, factors)
+    merged_weights = fold_adapters(weights, factors)
     merged = R.Model(merged_weights, config)
     bound = bound_for("float64", f"{backend.framework}:reference")
     want = R.forward(merged_weights, config, src, tgt)
@@ -240,16 +150,16 @@ def test_keras_predict_and_evaluate_follow_an_adapter():
     merged weights."""
     import keras
 
-    config = _config("tiny-pre-annotated", dtype="float64")
-    weights, factors = random_weights(config, 0), _factors(config)
+    config = one_layer_config("tiny-pre-annotated", dtype="float64")
+    weights, factors = random_weights(config, 0), adapter_factors(config)
     src, tgt = _batch(config)
     inputs, labels = {"src": src, "tgt": tgt}, np.roll(tgt, -1, axis=1)
     model = tf_build(config, weights)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)  # float32 arithmetic
     model.compile(loss=loss)
     model.predict(inputs, verbose=0), model.evaluate(inputs, labels, verbose=0)  # both traced
-    _keras_lora(model, factors)
-    want = R.forward(_merged(weights, factors), config, src, tgt)  # (B, T, V) float64
+    keras_lora(model, factors)
+    want = R.forward(fold_adapters(weights, factors), config, src, tgt)  # (B, T, V) float64
     assert_close(model.predict(inputs, verbose=0), want, bound_for("float64", "tf:reference"), "predict")
     # the loss of the oracle's logits, computed by the same Keras loss (in float32, as Keras does)
     assert model.evaluate(inputs, labels, verbose=0) == float(loss(labels, want))
@@ -264,16 +174,16 @@ def _changes():
     if HAVE_TORCH:
         def quantize(model, factors):
             torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
-        cases += [pytest.param("torch", _torch_wrap, f"a {__name__}.LowRankAdapter", False, id="torch-wrapper"),
-                  pytest.param("torch", _torch_parametrize, "a Linear with its weight parametrized", True,
+        cases += [pytest.param("torch", torch_wrap, "a parity_tests.adapters.LowRankAdapter", False, id="torch-wrapper"),
+                  pytest.param("torch", torch_parametrize, "a Linear with its weight parametrized", True,
                                id="torch-parametrization")]
         if hasattr(getattr(torch, "ao", None), "quantization"):
             cases.append(pytest.param("torch", quantize, "a torch.ao.nn.quantized.dynamic.modules.linear.Linear",
                                       False, id="torch-int8"))
     if HAVE_TF:
-        cases += [pytest.param("tf", _keras_lora, f"a Dense with LoRA enabled (rank {RANK})", True,
+        cases += [pytest.param("tf", keras_lora, f"a Dense with LoRA enabled (rank {RANK})", True,
                                id="tf-lora"),
-                  pytest.param("tf", _keras_int8, "a Dense quantized to int8",
+                  pytest.param("tf", keras_int8, "a Dense quantized to int8",
                                False, id="tf-int8")]
     return cases
 
@@ -291,16 +201,16 @@ def test_the_weights_of_a_changed_model_are_read_merged_or_refused_whole(framewo
 
     impl = torch_impl if framework == "torch" else tf_impl
     dtype = "float32" if "quantize" in got else "float64"  # quantize_dynamic takes float32 only
-    config = _config("tiny-pre-annotated", dtype=dtype)
-    weights, factors = random_weights(config, 0), _factors(config)
+    config = one_layer_config("tiny-pre-annotated", dtype=dtype)
+    weights, factors = random_weights(config, 0), adapter_factors(config)
     model = (torch_build if framework == "torch" else tf_build)(config, weights)
     change(model, factors)
     changed = list(factors) + (["generator"] if framework == "torch" and "quantize" in got else [])
     path = tmp_path / "model.safetensors"
     if merged:
-        np.testing.assert_equal(model.export_weights(), _merged(weights, factors))  # dyadic: exact
+        np.testing.assert_equal(model.export_weights(), fold_adapters(weights, factors))  # dyadic: exact
         impl.save_checkpoint(model, path)
-        np.testing.assert_equal(impl.load_checkpoint(path).export_weights(), _merged(weights, factors))
+        np.testing.assert_equal(impl.load_checkpoint(path).export_weights(), fold_adapters(weights, factors))
     else:
         with pytest.raises(WeightsError) as raised:
             model.export_weights()
@@ -343,7 +253,7 @@ def test_a_hook_on_a_projection_fires_in_every_torch_pass(monkeypatch):
     CUDA graphs would replay the steps (here made to think so), a hooked model is not graphed
     (`torch_impl.decoding._graphed`): a replay would not fire the hook."""
     from torch_impl import graphs
-    config = _config("tiny-pre-annotated", dtype="float64")
+    config = one_layer_config("tiny-pre-annotated", dtype="float64")
     model = torch_build(config, random_weights(config, 0))
     src, tgt = _batch(config)
     s, t = torch.from_numpy(src), torch.from_numpy(tgt)
@@ -387,7 +297,7 @@ def test_a_dynamically_quantized_torch_model_runs_its_quantized_layers():
     quantize_dynamic = getattr(quantize_dynamic, "quantize_dynamic", None)
     if quantize_dynamic is None:
         pytest.skip("this torch has no torch.ao.quantization.quantize_dynamic")
-    config = _config("tiny-pre-annotated")
+    config = one_layer_config("tiny-pre-annotated")
     model = torch_build(config, random_weights(config, 0))
     src, tgt = _batch(config)
     s, t = torch.from_numpy(src), torch.from_numpy(tgt)
@@ -412,12 +322,12 @@ def test_an_int8_keras_model_decodes_as_its_forward_pass(compiled):
     call rescales: decoding calls the layers. Keras quantizes a Dense's input row by row, so a
     cached step and the full pass give a row the same products: the greedy log-probs (cached and
     recomputed) are the teacher-forced forward pass's to float64 rounding."""
-    config = _config("tiny-pre-annotated", dtype="float64")
+    config = one_layer_config("tiny-pre-annotated", dtype="float64")
     model = tf_build(config, random_weights(config, 0))
     src, _ = _batch(config)
     mode = {"compiled": True, "jit_compile": False} if compiled else {"compiled": False}
     before = tf_impl.greedy_decode(model, src, MAX_LEN, **mode)
-    _keras_int8(model)
+    keras_int8(model)
     bound = bound_for("float64", "tf:reference")
     for use_cache in (True, False):
         got = tf_impl.greedy_decode(model, src, MAX_LEN, use_cache=use_cache, **mode)
@@ -440,7 +350,7 @@ def test_a_precision_set_after_tracing_applies_to_decoding_and_training():
 
     from tf_impl.training import train_step
 
-    config = _config("tiny-pre-annotated", dropout=0.0)
+    config = one_layer_config("tiny-pre-annotated", dropout=0.0)
     weights = random_weights(config, 0)
     src, tgt = _batch(config)
     batch = (src, tgt[:, :-1], tgt[:, 1:])
@@ -479,7 +389,7 @@ def test_layers_frozen_between_training_steps_stay_frozen(framework):
     next step leaves every encoder weight as it was to the bit and trains the rest, as the
     unfrozen model's first step would have trained them both."""
     impl = torch_impl if framework == "torch" else tf_impl
-    config = _config("tiny-pre-annotated", dropout=0.0)
+    config = one_layer_config("tiny-pre-annotated", dropout=0.0)
     model = (torch_build if framework == "torch" else tf_build)(config, random_weights(config, 0))
     src, tgt = _batch(config)
     batch = (src, tgt[:, :-1], tgt[:, 1:])
@@ -493,3 +403,20 @@ def test_layers_frozen_between_training_steps_stay_frozen(framework):
     assert encoder and all(np.array_equal(after[name], before[name]) for name in encoder)
     assert all(not np.array_equal(after[name], before[name]) for name in before
                if name.startswith("decoder.") and not name.endswith(".key.bias"))  # key biases: no gradient
+
+
+# -- LoRA fine-tuning in both backends -----------------------------------------------------------
+@pytest.mark.skipif(not (HAVE_TORCH and HAVE_TF), reason="needs torch and TensorFlow")
+def test_lora_fine_tuning_agrees_between_backends():
+    """The same LoRA fine-tuning (a wrapper on every projection in torch, ``enable_lora`` in
+    Keras, kernels frozen, Adam + Noam, `parity_tests.adapters.lora_training_differences`) gives
+    the same losses, LoRA factors and biases in both backends after every step, within the
+    measured float32 bound: an adapter trained in one framework is the one the other trains."""
+    bound = bound_for("float32", "lora-train:torch:tf")
+    steps = list(lora_training_differences("tiny-pre-annotated", seed=0, steps=10))
+    assert len(steps) == 10
+    for step, worst in enumerate(steps, start=1):
+        for what in ("loss", "factors", "biases"):
+            assert worst[what] <= bound.rtol, (f"{what} after step {step}: {worst[what]:.2e} > "
+                                               f"{bound.rtol:g} ({bound.reason})")
+    assert steps[-1]["moved"] > 1e-3  # the factors did train

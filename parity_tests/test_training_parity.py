@@ -17,7 +17,7 @@ tf = pytest.importorskip("tensorflow")
 import keras  # noqa: E402
 import tf_impl  # noqa: E402
 from shared.batches import src_tgt  # noqa: E402
-from parity_tests.matrix import VARIANTS  # noqa: E402
+from parity_tests.matrix import VARIANTS, copy_batches  # noqa: E402
 from shared.tolerances import FLOAT64, assert_close, bound_for  # noqa: E402
 from parity_tests.torch_support import DEVICES, build  # noqa: E402
 from shared import noam_lr, tasks  # noqa: E402
@@ -144,14 +144,6 @@ def test_one_variable_takes_the_same_adam_steps(dtype):
 
 
 # -- trajectories ---------------------------------------------------------------------------------
-def copy_stream(seed: int = 0):
-    """STEPS batches of 4 copy sequences, lengths 10, 8, 6, 4 (padding in every batch)."""
-    pairs = tasks.copy_examples(4 * STEPS, seed)
-    for i in range(STEPS):
-        sources = [s[: 10 - 2 * j] for j, (s, _) in enumerate(pairs[4 * i: 4 * i + 4])]
-        yield tasks.batch_sequences(sources, sources)
-
-
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_fifty_adam_noam_steps_stay_together(dtype):
     config = VARIANTS["tiny-shared-tied-post"].replace(src_vocab=tasks.COPY_VOCAB,
@@ -162,7 +154,7 @@ def test_fifty_adam_noam_steps_stay_together(dtype):
     torch_opt = torch_training.make_optimizer(torch_model, warmup=WARMUP, factor=FACTOR)
     tf_opt = tf_training.make_optimizer(tf_model_, warmup=WARMUP, factor=FACTOR)
     weight_bound, key_bias_drift = bound(dtype, "train:torch:tf"), 0.0
-    for step, batch in enumerate(copy_stream(), start=1):
+    for step, batch in enumerate(copy_batches(STEPS), start=1):
         a = torch_training.train_step(torch_model, torch_opt, batch)
         b = tf_training.train_step(tf_model_, tf_opt, batch)
         assert a.lr == b.lr == noam_lr(step, config.d_model, WARMUP, FACTOR), step
