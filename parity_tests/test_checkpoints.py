@@ -258,21 +258,47 @@ def test_crash_while_saving_keeps_the_old_file(tmp_path, monkeypatch, backend):
         assert path.read_bytes() == old and os.listdir(tmp_path) == [path.name]
 
 
-def test_save_refuses_to_replace_a_directory_or_another_format(tmp_path, backend):
+def test_save_refuses_to_replace_a_directory_or_a_path_no_format_claims(tmp_path, backend):
     model = backend.model(TINY, random_weights(TINY, 1))
     (tmp_path / f"d{backend.suffix}").mkdir()
     with pytest.raises(FileExistsError, match="is a directory"):
         backend.checkpoints.save_checkpoint(model, tmp_path / f"d{backend.suffix}")
-    other = write_native(tmp_path, backend.other)
-    before = other.read_bytes()
-    with pytest.raises(ValueError, match="neither"):
-        backend.checkpoints.save_checkpoint(model, other)
-    assert other.read_bytes() == before
+    for name in ("model.onnx", "model.safetensors"):  # no format's path: never a directory so named
+        with pytest.raises(ValueError, match="cannot tell the destination format.*pass format= with one of"):
+            backend.checkpoints.save_checkpoint(model, tmp_path / name)
+        assert not (tmp_path / name).exists()
+    readme = tmp_path / "README.txt"
+    readme.write_text("keep me")
+    with pytest.raises(ValueError, match="cannot tell the destination format"):
+        backend.checkpoints.save_checkpoint(model, readme)
+    assert readme.read_text() == "keep me"
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "todo.txt").write_text("keep me")
     with pytest.raises(FileExistsError, match="not a checkpoint; refusing"):
         backend.checkpoints.save_checkpoint(model, tmp_path / "notes")
     assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+
+
+def test_save_writes_the_format_its_path_or_name_says(tmp_path, backend):
+    """``save_checkpoint`` writes what the path says as `twins convert` reads a destination
+    (`shared.formats.destination`): the other backend's native file too (through that backend,
+    here installed), and any writable format by ``format=`` with its options; each reads back
+    (where the format is read) to the same bytes."""
+    model = backend.model(TINY, random_weights(TINY, 1))
+    want = model.export_weights()
+    other = write_native(tmp_path, backend.other)  # replaced, as this backend's own file would be
+    assert backend.checkpoints.save_checkpoint(model, other) == other
+    assert_same_bytes(side(backend.other).checkpoints.load_checkpoint(other).export_weights(), want)
+    assert_same_bytes(backend.checkpoints.load_checkpoint(other).export_weights(), want)
+    named = tmp_path / "run.v2"  # a suffix no format claims: a neutral directory by name
+    backend.checkpoints.save_checkpoint(model, named, format="neutral")
+    assert (named / "config.json").is_file()
+    assert_same_bytes(backend.checkpoints.load_checkpoint(named).export_weights(), want)
+    with pytest.raises(ValueError, match="max_new: only for --to saved-model, not --to neutral"):
+        backend.checkpoints.save_checkpoint(model, tmp_path / "x", format="neutral", max_new=3)
+    with pytest.raises(ValueError, match=r"format: expected one of the writable formats .*got 'fsmt' \(fsmt is read only\)"):
+        backend.checkpoints.save_checkpoint(model, tmp_path / "y", format="fsmt")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
 @pytest.mark.parametrize("kind", ["native", "neutral"])

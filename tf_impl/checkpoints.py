@@ -28,10 +28,11 @@ and a model being loaded into keeps its weights. NaN/Inf weights are refused unl
 Saving is atomic: written under a temporary name in the same folder, fsynced, then ``os.replace``.
 
 This module provides only the ``.weights.h5`` half (`H5`, registered beside
-`shared.checkpoints.NEUTRAL` in `FORMATS`); choosing the format from the path, refusing other files
-and the per-tensor checks are `shared.checkpoints`'. The model-level functions have the same names
-and signatures in torch_impl: `load_checkpoint`, `save_checkpoint`, `load_into`,
-`read_checkpoint`, `write_checkpoint`.
+`shared.checkpoints.NEUTRAL` in `FORMATS`); the per-tensor checks are `shared.checkpoints`', and
+choosing a format from the path (or ``format=``) is `shared.formats`' (``read_for_backend``,
+``destination``), so the model-level functions read and write every format of its registry. They
+have the same names and signatures in torch_impl: `load_checkpoint`, `save_checkpoint`,
+`load_into`, `read_checkpoint`, `write_checkpoint`.
 """
 from __future__ import annotations
 
@@ -45,7 +46,6 @@ import h5py
 import numpy as np
 
 from shared import TransformerConfig
-from shared import checkpoints as dispatch
 from shared import formats
 from shared.checkpoints import NEUTRAL, CheckpointFormat, Slot, Stored, read_stored
 from shared.weights import check_weights, config_differences, write_atomically
@@ -218,9 +218,15 @@ def read_checkpoint(path: str | os.PathLike, config: TransformerConfig | None = 
 
 
 def write_checkpoint(path: str | os.PathLike, config: TransformerConfig,
-                     weights: Mapping[str, np.ndarray]) -> Path:
-    """Write a ``.weights.h5`` file or (any other path) a neutral checkpoint directory, atomically."""
-    return dispatch.write_checkpoint(path, config, weights, FORMATS, owner=OWNER)
+                     weights: Mapping[str, np.ndarray], format: str | None = None, **options) -> Path:
+    """Write ``weights`` and ``config`` to ``path``, atomically, in the format ``format`` names or
+    the path says (`shared.formats.destination`): ``*.weights.h5`` a tf_impl file, a new path
+    without a suffix (or a directory) a neutral directory, ``*.pt`` torch_impl's file (where torch
+    is installed), and any other writable format of `shared.formats` by name (``format="onnx"``,
+    ``"ctranslate2"``, ``"marian"``, ...) with its own ``options``. A path no format claims is
+    refused: name the format."""
+    formats.write(formats.destination(path, format), config, weights, path, **options)
+    return Path(path)
 
 
 def load_checkpoint(path: str | os.PathLike, config: TransformerConfig | None = None,
@@ -236,13 +242,18 @@ def load_checkpoint(path: str | os.PathLike, config: TransformerConfig | None = 
     return model
 
 
-def save_checkpoint(model: Transformer, path: str | os.PathLike) -> Path:
-    """``model``'s weights and config, atomically: ``path`` ending in ``.weights.h5`` -> Keras'
-    ``save_weights`` file with the config inside it, any other -> a neutral directory."""
-    if dispatch.format_of(path, FORMATS, OWNER) is H5:  # the model's own variables: no second model
+def save_checkpoint(model: Transformer, path: str | os.PathLike, format: str | None = None,
+                    **options) -> Path:
+    """``model``'s weights and config, atomically, in the format of `write_checkpoint`:
+    ``*.weights.h5`` Keras' ``save_weights`` file with the config inside it, a path without a
+    suffix a neutral directory, ``*.pt`` torch_impl's file; ``format`` (and its ``options``) for
+    any other format `shared.formats` writes."""
+    fmt = formats.destination(path, format)  # before the export: a bad path costs nothing
+    if fmt.name == H5.name and not options:  # the model's own variables: no second model
         check_weights(model.config, model.export_weights(), source="save_checkpoint: weights")
         return _save_model_h5(model, Path(path))
-    return write_checkpoint(path, model.config, model.export_weights())
+    formats.write(fmt, model.config, model.export_weights(), path, **options)
+    return Path(path)
 
 
 def load_into(model: Transformer, path: str | os.PathLike, allow_nonfinite: bool = False) -> None:

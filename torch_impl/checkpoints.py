@@ -27,8 +27,10 @@ Saving is atomic: the file (or directory) is written under a temporary name in t
 fsynced, and renamed into place with ``os.replace``; a failure leaves the old file or none.
 
 This module provides only the ``.pt`` half (`PT`, registered beside `shared.checkpoints.NEUTRAL` in
-`FORMATS`); choosing the format from the path, refusing other files and the per-tensor checks are
-`shared.checkpoints`'. The model-level functions have the same names and signatures in tf_impl:
+`FORMATS`); the per-tensor checks are `shared.checkpoints`', and choosing a format from the path
+(or ``format=``) is `shared.formats`' (``read_for_backend``, ``destination``), so the model-level
+functions read and write every format of its registry. They have the same names and signatures in
+tf_impl:
 `load_checkpoint`, `save_checkpoint`, `load_into`, `read_checkpoint`, `write_checkpoint`.
 """
 from __future__ import annotations
@@ -46,7 +48,6 @@ import numpy as np
 import torch
 
 from shared import TransformerConfig
-from shared import checkpoints as dispatch
 from shared import formats
 from shared.checkpoints import NEUTRAL, CheckpointFormat, Slot, Stored, read_stored
 from shared.importers.notes import note_widened
@@ -273,9 +274,15 @@ def read_checkpoint(path: str | os.PathLike, config: TransformerConfig | None = 
 
 
 def write_checkpoint(path: str | os.PathLike, config: TransformerConfig,
-                     weights: Mapping[str, np.ndarray]) -> Path:
-    """Write a ``.pt``/``.pth`` file or (any other path) a neutral checkpoint directory, atomically."""
-    return dispatch.write_checkpoint(path, config, weights, FORMATS, owner=OWNER)
+                     weights: Mapping[str, np.ndarray], format: str | None = None, **options) -> Path:
+    """Write ``weights`` and ``config`` to ``path``, atomically, in the format ``format`` names or
+    the path says (`shared.formats.destination`): ``*.pt``/``*.pth`` a torch_impl file, a new
+    path without a suffix (or a directory) a neutral directory, ``*.weights.h5`` tf_impl's file
+    (where TensorFlow is installed), and any other writable format of `shared.formats` by name
+    (``format="onnx"``, ``"ctranslate2"``, ``"marian"``, ...) with its own ``options``. A path no
+    format claims is refused: name the format."""
+    formats.write(formats.destination(path, format), config, weights, path, **options)
+    return Path(path)
 
 
 def load_checkpoint(path: str | os.PathLike, config: TransformerConfig | None = None,
@@ -290,10 +297,15 @@ def load_checkpoint(path: str | os.PathLike, config: TransformerConfig | None = 
     return model.eval()
 
 
-def save_checkpoint(model: Transformer, path: str | os.PathLike) -> Path:
-    """``model``'s weights and config, atomically: ``path`` ending in ``.pt`` -> a ``torch.save``
-    file (``torch.load(weights_only=True)`` reads it), any other -> a neutral directory."""
-    return write_checkpoint(path, model.config, model.export_weights())
+def save_checkpoint(model: Transformer, path: str | os.PathLike, format: str | None = None,
+                    **options) -> Path:
+    """``model``'s weights and config, atomically, in the format of `write_checkpoint`: ``*.pt``
+    a ``torch.save`` file (``torch.load(weights_only=True)`` reads it), a path without a suffix a
+    neutral directory, ``*.weights.h5`` tf_impl's file; ``format`` (and its ``options``) for any
+    other format `shared.formats` writes."""
+    fmt = formats.destination(path, format)  # before the export: a bad path costs nothing
+    formats.write(fmt, model.config, model.export_weights(), path, **options)
+    return Path(path)
 
 
 def load_into(model: Transformer, path: str | os.PathLike, allow_nonfinite: bool = False) -> None:

@@ -92,17 +92,18 @@ def users(name: str) -> str:
     return " or ".join(parts)
 
 
-def detect(path: str | os.PathLike, role: str = "source") -> Format:
+def detect(path: str | os.PathLike, role: str = "source", flag: str | None = None) -> Format:
     """The format of ``path`` as ``role`` ("source" or "destination"): the one record that
     recognises it, else the fallback (the neutral directory); anything else is refused, naming what
-    is recognised and the flag that names a format."""
+    is recognised and ``flag``, what names a format instead (default the command line's ``--from``
+    / ``--to``)."""
     p = Path(path)
     direction = "read" if role == "source" else "write"
     candidates = [f for f in REGISTRY if _can(f, direction)]
     for fmt in [f for f in candidates if not f.fallback] + [f for f in candidates if f.fallback]:
         if fmt.recognise(p, role):
             return fmt
-    flag = "--from" if role == "source" else "--to"
+    flag = flag or ("--from" if role == "source" else "--to")
     raise ValueError(f"{str(path)!r}: cannot tell the {role} format from the path "
                      f"({recognised(direction)}); "
                      f"pass {flag} with one of {', '.join(names(direction))}")
@@ -192,6 +193,17 @@ def read_for_model(path: str | os.PathLike, config, native_formats: tuple, owner
     return weights
 
 
+def destination(path: str | os.PathLike, format: str | None = None) -> Format:
+    """The format a backend's ``save_checkpoint`` / ``write_checkpoint`` writes ``path`` in:
+    ``format``, a writable format's name, or else the one the path says as a destination
+    (`detect`: ``*.pt`` torch, ``*.weights.h5`` tf, a new path without a suffix or a directory
+    neutral), as `twins convert` chooses; errors name ``format``. So a path no format claims
+    (``model.onnx`` without ``format="onnx"``) is refused, never written as something else."""
+    if format is not None:
+        return get(format, "write", "format")
+    return detect(path, "destination", flag="format=")
+
+
 def write(fmt: str | Format, config, weights: Mapping, path: str | os.PathLike, **options) -> str | None:
     """Write ``config`` and ``weights`` to ``path`` in format ``fmt``, atomically (or refuse before
     writing anything); ``options``: the format's own (`Format.write_options`)."""
@@ -209,5 +221,5 @@ def table() -> list[str]:
     return [f"{f.name:<{width}}  {f.directions:<10}  {f.describe}" for f in REGISTRY]
 
 
-__all__ = ["Format", "Option", "REGISTRY", "check_options", "detect", "get", "names", "options",
-           "read", "table", "users", "write"]
+__all__ = ["Format", "Option", "REGISTRY", "check_options", "destination", "detect", "get", "names",
+           "options", "read", "table", "users", "write"]
