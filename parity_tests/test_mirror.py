@@ -66,6 +66,9 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
         "*:*.from_config": "Keras serialisation, the inverse of get_config",
         "model:Transformer.predict": "keras.Model.predict, overridden to check ids eagerly (XLA drops "
                                      "asserts)",
+        "model:Transformer.export": "keras.Model.export with the (src, tgt) signature by default "
+                                    "(a model built at construction has no first call to infer it "
+                                    "from); torch's export is torch.export's",
         "model:Transformer.make_predict_function": "Keras' compiled predict, made again when the "
                                                    "model's structure changed (LoRA, precision)",
         "model:Transformer.make_train_function": "Keras' compiled fit step, the same rule",

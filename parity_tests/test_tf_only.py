@@ -1,6 +1,7 @@
 """Behaviour only tf_impl has: bad ids inside tf.function (InvalidArgumentError, same text) and under
 XLA (NaN rows, never a wrong answer), ``keras.Model.predict`` (also compiled with XLA), arrays and
-Python lists as ids, one trace for variable lengths, get_config / from_config, and its training
+Python lists as ids, one trace for variable lengths, get_config / from_config, ``Model.export``
+without a signature, and its training
 pieces (the schedule in a graph and serialised, KingmaBaAdam as Algorithm 1). (One train-step
 trace for every batch shape: test_training.test_train_step_learns_and_reports_the_rate_it_used.)
 """
@@ -151,6 +152,20 @@ def test_get_config_from_config_round_trip():
     np.testing.assert_array_equal(run_logits(clone, src, tgt), run_logits(model, src, tgt))
     again = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
     assert isinstance(again, tf_impl.Transformer) and again.config == config
+
+
+def test_keras_export_serves_the_forward_pass_of_any_shape(tmp_path):
+    """``model.export(path)`` needs no ``input_signature`` (Keras would infer one from a first
+    call's shapes, which a model built at construction never records): the artifact's
+    ``serve(src, tgt)`` gives the eager logits, for batches and lengths other than any seen."""
+    config = TINY.replace(dtype="float64")
+    model = build(config)
+    model.export(str(tmp_path / "served"), verbose=False)
+    served = tf.saved_model.load(str(tmp_path / "served"))
+    for batch, src_len, tgt_len in ((2, 5, 4), (3, 9, 1)):
+        src, tgt = src_tgt(config, batch=batch, src_len=src_len, tgt_len=tgt_len, seed=batch)
+        got = served.serve(tf.constant(src, tf.int64), tf.constant(tgt, tf.int64)).numpy()
+        assert_close(got, model(src, tgt).numpy(), FLOAT64, f"served logits {src.shape} {tgt.shape}")
 
 
 # -- training: Keras' schedule, optimizer and compiled step ---------------------------------------

@@ -331,6 +331,18 @@ class Transformer(keras.Model):
         traced[kind] = structure
         return changed
 
+    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None, **kwargs):
+        """``keras.Model.export`` (an inference artifact of the forward pass) with ``(src, tgt)``
+        int64 ids of any batch and length as its default ``input_signature``: Keras infers a
+        subclassed model's from the shapes of its first call, and this model is built when
+        constructed, so it has none to infer. The artifact's ``serve(src, tgt)`` gives `call`'s
+        logits; decoding is served by `tf_impl.saved_model`."""
+        if input_signature is None:
+            ids = [None, None]  # (batch, length)
+            input_signature = [tf.TensorSpec(ids, tf.int64, name="src"), tf.TensorSpec(ids, tf.int64, name="tgt")]
+        return super().export(filepath, format=format, verbose=verbose, input_signature=input_signature,
+                              **kwargs)
+
     def predict(self, x, *args, **kwargs):
         """``keras.Model.predict`` with the ids of array inputs checked eagerly first: under XLA
         (Keras compiles ``predict`` with XLA by default on GPU) nothing can raise inside the step."""
