@@ -1,4 +1,4 @@
-"""Behaviour only torch_impl has: ids must be torch tensors, dropout draws from torch's generator
+"""Behaviour only torch_impl has: ids must be torch tensors, ``torch.export``, dropout draws from torch's generator
 (seeds reproduce), the trace keeps the autograd graph, ``gradcheck`` through both attention paths
 (SDPA and explicit), and the Noam ``LambdaLR`` needs a base rate of 1."""
 import pytest
@@ -11,6 +11,7 @@ import torch_impl  # noqa: E402
 from parity_tests.torch_support import build  # noqa: E402
 from shared import TransformerConfig, tasks  # noqa: E402
 from shared.batches import src_tgt  # noqa: E402
+from shared.tolerances import FLOAT64, assert_close  # noqa: E402
 from shared.weights import random_weights  # noqa: E402
 from torch_impl import training  # noqa: E402
 
@@ -98,3 +99,27 @@ def test_noam_schedule_needs_base_rate_one():
     with pytest.raises(ValueError, match="start_step: expected an int >= 0"):
         training.make_optimizer(torch_impl.Transformer(config), 16, 10, start_step=-1)
 
+
+
+def test_torch_export_runs_the_forward_pass_for_any_batch_and_length():
+    """``torch.export.export`` with a dynamic batch, source and target length: the program (the
+    modules' pass: a tracer takes no kept weights) gives the model's logits for shapes other than
+    its example's, and checks ids as it runs, an assertion naming the argument (a program cannot
+    branch on values: `torch_impl.inputs.check_ids`; shapes stay symbolic in `shared.checks`)."""
+    config = TransformerConfig.preset("tiny").replace(dtype="float64", n_encoder_layers=1,
+                                                      n_decoder_layers=1)
+    model = build(config, random_weights(config, 0))
+    example = [torch.from_numpy(a) for a in src_tgt(config, batch=2, src_len=7, tgt_len=5)]
+    batch = torch.export.Dim("batch")
+    lengths = [torch.export.Dim(n, max=config.max_len) for n in ("src_len", "tgt_len")]
+    program = torch.export.export(model, tuple(example),
+                                  dynamic_shapes=tuple({0: batch, 1: n} for n in lengths)).module()
+    for shape in ((3, 9, 4), (1, 2, 11)):
+        src, tgt = (torch.from_numpy(a) for a in src_tgt(config, *shape, seed=shape[0],
+                                                           src_lengths=[shape[1]] * shape[0]))
+        assert_close(program(src, tgt).detach().numpy(), model(src, tgt).detach().numpy(), FLOAT64,
+                     f"logits of shape {shape}")
+    bad = example[0].clone()
+    bad[0, 1] = config.src_vocab
+    with pytest.raises(RuntimeError, match=r"src: expected token ids in \[0, 13\), got a value outside it"):
+        program(bad, example[1])

@@ -9,9 +9,16 @@ from __future__ import annotations
 from typing import Sequence
 
 
+def _sizes(shape: Sequence) -> tuple:
+    """``shape`` as a tuple of ints. A symbolic size (torch's ``SymInt``, while ``torch.export`` or
+    ``torch.compile`` traces a program for every batch and length) stays symbolic: ``int()`` would
+    fix it to the example's value, and the comparisons below record conditions on it instead."""
+    return tuple(d if type(d).__name__ == "SymInt" else int(d) for d in shape)
+
+
 def check_ids(name: str, shape: Sequence[int], dtype: str, is_integer: bool, max_len: int) -> None:
     """Token ids must be integers of shape ``(batch, seq)`` with ``1 <= seq <= max_len``."""
-    shape = tuple(int(d) for d in shape)
+    shape = _sizes(shape)
     if len(shape) != 2:
         raise ValueError(f"{name}: expected token ids of shape (batch, seq), got rank {len(shape)} "
                          f"shape {shape}")
@@ -54,6 +61,12 @@ def ids_range_message(name: str, vocab: int, lo: int, hi: int) -> str:
     return f"{name}: expected token ids in [0, {vocab}), got values in [{lo}, {hi}]"
 
 
+def ids_range_assertion(name: str, vocab: int) -> str:
+    """`ids_range_message` where the values cannot be shown: an assertion inside a traced program
+    (``torch.export``, ``torch.compile``), which cannot format them when it fails."""
+    return f"{name}: expected token ids in [0, {vocab}), got a value outside it"
+
+
 def check_ids_range(name: str, vocab: int, lo: int, hi: int) -> None:
     """Ids out of range are rejected before any lookup (a gather would clamp or zero them silently)."""
     if lo < 0 or hi >= vocab:
@@ -61,8 +74,9 @@ def check_ids_range(name: str, vocab: int, lo: int, hi: int) -> None:
 
 
 def check_same_batch(src_shape: Sequence[int], tgt_shape: Sequence[int]) -> None:
-    if int(src_shape[0]) != int(tgt_shape[0]):
-        raise ValueError(same_batch_message("tgt", int(src_shape[0]), int(tgt_shape[0])))
+    (batch,), (got,) = _sizes(src_shape[:1]), _sizes(tgt_shape[:1])
+    if batch != got:
+        raise ValueError(same_batch_message("tgt", batch, got))
 
 
 def mask_expectation(batch, n_heads, q_len, k_len) -> str:
@@ -77,7 +91,7 @@ def check_mask(name: str, shape: Sequence[int], dtype: str, is_bool: bool,
 
     ``True`` means "may attend". Each leading dimension may be 1 (broadcast) or the full size.
     """
-    shape = tuple(int(d) for d in shape)
+    shape = _sizes(shape)
     expected = mask_expectation(batch, n_heads, q_len, k_len)
     if not is_bool:
         raise TypeError(f"{name}: expected a bool mask (True = may attend), got dtype {dtype}")

@@ -35,6 +35,11 @@ def check_ids(name: str, ids, vocab: int, max_len: int) -> None:
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{name}: expected a torch tensor of token ids, got {type(ids).__name__}")
     checks.check_ids(name, ids.shape, _dtype_name(ids.dtype), _is_integer(ids.dtype), max_len)
+    if torch.compiler.is_compiling():  # torch.compile / torch.export: a program cannot branch on
+        # values, so the range check is an assertion in it, which raises when the program runs
+        in_range = ((ids >= 0) & (ids < vocab)).all()
+        torch._assert_async(in_range, checks.ids_range_assertion(name, vocab))
+        return
     if ids.dtype == torch.uint64:  # .long() would wrap an id >= 2**63 to a negative number
         values = ids.cpu().numpy()
         lo, hi = int(values.min()), int(values.max())
