@@ -372,3 +372,17 @@ def test_a_graph_step_launches_its_masks_once_and_no_conversions(precision):
     from torch_impl.cache import PACKED, step_layout
     if step_layout(2, torch.device("cpu"), getattr(torch, precision)) == PACKED:
         assert not any(name.startswith("relu") for name in ops), ops
+
+
+def test_a_wrapped_model_is_refused_naming_what_to_pass():
+    """``torch.compile(model)`` or ``nn.DataParallel(model)`` given to a decoder: refused, naming
+    the attribute that holds the model (decoding runs its own steps, never the wrapper's forward)."""
+    config = tiny_configs()["tiny-post-standard"]
+    model = build(config, weights_for(config, 2))
+    src = sources(config, 2)
+    for wrapper, attribute in ((torch.compile(model), "_orig_mod"), (torch.nn.DataParallel(model), "module")):
+        with pytest.raises(TypeError, match=rf"model: expected a torch_impl.Transformer, got a "
+                                            rf"{type(wrapper).__name__} wrapping one: pass model.{attribute} "):
+            torch_impl.greedy_decode(wrapper, src, MAX_LEN)
+        with pytest.raises(TypeError, match=f"pass model.{attribute} "):
+            torch_impl.beam_search(wrapper, src, MAX_LEN)

@@ -79,6 +79,11 @@ def _tensor(value, device: torch.device):
 def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0):
     """Checks in the order `shared.decoding` fixes: model, src, search arguments, then the mask."""
     if not isinstance(model, Transformer):
+        for attribute in ("_orig_mod", "module"):  # torch.compile's wrapper; (Distributed)DataParallel
+            if isinstance(getattr(model, attribute, None), Transformer):
+                raise TypeError(f"model: expected a torch_impl.Transformer, got a {type(model).__name__} "
+                                f"wrapping one: pass model.{attribute} (decoding runs its own steps, "
+                                "never the wrapper's forward)")
         raise TypeError(f"model: expected a torch_impl.Transformer, got {type(model).__name__}")
     c, device = model.config, _device(model)
     src = _tensor(src, device)
