@@ -35,8 +35,11 @@ def check_ids(name: str, ids, vocab: int, max_len: int) -> None:
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{name}: expected a torch tensor of token ids, got {type(ids).__name__}")
     checks.check_ids(name, ids.shape, _dtype_name(ids.dtype), _is_integer(ids.dtype), max_len)
-    if torch.compiler.is_compiling():  # torch.compile / torch.export: a program cannot branch on
-        # values, so the range check is an assertion in it, which raises when the program runs
+    if torch.compiler.is_compiling() and ids.device.type == "cpu":
+        # torch.compile / torch.export: a program cannot branch on values, so the range check is
+        # an assertion in it, which raises when the program runs. On the CPU only: on CUDA it
+        # would be a device-side assert, which ends the process's CUDA context; there the check
+        # stays eager (torch.compile breaks its graph here, as before).
         in_range = ((ids >= 0) & (ids < vocab)).all()
         torch._assert_async(in_range, checks.ids_range_assertion(name, vocab))
         return
