@@ -178,9 +178,11 @@ def changed_layer(name: str, got: str, values_only: bool) -> str:
     read), else the parameters themselves were wanted (to write, differentiate or keep
     optimizer state for)."""
     if values_only:
-        hint = "export before quantizing or replacing the layer; merge an adapter wrapper into its Linear first"
+        hint = ("export before quantizing or replacing the layer; merge an adapter wrapper into its "
+                "Linear first")
     else:
-        hint = "load, train or differentiate the weights before adapting, quantizing or replacing the layer"
+        hint = ("load, train or differentiate the weights before adapting, quantizing or replacing "
+                "the layer")
     return f"{name}: expected the layer the model was built with, got {got} ({hint})"
 
 

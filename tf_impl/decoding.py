@@ -44,7 +44,7 @@ from shared.masks import padding_id, start_is_pad
 from . import search
 from .cache import repeat_rows
 from .inputs import check_ids, dims, in_xla_context, make_src_mask, make_tgt_mask
-from .model import Transformer, _structure
+from .model import Transformer, _traced
 
 # use_cache -> the default jit_compile: XLA where it helps (docs/performance.md, "Figures behind
 # the code's choices"). Cached: XLA fuses the many small per-step ops, and its dot is several times
@@ -131,16 +131,15 @@ def _compiled(model: Transformer, program, jit_compile: bool):
     structure changes (`tf_impl.model._structure`: LoRA, quantization, precision); it retraces
     by itself for a new source shape or Python argument (max_len, beam size, use_cache) and
     reuses traces otherwise."""
-    functions = _COMPILED.setdefault(model, {})
-    key, structure = (program.__name__, jit_compile), _structure(model)
-    if functions.get(key, (None,))[0] != structure:
+    def make():
         ref = weakref.ref(model)  # the function must not keep its model (the dict's key) alive
 
         def run(*args, **kwargs):
             return program(ref(), *args, **kwargs)
 
-        functions[key] = (structure, tf.function(run, jit_compile=jit_compile, autograph=False))
-    return functions[key][1]
+        return tf.function(run, jit_compile=jit_compile, autograph=False)
+
+    return _traced(_COMPILED.setdefault(model, {}), (program.__name__, jit_compile), model, make)
 
 
 def _run(model, program, compiled, jit_compile, use_cache, observe, *args, **kwargs):

@@ -29,7 +29,7 @@ from shared import TransformerConfig
 from shared.data_parallel import TIMEOUT_S, check_workers, disagreement
 from shared.loss import check_smoothing
 
-from .model import Transformer, _structure
+from .model import Transformer, _traced
 from .training import _IDS, StepResult, _batch, _loss, make_optimizer
 
 
@@ -131,9 +131,10 @@ class DataParallel:
         """One ``tf.function`` per smoothing, traced once for every batch shape: ``strategy.run``
         of the replica step, then the replicas' losses summed. Made again when the model's
         structure changes (`tf_impl.model._structure`), as `tf_impl.training.train_step`'s."""
-        structure = _structure(self.model)
-        if self._steps.get(smoothing, (None,))[0] == structure:
-            return self._steps[smoothing][1]
+        return _traced(self._steps, smoothing, self.model, lambda: self._make_step(smoothing))
+
+    def _make_step(self, smoothing: float):
+        """The ``tf.function`` of `_compiled_step`, new."""
         model, optimizer, strategy, workers = self.model, self.optimizer, self.strategy, self.workers
         pad_id = model.config.pad_id
 
@@ -156,7 +157,6 @@ class DataParallel:
             return (strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None),
                     strategy.experimental_local_results(lrs)[0])
 
-        self._steps[smoothing] = (structure, step)
         return step
 
     def train_step(self, batch, smoothing: float = 0.0) -> StepResult:

@@ -386,6 +386,16 @@ def _structure(model: Transformer) -> tuple:
             tuple(layer.dtype_policy.name for layer in model._flatten_layers(include_self=False)))
 
 
+def _traced(store: dict, key, model: Transformer, make):
+    """``make()`` (a ``tf.function`` of ``model``) kept in ``store`` under ``key``, and made again
+    when the model's `_structure` has changed since: the one rule of tf_impl's compiled decoding
+    loops and training steps (Keras' own functions: `Transformer._changed_since_traced`)."""
+    structure = _structure(model)
+    if store.get(key, (None,))[0] != structure:
+        store[key] = (structure, make())
+    return store[key][1]
+
+
 def _generator_transposed(rows: int | None) -> bool:
     """Whether a cached step keeps the generator as ``(V, d)``, used transposed (more than one
     row, or unknown), rather than ``(d, V)`` (one row): see `Transformer._step_weights`."""

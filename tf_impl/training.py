@@ -31,7 +31,7 @@ from shared.loss import (check_loss_args, check_smoothing, check_targets_range,
 from shared.schedule import noam_formula, noam_lr
 
 from .inputs import check_ids, in_xla_context, runtime_check
-from .model import Transformer, _structure
+from .model import Transformer, _traced
 from .weights_io import weight_table
 
 # The paper's Adam (section 5.3); eps is added to the bias-corrected sqrt(v), Kingma & Ba Algorithm 1.
@@ -237,11 +237,9 @@ def _compiled_step(model: Transformer, optimizer: keras.optimizers.Optimizer, sm
     dies with it; the step holds the model, so the ``id`` in the key stays that model's. Made
     again when the model's structure changes (`tf_impl.model._structure`: a precision set, LoRA
     enabled), which a trace would not see."""
-    steps = optimizer.__dict__.setdefault("_tf_impl_train_steps", {})
-    key, structure = (id(model), float(smoothing)), _structure(model)
-    if steps.get(key, (None,))[0] != structure:
-        # No tensor-dependent Python control flow here or in the model: AutoGraph's conversion would
-        # only add tracing time (the trace, ~6000 ops, is the slow part of a short run).
+    def make():
+        # No tensor-dependent Python control flow here or in the model: AutoGraph's conversion
+        # would only add tracing time (the trace, ~6000 ops, is the slow part of a short run).
         @tf.function(input_signature=[_IDS, _IDS, _IDS], autograph=False)
         def step(src, tgt_in, tgt_out):
             variables = model.trainable_variables
@@ -252,8 +250,10 @@ def _compiled_step(model: Transformer, optimizer: keras.optimizers.Optimizer, sm
             lr = tf.cast(optimizer.learning_rate, tf.float64)  # read before apply advances iterations
             optimizer.apply_gradients(zip(grads, variables))
             return loss, lr
-        steps[key] = (structure, step)
-    return steps[key][1]
+        return step
+
+    steps = optimizer.__dict__.setdefault("_tf_impl_train_steps", {})
+    return _traced(steps, (id(model), float(smoothing)), model, make)
 
 
 def train_step(model: Transformer, optimizer: keras.optimizers.Optimizer, batch: Batch,

@@ -15,10 +15,11 @@ from typing import Mapping
 import numpy as np
 import torch
 from torch import nn
-
 from torch.nn.utils import parametrize
 
 from shared.weights import PROJECTIONS, WeightsError, changed_layer, check_weights, weight_schema
+
+from .cache import _PLAIN_TENSORS
 
 
 Table = dict[str, tuple[nn.Parameter, bool]]  # canonical name -> (parameter, transposed?)
@@ -51,7 +52,7 @@ def _changed(linear: nn.Module, values_only: bool) -> str | None:
     if not values_only and parametrize.is_parametrized(linear):
         return f"a Linear with its {', '.join(linear.parametrizations)} parametrized"
     weight = linear.weight
-    if type(weight) not in (nn.Parameter, torch.Tensor):
+    if type(weight) not in _PLAIN_TENSORS:
         return f"a Linear whose weight is a {type(weight).__name__}"  # a weight-only quantization
     return None
 
