@@ -5,8 +5,9 @@ framework starts.
   instead of spinning. torch's CPU kernels run on OpenMP; with spinning workers, a decoding step
   (hundreds of small parallel regions) on cores shared with another process waits for threads the
   other process has preempted: several times slower while another process ran (issue 14;
-  docs/performance.md, "Figures behind the code's choices"). The variable is read when OpenMP starts, so it is set before torch, TensorFlow or CTranslate2
-  is imported (`apply_thread_policy` is called first thing by ``twins`` and the benchmarks).
+  docs/performance.md, "Figures behind the code's choices"). The variable is read when OpenMP
+  starts, so it is set before torch, TensorFlow or CTranslate2 is imported
+  (`apply_thread_policy` is called first thing by ``twins`` and the benchmarks).
 * The thread count: ``--threads N`` where given (torch: ``torch.set_num_threads``; TF: its intra-
   and inter-op pools; CTranslate2: ``intra_threads``), else each framework's default (one per
   core). On a loaded machine fewer threads than cores is faster, even with the policy above

@@ -311,7 +311,6 @@ class Torch(_Framework):
             return to_numpy(self.model(self._ids(src), self._ids(tgt)))
 
 
-
 class TF(_Framework):
     name = "tf"
     _adam_counts_steps = True
