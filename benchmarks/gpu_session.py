@@ -44,7 +44,7 @@ def _parts(out: Path) -> dict[str, list[tuple[list[str], int]]]:
     runs = out / "runs"
     train = [PY, "-m", "twins", "train", "--backend", "torch"]
     return {
-        "suite": [([PY, "-m", "pytest", "parity_tests", "-q", "-n", "14", "--dist", "loadfile",
+        "suite": [([PY, "-m", "pytest", "parity_tests", "-q", "-rfEs", "-n", "14", "--dist", "loadfile",
                     "-p", "no:cacheprovider"], 420)],
         "ops": [([PY, str(BENCH / "step_ops.py"), "--device", "cuda", "--precision", p] + forward, 120)
                 for p in ("float32", "bfloat16")
@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=out_default,
                         help="where each part's output goes (default $OUT, else ./gpu_session)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="seconds for the whole run (a lent machine's call has a limit): each "
+                             "command's own limit is cut to what is left, and a command with less "
+                             "than 20 s left is skipped, saying so")
     parser.add_argument("--parts", nargs="+", default=list(_parts(Path("."))),
                         choices=list(_parts(Path("."))))
     args = parser.parse_args(argv)
@@ -90,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     failed = []
     parts = _parts(args.out)
+    deadline = None if args.budget is None else time.perf_counter() + args.budget
     for part in args.parts:
         log = args.out / f"{part}.txt"
         with open(log, "w") as sink:
@@ -98,11 +103,17 @@ def main(argv: list[str] | None = None) -> int:
                 sink.write(f"$ {shown}\n")
                 sink.flush()
                 start = time.perf_counter()
+                if deadline is not None:
+                    limit = min(limit, deadline - start)
+                    if limit < 20:
+                        sink.write(f"# skipped: {deadline - start:.0f} s of --budget {args.budget:.0f} left\n")
+                        failed.append(f"{part}: {shown}: skipped (--budget)")
+                        continue
                 try:
                     code = subprocess.run(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, timeout=limit).returncode
                 except subprocess.TimeoutExpired:
-                    code = f"timed out after {limit} s"
+                    code = f"timed out after {limit:.0f} s"
                 sink.write(f"# exit {code}, {time.perf_counter() - start:.0f} s\n")
                 if code != 0:
                     failed.append(f"{part}: {shown}: {code}")
