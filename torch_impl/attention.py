@@ -35,6 +35,30 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
     return weights.masked_fill(blocked, 0.0)
 
 
+def _attend_buffer(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                   bias: torch.Tensor) -> torch.Tensor:
+    """One query a row over a whole key/value buffer, as a CUDA graph's step attends (`extend` at a
+    tensor position): ``softmax(q k^T / sqrt(d_k) + bias) v``, ``bias`` additive
+    (`torch_impl.cache.filled_mask`: every row has a key, so no row is all -inf).
+
+    In float32 and float64, two batched products around a softmax rather than SDPA: SDPA's float32
+    kernel on CUDA (memory-efficient attention, tiled for 64 queries) is the slowest kernel of a
+    graph's step at one query, longer as the buffer grows, and the three kernels take less
+    (docs/performance.md, "GPU"). Half precisions keep SDPA, whose half kernels are the faster
+    there. Same values to rounding (the softmax is exact here, not SDPA's running one).
+
+    Shape: q ``(N, H, d_k)``, buffers ``(N, H, C, d_k)``, bias broadcastable to ``(N, H, 1, C)``
+    -> ``(N, H, 1, d_k)``."""
+    if q.dtype in (torch.float16, torch.bfloat16):
+        return F.scaled_dot_product_attention(q[:, :, None], key_cache, value_cache, attn_mask=bias)
+    n, heads, d_k = q.shape
+    keys = key_cache.shape[2]
+    scores = torch.baddbmm(bias.expand(n, heads, 1, keys).reshape(n * heads, 1, keys),
+                           q.reshape(n * heads, 1, d_k), key_cache.reshape(n * heads, keys, d_k).transpose(1, 2),
+                           alpha=d_k ** -0.5)  # (N * H, 1, C)
+    return torch.bmm(scores.softmax(dim=-1), value_cache.reshape(n * heads, keys, d_k)).view(n, heads, 1, d_k)
+
+
 def _zero_keyless(context: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     """Attention's output with the rows that had no key zeroed (``keep`` of
     `torch_impl.cache.prepare_mask`; None: every row had one, nothing to multiply)."""
@@ -239,8 +263,7 @@ class MultiHeadAttention(nn.Module):
             value_cache.index_copy_(2, position.view(1), v[:, :, None])
             if mask is None:
                 mask = filled_mask(key_cache.shape[2], position, key_cache.dtype)
-            context = F.scaled_dot_product_attention(q[:, :, None], key_cache, value_cache,
-                                                     attn_mask=mask)
+            context = _attend_buffer(q, key_cache, value_cache, mask)
             return dense(context.reshape(n, 1, self.n_heads * self.d_k), *output), key_cache, value_cache
         key_cache[:, :, position] = k
         value_cache[:, :, position] = v
