@@ -26,6 +26,8 @@ encoder), under the rule of `_inferring` and kept by `_prepared`.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import platform
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -301,6 +303,30 @@ def _parameters(module: torch.nn.Module):
         sub = below.pop()
         yield from (p for p in sub._parameters.values() if p is not None)
         below.extend(m for m in sub._modules.values() if m is not None)
+
+
+@contextmanager
+def _mode(module: torch.nn.Module, training: bool):
+    """``module`` and every submodule in train (``training``) or eval mode inside the block, each
+    back to its own mode after. ``module.train(was)`` would set every submodule to the root's, so
+    a submodule the caller had put in another mode (an encoder in eval under a training model)
+    would lose it. Where every module already is in that mode nothing is set: a decode of a model
+    in eval walks its modules once instead of setting every module's flag twice (``train`` is a
+    Python call per module; docs/performance.md, "GPU")."""
+    below, modes = [module], []
+    while below:  # a plain walk, as `_parameters`: this runs at every decode and training step
+        sub = below.pop()
+        modes.append((sub, sub.training))
+        below.extend(m for m in sub._modules.values() if m is not None)
+    if all(was == training for _, was in modes):
+        yield
+        return
+    module.train(training)
+    try:
+        yield
+    finally:
+        for sub, was in modes:
+            sub.training = was  # as ``train`` sets each module's own flag
 
 
 def _prepared(owner: torch.nn.Module, name: str, tensors, make):

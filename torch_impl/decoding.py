@@ -28,7 +28,7 @@ from shared.decoding import BeamResult, GreedyResult, check_search_args
 from shared.masks import padding_id, start_is_pad
 
 from . import graphs, search
-from .cache import _as_built, repeat_rows
+from .cache import _as_built, _mode, repeat_rows
 from .inputs import check_ids, make_tgt_mask
 from .model import Transformer
 from .precision import autocast
@@ -36,7 +36,8 @@ from .precision import autocast
 
 @contextmanager
 def _inference(model: Transformer):
-    """Eval mode (no dropout) and no autograd while decoding; the caller's mode comes back after.
+    """Eval mode (no dropout) and no autograd while decoding; each module's own mode comes back
+    after (`torch_impl.cache._mode`).
 
     ``torch.inference_mode`` rather than ``no_grad``: no version counters or view tracking on the
     tensors a decode makes (its caches, logits and prefixes, none of which outlives it), which a
@@ -44,13 +45,8 @@ def _inference(model: Transformer):
     behind the code's choices"). The weights a decode prepares and the model keeps are made outside
     it (`Transformer._step_weights`). In a half precision the whole decode runs under the
     model's autocast (`torch_impl.precision`)."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode(), autocast(model), _attention_kernels(model):
-            yield
-    finally:
-        model.train(was_training)
+    with _mode(model, False), torch.inference_mode(), autocast(model), _attention_kernels(model):
+        yield
 
 
 def _attention_kernels(model: Transformer):

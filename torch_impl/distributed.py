@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from shared import TransformerConfig
 from shared.data_parallel import TIMEOUT_S, check_workers, disagreement, shard_rows, target_tokens
 
+from .cache import _mode
 from .model import Transformer
 from .training import StepResult, _batch, label_smoothed_loss, make_optimizer
 
@@ -156,12 +157,8 @@ class DataParallel:
         check_workers(src.shape[0], self.workers, "workers")
         rows = shard_rows(src.shape[0], self.rank, self.workers)
         tokens = target_tokens(tgt_out.cpu().numpy(), self.model.config.pad_id)
-        was_training = self.model.training
-        self._ddp.train(True)
-        try:
+        with _mode(self._ddp, True):
             logits = self._ddp(src[rows], tgt_in[rows])  # (B / workers, T, V)
-        finally:
-            self._ddp.train(was_training)
         loss = label_smoothed_loss(logits, tgt_out[rows], self.model.config.pad_id, smoothing, tokens)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # DDP sums the workers' gradients (`_sum_hook`) during the backward pass

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from shared.loss import check_loss_args, check_targets_range
 from shared.schedule import noam_lr
 
+from .cache import _mode
 from .inputs import check_ids
 from .model import Transformer
 from .weights_io import weight_table
@@ -135,12 +136,8 @@ def _batch(model: Transformer, batch: Batch) -> tuple[torch.Tensor, torch.Tensor
 
 def _loss(model: Transformer, batch: Batch, smoothing: float, training: bool) -> torch.Tensor:
     src, tgt_in, tgt_out = _batch(model, batch)
-    was_training = model.training
-    model.train(training)  # dropout on for the step only: the caller's mode is left as it was
-    try:
+    with _mode(model, training):  # dropout on for the step only: each module's mode comes back
         logits = model(src, tgt_in)  # (B, T, V)
-    finally:
-        model.train(was_training)
     return label_smoothed_loss(logits, tgt_out, model.config.pad_id, smoothing)
 
 
