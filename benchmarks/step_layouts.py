@@ -1,13 +1,14 @@
 """The kernel layouts of torch_impl's decoding step (`torch_impl.cache.step_layout`), side by side.
 
 Times the products one cached greedy step of preset ``base`` (float32) makes, for each row count
-(``batch * beams``) and each layout: every decoder layer's stacked query/key/value, self-attention
+(``batch * beams``) and each layout (dense ``(in, out)`` as `step_layout` keeps it, every kernel
+``(out, in)`` in memory, oneDNN-packed): every decoder layer's stacked query/key/value, self-attention
 output, cross-attention query and output, and the two feed-forward kernels, then the 37000-wide
 output projection; each kernel through `torch_impl.cache.lay_out` and `dense`, the code the step
 runs. There are 6 copies of every layer's kernels, about 160 MB with the projection, so that, as in
 a step, the weights come from memory, not from the cache. Rounds are interleaved (every layout once
 per round), so a machine whose speed drifts slows every layout alike. Printed: the median ms per
-step's products over the rounds, their range, and the ratio packed / dense; which layout
+step's products over the rounds, their range, and each other layout's ratio to dense; which layout
 `step_layout` picks for that row count.
 
 Then the same for the products of a decode's one encoder pass over ``--encoder-rows`` rows (``batch
@@ -37,6 +38,13 @@ from shared import TransformerConfig  # noqa: E402
 from shared.threads import apply_thread_policy, thread_count  # noqa: E402
 
 
+def _header(names: list[str], note: str) -> None:
+    """The column heads of `main`'s tables: each contender's ms, then each other's ratio to the first."""
+    cells = "  ".join(f"{name + ' ms (range)':22s}" for name in names)
+    ratios = "".join(f"{name + '/' + names[0]:>17s}" for name in names[1:])
+    print(f" rows   {cells}{ratios}   {note}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4, 8, 16])
@@ -49,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from torch_impl.cache import DENSE, PACKED, dense, lay_out, step_layout
+    from torch_impl.cache import DENSE, DENSE_OUT_IN, PACKED, dense, lay_out, step_layout
 
     torch.set_num_threads(args.threads)
     config = TransformerConfig.preset("base")
@@ -64,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}; {len(kernels)} products, {megabytes:.0f} MB "
           f"of kernels a step; {args.rounds} rounds of {args.repeats} steps")
-    print(" rows   dense ms (range)        packed ms (range)       packed/dense   step_layout picks")
-    laid = {layout: [(lay_out(k, layout), b) for k, b in kernels] for layout in (DENSE, PACKED)}
+    _header(["dense", "(out, in)", "packed"], "step_layout picks")
+    layouts = (DENSE, DENSE_OUT_IN, PACKED)
+    laid = {layout: [(lay_out(k, layout), b) for k, b in kernels] for layout in layouts}
 
     def products(layers: list[tuple[torch.Tensor, torch.Tensor]], xs: dict, linear: bool) -> None:
         for kernel, bias in layers:
@@ -89,14 +98,15 @@ def main(argv: list[str] | None = None) -> int:
                 ms[name].append((time.perf_counter() - start) / args.repeats * 1e3)
         return {name: statistics.median(v) for name, v in ms.items()}, ms
 
-    def row(rows: int, med: dict, ms: dict, a: str, b: str, note: str = "") -> None:
-        cells = [f"{med[n]:7.2f} ({min(ms[n]):.2f}-{max(ms[n]):.2f})" for n in (a, b)]
-        print(f"{rows:5d}   {cells[0]:22s}  {cells[1]:22s}  {med[b] / med[a]:6.2f}x        {note}",
-              flush=True)
+    def row(rows: int, med: dict, ms: dict, names: tuple, note: str = "") -> None:
+        """One row: each contender's median (range), then every other's ratio to the first."""
+        cells = "  ".join(f"{f'{med[n]:7.2f} ({min(ms[n]):.2f}-{max(ms[n]):.2f})':22s}" for n in names)
+        ratios = "".join(f"{f'{med[n] / med[names[0]]:.2f}x':>17s}" for n in names[1:])
+        print(f"{rows:5d}   {cells}{ratios}   {note}", flush=True)
 
     for rows in args.rows:
-        med, ms = compare(rows, {layout: (laid[layout], False) for layout in (DENSE, PACKED)})
-        row(rows, med, ms, DENSE, PACKED, step_layout(rows, torch.device("cpu"), torch.float32))
+        med, ms = compare(rows, {layout: (laid[layout], False) for layout in layouts})
+        row(rows, med, ms, layouts, step_layout(rows, torch.device("cpu"), torch.float32))
 
     # The encoder pass: (q, k, v, output, inner, outer) per layer as nn.Linear holds them, against
     # EncoderWeights packed (q|k|v, output, inner, outer).
@@ -112,11 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     megabytes = sum(w.numel() for w, _ in encoder) * 4 / 1e6
     print(f"encoder pass: {len(encoder)} nn.Linear products against {len(packed)} packed, "
           f"{megabytes:.0f} MB of kernels")
-    print(" rows   nn.Linear ms (range)    packed ms (range)       packed/linear")
+    _header(["nn.Linear", "packed"], "GFLOP/s")
     for rows in args.encoder_rows:
         med, ms = compare(rows, {"linear": (encoder, True), "packed": (packed, False)})
         flops = 2 * rows * megabytes / 4 * 1e6
-        row(rows, med, ms, "linear", "packed", f"{flops / med['linear'] / 1e6:.0f} vs "
+        row(rows, med, ms, ("linear", "packed"), f"{flops / med['linear'] / 1e6:.0f} vs "
             f"{flops / med['packed'] / 1e6:.0f} GFLOP/s")
     return 0
 
