@@ -17,6 +17,8 @@ terminal, and a part that fails or runs out of time is reported and the next one
   (kept weights, no casts at the call) replaces (`benchmarks/torch_vs_nn_transformer.py`);
 * ``agreement``: half-precision tokens against float32 on the trained copy and dates models,
   trained first into ``--out`` (`benchmarks/half_precision.py agreement`);
+* ``profile``: where a graphed decode's time goes: its kernels, its fixed cost part by part, and
+  one query's attention (`benchmarks/gpu_profile.py`);
 * ``cpu``: the CPU contenders, one thread (the GPU machine's CPU is the project's second CPU).
 
     python3 dev.py bench gpu_session [--parts suite ops cache ...] [--out DIR]
@@ -66,6 +68,7 @@ def _parts(out: Path) -> dict[str, list[tuple[list[str], int]]]:
                       ([PY, str(BENCH / "half_precision.py"), "agreement", "--checkpoint",
                         str(runs / "copy"), str(runs / "dates"), "--heldout", "500", "--device", "cuda",
                         "--backends", "torch"], 600)],
+        "profile": [([PY, str(BENCH / "gpu_profile.py")], 300)],
         "cpu": [(decoding + ["--parts", "contenders", "--contenders", "torch", "ct2-float32",
                              "--batches", "1", "8", "--tokens", "64", "128", "--rounds", "3",
                              "--threads", "1"], 500)],

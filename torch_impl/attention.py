@@ -51,6 +51,13 @@ def _attend_buffer(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.
     -> ``(N, H, 1, d_k)``."""
     if q.dtype in (torch.float16, torch.bfloat16):
         return F.scaled_dot_product_attention(q[:, :, None], key_cache, value_cache, attn_mask=bias)
+    return _attend_by_products(q, key_cache, value_cache, bias)
+
+
+def _attend_by_products(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                        bias: torch.Tensor) -> torch.Tensor:
+    """`_attend_buffer`'s float32 and float64 path, in any dtype (`benchmarks/gpu_profile.py` times
+    it against SDPA): ``baddbmm`` (scores plus bias), softmax, ``bmm``. Shapes as there."""
     n, heads, d_k = q.shape
     keys = key_cache.shape[2]
     scores = torch.baddbmm(bias.expand(n, heads, 1, keys).reshape(n * heads, 1, keys),
