@@ -9,7 +9,8 @@ runs. There are 6 copies of every layer's kernels, about 160 MB with the project
 a step, the weights come from memory, not from the cache. Rounds are interleaved (every layout once
 per round), so a machine whose speed drifts slows every layout alike. Printed: the median ms per
 step's products over the rounds, their range, and each other layout's ratio to dense; which layout
-`step_layout` picks for that row count.
+`step_layout` picks for that row count. At one row also two other operations on the same kernels:
+``torch.addmv`` on the dense ones, and oneDNN's packing tuned for one row instead of eight.
 
 Then the same for the products of a decode's one encoder pass over ``--encoder-rows`` rows (``batch
 * source length``: 32 and 256 are batch 1 and 8 of the decoding benchmark's 32-token sources): every
@@ -76,25 +77,33 @@ def main(argv: list[str] | None = None) -> int:
     layouts = (DENSE, DENSE_OUT_IN, PACKED)
     laid = {layout: [(lay_out(k, layout), b) for k, b in kernels] for layout in layouts}
 
-    def products(layers: list[tuple[torch.Tensor, torch.Tensor]], xs: dict, linear: bool) -> None:
+    def laid_out(x_of: dict, kernel: torch.Tensor, bias: torch.Tensor) -> None:
+        """`dense`, the step's product, on a `lay_out` kernel (packed: ``(out, in)``)."""
+        dense(x_of[kernel.shape[1] if kernel.is_mkldnn else kernel.shape[0]], kernel, bias)
+
+    def linear(x_of: dict, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        """``nn.Linear``'s product: F.linear on the ``(out, in)`` weight."""
+        torch.nn.functional.linear(x_of[weight.shape[1]], weight, bias)
+
+    def addmv(x_of: dict, kernel: torch.Tensor, bias: torch.Tensor) -> None:
+        """A matrix-vector product on a dense ``(in, out)`` kernel (one row only)."""
+        torch.addmv(bias, kernel.t(), x_of[kernel.shape[0]][0])
+
+    def products(layers: list[tuple[torch.Tensor, torch.Tensor]], xs: dict, op) -> None:
         for kernel, bias in layers:
-            if linear:  # nn.Linear: F.linear on the (out, in) weight
-                torch.nn.functional.linear(xs[kernel.shape[1]], kernel, bias)
-            else:
-                width = kernel.shape[1] if kernel.is_mkldnn else kernel.shape[0]  # packed: (out, in)
-                dense(xs[width], kernel, bias)
+            op(xs, kernel, bias)
 
     def compare(rows: int, contenders: dict) -> tuple[dict, dict]:
-        """Median ms and every round's ms of each contender's products."""
+        """Median ms and every round's ms of each contender ``{name: (layers, op)}``'s products."""
         xs = {n: torch.randn(rows, n, generator=g) for n in (d, inner, ff)}
-        for layers, linear in contenders.values():
-            products(layers, xs, linear)  # first-call allocations
+        for layers, op in contenders.values():
+            products(layers, xs, op)  # first-call allocations
         ms = {name: [] for name in contenders}
         for _ in range(args.rounds):
-            for name, (layers, linear) in contenders.items():
+            for name, (layers, op) in contenders.items():
                 start = time.perf_counter()
                 for _ in range(args.repeats):
-                    products(layers, xs, linear)
+                    products(layers, xs, op)
                 ms[name].append((time.perf_counter() - start) / args.repeats * 1e3)
         return {name: statistics.median(v) for name, v in ms.items()}, ms
 
@@ -105,8 +114,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{rows:5d}   {cells}{ratios}   {note}", flush=True)
 
     for rows in args.rows:
-        med, ms = compare(rows, {layout: (laid[layout], False) for layout in layouts})
+        med, ms = compare(rows, {layout: (laid[layout], laid_out) for layout in layouts})
         row(rows, med, ms, layouts, step_layout(rows, torch.device("cpu"), torch.float32))
+    if 1 in args.rows:  # other operations for one row, on the same kernels
+        packed_for_one = [(torch.ops.mkldnn._reorder_linear_weight(k.t().contiguous(), 1), b)
+                          for k, b in kernels]
+        _header(["dense", "addmv", "packed(1)"], "packed(1): oneDNN's packing tuned for one row")
+        contenders = {DENSE: (laid[DENSE], laid_out), "addmv": (laid[DENSE], addmv),
+                      "packed(1)": (packed_for_one, laid_out)}
+        med, ms = compare(1, contenders)
+        row(1, med, ms, tuple(contenders))
 
     # The encoder pass: (q, k, v, output, inner, outer) per layer as nn.Linear holds them, against
     # EncoderWeights packed (q|k|v, output, inner, outer).
@@ -124,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{megabytes:.0f} MB of kernels")
     _header(["nn.Linear", "packed"], "GFLOP/s")
     for rows in args.encoder_rows:
-        med, ms = compare(rows, {"linear": (encoder, True), "packed": (packed, False)})
+        med, ms = compare(rows, {"linear": (encoder, linear), "packed": (packed, laid_out)})
         flops = 2 * rows * megabytes / 4 * 1e6
         row(rows, med, ms, ("linear", "packed"), f"{flops / med['linear'] / 1e6:.0f} vs "
             f"{flops / med['packed'] / 1e6:.0f} GFLOP/s")
