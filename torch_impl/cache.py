@@ -26,9 +26,8 @@ encoder), under the rule of `_inferring` and kept by `_prepared`.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import platform
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
