@@ -21,7 +21,12 @@ terminal, and a part that fails or runs out of time is reported and the next one
   one query's attention (`benchmarks/gpu_profile.py`);
 * ``cpu``: the CPU contenders, one thread (the GPU machine's CPU is the project's second CPU).
 
-    python3 dev.py bench gpu_session [--parts suite ops cache ...] [--out DIR]
+    python3 dev.py bench gpu_session [--parts suite ops cache ...] [--out DIR] [--runs DIR]
+                                     [--budget SECONDS]
+
+The agreement part trains its two models into ``--runs`` (default: a new temporary directory),
+not into ``--out``: a lent machine sends back only a few files from its output folder. Its dates
+task needs babel (the project's ``demo`` extra), which a GPU machine may lack: carry its wheel.
 
 Nothing here is timed against a target: the figures go to docs/performance.md by hand, with the
 machine and versions the output names.
@@ -32,6 +37,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,10 +46,10 @@ PY = sys.executable
 BENCH = ROOT / "benchmarks"
 
 
-def _parts(out: Path) -> dict[str, list[tuple[list[str], int]]]:
-    """``{part: [(argv, seconds allowed), ...]}``, in the order they run."""
+def _parts(runs: Path) -> dict[str, list[tuple[list[str], int]]]:
+    """``{part: [(argv, seconds allowed), ...]}``, in the order they run; ``runs``: where the
+    agreement part trains its models."""
     decoding = [PY, str(BENCH / "decoding.py")]
-    runs = out / "runs"
     train = [PY, "-m", "twins", "train", "--backend", "torch"]
     return {
         "suite": [([PY, "-m", "pytest", "parity_tests", "-q", "-rfEs", "-n", "14", "--dist", "loadfile",
@@ -84,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds for the whole run (a lent machine's call has a limit): each "
                              "command's own limit is cut to what is left, and a command with less "
                              "than 20 s left is skipped, saying so")
+    parser.add_argument("--runs", type=Path, default=None,
+                        help="where the agreement part trains its models (default: a new temporary directory)")
     parser.add_argument("--parts", nargs="+", default=list(_parts(Path("."))),
                         choices=list(_parts(Path("."))))
     args = parser.parse_args(argv)
@@ -96,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     failed = []
-    parts = _parts(args.out)
+    runs = args.runs or (Path(tempfile.mkdtemp(prefix="gpu_session_runs_")) if "agreement" in args.parts
+                         else Path("."))  # made only where a part trains
+    parts = _parts(runs)
     deadline = None if args.budget is None else time.perf_counter() + args.budget
     for part in args.parts:
         log = args.out / f"{part}.txt"
