@@ -10,7 +10,8 @@ a step, the weights come from memory, not from the cache. Rounds are interleaved
 per round), so a machine whose speed drifts slows every layout alike. Printed: the median ms per
 step's products over the rounds, their range, and each other layout's ratio to dense; which layout
 `step_layout` picks for that row count. At one row also two other operations on the same kernels:
-``torch.addmv`` on the dense ones, and oneDNN's packing tuned for one row instead of eight.
+``torch.addmv`` on the dense ones, oneDNN's packing tuned for one row instead of eight, and MKL's
+own packed product (CTranslate2's on Intel CPUs).
 
 Then the same for the products of a decode's one encoder pass over ``--encoder-rows`` rows (``batch
 * source length``: 32 and 256 are batch 1 and 8 of the decoding benchmark's 32-token sources): every
@@ -89,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         """A matrix-vector product on a dense ``(in, out)`` kernel (one row only)."""
         torch.addmv(bias, kernel.t(), x_of[kernel.shape[0]][0])
 
+    def mkl_packed(x_of: dict, packed: tuple, bias: torch.Tensor) -> None:
+        """MKL's own packed product (``cblas_sgemm_compute``, what CTranslate2 runs on Intel CPUs)
+        on ``(packed, (out, in) weight)``, packed for one row."""
+        torch.ops.mkl._mkl_linear(x_of[packed[1].shape[1]], *packed, bias, 1)
+
     def products(layers: list[tuple[torch.Tensor, torch.Tensor]], xs: dict, op) -> None:
         for kernel, bias in layers:
             op(xs, kernel, bias)
@@ -119,9 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     if 1 in args.rows:  # other operations for one row, on the same kernels
         packed_for_one = [(torch.ops.mkldnn._reorder_linear_weight(k.t().contiguous(), 1), b)
                           for k, b in kernels]
-        _header(["dense", "addmv", "packed(1)"], "packed(1): oneDNN's packing tuned for one row")
+        mkl = [((torch.ops.mkl._mkl_reorder_linear_weight(k.t().contiguous(), 1), k.t().contiguous()), b)
+               for k, b in kernels]
+        _header(["dense", "addmv", "packed(1)", "MKL packed"], "packed(1): oneDNN's, for one row")
         contenders = {DENSE: (laid[DENSE], laid_out), "addmv": (laid[DENSE], addmv),
-                      "packed(1)": (packed_for_one, laid_out)}
+                      "packed(1)": (packed_for_one, laid_out), "MKL packed": (mkl, mkl_packed)}
         med, ms = compare(1, contenders)
         row(1, med, ms, tuple(contenders))
 
