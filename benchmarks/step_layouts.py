@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if 1 in args.rows:  # other operations for one row, on the same kernels
         packed_for_one = [(torch.ops.mkldnn._reorder_linear_weight(k.t().contiguous(), 1), b)
                           for k, b in kernels]
-        contenders = {DENSE: (laid[DENSE], laid_out), "addmv": (laid[DENSE], addmv),
+        contenders = {"dense": (laid[DENSE], laid_out), "addmv": (laid[DENSE], addmv),
                       "packed(1)": (packed_for_one, laid_out)}
         if torch.backends.mkl.is_available():  # a torch built with MKL (x86-64 wheels are)
             contenders["MKL packed"] = ([((torch.ops.mkl._mkl_reorder_linear_weight(k.t().contiguous(), 1),
