@@ -60,6 +60,14 @@ def _as_built(layer: keras.layers.Layer) -> bool:
 NO_WEIGHTS = ()
 
 
+def projection(weights, name: str) -> tuple | None:
+    """The ``(kernel, bias)`` named ``name`` (``"qkv"``, ``"cross_kv"``, ``"inner"``, ...: the
+    ``NAME_kernel`` and ``NAME_bias`` fields) of a layer's laid-out weights (`StepWeights`,
+    `EncoderWeights`), or None where a cache keeps `NO_WEIGHTS` (a model not as built: the layers
+    are called)."""
+    return (getattr(weights, f"{name}_kernel"), getattr(weights, f"{name}_bias")) if weights else None
+
+
 class StepWeights(NamedTuple):
     """One decoder layer's weights laid out for a decoding step, as torch_impl.cache's: kernels
     ``(in, out)`` (the Keras layout already), the self-attention's query, key and value stacked

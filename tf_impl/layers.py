@@ -20,7 +20,7 @@ import tensorflow as tf
 from shared import TransformerConfig
 
 from .attention import MultiHeadAttention
-from .cache import LayerCache, StepWeights
+from .cache import LayerCache, StepWeights, projection
 from .feed_forward import FeedForward
 from .norm import LayerNorm
 
@@ -161,24 +161,25 @@ class DecoderLayer(_TracingLayer):
         """
         kept, w = {}, cache.weights
 
-        def pair(start: int):  # a (kernel, bias) of the cache's weights, or None: call the layer
-            return w[start:start + 2] if w else None
-
         def self_attn(h: tf.Tensor):
             out, kept["key"], kept["value"] = self.self_attn.extend(
-                h, cache.self_key, cache.self_value, position, pair(0), pair(2), self_mask)
+                h, cache.self_key, cache.self_value, position, projection(w, "qkv"),
+                projection(w, "self_output"), self_mask)
             return out, None
 
         def cross_attn(h: tf.Tensor):
             return self.cross_attn.attend_prepared(h, cache.cross_key, cache.cross_value, src_mask,
-                                                   src_keep, pair(4), pair(8)), None
+                                                   src_keep, projection(w, "cross_query"),
+                                                   projection(w, "cross_output")), None
+
+        def ffn(h: tf.Tensor):
+            return self.ffn.step(h, projection(w, "inner"), projection(w, "outer")), None
 
         x = sublayer_connection(x, self_attn, self.self_attn_norm, None, self.norm_first, None,
                                 "self_attn", False)
         x = sublayer_connection(x, cross_attn, self.cross_attn_norm, None, self.norm_first, None,
                                 "cross_attn", False)
-        x = sublayer_connection(x, lambda h: (self.ffn.step(h, pair(10), pair(12)), None), self.ffn_norm,
-                                None, self.norm_first, None, "ffn", False)
+        x = sublayer_connection(x, ffn, self.ffn_norm, None, self.norm_first, None, "ffn", False)
         return x, cache.updated(kept["key"], kept["value"])
 
     def step_weights(self) -> StepWeights:

@@ -5,7 +5,8 @@ import tensorflow as tf
 
 from shared import TransformerConfig
 
-from .cache import NO_WEIGHTS, DecoderCache, LayerCache, StepWeights, filled_mask, prepare_mask, repeat_rows
+from .cache import (NO_WEIGHTS, DecoderCache, LayerCache, StepWeights, filled_mask, prepare_mask,
+                    projection, repeat_rows)
 from .inputs import dims
 from .layers import DecoderLayer, EncoderLayer, Trace, _TracingLayer, norm_layer, record
 from .norm import LayerNorm
@@ -76,7 +77,7 @@ class Decoder(_TracingLayer):
         layers = []
         for layer, layer_weights in zip(self.layers, weights or [NO_WEIGHTS] * len(self.layers)):
             attn = layer.self_attn
-            kv = layer_weights[6:8] if layer_weights else None
+            kv = projection(layer_weights, "cross_kv")  # None: the layers' own
             k, v = layer.cross_attn.keys_values(memory, kv)  # (B, H, S, d_k), once per source
             # (N, H, capacity, d_k) in the keys' dtype: the model's, or half under a mixed policy
             empty = tf.zeros([n, attn.n_heads, capacity, attn.d_k], k.dtype)

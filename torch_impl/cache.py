@@ -351,6 +351,14 @@ def _prepared(owner: torch.nn.Module, name: str, tensors, make):
 NO_WEIGHTS = ()
 
 
+def projection(weights, name: str) -> tuple | None:
+    """The ``(kernel, bias)`` named ``name`` (``"qkv"``, ``"cross_kv"``, ``"inner"``, ...: the
+    ``NAME_kernel`` and ``NAME_bias`` fields) of a layer's laid-out weights (`StepWeights`,
+    `EncoderWeights`), or None where a cache keeps `NO_WEIGHTS` (a model not as built: the modules
+    are called)."""
+    return (getattr(weights, f"{name}_kernel"), getattr(weights, f"{name}_bias")) if weights else None
+
+
 @dataclass
 class LayerCache:
     """One decoder layer's cached keys and values, per head.

@@ -19,7 +19,7 @@ from torch import nn
 from shared import TransformerConfig
 
 from .attention import MultiHeadAttention
-from .cache import EncoderWeights, LayerCache, StepWeights
+from .cache import EncoderWeights, LayerCache, StepWeights, projection
 from .feed_forward import FeedForward
 from .norm import LayerNorm
 
@@ -97,12 +97,15 @@ class EncoderLayer(nn.Module):
         w = weights
 
         def self_attn(h: torch.Tensor):
-            return self.self_attn.self_attend_prepared(h, mask, keep, w[0:2], w[2:4]), None
+            return self.self_attn.self_attend_prepared(h, mask, keep, projection(w, "qkv"),
+                                                     projection(w, "output")), None
+
+        def ffn(h: torch.Tensor):
+            return self.ffn.step(h, projection(w, "inner"), projection(w, "outer")), None
 
         x = sublayer_connection(x, self_attn, self.self_attn_norm, None, self.norm_first, None,
                                 "self_attn")
-        return sublayer_connection(x, lambda h: (self.ffn.step(h, w[4:6], w[6:8]), None),
-                                   self.ffn_norm, None, self.norm_first, None, "ffn")
+        return sublayer_connection(x, ffn, self.ffn_norm, None, self.norm_first, None, "ffn")
 
     def infer_weights(self) -> EncoderWeights:
         """This layer's weights as `infer` reads them (`torch_impl.cache.EncoderWeights`), ``(in,
@@ -157,20 +160,24 @@ class DecoderLayer(nn.Module):
         broadcastable to ``(B, H, T, S)``, tgt_mask to ``(B, H, T, T)`` -> ``(B, T, d)``.
         """
         w = weights
-        k, v = self.cross_attn.keys_values(memory, w[6:8])  # (B, H, S, d_k)
+        k, v = self.cross_attn.keys_values(memory, projection(w, "cross_kv"))  # (B, H, S, d_k)
 
         def self_attn(h: torch.Tensor):
-            return self.self_attn.self_attend_prepared(h, tgt_mask, tgt_keep, w[0:2], w[2:4]), None
+            return self.self_attn.self_attend_prepared(h, tgt_mask, tgt_keep, projection(w, "qkv"),
+                                                     projection(w, "self_output")), None
 
         def cross_attn(h: torch.Tensor):
-            return self.cross_attn.attend_prepared(h, k, v, src_mask, src_keep, w[4:6], w[8:10]), None
+            return self.cross_attn.attend_prepared(h, k, v, src_mask, src_keep, projection(w, "cross_query"),
+                                                 projection(w, "cross_output")), None
+
+        def ffn(h: torch.Tensor):
+            return self.ffn.step(h, projection(w, "inner"), projection(w, "outer")), None
 
         x = sublayer_connection(x, self_attn, self.self_attn_norm, None, self.norm_first, None,
                                 "self_attn")
         x = sublayer_connection(x, cross_attn, self.cross_attn_norm, None, self.norm_first, None,
                                 "cross_attn")
-        return sublayer_connection(x, lambda h: (self.ffn.step(h, w[10:12], w[12:14]), None),
-                                   self.ffn_norm, None, self.norm_first, None, "ffn")
+        return sublayer_connection(x, ffn, self.ffn_norm, None, self.norm_first, None, "ffn")
 
     def step(self, x: torch.Tensor, cache: LayerCache, position: int, src_mask: torch.Tensor,
              src_keep: torch.Tensor | None, self_mask: torch.Tensor | None = None
@@ -189,24 +196,25 @@ class DecoderLayer(nn.Module):
         """
         kept, w = {}, cache.weights
 
-        def pair(start: int):  # a (kernel, bias) of the cache's weights, or None: call the module
-            return w[start:start + 2] if w else None
-
         def self_attn(h: torch.Tensor):
             out, kept["key"], kept["value"] = self.self_attn.extend(
-                h, cache.self_key, cache.self_value, position, pair(0), pair(2), self_mask)
+                h, cache.self_key, cache.self_value, position, projection(w, "qkv"),
+                projection(w, "self_output"), self_mask)
             return out, None
 
         def cross_attn(h: torch.Tensor):
             return self.cross_attn.attend_prepared(h, cache.cross_key, cache.cross_value, src_mask,
-                                                   src_keep, pair(4), pair(8)), None
+                                                   src_keep, projection(w, "cross_query"),
+                                                   projection(w, "cross_output")), None
+
+        def ffn(h: torch.Tensor):
+            return self.ffn.step(h, projection(w, "inner"), projection(w, "outer")), None
 
         x = sublayer_connection(x, self_attn, self.self_attn_norm, None, self.norm_first, None,
                                 "self_attn")
         x = sublayer_connection(x, cross_attn, self.cross_attn_norm, None, self.norm_first, None,
                                 "cross_attn")
-        x = sublayer_connection(x, lambda h: (self.ffn.step(h, pair(10), pair(12)), None), self.ffn_norm,
-                                None, self.norm_first, None, "ffn")
+        x = sublayer_connection(x, ffn, self.ffn_norm, None, self.norm_first, None, "ffn")
         return x, cache.updated(kept["key"], kept["value"])
 
     def step_weights(self) -> StepWeights:

@@ -7,7 +7,7 @@ from torch import nn
 from shared import TransformerConfig
 
 from .cache import (NO_WEIGHTS, DecoderCache, EncoderWeights, LayerCache, StepWeights, prepare_mask,
-                    repeat_rows)
+                    projection, repeat_rows)
 from .layers import DecoderLayer, EncoderLayer, Trace, record
 from .norm import LayerNorm
 
@@ -91,7 +91,7 @@ class Decoder(nn.Module):
         layers = []
         for layer, layer_weights in zip(self.layers, weights or [NO_WEIGHTS] * len(self.layers)):
             attn = layer.self_attn
-            kv = layer_weights[6:8] if layer_weights else None
+            kv = projection(layer_weights, "cross_kv")  # None: the layers' own
             k, v = layer.cross_attn.keys_values(memory, kv)  # (B, H, S, d_k), once per source
             # (N, H, capacity, d_k) in the keys' dtype: the model's, or half under autocast
             empty = k.new_zeros(n, attn.n_heads, capacity, attn.d_k)
