@@ -320,12 +320,14 @@ class Transformer(nn.Module):
 
     def _encoder_weights(self, layout: str):
         """The encoder's `torch_impl.cache.EncoderWeights` in ``layout`` (`torch_impl.cache.lay_out`)
-        and, in a half precision, cast to it first, kept as `torch_impl.cache._prepared` says (the
-        size of the encoder's layers in that dtype)."""
+        and, in a half precision, cast to it first, kept as `torch_impl.cache._prepared` says while
+        the encoder's parameters are unchanged (the size of the encoder's layers in that dtype).
+        Keyed on the encoder's parameters alone, which is all these are made from: half the
+        model's, so half the check at every decode and inference pass."""
         dtype = self._products_dtype()
         cast = None if dtype == self.generator.bias.dtype else dtype
-        return _prepared(self, f"encoder, {layout}, {str(dtype)[6:]}", _parameters(self), lambda: [
-            lay_out_weights(w, layout, cast) for w in self.encoder.infer_weights()])
+        return _prepared(self, f"encoder, {layout}, {str(dtype)[6:]}", _parameters(self.encoder),
+                         lambda: [lay_out_weights(w, layout, cast) for w in self.encoder.infer_weights()])
 
     def decode_step(self, tokens: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
         """Logits for the next position of every row, from its newest token and the cache.
