@@ -153,16 +153,12 @@ def attention() -> None:
 
 
 def _replayed(work, replays: int = 500) -> float:
-    """Microseconds a replay of ``work`` recorded as one CUDA graph."""
+    """Microseconds a replay of ``work`` recorded as one CUDA graph, as decoding records its steps
+    (`torch_impl.graphs._capture`: two warm-up runs on a side stream, then the capture)."""
     import torch
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        work(), work()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        work()
+
+    from torch_impl.graphs import _capture
+    graph, _ = _capture(work, torch.device("cuda"))
     for _ in range(20):
         graph.replay()
     torch.cuda.synchronize()

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _torch_passes
 
 from shared import TransformerConfig  # noqa: E402
 from shared.config import PRESETS  # noqa: E402
@@ -104,25 +105,16 @@ def forward_ops(preset: str, batch: int, length: int, precision: str, device: st
     ``batch`` rows of ``length`` source and target tokens in eval without gradients: the model's
     own (its inference pass, after a first call that prepares its weights) and its modules'."""
     import torch
-
-    from torch_impl.precision import autocast
+    from _torch_passes import modules_pass
 
     model = _model(preset, precision, device)
     src = torch.randint(4, model.config.src_vocab, (batch, length), device=device)
     tgt = torch.randint(4, model.config.tgt_vocab, (batch, length), device=device)
 
-    def modules():
-        m = model
-        src_mask, tgt_mask = m._src_mask(src, None), m._tgt_mask(tgt, None)
-        with autocast(m):
-            memory = m.encoder(m.positional(m.src_embed(src), m.src_embed.positions), src_mask)
-            hidden = m.decoder(m.positional(m.tgt_embed(tgt), m.tgt_embed.positions), memory,
-                               src_mask, tgt_mask)
-            return m.generator._linear(hidden)
-
     with torch.no_grad():  # not inference_mode: composites show their parts, as in `step_ops`
         model(src, tgt)  # first call: weights prepared, nothing counted
-        return {"inference": _counted(lambda: model(src, tgt)), "modules": _counted(modules)}
+        return {"inference": _counted(lambda: model(src, tgt)),
+                "modules": _counted(lambda: modules_pass(model, src, tgt))}
 
 
 PRODUCTS = ("addmm", "mm", "bmm", "linear", "matmul", "mkldnn._linear_pointwise", "_addmm_activation",

@@ -34,10 +34,12 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _torch_passes
 
 import torch_impl  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
 from shared.threads import thread_count  # noqa: E402
+from _torch_passes import modules_pass  # noqa: E402
 
 BATCH, SRC_LEN, TGT_LEN = 8, 64, 64  # --batch, --length change them
 
@@ -57,23 +59,17 @@ class FrozenPass(nn.Module):
 
 
 class ModulesPass(nn.Module):
-    """torch_impl's forward through its modules, as a pass with gradients runs it (and as every
-    pass ran before the inference path): embeddings, ``encoder``, ``decoder`` and ``generator``
-    called directly, so the per-call casts and stacking of the weights are timed too; the model's
-    own ``forward`` takes the kept weights in eval without gradients (`Transformer._inferring`)."""
+    """torch_impl's forward through its modules (`_torch_passes.modules_pass`), as a pass with
+    gradients runs it, so the per-call casts and stacking of the weights are timed too; the
+    model's own ``forward`` takes the kept weights in eval without gradients
+    (`torch_impl.cache._inferring`)."""
 
     def __init__(self, ours: torch_impl.Transformer):
         super().__init__()
         self.ours = ours
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        m = self.ours
-        src_mask, tgt_mask = m._src_mask(src, None), m._tgt_mask(tgt, None)
-        with torch_impl.precision.autocast(m):
-            memory = m.encoder(m.positional(m.src_embed(src), m.src_embed.positions), src_mask)
-            hidden = m.decoder(m.positional(m.tgt_embed(tgt), m.tgt_embed.positions), memory,
-                               src_mask, tgt_mask)
-            return m.generator(hidden)
+        return modules_pass(self.ours, src, tgt)
 
 
 class NNTransformerBaseline(nn.Module):
