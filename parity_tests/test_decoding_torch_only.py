@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 import torch_impl  # noqa: E402
 from parity_tests.decoding_cases import MAX_LEN, model_for, sources, tiny_configs, weights_for  # noqa: E402
 from parity_tests.matrix import VARIANTS  # noqa: E402
-from parity_tests.torch_support import build  # noqa: E402
+from parity_tests.torch_support import DEVICES, build  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
 from shared import reference as R  # noqa: E402
 from shared.tolerances import assert_close, bound_for  # noqa: E402
@@ -66,6 +66,50 @@ def test_one_host_sync_per_step(kind, monkeypatch):
         steps = int(result.all_lengths.max())
     # The source check reads the ids' range once, before the loop; then one read a step.
     assert reads == ["tolist"] * (1 + steps), reads
+
+
+def _tie_heavy_rows(rng, dtype) -> tuple[np.ndarray, int]:
+    """A (1..3, 1..4, n) array of few distinct values (ties at the k-th value too), some entries
+    and some whole rows NaN, +-inf or +-0 (an unread row of the search is all zeros), n from 1 to
+    59 and k from 1 to n: short rows (sorted whole) and long ones (`_top_lowest`'s topk)."""
+    n = int(rng.integers(1, 60))
+    x = rng.integers(-3, 4, (int(rng.integers(1, 4)), int(rng.integers(1, 5)), n)).astype(dtype)
+    special = [np.nan, np.inf, -np.inf, 0.0, -0.0]
+    hit = rng.random(x.shape) < 0.25
+    x[hit] = rng.choice(special, int(hit.sum()))
+    whole = rng.random(x.shape[:-1]) < 0.15
+    x[whole] = rng.choice(special, int(whole.sum()))[:, None]
+    return x, int(rng.integers(1, n + 1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_beam_selection_is_the_first_k_of_the_stable_descending_sort(device):
+    """Beam search's ranking of a beam's tokens (`torch_impl.search._top_lowest`: topk, then the
+    ties across the k-th value by id) gives exactly the first k of ``torch.sort(descending=True,
+    stable=True)``, which it replaces (convention 11; NaN first, as that sort puts it), on
+    tie-heavy rows and on vocabulary-wide ones (random, and all zeros but pad: an unread row).
+    `_lowest_tied`, the path of every row on a GPU, chooses the same k on every row, tied or not."""
+    from torch_impl.search import _lowest_tied, _top_lowest
+
+    def first_k(x, k):
+        return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
+
+    rng = np.random.default_rng(0)
+    cases = [_tie_heavy_rows(rng, ("float32", "float64")[i % 2]) for i in range(400)]
+    wide = rng.standard_normal((2, 3, 37000)).astype(np.float32)
+    wide[1] = 0.0  # every entry tied ...
+    wide[1, :, 1] = -np.inf  # ... but pad's
+    cases += [(wide, 8), (wide[:, :, :5000].copy(), 1)]
+    for x, k in cases:
+        x = torch.from_numpy(x).to(device)
+        want = first_k(x, k)
+        torch.testing.assert_close(_top_lowest(x, k), want, rtol=0, atol=0, msg=f"{x}, k={k}")
+        rows = x.reshape(-1, x.shape[-1])
+        if k < rows.shape[-1]:
+            kth = torch.topk(rows, k, dim=-1).values[:, -1:]
+            got = _lowest_tied(rows, kth, k).sort(dim=-1).values
+            torch.testing.assert_close(got, want.reshape(-1, k).sort(dim=-1).values, rtol=0, atol=0,
+                                       msg=f"{x}, k={k}")
 
 
 # 8 rows: packed on every vendor (`PACKED_MIN_ROWS`); at 2, an Intel CPU takes the dense layout, and
@@ -192,9 +236,6 @@ def test_a_model_that_decoded_still_pickles_and_copies():
         assert "_prepared_weights" not in other.__dict__ | other.generator.__dict__
         for x, y in zip(before, torch_impl.greedy_decode(other, src, MAX_LEN)):
             np.testing.assert_array_equal(x, y)
-
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.mark.parametrize("device", DEVICES)

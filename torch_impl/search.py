@@ -24,8 +24,9 @@ afterwards.
 
 Selection is on the logits and ties are broken explicitly (docs/design.md, convention 11): greedy
 takes ``torch.max`` over the logits, documented to return the first maximal index; beam search
-ranks each beam's tokens and then the candidates with ``torch.sort(descending=True,
-stable=True)``, never ``torch.topk`` (whose tie order is not promised).
+ranks each beam's tokens and then the candidates in the order of ``torch.sort(descending=True,
+stable=True)`` (`_top_lowest`), never by ``torch.topk``'s order alone (whose tie order is not
+promised).
 
 ``observe(t, top)``, when given, is called after every step with the best log-probs of that step,
 sorted descending: ``(B, 2)`` in greedy (top-two margins), ``(B, 2K)`` candidate raw scores in beam
@@ -141,9 +142,54 @@ class _LaggedReads:
         return bool(done)
 
 
-def _sort_lowest(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k largest along the last axis, best first, ties by lowest index."""
-    return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
+def _top_lowest(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest along the last axis, best first, ties by lowest index: the first k
+    of ``torch.sort(x, descending=True, stable=True)`` (NaN above everything, as that sort puts
+    it), without sorting whole rows where they are long.
+
+    Why: beam search ranks each beam's V logits for its 2K best tokens, and a stable sort of
+    base's 37000-wide rows took more than half of a CPU beam step (docs/performance.md, "Beam
+    search on the CPU"). ``torch.topk`` of k + 1 finds the k largest values; where the k-th is
+    larger than the (k+1)-th, those k entries are the sort's first k, and only their order among
+    equal values is left to fix (a stable sort of k). Where a row ties across that boundary (or
+    holds NaN), `_lowest_tied` chooses among the tied entries by index. Rows of a few entries (k at
+    least half of them: the search's merges of 2K hypotheses) are simply sorted.
+
+    Shape: ``(..., n) -> (..., k)`` int64, k <= n."""
+    n = x.shape[-1]
+    if 2 * k >= n:
+        return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
+    rows = x.reshape(-1, n)
+    values, top = torch.topk(rows, k + 1, dim=-1)  # sorted: the k-th largest at k - 1
+    kth, top = values[:, k - 1:k], top[:, :k]
+    apart = values[:, k - 1] > values[:, k]  # False on a tie across the boundary, or NaN there
+    if x.device.type == "cpu":  # reading which rows tie costs nothing on the CPU: do those only
+        tied = (~apart).nonzero().view(-1)
+        if len(tied):
+            top[tied] = _lowest_tied(rows[tied], kth[tied], k)
+    else:  # no host read on a GPU (it would stall the launches): every row, one program
+        top = torch.where(apart[:, None], top, _lowest_tied(rows, kth, k))
+    top = top.sort(dim=-1).values  # ascending ids: the stable sort below keeps them on ties
+    order = torch.sort(rows.gather(-1, top), dim=-1, descending=True, stable=True).indices
+    return top.gather(-1, order).view(*x.shape[:-1], k)
+
+
+def _lowest_tied(rows: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor:
+    """The ids of `_top_lowest`'s k entries of each row, whatever the ties: every entry above the
+    row's k-th largest value ``kth`` (NaN counts as above everything), then as many of the entries
+    equal to it as there is room for, lowest ids first. One ``topk`` of distinct integer keys
+    ranks them so: above the k-th first, equal to it next, each group by ascending id (fewer than
+    k entries are above it, unless ``kth`` is NaN: then the k lowest NaN ids are all of it).
+    Shape: rows ``(R, n)``, kth ``(R, 1)`` -> ``(R, k)`` int64, in no particular order."""
+    n = rows.shape[-1]
+    dtype = torch.int32 if 3 * n < 2 ** 31 else torch.int64  # int32: fewer bytes a pass
+    above = (rows > kth).logical_or_(rows.isnan())
+    key = (rows >= kth).logical_or_(above).to(dtype)  # 1 at or above the k-th, 2 above it
+    key += above
+    key *= n
+    key += torch.arange(n - 1, -1, -1, dtype=dtype, device=rows.device)  # larger for a lower id
+    ranked = torch.topk(key, k, dim=-1).values
+    return ((n - 1) - ranked % n).long()
 
 
 def _penalty(length: int, alpha: float) -> float:
@@ -234,7 +280,7 @@ def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int
 def _merge(finished: Hypotheses, new: Hypotheses, k: int) -> Hypotheses:
     """The best ``k`` of two sets of hypotheses, best first; ties: ``finished`` first, then index."""
     joined = [torch.cat([a, b], dim=1) for a, b in zip(finished, new)]
-    keep = _sort_lowest(joined[0], k)  # (B, k)
+    keep = _top_lowest(joined[0], k)  # (B, k)
     items = torch.arange(keep.shape[0], device=keep.device)[:, None]
     return Hypotheses(*(x[items, keep] for x in joined))
 
@@ -267,7 +313,7 @@ def beam_loop(step: Step, batch: int, max_len: int, beam_size: int, bos_id: int,
         read = ((raw > float("-inf")) & ~stopped[:, None]).view(-1)  # rows of hypotheses, not stopped
         logits, lse, invalid, state = _call_step(step, flat, t, state, read, pad_id)  # (B*K, V)
         x = logits.view(b_, k_, vocab)
-        top = _sort_lowest(x, per_beam)  # (B, K, P): each beam's best tokens, by logit
+        top = _top_lowest(x, per_beam)  # (B, K, P): each beam's best tokens, by logit
         cand_lp = x.gather(-1, top) - lse.view(b_, k_, 1)  # (B, K, P)
         cand_raw = (raw[..., None] + cand_lp).reshape(b_, k_ * per_beam)
         order = torch.sort(cand_raw, dim=-1, descending=True, stable=True)
