@@ -1,4 +1,5 @@
-"""The contenders of `benchmarks/decoding.py`: one greedy decoder each, on the same weights.
+"""The contenders of `benchmarks/decoding.py`: one decoder each (greedy, or beam search with
+``--beam-size``), on the same weights.
 
 A contender is a `Decoder`: ``decode(src (B, S) NumPy ids, max_len)``, timed, run to completion
 (its result on the host, so a GPU's work has finished when it returns), and ``tokens(result)``,
@@ -45,12 +46,19 @@ class Skipped(Exception):
 
 @dataclass(frozen=True)
 class Settings:
-    """What every contender is given: threads (``--threads``), ``device`` (``"cpu"`` or ``"cuda"``)
-    and ``precision`` (``"float32"``, ``"bfloat16"`` or ``"float16"``: the dtype of the products for
-    a contender with a precision setting; one with a fixed compute type says so in its description)."""
+    """What every contender is given: threads (``--threads``), ``device`` (``"cpu"`` or ``"cuda"``),
+    ``precision`` (``"float32"``, ``"bfloat16"`` or ``"float16"``: the dtype of the products for
+    a contender with a precision setting; one with a fixed compute type says so in its description)
+    and ``beam_size`` (1: greedy; more: beam search with that many beams and no length penalty,
+    which changes nothing where every hypothesis runs to the limit, as here)."""
     threads: int
     device: str = "cpu"
     precision: str = "float32"
+    beam_size: int = 1
+
+    @property
+    def search(self) -> str:
+        return "greedy" if self.beam_size == 1 else f"beam {self.beam_size}"
 
 
 @dataclass(frozen=True)
@@ -101,9 +109,9 @@ def _torch_settings(settings: Settings, library: str = ""):
 
 
 def torch_contender(config: TransformerConfig, weights: dict, settings: Settings) -> Decoder:
-    """torch_impl's cached greedy decoding (on CUDA: a CUDA graph a step, `torch_impl.graphs`), in
-    ``settings.precision`` (`torch_impl.precision.set_precision`: float32 residual stream, norms
-    and softmax, products in the half dtype)."""
+    """torch_impl's cached decoding (on CUDA: a CUDA graph a step, `torch_impl.graphs`; greedy also
+    selects inside it), in ``settings.precision`` (`torch_impl.precision.set_precision`: float32
+    residual stream, norms and softmax, products in the half dtype)."""
     torch = _torch_settings(settings)
     import torch_impl
     from torch_impl.precision import set_precision
@@ -113,17 +121,20 @@ def torch_contender(config: TransformerConfig, weights: dict, settings: Settings
     model = model.to(settings.device).eval()
     set_precision(model, settings.precision)
 
-    def decode(src: np.ndarray, max_len: int):
-        return torch_impl.greedy_decode(model, src, max_len)  # NumPy results: the device is done
+    def decode(src: np.ndarray, max_len: int):  # NumPy results: the device is done
+        if settings.beam_size == 1:
+            return torch_impl.greedy_decode(model, src, max_len)
+        return torch_impl.beam_search(model, src, max_len, settings.beam_size)
 
     return Decoder(f"torch {torch.__version__}, {settings.device}, {settings.precision}, "
-                   f"{torch.get_num_threads()} threads", decode)
+                   f"{settings.search}, {torch.get_num_threads()} threads", decode)
 
 
 def transformers_contender(config: TransformerConfig, weights: dict, settings: Settings) -> Decoder:
     """transformers' ``MarianMTModel.from_pretrained`` on the project's Marian export of the same
     weights (`shared.exporters.marian.to_marian`, as `twins convert --to marian` writes it; its
-    ``generation_config.json`` forces no EOS and bans pad), greedy ``generate`` with the model's
+    ``generation_config.json`` forces no EOS and bans pad), ``generate`` (greedy, or ``num_beams``
+    without a length penalty) with the model's
     defaults (SDPA attention, the dynamic key/value cache), every setting that could end a row
     early or force a token stated: the start token is the project's, no minimum length, no EOS
     forced at the limit, ``max_new_tokens`` (never the config's ``max_length``). In
@@ -143,8 +154,9 @@ def transformers_contender(config: TransformerConfig, weights: dict, settings: S
 
     def decode(src: np.ndarray, max_len: int):
         ids = torch.as_tensor(src, device=device)
-        out = model.generate(input_ids=ids, attention_mask=ids != config.pad_id, num_beams=1,
-                             do_sample=False, max_new_tokens=max_len, min_new_tokens=0,
+        out = model.generate(input_ids=ids, attention_mask=ids != config.pad_id,
+                             num_beams=settings.beam_size, length_penalty=0.0, do_sample=False,
+                             max_new_tokens=max_len, min_new_tokens=0,
                              decoder_start_token_id=config.start_id, forced_eos_token_id=None,
                              bad_words_ids=[[config.pad_id]])
         return out.cpu().numpy()  # on the host: the device is done
@@ -153,7 +165,7 @@ def transformers_contender(config: TransformerConfig, weights: dict, settings: S
         return padded(list(out[:, 1:]), out.shape[1] - 1, config.pad_id)
 
     return Decoder(f"transformers {transformers.__version__} MarianMTModel.generate, torch "
-                   f"{torch.__version__}, {settings.device}, {settings.precision}, "
+                   f"{torch.__version__}, {settings.device}, {settings.precision}, {settings.search}, "
                    f"{model.config._attn_implementation} attention, {torch.get_num_threads()} threads",
                    decode, tokens)
 
@@ -186,15 +198,19 @@ def tf_contender(config: TransformerConfig, weights: dict, settings: Settings) -
     set_precision(model, settings.precision)
 
     def decode(src: np.ndarray, max_len: int):
-        return tf_impl.greedy_decode(model, src, max_len)
+        if settings.beam_size == 1:
+            return tf_impl.greedy_decode(model, src, max_len)
+        return tf_impl.beam_search(model, src, max_len, settings.beam_size)
 
-    return Decoder(f"tf {tf.__version__}, {settings.device}, {settings.precision}, compiled, XLA, "
+    return Decoder(f"tf {tf.__version__}, {settings.device}, {settings.precision}, {settings.search}, "
+                   "compiled, XLA, "
                    f"intra-op {tf.config.threading.get_intra_op_parallelism_threads()} threads", decode)
 
 
 def ctranslate2_contender(config: TransformerConfig, weights: dict, settings: Settings,
                           compute_type: str) -> Decoder:
-    """CTranslate2's ``Translator`` on this project's export, greedy (``beam_size=1``), in
+    """CTranslate2's ``Translator`` on this project's export, greedy or ``beam_size`` beams (no
+    length penalty), in
     ``compute_type`` whatever ``settings.precision`` says (the contender's name fixes it). Raises
     `Skipped` with CTranslate2's message where it cannot run: a compute type or device its build
     lacks, or CUDA libraries that do not load (a wheel built for another CUDA than the machine's:
@@ -215,23 +231,24 @@ def ctranslate2_contender(config: TransformerConfig, weights: dict, settings: Se
         raise Skipped(f"ctranslate2 {ctranslate2.__version__}, {settings.device}, {compute_type}: {err}") from None
 
     def decode(src: np.ndarray, max_len: int):
-        return translator.translate_batch(export.source_tokens(config, src), beam_size=1,
-                                          max_decoding_length=max_len, return_end_token=True,
-                                          max_input_length=0)
+        return translator.translate_batch(export.source_tokens(config, src),
+                                          beam_size=settings.beam_size, length_penalty=0.0,
+                                          max_decoding_length=max_len,
+                                          return_end_token=True, max_input_length=0)
 
     def tokens(results) -> np.ndarray:  # vocabulary entry i is str(i) (shared.exporters.ctranslate2)
         rows = [[int(token) for token in r.hypotheses[0]] for r in results]
         return padded(rows, max(map(len, rows)), config.pad_id)
 
     return Decoder(f"ctranslate2 {ctranslate2.__version__}, {settings.device}, {compute_type}, "
-                   f"{settings.threads} threads", decode, tokens)
+                   f"{settings.search}, {settings.threads} threads", decode, tokens)
 
 
 def onnx_contender(config: TransformerConfig, weights: dict, settings: Settings) -> Decoder:
     """ONNX Runtime on this project's ONNX export of the same weights (`shared.exporters.onnx`,
-    written to a directory and loaded as a user would), greedy through `twins.onnx_runtime`: the
-    shared NumPy search over the ``decoder_with_past`` session, under its session options
-    (``ORT_ENABLE_ALL``, sequential, ``threads`` intra-op threads, spinning off under
+    written to a directory and loaded as a user would), decoded through `twins.onnx_runtime`: the
+    shared NumPy search (greedy or beam) over the ``decoder_with_past`` session, under its session
+    options (``ORT_ENABLE_ALL``, sequential, ``threads`` intra-op threads, spinning off under
     OMP_WAIT_POLICY=PASSIVE). A float16 export where ``settings.precision`` is float16
     (`shared.exporters.onnx`'s half-precision graphs), else float32 (ONNX Runtime's CPU has no
     bfloat16 products: the export refuses them).
@@ -266,9 +283,12 @@ def onnx_contender(config: TransformerConfig, weights: dict, settings: Settings)
         where = "CUDAExecutionProvider, the cache through the host each step"
 
     def decode(src: np.ndarray, max_len: int):
-        return model.greedy(src, max_len)
+        if settings.beam_size == 1:
+            return model.greedy(src, max_len)
+        return model.beam(src, max_len, settings.beam_size)
 
-    return Decoder(f"onnxruntime {onnxruntime.__version__}, {settings.device}, {precision}, {where}, "
+    return Decoder(f"onnxruntime {onnxruntime.__version__}, {settings.device}, {precision}, "
+                   f"{settings.search}, {where}, "
                    f"{settings.threads} intra-op threads", decode)
 
 

@@ -1,4 +1,4 @@
-"""Greedy decoding speed: torch_impl and tf_impl against other libraries, and cached vs recompute.
+"""Decoding speed: torch_impl and tf_impl against other libraries, and cached vs recompute.
 
 Preset ``base`` (float32), `shared.weights.init_weights` (seed 0) with the generator bias of EOS set
 to -3e4 (`bench_weights`; -1e9 before float16 contenders), so that every row of every contender decodes exactly the tokens asked (EOS suppressed: all
@@ -8,7 +8,8 @@ Part ``contenders`` (issues 14 and 28): torch_impl, transformers' ``MarianMTMode
 tf_impl (compiled, XLA), CTranslate2 float32 and int8 (a reference point: quantised weights; float16
 and bfloat16 on request) and ONNX Runtime on the same weights, exported by the project's own
 exporters (`_decoding_contenders`: the model is ``base`` with Marian's eps and table, which cost
-nothing); greedy, batch 1 and 8, 64 and 128 new tokens; each round decodes every (length,
+nothing); greedy (or with ``--beam-size K`` beam search, no length penalty, every contender's), batch
+1 and 8, 64 and 128 new tokens; each round decodes every (length,
 contender) once, interleaved, so a machine whose speed drifts (shared cores) slows every contender
 alike. Each contender runs in a process of its own, as users run one framework
 (`_decoding_contenders.serve`: frameworks side by side in one process slowed torch_impl by about
@@ -43,7 +44,7 @@ fair and the fast setting; give the core count on a quiet machine).
                                   [--batches 1 8] [--tokens 64 128] [--rounds 5] [--threads N] [--[no-]pin]
                                   [--backends torch tf] [--repeats 3] [--recompute-repeats 1]
                                   [--modes cached recompute] [--device cpu|cuda]
-                                  [--precision float32|bfloat16|float16]
+                                  [--precision float32|bfloat16|float16] [--beam-size 1]
 
 Measured (quiet 2-core AMD EPYC, load average 0.5-1.2, 1 thread per contender; ratio to
 CTranslate2 float32 per step, at 64 / 128 tokens; the median of 3 rounds, the last of 5):
@@ -350,12 +351,14 @@ def oracle_log_probs(config: TransformerConfig, src: np.ndarray) -> OracleLogPro
 
 
 def check_first_round(tokens: dict[str, np.ndarray], n: int, pad_id: int, precision: str,
-                      log_probs: OracleLogProbs | None = None) -> str:
+                      log_probs: OracleLogProbs | None = None, greedy: bool = True) -> str:
     """Every contender decoded exactly ``n`` tokens in every row (the EOS bias forces equal work),
-    and those of `SAME_TOKENS` equal torch_impl's in float32, or part from them only at near-ties
-    of the oracle's (``log_probs``: a float64 margin within ``decode-margin`` of
-    `shared.tolerances`; without it any difference is refused). Returns the line reporting the
-    share of each contender's tokens equal to torch_impl's, and the near-ties."""
+    and, in greedy decoding, those of `SAME_TOKENS` equal torch_impl's in float32, or part from
+    them only at near-ties of the oracle's (``log_probs``: a float64 margin within
+    ``decode-margin`` of `shared.tolerances`; without it any difference is refused). A beam
+    search's hypotheses part at near-ties of summed scores, which one step's margin does not
+    measure: there the share is reported, not checked. Returns the line reporting the share of
+    each contender's tokens equal to torch_impl's, and the near-ties."""
     from shared.divergence import first_divergence
     from shared.tolerances import bound_for
 
@@ -374,7 +377,7 @@ def check_first_round(tokens: dict[str, np.ndarray], n: int, pad_id: int, precis
         equal = f"{100 * (ids == reference).mean():.1f}%"
         share = f"{name} {equal}"
         divergences = first_divergence(reference, ids)
-        if divergences and name in SAME_TOKENS and precision == "float32":
+        if divergences and greedy and name in SAME_TOKENS and precision == "float32":
             bound = bound_for("float32", "decode-margin").rtol
             rows = np.array([d.item for d in divergences])
             if log_probs is not None:  # each row's margin, from the oracle along torch_impl's tokens
@@ -402,10 +405,11 @@ def run_contenders(args) -> None:
     from _decoding_contenders import Settings, contender_config
 
     config = contender_config()
-    settings = Settings(args.threads, args.device, args.precision)
+    settings = Settings(args.threads, args.device, args.precision, args.beam_size)
     cpus = pinned_cpus(args.threads, args.pin)
     print(f"part contenders: preset base with norm_eps {config.norm_eps} and pe_layout "
-          f"{config.pe_layout!r} (the form every contender computes), {args.device}, {args.precision}; "
+          f"{config.pe_layout!r} (the form every contender computes), {args.device}, {args.precision}, "
+          f"{settings.search}; "
           f"each contender in a process of its own, on cores {cpus if cpus else 'of the scheduler'}")
     started = [Contender(name, settings, cpus) for name in args.contenders]
     made = {}
@@ -425,7 +429,8 @@ def run_contenders(args) -> None:
         log_probs = oracle_log_probs(config, src)
         for n in args.tokens:  # warm-up: compilation, first-call allocations; equal work checked
             tokens = {name: contender.decode(src, n)[1] for name, contender in made.items()}
-            line = check_first_round(tokens, n, config.pad_id, args.precision, log_probs)
+            line = check_first_round(tokens, n, config.pad_id, args.precision,
+                                     log_probs if args.beam_size == 1 else None, args.beam_size == 1)
             print(f"batch {batch}, {n} tokens: {line}")
         seconds = {(name, n): [] for name in made for n in args.tokens}
         for _ in range(args.rounds):
@@ -482,10 +487,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="torch_impl's and tf_impl's precision (their precision modules), and in "
                              "part contenders transformers' (the model's dtype) and the ONNX export's")
+    parser.add_argument("--beam-size", type=int, default=1,
+                        help="part contenders: beams (default 1: greedy); part cache is greedy")
     parser.add_argument("--modes", nargs="+", default=["cached", "recompute"],
                         choices=["cached", "recompute"],
                         help="decoding modes to time (recompute, quadratic, is the slow one)")
     args = parser.parse_args(argv)
+    if args.beam_size < 1:
+        parser.error(f"--beam-size: expected at least 1, got {args.beam_size}")
     apply_thread_policy(args.threads)  # before any framework is imported
     if args.pin is None:  # on a GPU the host only launches work: no core to keep warm for it
         args.pin = args.device == "cpu"
@@ -499,14 +508,14 @@ def main(argv: list[str] | None = None) -> int:
           f"THP_MEM_ALLOC_ENABLE={os.environ['THP_MEM_ALLOC_ENABLE']}, {available_cores()} cores available, "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"preset base float32 ({config.n_encoder_layers}+{config.n_decoder_layers} layers, "
-          f"vocab {config.tgt_vocab}), greedy, EOS suppressed, sources of {SRC_LEN} tokens with padding")
+          f"vocab {config.tgt_vocab}), EOS suppressed, sources of {SRC_LEN} tokens with padding")
     if "contenders" in args.parts:
         run_contenders(args)
         print(f"load average {os.getloadavg()[0]:.1f} at the end of part contenders")
     if "cache" not in args.parts:
         return 0
-    print(f"part cache: lengths {LENGTHS}; repeats {args.repeats} cached / {args.recompute_repeats} "
-          "recompute (median)")
+    print(f"part cache: greedy, lengths {LENGTHS}; repeats {args.repeats} cached / "
+          f"{args.recompute_repeats} recompute (median)")
     weights = bench_weights(config)
     header = ("backend batch  mode          tok/s   s/decode   ms per token at 16 / 64 / 128")
     ratios = []

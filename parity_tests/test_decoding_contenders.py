@@ -52,6 +52,29 @@ def test_transformers_generate_decodes_torch_impls_tokens(weights):
     assert line == "tokens equal to torch_impl's: transformers 100.0%"
 
 
+def test_beam_size_reaches_every_contender(weights):
+    """``--beam-size``: each contender installed here decodes with beam search (every row exactly
+    the tokens asked), and transformers' ``generate(num_beams=3)`` gives torch_impl's tokens."""
+    beam = C.Settings(threads=1, beam_size=3)
+    assert (beam.search, CPU.search) == ("beam 3", "greedy")
+    src = decoding.sources(CONFIG, 3)
+    tokens = {}
+    for name, module in [("torch", "torch"), ("transformers", "transformers"), ("ct2-float32", "ctranslate2"),
+                         ("onnx", "onnxruntime")]:
+        try:
+            __import__(module)
+        except ImportError:
+            continue
+        decoder = C.CONTENDERS[name](CONFIG, weights, beam)
+        assert "beam 3" in decoder.description, decoder.description
+        tokens[name] = run(decoder, src, N)
+    greedy = run(C.CONTENDERS["torch"](CONFIG, weights, CPU), src, N)
+    assert not np.array_equal(tokens["torch"], greedy), "degenerate: beam search found greedy's tokens"
+    decoding.check_first_round(tokens, N, CONFIG.pad_id, "float32", greedy=False)  # N tokens a row
+    if "transformers" in tokens:
+        np.testing.assert_array_equal(tokens["transformers"], tokens["torch"])
+
+
 def test_first_round_check():
     pad, n = CONFIG.pad_id, 4
     reference = np.arange(3, 3 + 2 * n).reshape(2, n)
@@ -65,6 +88,9 @@ def test_first_round_check():
     line = decoding.check_first_round({"torch": reference, "ct2-float32": other}, n, pad, "float32")
     assert line == "tokens equal to torch_impl's: ct2-float32 87.5%"
     line = decoding.check_first_round({"torch": reference, "transformers": other}, n, pad, "bfloat16")
+    assert line == "tokens equal to torch_impl's: transformers 87.5%"
+    line = decoding.check_first_round({"torch": reference, "transformers": other}, n, pad, "float32",
+                                      greedy=False)  # beam search: near-ties of summed scores
     assert line == "tokens equal to torch_impl's: transformers 87.5%"
     assert decoding.check_first_round({"onnx": other}, n, pad, "float32").startswith("tokens not compared")
     short = reference.copy()

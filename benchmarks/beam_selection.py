@@ -1,0 +1,94 @@
+"""torch_impl's beam search with its token selection against a stable sort of whole rows, side by side.
+
+Beam search ranks each beam's V logits for its 2K best tokens (`shared.decoding`, step 2), ties by
+lowest id (docs/design.md, convention 11). torch_impl did it with ``torch.sort(descending=True,
+stable=True)`` of every row; `torch_impl.search._top_lowest` now takes ``torch.topk`` and settles
+the ties across the k-th value by id, the same indices (parity_tests/test_decoding_torch_only.py,
+``test_beam_selection_is_the_first_k_of_the_stable_descending_sort``). This times whole beam
+searches of preset ``base`` (float32, `benchmarks/_decoding_contenders.bench_weights`: EOS
+suppressed, so every hypothesis runs to the limit) both ways, in one process, interleaved by round,
+and checks that both return the same tokens and scores. Printed: ms per step (a whole decode,
+encoder included, divided by the new tokens; median of the rounds) and the median of the per-round
+ratios.
+
+    python3 dev.py bench beam_selection [--batches 1 8] [--beam-size 4] [--tokens 32] [--rounds 5]
+                                        [--threads 1]
+
+Measured: docs/performance.md, "Beam search on the CPU".
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _decoding_contenders, decoding
+
+from shared import TransformerConfig  # noqa: E402
+from shared.threads import apply_thread_policy, thread_count  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=32, help="new tokens per decode")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--threads", type=thread_count, default=1, help="torch.set_num_threads (default 1)")
+    args = parser.parse_args(argv)
+    apply_thread_policy(args.threads)  # before torch starts its thread pool
+
+    import numpy as np
+    import torch
+
+    import torch_impl
+    from _decoding_contenders import bench_weights
+    from decoding import sources
+    from torch_impl import search
+
+    torch.set_num_threads(args.threads)
+    config = TransformerConfig.preset("base")
+    model = torch_impl.Transformer(config)
+    model.import_weights(bench_weights(config))
+    model.eval()
+    top_lowest = search._top_lowest
+
+    def whole_sort(x: torch.Tensor, k: int) -> torch.Tensor:  # the selection before _top_lowest
+        return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
+
+    ways = {"topk (now)": top_lowest, "whole-row sort": whole_sort}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, preset base float32, beam "
+          f"{args.beam_size}, {args.tokens} new tokens, EOS suppressed, {args.rounds} rounds")
+    print(f"{'batch':>5s}  " + "  ".join(f"{name + ' ms/step':>24s}" for name in ways) + "   sort / topk")
+    try:
+        for batch in args.batches:
+            src = sources(config, batch)
+            seconds = {name: [] for name in ways}
+            results = {}
+            for round_ in range(args.rounds + 1):  # round 0: warm-up, and the results compared
+                for name, select in ways.items():
+                    search._top_lowest = select
+                    start = time.perf_counter()
+                    result = torch_impl.beam_search(model, src, args.tokens, args.beam_size)
+                    elapsed = time.perf_counter() - start
+                    if round_ == 0:
+                        results[name] = result
+                    else:
+                        seconds[name].append(elapsed)
+            now, before = results.values()
+            for field in now._fields:
+                if not np.array_equal(getattr(now, field), getattr(before, field)):
+                    raise AssertionError(f"batch {batch}: the two selections differ in {field}")
+            ms = [statistics.median(seconds[name]) / args.tokens * 1e3 for name in ways]
+            ratio = statistics.median(b / a for a, b in zip(*seconds.values()))
+            print(f"{batch:5d}  " + "  ".join(f"{m:24.2f}" for m in ms) + f"   {ratio:10.2f}x", flush=True)
+    finally:
+        search._top_lowest = top_lowest
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
