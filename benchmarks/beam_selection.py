@@ -8,11 +8,13 @@ the ties across the k-th value by id, the same indices (parity_tests/test_decodi
 searches of preset ``base`` (float32, `benchmarks/_decoding_contenders.bench_weights`: EOS
 suppressed, so every hypothesis runs to the limit) both ways, in one process, interleaved by round,
 and checks that both return the same tokens and scores. Printed: ms per step (a whole decode,
-encoder included, divided by the new tokens; median of the rounds) and the median of the per-round
-ratios.
+encoder included, divided by the new tokens; median of the rounds; results on the host, so a
+GPU's work is inside it) and the median of the per-round ratios. On a GPU (``--device cuda``, TF32
+off as in the parity tests) `_top_lowest` settles every row both ways in one program, without
+reading the device (`torch_impl.search`).
 
     python3 dev.py bench beam_selection [--batches 1 8] [--beam-size 4] [--tokens 32] [--rounds 5]
-                                        [--threads 1]
+                                        [--threads 1] [--device cpu|cuda]
 
 Measured: docs/performance.md, "Beam search on the CPU".
 """
@@ -38,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=32, help="new tokens per decode")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--threads", type=thread_count, default=1, help="torch.set_num_threads (default 1)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args(argv)
     apply_thread_policy(args.threads)  # before torch starts its thread pool
 
@@ -50,18 +53,24 @@ def main(argv: list[str] | None = None) -> int:
     from torch_impl import search
 
     torch.set_num_threads(args.threads)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            print(f"beam_selection.py: --device cuda: no CUDA device (torch {torch.__version__})",
+                  file=sys.stderr)
+            return 2
+        torch.backends.cuda.matmul.allow_tf32 = False
     config = TransformerConfig.preset("base")
     model = torch_impl.Transformer(config)
     model.import_weights(bench_weights(config))
-    model.eval()
+    model = model.to(args.device).eval()
     top_lowest = search._top_lowest
 
     def whole_sort(x: torch.Tensor, k: int) -> torch.Tensor:  # the selection before _top_lowest
         return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
 
     ways = {"topk (now)": top_lowest, "whole-row sort": whole_sort}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, preset base float32, beam "
-          f"{args.beam_size}, {args.tokens} new tokens, EOS suppressed, {args.rounds} rounds")
+    print(f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads, preset base "
+          f"float32, beam {args.beam_size}, {args.tokens} new tokens, EOS suppressed, {args.rounds} rounds")
     print(f"{'batch':>5s}  " + "  ".join(f"{name + ' ms/step':>24s}" for name in ways) + "   sort / topk")
     try:
         for batch in args.batches:

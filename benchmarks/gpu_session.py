@@ -12,6 +12,9 @@ terminal, and a part that fails or runs out of time is reported and the next one
   bfloat16 (`benchmarks/decoding.py --parts cache`);
 * ``contenders``: torch_impl against transformers' ``generate`` and CTranslate2 on CUDA, float32
   and bfloat16 (`benchmarks/decoding.py --parts contenders --device cuda`);
+* ``beam``: beam search (4 beams, float32): torch_impl's token selection against a sort of whole
+  rows on CUDA (`benchmarks/beam_selection.py`), then the contenders' beam search on CUDA and on
+  the CPU (`benchmarks/decoding.py --beam-size 4`);
 * ``nn``: forward and training step against ``nn.Transformer`` in bfloat16, and the forward in
   float32; each forward also against torch_impl's own modules' pass, which its inference pass
   (kept weights, no casts at the call) replaces (`benchmarks/torch_vs_nn_transformer.py`);
@@ -65,6 +68,14 @@ def _parts(runs: Path) -> dict[str, list[tuple[list[str], int]]]:
                                     f"ct2-{'float16' if p == 'float32' else p}", "--batches", "1", "8",
                                     "--tokens", "64", "128", "--rounds", "3"], 400)
                        for p in ("float32", "bfloat16")],
+        "beam": [([PY, str(BENCH / "beam_selection.py"), "--device", "cuda", "--tokens", "64",
+                   "--rounds", "3"], 200),
+                 (decoding + ["--parts", "contenders", "--device", "cuda", "--beam-size", "4",
+                              "--contenders", "torch", "transformers", "ct2-float32", "--batches", "1", "8",
+                              "--tokens", "64", "--rounds", "3"], 300),
+                 (decoding + ["--parts", "contenders", "--beam-size", "4", "--contenders", "torch",
+                              "ct2-float32", "--batches", "1", "8", "--tokens", "64", "--rounds", "3",
+                              "--threads", "1"], 300)],
         "nn": [([PY, str(BENCH / "torch_vs_nn_transformer.py"), "--device", "cuda", "--precision",
                  precision, "--batch", "64", "--length", "128"] + train_flag, 200)
                for precision, train_flag in (("bfloat16", []), ("bfloat16", ["--train"]),
