@@ -22,7 +22,9 @@ terminal, and a part that fails or runs out of time is reported and the next one
   trained first into ``--out`` (`benchmarks/half_precision.py agreement`);
 * ``profile``: where a graphed decode's time goes: its kernels, its fixed cost part by part, and
   one query's attention (`benchmarks/gpu_profile.py`);
-* ``cpu``: the CPU contenders, one thread (the GPU machine's CPU is the project's second CPU).
+* ``cpu``: the CPU contenders, one thread (the GPU machine's CPU is the project's second CPU), and
+  the step's products in each kernel layout and library at 1 and 8 rows
+  (`benchmarks/step_layouts.py`: where an Intel CPU's one-row products lose to CTranslate2's).
 
     python3 dev.py bench gpu_session [--parts suite ops cache ...] [--out DIR] [--runs DIR]
                                      [--budget SECONDS]
@@ -88,7 +90,8 @@ def _parts(runs: Path) -> dict[str, list[tuple[list[str], int]]]:
         "profile": [([PY, str(BENCH / "gpu_profile.py")], 300)],
         "cpu": [(decoding + ["--parts", "contenders", "--contenders", "torch", "ct2-float32",
                              "--batches", "1", "8", "--tokens", "64", "128", "--rounds", "3",
-                             "--threads", "1"], 500)],
+                             "--threads", "1"], 500),
+                ([PY, str(BENCH / "step_layouts.py"), "--rows", "1", "8", "--encoder-rows", "32"], 200)],
     }
 
 

@@ -9,9 +9,11 @@ runs. There are 6 copies of every layer's kernels, about 160 MB with the project
 a step, the weights come from memory, not from the cache. Rounds are interleaved (every layout once
 per round), so a machine whose speed drifts slows every layout alike. Printed: the median ms per
 step's products over the rounds, their range, and each other layout's ratio to dense; which layout
-`step_layout` picks for that row count. At one row also two other operations on the same kernels:
-``torch.addmv`` on the dense ones, oneDNN's packing tuned for one row instead of eight, and MKL's
-own packed product (CTranslate2's on Intel CPUs).
+`step_layout` picks for that row count. At one row also other operations on the same kernels:
+``torch.addmv`` on the dense ones, oneDNN's packing tuned for one row instead of eight, MKL's
+own packed product (CTranslate2's on Intel CPUs), and NumPy's BLAS (the OpenBLAS its wheels bundle,
+limited to ``--threads``; not a kernel torch_impl runs: a measure of what a one-row product can
+take on this CPU, where torch's own are slower than CTranslate2's).
 
 Then the same for the products of a decode's one encoder pass over ``--encoder-rows`` rows (``batch
 * source length``: 32 and 256 are batch 1 and 8 of the decoding benchmark's 32-token sources): every
@@ -47,6 +49,28 @@ def _header(names: list[str], note: str) -> None:
     print(f" rows   {cells}{ratios}   {note}")
 
 
+def _openblas_threads(threads: int) -> str | None:
+    """Limit the OpenBLAS that NumPy loaded to ``threads`` threads, through its own
+    ``*openblas_set_num_threads*`` entry point (NumPy reads ``OPENBLAS_NUM_THREADS`` only when it
+    is imported, before ``--threads`` is known). Returns the library's file name, or None where
+    this process has no OpenBLAS (NumPy built on another BLAS) or it has no such entry point."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "openblas" in line.lower()})
+    except OSError:
+        return None
+    for path in paths:
+        library = ctypes.CDLL(path)
+        for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                     "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            if hasattr(library, name):
+                getattr(library, name)(ctypes.c_int(threads))
+                return Path(path).name
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4, 8, 16])
@@ -57,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     apply_thread_policy(args.threads)  # before torch starts its thread pool
 
+    import numpy as np
     import torch
 
     from torch_impl.cache import DENSE, DENSE_OUT_IN, PACKED, dense, lay_out, step_layout
@@ -95,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         on ``(packed, (out, in) weight)``, packed for one row."""
         torch.ops.mkl._mkl_linear(x_of[packed[1].shape[1]], *packed, bias, 1)
 
+    def numpy_blas(x_of: dict, kernel, bias) -> None:
+        """NumPy's product (its BLAS) on the dense ``(in, out)`` kernel, as NumPy arrays sharing
+        the tensors' memory; the bias added after, as ``np.dot`` has none."""
+        np.dot(x_of[kernel.shape[0]].numpy(), kernel) + bias
+
     def products(layers: list[tuple[torch.Tensor, torch.Tensor]], xs: dict, op) -> None:
         for kernel, bias in layers:
             op(xs, kernel, bias)
@@ -130,7 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         if torch.backends.mkl.is_available():  # a torch built with MKL (x86-64 wheels are)
             contenders["MKL packed"] = ([((torch.ops.mkl._mkl_reorder_linear_weight(k.t().contiguous(), 1),
                                           k.t().contiguous()), b) for k, b in kernels], mkl_packed)
-        _header(list(contenders), "packed(1): oneDNN's, for one row")
+        if openblas := _openblas_threads(args.threads):
+            contenders["NumPy BLAS"] = ([(k.numpy(), b.numpy()) for k, b in laid[DENSE]], numpy_blas)
+        else:
+            print("NumPy BLAS: not timed (NumPy runs no OpenBLAS here whose threads can be limited)")
+        _header(list(contenders), "packed(1): oneDNN's, for one row"
+                + (f"; NumPy BLAS: {openblas}" if openblas else ""))
         med, ms = compare(1, contenders)
         row(1, med, ms, tuple(contenders))
 
