@@ -112,6 +112,28 @@ def test_beam_selection_is_the_first_k_of_the_stable_descending_sort(device):
                                        msg=f"{x}, k={k}")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_beam_search_of_one_source_matches_the_oracle(device):
+    """One source a call: its cross-attention keys are kept once for every beam, and the beams
+    attend them as one item's queries (`MultiHeadAttention.attend_prepared`); tokens and lengths of
+    every beam equal the float64 oracle's, scores within its bound, for each row of the parity
+    sources alone (a row with padding, and the all-padding one, whose context is zeroed)."""
+    config = tiny_configs()["tiny-pre-annotated"].replace(dtype="float64")
+    weights = weights_for(config, 2)
+    model, oracle = build(config, weights, device), R.Model(weights, config)
+    tol = bound_for("float64", "torch:reference")
+    batch = sources(config, 2)
+    assert (batch == config.pad_id).all(axis=1)[-1], "the all-padding row is among them"
+    for i in range(len(batch)):
+        src = batch[i:i + 1]
+        got = torch_impl.beam_search(model, torch.from_numpy(src).to(device), MAX_LEN, 3, 0.6, True)
+        want = R.beam_search(oracle, src, MAX_LEN, 3, 0.6, True)
+        for field in ("tokens", "lengths", "all_tokens", "all_lengths"):
+            np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=f"row {i} {field}")
+        for field in ("scores", "step_scores", "all_scores"):
+            assert_close(getattr(got, field), getattr(want, field), tol, f"row {i} {field}")
+
+
 # 8 rows: packed on every vendor (`PACKED_MIN_ROWS`); at 2, an Intel CPU takes the dense layout, and
 # these tests were skipped there as if torch had no packed kernel.
 PACKABLE = torch_impl.cache.step_layout(8, torch.device("cpu"), torch.float32) == torch_impl.cache.PACKED

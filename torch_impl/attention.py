@@ -211,7 +211,16 @@ class MultiHeadAttention(nn.Module):
         n, q_len, _ = query_in.shape
         q = self.query(query_in) if query is None else dense(query_in, *query)
         q = q.view(n, q_len, self.n_heads, self.d_k).transpose(1, 2)  # (N, H, Q, d_k)
-        context = _zero_keyless(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)
+        if q_len == 1 and k.shape[0] == mask.shape[0] == 1 < n:
+            # Every row attends one item's keys (a beam search over one source, whose keys are kept
+            # once, not per beam): the rows as that item's N queries, (1, H, N, d_k). SDPA's CPU
+            # flash kernel has no batch broadcast, and its math fallback took about three times as
+            # long (docs/performance.md, "Beam search on the CPU"). Same values to rounding.
+            rows_as_queries = q.transpose(0, 2)  # (1, H, N, d_k)
+            context = F.scaled_dot_product_attention(rows_as_queries, k, v, attn_mask=mask).transpose(0, 2)
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        context = _zero_keyless(context, keep)
         context = context.transpose(1, 2).reshape(n, q_len, self.n_heads * self.d_k)
         return self.output(context) if output is None else dense(context, *output)
 
