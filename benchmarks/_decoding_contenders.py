@@ -134,9 +134,8 @@ def transformers_contender(config: TransformerConfig, weights: dict, settings: S
     """transformers' ``MarianMTModel.from_pretrained`` on the project's Marian export of the same
     weights (`shared.exporters.marian.to_marian`, as `twins convert --to marian` writes it; its
     ``generation_config.json`` forces no EOS and bans pad), ``generate`` (greedy, or ``num_beams``
-    without a length penalty) with the model's
-    defaults (SDPA attention, the dynamic key/value cache), every setting that could end a row
-    early or force a token stated: the start token is the project's, no minimum length, no EOS
+    without a length penalty) with the model's defaults (SDPA attention, the dynamic key/value
+    cache), every setting that could end a row early or force a token stated: the start token is the project's, no minimum length, no EOS
     forced at the limit, ``max_new_tokens`` (never the config's ``max_length``). In
     ``settings.precision`` through ``dtype``: the whole model in that dtype (norms and softmax
     too, unlike torch_impl's half precision, so its tokens may differ there)."""
@@ -202,18 +201,17 @@ def tf_contender(config: TransformerConfig, weights: dict, settings: Settings) -
             return tf_impl.greedy_decode(model, src, max_len)
         return tf_impl.beam_search(model, src, max_len, settings.beam_size)
 
+    threads = tf.config.threading.get_intra_op_parallelism_threads()
     return Decoder(f"tf {tf.__version__}, {settings.device}, {settings.precision}, {settings.search}, "
-                   "compiled, XLA, "
-                   f"intra-op {tf.config.threading.get_intra_op_parallelism_threads()} threads", decode)
+                   f"compiled, XLA, intra-op {threads} threads", decode)
 
 
 def ctranslate2_contender(config: TransformerConfig, weights: dict, settings: Settings,
                           compute_type: str) -> Decoder:
     """CTranslate2's ``Translator`` on this project's export, greedy or ``beam_size`` beams (no
-    length penalty), in
-    ``compute_type`` whatever ``settings.precision`` says (the contender's name fixes it). Raises
-    `Skipped` with CTranslate2's message where it cannot run: a compute type or device its build
-    lacks, or CUDA libraries that do not load (a wheel built for another CUDA than the machine's:
+    length penalty), in ``compute_type`` whatever ``settings.precision`` says (the contender's name
+    fixes it). Raises `Skipped` with CTranslate2's message where it cannot run: a compute type or
+    device its build lacks, or CUDA libraries that do not load (a wheel built for another CUDA than the machine's:
     those are loaded at the first translation, so one is run here)."""
     import ctranslate2
     try:

@@ -8,9 +8,8 @@ Part ``contenders`` (issues 14 and 28): torch_impl, transformers' ``MarianMTMode
 tf_impl (compiled, XLA), CTranslate2 float32 and int8 (a reference point: quantised weights; float16
 and bfloat16 on request) and ONNX Runtime on the same weights, exported by the project's own
 exporters (`_decoding_contenders`: the model is ``base`` with Marian's eps and table, which cost
-nothing); greedy (or with ``--beam-size K`` beam search, no length penalty, every contender's), batch
-1 and 8, 64 and 128 new tokens; each round decodes every (length,
-contender) once, interleaved, so a machine whose speed drifts (shared cores) slows every contender
+nothing); greedy (or with ``--beam-size K`` every contender's beam search, no length penalty),
+batch 1 and 8, 64 and 128 new tokens; each round decodes every (length, contender) once, interleaved, so a machine whose speed drifts (shared cores) slows every contender
 alike. Each contender runs in a process of its own, as users run one framework
 (`_decoding_contenders.serve`: frameworks side by side in one process slowed torch_impl by about
 5%), and on the CPU all of them on the same ``--threads`` cores (``--no-pin``: the scheduler's;
