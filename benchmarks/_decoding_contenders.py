@@ -211,8 +211,8 @@ def ctranslate2_contender(config: TransformerConfig, weights: dict, settings: Se
     """CTranslate2's ``Translator`` on this project's export, greedy or ``beam_size`` beams (no
     length penalty), in ``compute_type`` whatever ``settings.precision`` says (the contender's name
     fixes it). Raises `Skipped` with CTranslate2's message where it cannot run: a compute type or
-    device its build lacks, or CUDA libraries that do not load (a wheel built for another CUDA than the machine's:
-    those are loaded at the first translation, so one is run here)."""
+    device its build lacks, or CUDA libraries that do not load (a wheel built for another CUDA
+    than the machine's: those are loaded at the first translation, so one is run here)."""
     import ctranslate2
     try:
         from shared.exporters import ctranslate2 as export
