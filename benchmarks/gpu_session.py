@@ -5,7 +5,8 @@ asks of a GPU are listed here once, each with its command, and run in order, eac
 limit; every part writes its whole output to ``--out/<part>.txt`` and its last lines to the
 terminal, and a part that fails or runs out of time is reported and the next one runs. The parts:
 
-* ``suite``: the torch parity suite on the GPU (every CUDA case), ``-n 14 --dist loadfile``;
+* ``suite``: the torch parity suite on the GPU (every CUDA case), ``-n 14 --dist loadfile``, its
+  JUnit XML in ``--out/suite.xml`` and, last in its log, the count of CUDA cases by outcome;
 * ``ops``: the operations of one cached step (`benchmarks/step_ops.py`) on CUDA, float32 and
   bfloat16;
 * ``cache``: cached against recomputed greedy decoding per token, batch 1 and 8, float32 and
@@ -51,14 +52,14 @@ PY = sys.executable
 BENCH = ROOT / "benchmarks"
 
 
-def _parts(runs: Path) -> dict[str, list[tuple[list[str], int]]]:
+def _parts(runs: Path, out: Path) -> dict[str, list[tuple[list[str], int]]]:
     """``{part: [(argv, seconds allowed), ...]}``, in the order they run; ``runs``: where the
-    agreement part trains its models."""
+    agreement part trains its models; ``out``: where the suite writes its JUnit XML."""
     decoding = [PY, str(BENCH / "decoding.py")]
     train = [PY, "-m", "twins", "train", "--backend", "torch"]
     return {
         "suite": [([PY, "-m", "pytest", "parity_tests", "-q", "-rfEs", "-n", "14", "--dist", "loadfile",
-                    "-p", "no:cacheprovider"], 420)],
+                    "-p", "no:cacheprovider", f"--junitxml={out / 'suite.xml'}"], 420)],
         "ops": [([PY, str(BENCH / "step_ops.py"), "--device", "cuda", "--precision", p] + forward, 120)
                 for p in ("float32", "bfloat16")
                 for forward in ([], ["--forward", "128", "--batch", "64"])],
@@ -95,6 +96,19 @@ def _parts(runs: Path) -> dict[str, list[tuple[list[str], int]]]:
     }
 
 
+def cuda_cases(junit_xml: Path) -> str:
+    """One line: how many test cases whose id names ``cuda`` passed, were skipped and failed, from
+    pytest's JUnit XML (the suite's summary counts every case, CPU ones too)."""
+    import xml.etree.ElementTree as ET
+    outcomes = {"passed": 0, "skipped": 0, "failed": 0}
+    for case in ET.parse(junit_xml).iter("testcase"):
+        if "cuda" in case.get("name", ""):
+            outcome = next((o for tag, o in (("failure", "failed"), ("error", "failed"), ("skipped", "skipped"))
+                            if case.find(tag) is not None), "passed")
+            outcomes[outcome] += 1
+    return "CUDA cases: " + ", ".join(f"{n} {outcome}" for outcome, n in outcomes.items())
+
+
 def main(argv: list[str] | None = None) -> int:
     out_default = Path(os.environ.get("OUT", ROOT / "gpu_session"))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -106,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                              "than 20 s left is skipped, saying so")
     parser.add_argument("--runs", type=Path, default=None,
                         help="where the agreement part trains its models (default: a new temporary directory)")
-    parser.add_argument("--parts", nargs="+", default=list(_parts(Path("."))),
-                        choices=list(_parts(Path("."))))
+    parser.add_argument("--parts", nargs="+", default=list(_parts(Path("."), Path("."))),
+                        choices=list(_parts(Path("."), Path("."))))
     args = parser.parse_args(argv)
     on_gpu = [part for part in args.parts if part != "cpu"]
     if on_gpu:
@@ -120,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     runs = args.runs or (Path(tempfile.mkdtemp(prefix="gpu_session_runs_")) if "agreement" in args.parts
                          else Path("."))  # made only where a part trains
-    parts = _parts(runs)
+    parts = _parts(runs, args.out)
     deadline = None if args.budget is None else time.perf_counter() + args.budget
     for part in args.parts:
         log = args.out / f"{part}.txt"
@@ -144,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                 sink.write(f"# exit {code}, {time.perf_counter() - start:.0f} s\n")
                 if code != 0:
                     failed.append(f"{part}: {shown}: {code}")
+            if part == "suite" and (args.out / "suite.xml").is_file():
+                sink.write(cuda_cases(args.out / "suite.xml") + "\n")
         print(f"== {part} ({log})")
         print("\n".join(log.read_text().splitlines()[-14:]), flush=True)
     if failed:
