@@ -1,20 +1,24 @@
-"""torch_impl's beam search with its token selection against a stable sort of whole rows, side by side.
+"""Beam search's token selection two ways, side by side: topk with its ties settled, and a stable sort of whole rows.
 
-Beam search ranks each beam's V logits for its 2K best tokens (`shared.decoding`, step 2), ties by
-lowest id (docs/design.md, convention 11). torch_impl did it with ``torch.sort(descending=True,
-stable=True)`` of every row; `torch_impl.search._top_lowest` now takes ``torch.topk`` and settles
-the ties across the k-th value by id, the same indices (parity_tests/test_decoding_torch_only.py,
+Beam search ranks each beam's V logits for its 2K best tokens, ties by lowest id (`shared.decoding`,
+step 2; docs/design.md, convention 11): the first k of ``torch.sort(descending=True,
+stable=True)``. `torch_impl.search._top_lowest` takes them on the CPU by ``torch.topk`` of k + 1
+and a fix of the ties across the k-th value (`_topk_lowest`), and on a GPU by that sort itself,
+which was faster there (each with the same indices: parity_tests/test_decoding_torch_only.py,
 ``test_beam_selection_is_the_first_k_of_the_stable_descending_sort``). This times whole beam
 searches of preset ``base`` (float32, `benchmarks/_decoding_contenders.bench_weights`: EOS
-suppressed, so every hypothesis runs to the limit) both ways, in one process, interleaved by round,
-and checks that both return the same tokens and scores. Printed: ms per step (a whole decode,
-encoder included, divided by the new tokens; median of the rounds; results on the host, so a
-GPU's work is inside it) and the median of the per-round ratios. On a GPU (``--device cuda``, TF32
-off as in the parity tests) `_top_lowest` settles every row both ways in one program, without
-reading the device (`torch_impl.search`).
+suppressed, so every hypothesis runs to the limit) both ways on ``--device``, in one process,
+interleaved by round, and checks that both return the same tokens and scores. Printed: ms per step
+(a whole decode, encoder included, divided by the new tokens; median of the rounds; results on
+the host, so a GPU's work is inside it), the median of the per-round ratios, and which way the
+device's search takes. TF32 off on a GPU, as in the parity tests.
+
+``--profile`` then runs one decode per batch as the device's search takes it under
+``torch.profiler`` and prints its operations by their own time (on a GPU, by device time): where
+a beam step's time goes beyond the selection.
 
     python3 dev.py bench beam_selection [--batches 1 8] [--beam-size 4] [--tokens 32] [--rounds 5]
-                                        [--threads 1] [--device cpu|cuda]
+                                        [--threads 1] [--device cpu|cuda] [--profile]
 
 Measured: docs/performance.md, "Beam search on the CPU".
 """
@@ -41,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--threads", type=thread_count, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--profile", action="store_true",
+                        help="then profile one decode per batch: its operations by their own time")
     args = parser.parse_args(argv)
     apply_thread_policy(args.threads)  # before torch starts its thread pool
 
@@ -65,12 +71,19 @@ def main(argv: list[str] | None = None) -> int:
     model = model.to(args.device).eval()
     top_lowest = search._top_lowest
 
-    def whole_sort(x: torch.Tensor, k: int) -> torch.Tensor:  # the selection before _top_lowest
+    def whole_sort(x: torch.Tensor, k: int) -> torch.Tensor:
         return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
 
-    ways = {"topk (now)": top_lowest, "whole-row sort": whole_sort}
+    def topk(x: torch.Tensor, k: int) -> torch.Tensor:  # rows of a few entries are sorted either way
+        return search._topk_lowest(x, k) if 2 * k < x.shape[-1] else whole_sort(x, k)
+
+    ways = {"topk": topk, "whole-row sort": whole_sort}
+    probe = torch.zeros(1, 3 * args.beam_size, device=args.device)
+    taken = "topk" if top_lowest is search._top_lowest and args.device == "cpu" else "whole-row sort"
+    assert torch.equal(top_lowest(probe, 1), ways[taken](probe, 1))
     print(f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads, preset base "
-          f"float32, beam {args.beam_size}, {args.tokens} new tokens, EOS suppressed, {args.rounds} rounds")
+          f"float32, beam {args.beam_size}, {args.tokens} new tokens, EOS suppressed, {args.rounds} rounds; "
+          f"the search on {args.device} takes: {taken}")
     print(f"{'batch':>5s}  " + "  ".join(f"{name + ' ms/step':>24s}" for name in ways) + "   sort / topk")
     try:
         for batch in args.batches:
@@ -87,16 +100,36 @@ def main(argv: list[str] | None = None) -> int:
                         results[name] = result
                     else:
                         seconds[name].append(elapsed)
-            now, before = results.values()
-            for field in now._fields:
-                if not np.array_equal(getattr(now, field), getattr(before, field)):
+            first, second = results.values()
+            for field in first._fields:
+                if not np.array_equal(getattr(first, field), getattr(second, field)):
                     raise AssertionError(f"batch {batch}: the two selections differ in {field}")
             ms = [statistics.median(seconds[name]) / args.tokens * 1e3 for name in ways]
             ratio = statistics.median(b / a for a, b in zip(*seconds.values()))
             print(f"{batch:5d}  " + "  ".join(f"{m:24.2f}" for m in ms) + f"   {ratio:10.2f}x", flush=True)
     finally:
         search._top_lowest = top_lowest
+    if args.profile:
+        for batch in args.batches:
+            _profile(torch_impl.beam_search, model, sources(config, batch), args)
     return 0
+
+
+def _profile(beam_search, model, src, args) -> None:
+    """One decode of ``src`` under ``torch.profiler``: its 15 operations of most own time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = args.device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    beam_search(model, src, args.tokens, args.beam_size)  # warm
+    with profile(activities=activities) as prof:
+        beam_search(model, src, args.tokens, args.beam_size)
+        if cuda:
+            torch.cuda.synchronize()
+    print(f"\nprofile: batch {len(src)}, beam {args.beam_size}, {args.tokens} new tokens, {args.device}")
+    print(prof.key_averages().table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total",
+                                    row_limit=15, max_name_column_width=40), flush=True)
 
 
 if __name__ == "__main__":

@@ -84,12 +84,13 @@ def _tie_heavy_rows(rng, dtype) -> tuple[np.ndarray, int]:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_beam_selection_is_the_first_k_of_the_stable_descending_sort(device):
-    """Beam search's ranking of a beam's tokens (`torch_impl.search._top_lowest`: topk, then the
-    ties across the k-th value by id) gives exactly the first k of ``torch.sort(descending=True,
-    stable=True)``, which it replaces (convention 11; NaN first, as that sort puts it), on
-    tie-heavy rows and on vocabulary-wide ones (random, and all zeros but pad: an unread row).
-    `_lowest_tied`, the path of every row on a GPU, chooses the same k on every row, tied or not."""
-    from torch_impl.search import _lowest_tied, _top_lowest
+    """Beam search's ranking of a beam's tokens (`torch_impl.search._top_lowest`; on the CPU
+    `_topk_lowest`: topk, then the ties across the k-th value by id) gives exactly the first k of
+    ``torch.sort(descending=True, stable=True)`` (convention 11; NaN first, as that sort puts it),
+    on tie-heavy rows and on vocabulary-wide ones (random, and all zeros but pad: an unread row).
+    `_topk_lowest` does on every device, and `_lowest_tied`, its path for tied rows, chooses the
+    same k on every row, tied or not."""
+    from torch_impl.search import _lowest_tied, _top_lowest, _topk_lowest
 
     def first_k(x, k):
         return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
@@ -106,6 +107,7 @@ def test_beam_selection_is_the_first_k_of_the_stable_descending_sort(device):
         torch.testing.assert_close(_top_lowest(x, k), want, rtol=0, atol=0, msg=f"{x}, k={k}")
         rows = x.reshape(-1, x.shape[-1])
         if k < rows.shape[-1]:
+            torch.testing.assert_close(_topk_lowest(x, k), want, rtol=0, atol=0, msg=f"{x}, k={k}")
             kth = torch.topk(rows, k, dim=-1).values[:, -1:]
             got = _lowest_tied(rows, kth, k).sort(dim=-1).values
             torch.testing.assert_close(got, want.reshape(-1, k).sort(dim=-1).values, rtol=0, atol=0,

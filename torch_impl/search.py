@@ -145,37 +145,40 @@ class _LaggedReads:
 def _top_lowest(x: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k largest along the last axis, best first, ties by lowest index: the first k
     of ``torch.sort(x, descending=True, stable=True)`` (NaN above everything, as that sort puts
-    it), without sorting whole rows where they are long.
+    it). On the CPU, rows long against k go through `_topk_lowest`; a GPU, and rows of a few
+    entries (k at least half of them: the search's merges of 2K hypotheses), take the sort itself.
 
-    Why: beam search ranks each beam's V logits for its 2K best tokens, and a stable sort of
-    base's 37000-wide rows took more than half of a CPU beam step (docs/performance.md, "Beam
-    search on the CPU"). ``torch.topk`` of k + 1 finds the k largest values; where the k-th is
-    larger than the (k+1)-th, those k entries are the sort's first k, and only their order among
-    equal values is left to fix (a stable sort of k). Where a row ties across that boundary (or
-    holds NaN), `_lowest_tied` chooses among the tied entries by index. Rows of a few entries (k at
-    least half of them: the search's merges of 2K hypotheses) are simply sorted.
+    Why two ways: a stable sort of base's 37000-wide rows took more than half of a CPU beam step,
+    where ``torch.topk`` and a fix of its ties cost a few percent; on a GPU the sort is one
+    segmented kernel, and topk with its ties settled without a host read took more launches and
+    more time (docs/performance.md, "Beam search on the CPU", "on a GPU").
 
     Shape: ``(..., n) -> (..., k)`` int64, k <= n."""
+    if x.device.type == "cpu" and 2 * k < x.shape[-1]:
+        return _topk_lowest(x, k)
+    return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
+def _topk_lowest(x: torch.Tensor, k: int) -> torch.Tensor:
+    """`_top_lowest` by ``torch.topk`` of k + 1, for k < n: where the k-th value is larger than the
+    (k+1)-th, those k entries are the sort's first k, and only their order among equal values is
+    left to fix (a stable sort of k). The rows that tie across that boundary (or hold NaN there)
+    are read from the device and go to `_lowest_tied`, which chooses among the tied entries by
+    index. Shape: ``(..., n) -> (..., k)`` int64."""
     n = x.shape[-1]
-    if 2 * k >= n:
-        return torch.sort(x, dim=-1, descending=True, stable=True).indices[..., :k]
     rows = x.reshape(-1, n)
     values, top = torch.topk(rows, k + 1, dim=-1)  # sorted: the k-th largest at k - 1
     kth, top = values[:, k - 1:k], top[:, :k]
-    apart = values[:, k - 1] > values[:, k]  # False on a tie across the boundary, or NaN there
-    if x.device.type == "cpu":  # reading which rows tie costs nothing on the CPU: do those only
-        tied = (~apart).nonzero().view(-1)
-        if len(tied):
-            top[tied] = _lowest_tied(rows[tied], kth[tied], k)
-    else:  # no host read on a GPU (it would stall the launches): every row, one program
-        top = torch.where(apart[:, None], top, _lowest_tied(rows, kth, k))
+    tied = (values[:, k - 1] > values[:, k]).logical_not_().nonzero().view(-1)  # NaN there: tied
+    if len(tied):
+        top[tied] = _lowest_tied(rows[tied], kth[tied], k)
     top = top.sort(dim=-1).values  # ascending ids: the stable sort below keeps them on ties
     order = torch.sort(rows.gather(-1, top), dim=-1, descending=True, stable=True).indices
     return top.gather(-1, order).view(*x.shape[:-1], k)
 
 
 def _lowest_tied(rows: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor:
-    """The ids of `_top_lowest`'s k entries of each row, whatever the ties: every entry above the
+    """The ids of `_topk_lowest`'s k entries of each row, whatever the ties: every entry above the
     row's k-th largest value ``kth`` (NaN counts as above everything), then as many of the entries
     equal to it as there is room for, lowest ids first. One ``topk`` of distinct integer keys
     ranks them so: above the k-th first, equal to it next, each group by ascending id (fewer than
