@@ -130,6 +130,20 @@ def torch_contender(config: TransformerConfig, weights: dict, settings: Settings
                    f"{settings.search}, {torch.get_num_threads()} threads", decode)
 
 
+# The first transformers whose beam search takes the vocabulary from the scores: before it (5.17), a
+# beam step reshapes them by ``config.get_text_config().vocab_size``, which for a Marian of two
+# vocabularies is the source's (``decoder_vocab_size`` is the target's), so ``generate(num_beams>1)``
+# fails ("shape ... is invalid for input of size ..."). Greedy search is not affected.
+MARIAN_BEAM_SEARCH_FIXED = (5, 18)
+
+
+def marian_beam_search_works() -> bool:
+    """Whether the installed transformers beam-searches a Marian whose vocabularies differ."""
+    import transformers
+    from packaging.version import Version
+    return Version(transformers.__version__).release[:2] >= MARIAN_BEAM_SEARCH_FIXED
+
+
 def transformers_contender(config: TransformerConfig, weights: dict, settings: Settings) -> Decoder:
     """transformers' ``MarianMTModel.from_pretrained`` on the project's Marian export of the same
     weights (`shared.exporters.marian.to_marian`, as `twins convert --to marian` writes it; its
@@ -142,6 +156,11 @@ def transformers_contender(config: TransformerConfig, weights: dict, settings: S
     import transformers
 
     torch = _torch_settings(settings, f"transformers {transformers.__version__} on ")
+    if settings.beam_size > 1 and config.src_vocab != config.tgt_vocab and not marian_beam_search_works():
+        raise Skipped(f"transformers {transformers.__version__}: generate's beam search reshapes each "
+                      f"step's scores by the config's vocab_size, which is Marian's source vocabulary "
+                      f"({config.src_vocab}), not the decoder's ({config.tgt_vocab}), and fails; "
+                      f"transformers {'.'.join(map(str, MARIAN_BEAM_SEARCH_FIXED))} takes the scores' own width")
     from shared.exporters.marian import to_marian
 
     transformers.utils.logging.disable_progress_bar()  # "Loading weights": not benchmark output
