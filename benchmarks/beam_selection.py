@@ -13,12 +13,10 @@ interleaved by round, and checks that both return the same tokens and scores. Pr
 the host, so a GPU's work is inside it), the median of the per-round ratios, and which way the
 device's search takes. TF32 off on a GPU, as in the parity tests.
 
-``--profile`` then runs one decode per batch as the device's search takes it under
-``torch.profiler`` and prints its operations by their own time (on a GPU, by device time): where
-a beam step's time goes beyond the selection.
+Where the rest of a beam step's time goes: `benchmarks/decode_profile.py --beam-size`.
 
     python3 dev.py bench beam_selection [--batches 1 8] [--beam-size 4] [--tokens 32] [--rounds 5]
-                                        [--threads 1] [--device cpu|cuda] [--profile]
+                                        [--threads 1] [--device cpu|cuda]
 
 Measured: docs/performance.md, "Beam search on the CPU".
 """
@@ -45,8 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--threads", type=thread_count, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--profile", action="store_true",
-                        help="then profile one decode per batch: its operations by their own time")
     args = parser.parse_args(argv)
     apply_thread_policy(args.threads)  # before torch starts its thread pool
 
@@ -109,27 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{batch:5d}  " + "  ".join(f"{m:24.2f}" for m in ms) + f"   {ratio:10.2f}x", flush=True)
     finally:
         search._top_lowest = top_lowest
-    if args.profile:
-        for batch in args.batches:
-            _profile(torch_impl.beam_search, model, sources(config, batch), args)
     return 0
-
-
-def _profile(beam_search, model, src, args) -> None:
-    """One decode of ``src`` under ``torch.profiler``: its 15 operations of most own time."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = args.device == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    beam_search(model, src, args.tokens, args.beam_size)  # warm
-    with profile(activities=activities) as prof:
-        beam_search(model, src, args.tokens, args.beam_size)
-        if cuda:
-            torch.cuda.synchronize()
-    print(f"\nprofile: batch {len(src)}, beam {args.beam_size}, {args.tokens} new tokens, {args.device}")
-    print(prof.key_averages().table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total",
-                                    row_limit=15, max_name_column_width=40), flush=True)
 
 
 if __name__ == "__main__":
