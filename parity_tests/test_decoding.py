@@ -122,17 +122,20 @@ def test_cache_step_by_step_equals_one_full_pass(model_backend, variant, dtype):
             model.decode_step(tgt[:, 0], cache)
 
 
+@pytest.mark.parametrize("rows", [[2, 0, 0, 4, 5, 3], [1, 0, 2, 3, 3, 5], [0, 1, 2, 3, 4, 5]],
+                         ids=["every-row", "half-with-a-swap", "none"])
 @pytest.mark.parametrize("model_backend", CACHE_BACKENDS, indirect=True)
-def test_reordered_cache_equals_full_pass_on_the_reordered_sequences(model_backend):
+def test_reordered_cache_equals_full_pass_on_the_reordered_sequences(model_backend, rows):
     """Beam reordering: after ``cache = cache.reorder_beams(rows)``, row n continues row rows[n]'s
-    prefix."""
+    prefix; whether every row changes, half of them (torch_impl's CPU copies only those, and two
+    rows swap), or none."""
     be = model_backend
     config = config64("tiny-post-standard")
     model = be.build(config, random_weights(config, 5))
     items, beam_count, split, t_len = 2, 3, 4, 8
     src = sources(config, 5, lengths=(7, 2))
     tgt = targets(config, items * beam_count, t_len, 6)  # (N, T), rows item * beams + beam
-    rows = np.array([2, 0, 0, 4, 5, 3])  # within each item
+    rows = np.array(rows)  # within each item
     spliced = np.concatenate([tgt[rows, :split], tgt[:, split:]], axis=1)  # what the rows hold after
     with be.no_grad():
         before, after = (be.numpy(model(be.tensor(np.repeat(src, beam_count, axis=0)), be.tensor(x)))
