@@ -151,7 +151,8 @@ def _top_lowest(x: torch.Tensor, k: int) -> torch.Tensor:
     Why two ways: a stable sort of base's 37000-wide rows took more than half of a CPU beam step,
     where ``torch.topk`` and a fix of its ties cost a few percent; on a GPU the sort is one
     segmented kernel, and topk with its ties settled without a host read took more launches and
-    more time (docs/performance.md, "Beam search on the CPU", "on a GPU").
+    more time (docs/performance.md, "Beam search on the CPU" and "The run of 2026-11-26 on an
+    H200").
 
     Shape: ``(..., n) -> (..., k)`` int64, k <= n."""
     if x.device.type == "cpu" and 2 * k < x.shape[-1]:
