@@ -23,9 +23,11 @@ terminal, and a part that fails or runs out of time is reported and the next one
   trained first into ``--out`` (`benchmarks/half_precision.py agreement`);
 * ``profile``: where a graphed decode's time goes: its kernels, its fixed cost part by part, and
   one query's attention (`benchmarks/gpu_profile.py`);
-* ``cpu``: the CPU contenders, one thread (the GPU machine's CPU is the project's second CPU), and
-  the step's products in each kernel layout and library at 1 and 8 rows
-  (`benchmarks/step_layouts.py`: where an Intel CPU's one-row products lose to CTranslate2's).
+* ``cpu``: the CPU contenders, one thread (the GPU machine's CPU is the project's second CPU), the
+  step's products in each kernel layout and library at 1 and 8 rows
+  (`benchmarks/step_layouts.py`: where an Intel CPU's one-row products lose to CTranslate2's), and
+  where a greedy step at batch 1 and a beam step at batch 8 spend their time
+  (`benchmarks/decode_profile.py`).
 
     python3 dev.py bench gpu_session [--parts suite ops cache ...] [--out DIR] [--runs DIR]
                                      [--budget SECONDS]
@@ -92,7 +94,10 @@ def _parts(runs: Path, out: Path) -> dict[str, list[tuple[list[str], int]]]:
         "cpu": [(decoding + ["--parts", "contenders", "--contenders", "torch", "ct2-float32",
                              "--batches", "1", "8", "--tokens", "64", "128", "--rounds", "3",
                              "--threads", "1"], 500),
-                ([PY, str(BENCH / "step_layouts.py"), "--rows", "1", "8", "--encoder-rows", "32"], 200)],
+                ([PY, str(BENCH / "step_layouts.py"), "--rows", "1", "8", "--encoder-rows", "32"], 200),
+                ([PY, str(BENCH / "decode_profile.py"), "--tokens", "16", "128"], 120),
+                ([PY, str(BENCH / "decode_profile.py"), "--batches", "8", "--beam-size", "4", "--tokens",
+                  "16", "64"], 120)],
     }
 
 
