@@ -151,14 +151,22 @@ class MultiHeadAttention(keras.layers.Layer):
         output projections given as ``(kernel (in, out), bias)`` (`step_kernels`), the mask made
         ready once (`tf_impl.cache.prepare_mask`: every row may attend some key, ``keep`` zeroes
         the rows that had none), no dropout, no weights. Shape: query_in ``(N, 1, d_model)``, k/v
-        ``(N, H, S, d_k)`` -> ``(N, 1, d_model)``. With ``query`` and ``output`` None (a model
-        not as built: `tf_impl.cache._as_built`) the projections are the layers, called."""
-        n = dims(query_in, 1)[0]
+        ``(B, H, S, d_k)``, mask ``(B|1, 1|H, 1, S)``, keep ``(B|1, 1|H, 1, 1)`` -> ``(N, 1,
+        d_model)``, N = B * beams (`tf_impl.cache.DecoderCache`: the keys kept once per item, not
+        per beam). With ``query`` and ``output`` None (a model not as built:
+        `tf_impl.cache._as_built`) the projections are the layers, called."""
+        n, items = dims(query_in, 1)[0], dims(k, 1)[0]
         q = self.query(query_in) if query is None else dense(query_in, *query)
-        q = tf.reshape(q, [n, self.n_heads, 1, self.d_k])  # (N, H, 1, d_k)
-        scores = _scores(q, k, self.d_k)  # (N, H, 1, S)
+        one_row_each = isinstance(n, int) and isinstance(items, int) and n == items
+        if one_row_each:
+            q = tf.reshape(q, [n, self.n_heads, 1, self.d_k])  # (N, H, 1, d_k)
+        else:  # each item's rows (its beams) are its queries: (B, H, beams, d_k)
+            q = tf.transpose(tf.reshape(q, [items, -1, self.n_heads, self.d_k]), [0, 2, 1, 3])
+        scores = _scores(q, k, self.d_k)  # (B, H, beams, S)
         weights = tf.nn.softmax(tf.where(mask, scores, tf.constant(scores.dtype.min, scores.dtype)))
-        context = tf.matmul(tf.cast(weights, v.dtype), v) * keep  # (N, H, 1, d_k)
+        context = tf.matmul(tf.cast(weights, v.dtype), v) * keep  # (B, H, beams, d_k)
+        if not one_row_each:
+            context = tf.transpose(context, [0, 2, 1, 3])  # (B, beams, H, d_k): rows item * beams + beam
         context = tf.reshape(context, [n, 1, self.n_heads * self.d_k])
         return self.output(context) if output is None else dense(context, *output)
 

@@ -119,7 +119,9 @@ class LayerCache(NamedTuple):
     Shape:
         self_key, self_value: ``(N, H, capacity, d_k)``; positions ``0 .. length - 1`` of the owning
             `DecoderCache` are filled, the rest is scratch.
-        cross_key, cross_value: ``(N, H, S, d_k)``, from the encoder memory, never changed.
+        cross_key, cross_value: ``(B, H, S, d_k)``, from the encoder memory, never changed: once
+            per source item, not per beam (the owning `DecoderCache`'s N rows are B items of
+            ``N / B`` beams, and each item's rows attend its keys as that item's queries).
         weights: the layer's weights as a step reads them (`StepWeights`); `NO_WEIGHTS` for a
             model not as built (`_as_built`): its steps call the layers.
     """
@@ -140,10 +142,10 @@ class DecoderCache(NamedTuple):
 
     Attributes:
         layers: one `LayerCache` per decoder layer (a tuple).
-        src_mask: bool, True = may attend, ``(N|1, 1|H, 1, S)``: the source padding, for
+        src_mask: bool, True = may attend, ``(B|1, 1|H, 1, S)``: the source padding, for
             cross-attention, prepared once (`prepare_mask`): a row with no key may attend every
             key, and ``src_keep`` zeroes its output after.
-        src_keep: ``(N|1, 1|H, 1, 1)`` in the model dtype, 0 for a row with no source key, else 1.
+        src_keep: ``(B|1, 1|H, 1, 1)`` in the model dtype, 0 for an item with no source key, else 1.
         generator: the output projection as a step reads it, ``(matrix, bias (V,))``: the matrix
             ``(d, V)`` for one row, ``(V, d)`` used transposed for more (the faster layout for
             each under XLA, `tf_impl.Transformer._step_weights`); `NO_WEIGHTS` where the layers'

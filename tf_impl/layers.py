@@ -153,11 +153,11 @@ class DecoderLayer(_TracingLayer):
         ``0 .. position`` (see `MultiHeadAttention.extend`, with the cache's fused projection);
         cross-attention uses the cached source keys/values and the prepared mask.
 
-        Shape: x ``(N, 1, d)``, src_mask bool broadcastable to ``(N, H, 1, S)`` and src_keep
-        (`tf_impl.cache.prepare_mask`) -> ``((N, 1, d), the layer's cache with its self-attention
-        keys/values updated)``. ``self_mask``: the step's `tf_impl.cache.filled_mask`, made once
-        for every layer (`Decoder.step`). A cache without weights (`tf_impl.cache.NO_WEIGHTS`, a
-        model not as built) has the step call the layers.
+        Shape: x ``(N, 1, d)``; the cache's cross keys, src_mask (bool) and src_keep
+        (`tf_impl.cache.prepare_mask`) of ``B`` items, ``N = B * beams`` -> ``((N, 1, d), the
+        layer's cache with its self-attention keys/values updated)``. ``self_mask``: the step's
+        `tf_impl.cache.filled_mask`, made once for every layer (`Decoder.step`). A cache without
+        weights (`tf_impl.cache.NO_WEIGHTS`, a model not as built) has the step call the layers.
         """
         kept, w = {}, cache.weights
 

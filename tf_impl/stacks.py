@@ -6,7 +6,7 @@ import tensorflow as tf
 from shared import TransformerConfig
 
 from .cache import (NO_WEIGHTS, DecoderCache, LayerCache, StepWeights, filled_mask, prepare_mask,
-                    projection, repeat_rows)
+                    projection)
 from .inputs import dims
 from .layers import DecoderLayer, EncoderLayer, Trace, _TracingLayer, norm_layer, record
 from .norm import LayerNorm
@@ -66,7 +66,8 @@ class Decoder(_TracingLayer):
                    weights: list[StepWeights] | None,
                    generator: tuple[tf.Tensor, tf.Tensor] | None) -> DecoderCache:
         """An empty cache for ``capacity`` positions: cross-attention keys/values of ``memory``
-        computed once, then repeated for ``beams`` rows per item; the source mask prepared once;
+        computed once and kept once per item, not per beam (`DecoderCache`); the source mask
+        prepared once;
         ``weights`` (`step_weights`) and ``generator`` (kernel (d, V), bias) kept for the steps
         (None: a model not as built, whose steps call the layers: `tf_impl.cache._as_built`; the
         cache then holds `tf_impl.cache.NO_WEIGHTS`).
@@ -81,12 +82,10 @@ class Decoder(_TracingLayer):
             k, v = layer.cross_attn.keys_values(memory, kv)  # (B, H, S, d_k), once per source
             # (N, H, capacity, d_k) in the keys' dtype: the model's, or half under a mixed policy
             empty = tf.zeros([n, attn.n_heads, capacity, attn.d_k], k.dtype)
-            layers.append(LayerCache(empty, empty, repeat_rows(k, beams), repeat_rows(v, beams),
-                                     layer_weights))
+            layers.append(LayerCache(empty, empty, k, v, layer_weights))
         # once per source, not per layer and step; src_keep in the dtype of the context it scales
         mask, keep = prepare_mask(src_mask, layers[0].cross_key.dtype if layers else memory.dtype)
-        return DecoderCache(tuple(layers), repeat_rows(mask, beams), repeat_rows(keep, beams),
-                            generator or NO_WEIGHTS, tf.constant(0, tf.int32))
+        return DecoderCache(tuple(layers), mask, keep, generator or NO_WEIGHTS, tf.constant(0, tf.int32))
 
     def step_weights(self) -> list[StepWeights]:
         """Every layer's weights as a decoding step reads them (`tf_impl.cache.StepWeights`)."""

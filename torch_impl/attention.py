@@ -205,22 +205,26 @@ class MultiHeadAttention(nn.Module):
         (`step_kernels`, in a `torch_impl.cache.lay_out` layout), the mask made ready once
         (`torch_impl.cache.prepare_mask`: additive, every row may attend some key, ``keep`` zeroes
         the rows that had none; None: every row had one), no dropout, no weights.
-        Shape: query_in ``(N, Q, d_model)``, k/v ``(N, H, S, d_k)``, mask broadcastable to
-        ``(N, H, Q, S)`` -> ``(N, Q, d_model)``. With ``query`` and ``output`` None (a model not
-        as built: `torch_impl.cache._as_built`) the projections are the modules, called."""
+        Shape: query_in ``(N, Q, d_model)``, k/v ``(B, H, S, d_k)``, mask broadcastable to
+        ``(B, H, Q, S)`` -> ``(N, Q, d_model)``: B = N, or, with Q = 1, B items of ``N / B`` rows
+        each (a beam search's step: `torch_impl.cache.DecoderCache`). With ``query`` and
+        ``output`` None (a model not as built: `torch_impl.cache._as_built`) the projections are
+        the modules, called."""
         n, q_len, _ = query_in.shape
         q = self.query(query_in) if query is None else dense(query_in, *query)
-        q = q.view(n, q_len, self.n_heads, self.d_k).transpose(1, 2)  # (N, H, Q, d_k)
-        if q_len == 1 and k.shape[0] == mask.shape[0] == 1 < n:
-            # Every row attends one item's keys (a beam search over one source, whose keys are kept
-            # once, not per beam): the rows as that item's N queries, (1, H, N, d_k). SDPA's CPU
-            # flash kernel has no batch broadcast, and its math fallback took about three times as
-            # long (docs/performance.md, "Beam search on the CPU"). Same values to rounding.
-            rows_as_queries = q.transpose(0, 2)  # (1, H, N, d_k)
-            context = F.scaled_dot_product_attention(rows_as_queries, k, v, attn_mask=mask).transpose(0, 2)
+        items = k.shape[0]
+        if q_len == 1 and items < n:
+            # A beam search's step: its N = items * beams rows attend their item's keys, kept once
+            # per item, not per beam (`torch_impl.cache.DecoderCache`); each item's rows are its
+            # queries, (items, H, beams, d_k). A step reads the keys once per item, not once per
+            # beam (a beam step at batch 8 was 4% faster on the CPU: docs/performance.md, "Beam
+            # search on the CPU"); and SDPA's CPU flash kernel has no batch broadcast (its math
+            # fallback took three times as long for one item). Same values to rounding.
+            q = q.view(items, n // items, self.n_heads, self.d_k).transpose(1, 2)  # (items, H, beams, d_k)
         else:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        context = _zero_keyless(context, keep)
+            q = q.view(n, q_len, self.n_heads, self.d_k).transpose(1, 2)  # (N, H, Q, d_k)
+        context = _zero_keyless(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)
+        # (N, H, Q, d_k) or (items, H, beams, d_k) -> (N, Q, H * d_k): the same order of rows
         context = context.transpose(1, 2).reshape(n, q_len, self.n_heads * self.d_k)
         return self.output(context) if output is None else dense(context, *output)
 

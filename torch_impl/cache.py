@@ -366,7 +366,9 @@ class LayerCache:
     Shape:
         self_key, self_value: ``(N, H, capacity, d_k)``; positions ``0 .. length - 1`` of the owning
             `DecoderCache` are filled, the rest is scratch.
-        cross_key, cross_value: ``(N, H, S, d_k)``, from the encoder memory, never changed.
+        cross_key, cross_value: ``(B, H, S, d_k)``, from the encoder memory, never changed: once
+            per source item, not per beam (the owning `DecoderCache`'s N rows are B items of
+            ``N / B`` beams, and each item's rows attend its keys as that item's queries).
         weights: the layer's weights as a step reads them (`StepWeights`), taken when the cache
             is made: a cache is valid for the weights of that moment. `NO_WEIGHTS` for a model
             not as built (`_as_built`): its steps call the modules.
@@ -391,10 +393,10 @@ class DecoderCache:
 
     Attributes:
         layers: one `LayerCache` per decoder layer.
-        src_mask: ``(N|1, 1|H, 1, S)``, the source padding for cross-attention, prepared once
+        src_mask: ``(B|1, 1|H, 1, S)``, the source padding for cross-attention, prepared once
             (`prepare_mask`): in SDPA's additive form (0 = may attend, -inf = may not) in the keys'
             dtype; a row with no key may attend every key, and ``src_keep`` zeroes its output after.
-        src_keep: ``(N|1, 1|H, 1, 1)`` in the keys' dtype, 0 for a row with no source key, else 1;
+        src_keep: ``(B|1, 1|H, 1, 1)`` in the keys' dtype, 0 for an item with no source key, else 1;
             None where every row has a key.
         generator: the output projection as a step reads it, ``(kernel (d, V), bias (V,))``
             (the tied table transposed, or the generator's own kernel), the kernel in the

@@ -187,12 +187,12 @@ class DecoderLayer(nn.Module):
         ``0 .. position`` (see `MultiHeadAttention.extend`, with the cache's fused projection);
         cross-attention uses the cached source keys/values and the prepared mask.
 
-        Shape: x ``(N, 1, d)``, src_mask broadcastable to ``(N, H, 1, S)`` and src_keep
-        (`torch_impl.cache.prepare_mask`) -> ``((N, 1, d), the layer's cache with its
-        self-attention keys/values updated)`` (in place, and returned). With ``position`` a 0-d
-        tensor (a CUDA graph's step), ``self_mask`` is its `torch_impl.cache.filled_mask`, made once
-        for every layer. A cache without weights (`torch_impl.cache.NO_WEIGHTS`, a model not as
-        built) has the step call the modules.
+        Shape: x ``(N, 1, d)``; the cache's cross keys, src_mask and src_keep
+        (`torch_impl.cache.prepare_mask`) of ``B`` items, ``N = B * beams`` -> ``((N, 1, d), the
+        layer's cache with its self-attention keys/values updated)`` (in place, and returned).
+        With ``position`` a 0-d tensor (a CUDA graph's step), ``self_mask`` is its
+        `torch_impl.cache.filled_mask`, made once for every layer. A cache without weights
+        (`torch_impl.cache.NO_WEIGHTS`, a model not as built) has the step call the modules.
         """
         kept, w = {}, cache.weights
 

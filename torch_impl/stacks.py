@@ -7,7 +7,7 @@ from torch import nn
 from shared import TransformerConfig
 
 from .cache import (NO_WEIGHTS, DecoderCache, EncoderWeights, LayerCache, StepWeights, prepare_mask,
-                    projection, repeat_rows)
+                    projection)
 from .layers import DecoderLayer, EncoderLayer, Trace, record
 from .norm import LayerNorm
 
@@ -80,7 +80,8 @@ class Decoder(nn.Module):
                    weights: list[StepWeights] | None,
                    generator: tuple[torch.Tensor, torch.Tensor] | None) -> DecoderCache:
         """An empty cache for ``capacity`` positions: cross-attention keys/values of ``memory``
-        computed once, then repeated for ``beams`` rows per item; the source mask prepared once;
+        computed once and kept once per item, not per beam (`DecoderCache`); the source mask
+        prepared once;
         ``weights`` (`step_weights`) and ``generator`` (kernel (d, V), bias) kept for the steps
         (None: a model not as built, whose steps call the modules: `torch_impl.cache._as_built`; the
         cache then holds `torch_impl.cache.NO_WEIGHTS`).
@@ -95,12 +96,10 @@ class Decoder(nn.Module):
             k, v = layer.cross_attn.keys_values(memory, kv)  # (B, H, S, d_k), once per source
             # (N, H, capacity, d_k) in the keys' dtype: the model's, or half under autocast
             empty = k.new_zeros(n, attn.n_heads, capacity, attn.d_k)
-            layers.append(LayerCache(empty, torch.zeros_like(empty), repeat_rows(k, beams),
-                                     repeat_rows(v, beams), layer_weights))
+            layers.append(LayerCache(empty, torch.zeros_like(empty), k, v, layer_weights))
         # once per source, not per layer and step; src_keep in the dtype of the context it scales
         mask, keep = prepare_mask(src_mask, layers[0].cross_key.dtype if layers else memory.dtype)
-        keep = None if keep is None else repeat_rows(keep, beams)
-        return DecoderCache(layers, repeat_rows(mask, beams), keep, generator or NO_WEIGHTS, 0)
+        return DecoderCache(layers, mask, keep, generator or NO_WEIGHTS, 0)
 
     def infer(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
               tgt_mask: torch.Tensor, weights: list[StepWeights], dtype: torch.dtype) -> torch.Tensor:
