@@ -10,6 +10,11 @@ positions (attention, the cache's writes); one that stays flat is the step's fix
 the time is the device's (``self_device_time_total``); there a step's host cost is what
 `benchmarks/gpu_profile.py` splits.
 
+The header also names the system's transparent-huge-page mode and, after each batch, how much of
+the process's memory is on huge pages (Linux): a step streams every weight once, and on 4 KB
+pages that is one TLB miss per page (torch's allocator asks for huge pages under
+``THP_MEM_ALLOC_ENABLE=1``, which `shared.threads` sets, where the system's mode allows it).
+
 ``--attention math`` runs the same decodes under ``sdpa_kernel([SDPBackend.MATH])`` instead of the
 kernel torch picks, a variant to compare on a given CPU, not one torch_impl runs.
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,6 +43,25 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
     return value
+
+
+def _huge_pages() -> str:
+    """The process's anonymous memory on transparent huge pages, from /proc (Linux), or ''."""
+    try:
+        fields = dict(line.split(":", 1) for line in open("/proc/self/smaps_rollup"))
+    except OSError:
+        return ""
+    mb = {key: int(fields[key].split()[0]) / 1024 for key in ("AnonHugePages", "Anonymous") if key in fields}
+    return f"; anonymous memory on huge pages: {mb.get('AnonHugePages', 0):.0f} of {mb.get('Anonymous', 0):.0f} MB"
+
+
+def _thp_mode() -> str:
+    """The system's transparent-huge-page mode (the bracketed word), or 'unknown'."""
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "unknown"
+    return text[text.find("[") + 1:text.find("]")] if "[" in text else text.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     search = "greedy" if args.beam_size == 1 else f"beam {args.beam_size}"
     clock = "device" if cuda else "CPU"
     print(f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads, preset base float32, "
-          f"{search}, EOS suppressed, attention: {args.attention}; own {clock} time per step")
+          f"{search}, EOS suppressed, attention: {args.attention}; own {clock} time per step; "
+          f"transparent huge pages: {_thp_mode()}, THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     for batch in args.batches:
         src = sources(config, batch)
@@ -105,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                     ops.setdefault(event.key, {})[n] = (own / n / 1e3, event.count / n)
         longest = max(args.tokens)
         shown = sorted(ops, key=lambda name: -ops[name].get(longest, (0.0, 0))[0])[:args.top]
-        print(f"\nbatch {batch}: " + ", ".join(f"{n} tokens {ms:.2f} ms/step" for n, ms in per_step.items()))
+        print(f"\nbatch {batch}: " + ", ".join(f"{n} tokens {ms:.2f} ms/step" for n, ms in per_step.items())
+              + _huge_pages())
         print(f"{'operation':44s}" + "".join(f"{f'{n} tok ms':>12s}{'calls':>7s}" for n in args.tokens))
         for name in shown:
             cells = "".join(f"{ops[name].get(n, (0.0, 0))[0]:12.3f}{ops[name].get(n, (0.0, 0))[1]:7.1f}"
