@@ -172,6 +172,35 @@ def test_decode_step_checks_its_arguments(model_backend):
         model.init_cache(model.encode(src), mask, 4, beams=0)
 
 
+
+@pytest.mark.parametrize("model_backend", CACHE_BACKENDS, indirect=True)
+def test_reorder_beams_checks_its_rows(model_backend):
+    """``cache.reorder_beams(rows)``: one integer row per cache row, each from its own item (the
+    cache keeps the source's keys once per item); the same messages in both backends, and a
+    refused reorder leaves the cache as it was."""
+    be = model_backend
+    config = config64("tiny-post-standard")
+    model = be.build(config, random_weights(config, 5))
+    src = sources(config, 5, lengths=(7, 2))  # 2 items, 3 beams each: 6 rows
+    cache = model.init_cache(model.encode(be.tensor(src)), be.make_src_mask(src, config.pad_id), 4, 3)
+    logits, cache = model.decode_step(be.tensor(np.full(6, 3, np.int64)), cache)
+    before = [be.numpy(layer.self_key) for layer in cache.layers]
+    with pytest.raises(ValueError, match=r"rows: expected a tensor of shape \(6,\) \(one source row per "
+                                         r"cache row\), got \(5,\)"):
+        cache.reorder_beams(be.tensor(np.arange(5)))
+    with pytest.raises(TypeError, match=r"rows: expected integer row indices, got dtype float32"):
+        cache.reorder_beams(be.tensor(np.arange(6, dtype=np.float32)))
+    item = r"rows: expected each row's source among its own item's beams \(rows 3 to 5 for row 4, 3 beams an item\)"
+    with pytest.raises(ValueError, match=item + r", got rows\[4\] = 1"):
+        cache.reorder_beams(be.tensor(np.array([0, 1, 2, 3, 1, 5])))
+    with pytest.raises(ValueError, match=r"rows: .*for row 0, 3 beams an item\), got rows\[0\] = -1"):
+        cache.reorder_beams(be.tensor(np.array([-1, 1, 2, 3, 4, 5])))
+    for layer, key in zip(cache.layers, before):
+        np.testing.assert_array_equal(be.numpy(layer.self_key), key)
+    cache = cache.reorder_beams(be.tensor(np.array([2, 2, 0, 3, 3, 3], np.int32)))  # any integer dtype
+    for layer, key in zip(cache.layers, before):
+        np.testing.assert_array_equal(be.numpy(layer.self_key)[:, :, :1], key[[2, 2, 0, 3, 3, 3], :, :1])
+
 # -- parity with the float64 oracle ---------------------------------------------------------------
 # torch: every tiny variant, cached and recompute. TF: every decode variant compiled (tf.function)
 # with the cache; recompute, eager and XLA on some, so that each trace is paid once (the expensive

@@ -101,3 +101,28 @@ def check_mask(name: str, shape: Sequence[int], dtype: str, is_bool: bool,
           and shape[3] == k_len)
     if not ok:
         raise ValueError(f"{name}: expected a mask broadcastable to {expected}, got shape {shape}")
+
+
+def check_beam_rows(shape: Sequence[int] | None, dtype: str, is_integer: bool, rows: int | None) -> None:
+    """A beam reorder's ``rows`` (`DecoderCache.reorder_beams`): one source row per cache row,
+    integer indices. Shape ``(rows,)``; not checked where ``shape`` or ``rows`` is None (unknown
+    while TensorFlow traces a graph)."""
+    shape = None if shape is None else _sizes(shape)
+    if shape is not None and rows is not None and shape != (rows,):
+        raise ValueError(f"rows: expected a tensor of shape ({rows},) (one source row per cache row), "
+                         f"got {shape}")
+    if not is_integer:
+        raise TypeError(f"rows: expected integer row indices, got dtype {dtype}")
+
+
+def check_beam_rows_items(values: Sequence[int], beams: int) -> None:
+    """Each row continues a row of its own item (``values[n] // beams == n // beams``): a cache
+    keeps the source's keys once per item, not per beam, so a row taken from another item would
+    attend the wrong source. ``values``: the rows, read to the host."""
+    for n, row in enumerate(values):
+        if not 0 <= row < len(values) or row // beams != n // beams:
+            item = n // beams
+            raise ValueError(f"rows: expected each row's source among its own item's beams (rows "
+                             f"{item * beams} to {item * beams + beams - 1} for row {n}, {beams} beams "
+                             f"an item), got rows[{n}] = {row}")
+

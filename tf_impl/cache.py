@@ -30,7 +30,9 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from .inputs import runtime_check
+from shared.checks import check_beam_rows, check_beam_rows_items
+
+from .inputs import runtime_check, to_tensor
 
 # The Keras classes tf_impl builds its models from. With tf_impl's own classes, the only layer
 # types whose weights a decoding step may read instead of calling them (`_as_built`).
@@ -178,11 +180,22 @@ class DecoderCache(NamedTuple):
         """The cache in which row ``n`` continues from row ``rows[n]`` (beam search's source beam).
 
         ``rows[n]`` must belong to the same source item as ``n`` (``rows[n] // beams == n // beams``),
-        as beam search's are: cross-attention keys/values and the source mask are the same for every
-        beam of an item, so they are kept as they are rather than gathered every step.
+        as beam search's are: cross-attention keys/values and the source mask are kept once per
+        item, so they stay as they are. Checked (`shared.checks.check_beam_rows`; the values
+        eagerly, where they can be read); beam search calls `_reorder_beams`, unchecked.
 
-        Shape: rows ``(N,)`` int32/int64.
+        Shape: rows ``(N,)`` integer.
         """
+        rows = to_tensor("rows", rows)
+        check_beam_rows(tuple(rows.shape) if rows.shape.is_fully_defined() else None, rows.dtype.name,
+                        rows.dtype.is_integer, self.rows)
+        if tf.executing_eagerly():
+            items = self.layers[0].cross_key.shape[0] if self.layers else self.rows
+            check_beam_rows_items(rows.numpy().tolist(), self.rows // items)
+        return self._reorder_beams(rows)
+
+    def _reorder_beams(self, rows: tf.Tensor) -> "DecoderCache":
+        """`reorder_beams` without the checks: ``rows`` ``(N,)`` int32/int64, each within its item."""
         layers = tuple(layer._replace(self_key=tf.gather(layer.self_key, rows),
                                       self_value=tf.gather(layer.self_value, rows))
                        for layer in self.layers)

@@ -97,7 +97,7 @@ class CachedStep:
         return tf.cast(logits, self.dtype), cache  # a half precision's widened for the search
 
     def reorder(self, cache, rows: tf.Tensor):
-        return cache.reorder_beams(rows)
+        return cache._reorder_beams(rows)  # the search's rows: each within its item
 
 
 def _step(model: Transformer, src: tf.Tensor, src_mask: tf.Tensor, beams: int, max_len: int,

@@ -35,6 +35,10 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _modules  # the registries of global forward hooks
 
+from shared.checks import check_beam_rows, check_beam_rows_items
+
+from .inputs import _is_integer
+
 
 class StepWeights(NamedTuple):
     """One decoder layer's weights laid out for inference: a decoding step, and the forward pass
@@ -431,18 +435,28 @@ class DecoderCache:
         filled self-attention positions, in place, and returns ``self``.
 
         ``rows[n]`` must belong to the same source item as ``n`` (``rows[n] // beams == n // beams``),
-        as beam search's are: cross-attention keys/values and the source mask are the same for every
-        beam of an item, so they are left as they are rather than copied every step.
+        as beam search's are: cross-attention keys/values and the source mask are kept once per
+        item, so they stay as they are. Checked (`shared.checks.check_beam_rows`, reading ``rows``
+        from the device); beam search calls `_reorder_beams`, unchecked.
+
+        Shape: rows ``(N,)`` integer, on the cache's device.
+        """
+        if not isinstance(rows, torch.Tensor):
+            raise TypeError(f"rows: expected a torch.Tensor, got {type(rows).__name__}")
+        check_beam_rows(rows.shape, str(rows.dtype)[6:], _is_integer(rows.dtype), self.rows)
+        items = self.layers[0].cross_key.shape[0] if self.layers else self.rows
+        check_beam_rows_items(rows.tolist(), self.rows // items)
+        return self._reorder_beams(rows.long())
+
+    def _reorder_beams(self, rows: torch.Tensor) -> "DecoderCache":
+        """`reorder_beams` without the checks: ``rows`` int64 ``(N,)``, each within its item.
 
         On the CPU, where at most half the rows change (``rows[n] != n``), only those are copied
         (each twice, out and back, since a row may be read after another is written): the copies
         grow with the filled positions, to over a tenth of a late beam step at batch 8, where
         about 40% of the rows change; ``index_copy_`` of a few rows is slower per byte than a copy
         of all, hence the half (docs/performance.md, "Beam search on the CPU"). A GPU gathers
-        every row, as choosing them would read the device at every step.
-
-        Shape: rows ``(N,)`` int64, on the cache's device.
-        """
+        every row, as choosing them would read the device at every step."""
         end = self.length
         targets = None
         if rows.device.type == "cpu":

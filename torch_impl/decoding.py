@@ -134,7 +134,7 @@ class CachedStep:
         return logits.to(self.dtype), cache  # a half precision's widened for the search
 
     def reorder(self, cache, rows: torch.Tensor):
-        return cache.reorder_beams(rows)
+        return cache._reorder_beams(rows)  # the search's rows: each within its item
 
 
 def _step(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor, beams: int, max_len: int,

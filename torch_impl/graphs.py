@@ -138,7 +138,7 @@ class GraphedStep:
         return recorded.logits.to(self.dtype, copy=True), cache
 
     def reorder(self, cache, rows: torch.Tensor):
-        return cache.reorder_beams(rows)
+        return cache._reorder_beams(rows)  # the search's rows: each within its item
 
 
 class _GreedyGraph:
