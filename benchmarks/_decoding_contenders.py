@@ -149,18 +149,19 @@ def transformers_contender(config: TransformerConfig, weights: dict, settings: S
     weights (`shared.exporters.marian.to_marian`, as `twins convert --to marian` writes it; its
     ``generation_config.json`` forces no EOS and bans pad), ``generate`` (greedy, or ``num_beams``
     without a length penalty) with the model's defaults (SDPA attention, the dynamic key/value
-    cache), every setting that could end a row early or force a token stated: the start token is the project's, no minimum length, no EOS
-    forced at the limit, ``max_new_tokens`` (never the config's ``max_length``). In
-    ``settings.precision`` through ``dtype``: the whole model in that dtype (norms and softmax
-    too, unlike torch_impl's half precision, so its tokens may differ there)."""
+    cache), every setting that could end a row early or force a token stated: the start token is
+    the project's, no minimum length, no EOS forced at the limit, ``max_new_tokens`` (never the
+    config's ``max_length``). In ``settings.precision`` through ``dtype``: the whole model in that
+    dtype (norms and softmax too, unlike torch_impl's half precision, so its tokens may differ
+    there)."""
     import transformers
 
     torch = _torch_settings(settings, f"transformers {transformers.__version__} on ")
     if settings.beam_size > 1 and config.src_vocab != config.tgt_vocab and not marian_beam_search_works():
         raise Skipped(f"transformers {transformers.__version__}: generate's beam search reshapes each "
                       f"step's scores by the config's vocab_size, which is Marian's source vocabulary "
-                      f"({config.src_vocab}), not the decoder's ({config.tgt_vocab}), and fails; "
-                      f"transformers {'.'.join(map(str, MARIAN_BEAM_SEARCH_FIXED))} takes the scores' own width")
+                      f"({config.src_vocab}), not the decoder's ({config.tgt_vocab}), and fails; transformers "
+                      f"{'.'.join(map(str, MARIAN_BEAM_SEARCH_FIXED))} takes the scores' own width")
     from shared.exporters.marian import to_marian
 
     transformers.utils.logging.disable_progress_bar()  # "Loading weights": not benchmark output

@@ -1,4 +1,4 @@
-"""Beam search's token selection two ways, side by side: topk with its ties settled, and a stable sort of whole rows.
+"""Beam search's token selection two ways, side by side: topk with its ties settled, and a whole-row sort.
 
 Beam search ranks each beam's V logits for its 2K best tokens, ties by lowest id (`shared.decoding`,
 step 2; docs/design.md, convention 11): the first k of ``torch.sort(descending=True,

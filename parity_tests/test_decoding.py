@@ -190,7 +190,8 @@ def test_reorder_beams_checks_its_rows(model_backend):
         cache.reorder_beams(be.tensor(np.arange(5)))
     with pytest.raises(TypeError, match=r"rows: expected integer row indices, got dtype float32"):
         cache.reorder_beams(be.tensor(np.arange(6, dtype=np.float32)))
-    item = r"rows: expected each row's source among its own item's beams \(rows 3 to 5 for row 4, 3 beams an item\)"
+    item = (r"rows: expected each row's source among its own item's beams \(rows 3 to 5 for row 4, "
+            r"3 beams an item\)")
     with pytest.raises(ValueError, match=item + r", got rows\[4\] = 1"):
         cache.reorder_beams(be.tensor(np.array([0, 1, 2, 3, 1, 5])))
     with pytest.raises(ValueError, match=r"rows: .*for row 0, 3 beams an item\), got rows\[0\] = -1"):

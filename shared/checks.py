@@ -125,4 +125,3 @@ def check_beam_rows_items(values: Sequence[int], beams: int) -> None:
             raise ValueError(f"rows: expected each row's source among its own item's beams (rows "
                              f"{item * beams} to {item * beams + beams - 1} for row {n}, {beams} beams "
                              f"an item), got rows[{n}] = {row}")
-

@@ -67,10 +67,9 @@ class Decoder(_TracingLayer):
                    generator: tuple[tf.Tensor, tf.Tensor] | None) -> DecoderCache:
         """An empty cache for ``capacity`` positions: cross-attention keys/values of ``memory``
         computed once and kept once per item, not per beam (`DecoderCache`); the source mask
-        prepared once;
-        ``weights`` (`step_weights`) and ``generator`` (kernel (d, V), bias) kept for the steps
-        (None: a model not as built, whose steps call the layers: `tf_impl.cache._as_built`; the
-        cache then holds `tf_impl.cache.NO_WEIGHTS`).
+        prepared once; ``weights`` (`step_weights`) and ``generator`` (kernel (d, V), bias) kept
+        for the steps (None: a model not as built, whose steps call the layers:
+        `tf_impl.cache._as_built`; the cache then holds `tf_impl.cache.NO_WEIGHTS`).
 
         Shape: memory ``(B, S, d)``, src_mask ``(B|1, 1|H, 1, S)`` -> a cache of ``N = B * beams`` rows.
         """
