@@ -2,7 +2,9 @@
 
 Times the products one cached greedy step of preset ``base`` (float32) makes, for each row count
 (``batch * beams``) and each layout (dense ``(in, out)`` as `step_layout` keeps it, every kernel
-``(out, in)`` in memory, oneDNN-packed): every decoder layer's stacked query/key/value, self-attention
+``(out, in)`` in memory, oneDNN-packed; and the dense kernels of the layers in one buffer, as a step
+on the CPU keeps them, `torch_impl.cache.in_one_buffer`, against the same allocated apart): every
+decoder layer's stacked query/key/value, self-attention
 output, cross-attention query and output, and the two feed-forward kernels, then the 37000-wide
 output projection; each kernel through `torch_impl.cache.lay_out` and `dense`, the code the step
 runs. There are 6 copies of every layer's kernels, about 160 MB with the projection, so that, as in
@@ -40,6 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from shared import TransformerConfig  # noqa: E402
 from shared.threads import apply_thread_policy, thread_count  # noqa: E402
+
+
+ONE_BUFFER = "dense, one buffer"  # the dense kernels as `torch_impl.cache.in_one_buffer` keeps them
 
 
 def _header(names: list[str], note: str) -> None:
@@ -84,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from torch_impl.cache import DENSE, DENSE_OUT_IN, PACKED, dense, lay_out, step_layout
+    from torch_impl.cache import (DENSE, DENSE_OUT_IN, PACKED, StepWeights, dense, in_one_buffer, lay_out,
+                                  step_layout)
 
     torch.set_num_threads(args.threads)
     config = TransformerConfig.preset("base")
@@ -99,9 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}; {len(kernels)} products, {megabytes:.0f} MB "
           f"of kernels a step; {args.rounds} rounds of {args.repeats} steps")
-    _header(["dense", "(out, in)", "packed"], "step_layout picks")
+    _header(["dense", "(out, in)", "packed", "one buffer"], "step_layout picks")
     layouts = (DENSE, DENSE_OUT_IN, PACKED)
     laid = {layout: [(lay_out(k, layout), b) for k, b in kernels] for layout in layouts}
+    names = ("qkv", "self_output", "cross_query", "cross_output", "inner", "outer")  # a step's order
+    layers = [StepWeights(**{f"{n}_{part}": t for n, pair in zip(names, laid[DENSE][at:at + 6])
+                             for part, t in zip(("kernel", "bias"), pair)},
+                          cross_kv_kernel=torch.empty(0), cross_kv_bias=torch.empty(0))  # not a step's
+              for at in range(0, len(laid[DENSE]) - 1, 6)]
+    # the dense kernels as a step on the CPU keeps them: each layer's in one buffer, in reading order
+    laid[ONE_BUFFER] = [(getattr(w, f"{n}_kernel"), getattr(w, f"{n}_bias"))
+                        for w in in_one_buffer(layers, torch.device("cpu")) for n in names] + laid[DENSE][-1:]
 
     def laid_out(x_of: dict, kernel: torch.Tensor, bias: torch.Tensor) -> None:
         """`dense`, the step's product, on a `lay_out` kernel (packed: ``(out, in)``)."""
@@ -150,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{rows:5d}   {cells}{ratios}   {note}", flush=True)
 
     for rows in args.rows:
-        med, ms = compare(rows, {layout: (laid[layout], laid_out) for layout in layouts})
-        row(rows, med, ms, layouts, step_layout(rows, torch.device("cpu"), torch.float32))
+        med, ms = compare(rows, {layout: (laid[layout], laid_out) for layout in (*layouts, ONE_BUFFER)})
+        row(rows, med, ms, (*layouts, ONE_BUFFER), step_layout(rows, torch.device("cpu"), torch.float32))
     if 1 in args.rows:  # other operations for one row, on the same kernels
         packed_for_one = [(torch.ops.mkldnn._reorder_linear_weight(k.t().contiguous(), 1), b)
                           for k, b in kernels]

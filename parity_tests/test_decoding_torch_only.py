@@ -164,6 +164,50 @@ def test_step_weights_follow_the_parameters(dtype, rows):
     assert not np.array_equal(first.tokens, torch_impl.greedy_decode(model, src, MAX_LEN).tokens)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_steps_dense_kernels_share_one_buffer_in_reading_order(monkeypatch, dtype):
+    """On the CPU the kept step weights in a layout of plain tensors (float32 at one row with
+    `PACKED_MIN_ROWS` at 3, as on an Intel CPU; float16's `DENSE_OUT_IN` at one row) are views
+    of one buffer (`torch_impl.cache.in_one_buffer`): in the order a step reads them, apart and
+    64-byte aligned, each with the shape, strides and values `lay_out_weights` gives alone; the
+    cross-attention's key/value kernel, applied once per source, is not among them. A decode on
+    them gives the same bits as on the kernels laid out apart."""
+    from torch_impl import cache
+    from torch_impl.cache import StepWeights, lay_out_weights, step_layout
+    from torch_impl.precision import set_precision
+    monkeypatch.setattr(cache, "PACKED_MIN_ROWS", 3)
+    config = tiny_configs()["tiny-post-standard"]
+    model = build(config, weights_for(config, 0)).eval()
+    set_precision(model, dtype)
+    half = None if dtype == "float32" else getattr(torch, dtype)
+    layout = step_layout(1, torch.device("cpu"), getattr(torch, dtype))
+    assert layout in (cache.DENSE, cache.DENSE_OUT_IN)
+    with torch.autocast("cpu", dtype=half, enabled=half is not None):
+        layers, _ = model._step_weights(1)
+    alone = [lay_out_weights(w, layout, half) for w in model.decoder.step_weights()]
+    names = [name for name in StepWeights._fields if not name.startswith("cross_kv")]
+    read = [getattr(w, name) for w in layers for name in names]
+    assert len({t.untyped_storage().data_ptr() for t in read}) == 1
+    for t, after in zip(read, read[1:]):
+        assert t.data_ptr() % 64 == 0 and t.data_ptr() + t.numel() * t.element_size() <= after.data_ptr()
+    assert layers[0].cross_kv_kernel.untyped_storage().data_ptr() != read[0].untyped_storage().data_ptr()
+    for w, a in zip(layers, alone):
+        for name in StepWeights._fields:
+            got, want = getattr(w, name), getattr(a, name)
+            assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype), name
+            assert torch.equal(got, want), name
+    src = sources(config, 0)[:1]
+    together = torch_impl.greedy_decode(model, src, MAX_LEN)  # one row: the layout above
+    fresh = build(config, weights_for(config, 0)).eval()
+    set_precision(fresh, dtype)
+    monkeypatch.setattr(torch_impl.model, "in_one_buffer", lambda layers, device: layers)
+    for x, y in zip(together, torch_impl.greedy_decode(fresh, src, MAX_LEN)):
+        np.testing.assert_array_equal(x, y)
+    if PACKABLE:  # oneDNN's packed tensors stay as oneDNN made them
+        packed = [lay_out_weights(w, cache.PACKED) for w in model.decoder.step_weights()]
+        assert cache.in_one_buffer(packed, torch.device("cpu")) is packed
+
+
 @pytest.mark.skipif(not PACKABLE, reason="this torch build has no oneDNN packed-weight linear")
 def test_step_layouts_by_rows(monkeypatch):
     """float32 on the CPU multiplies the oneDNN-packed kernels from `PACKED_MIN_ROWS` rows (3 on an

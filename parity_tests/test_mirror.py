@@ -43,6 +43,8 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
         "cache:lay_out": "a kernel in step_layout's layout",
         "cache:lay_out_weights": "every kernel of a StepWeights or EncoderWeights in step_layout's "
                                  "layout",
+        "cache:in_one_buffer": "eager torch keeps a CPU step's plain kernels in one allocation in the "
+                               "order the step reads them; XLA allocates its buffers itself",
         "cache:EncoderWeights": "a decode's one encoder pass runs on oneDNN-packed kernels in eager "
                                 "torch (2.4 times faster products than nn.Linear's addmm on the CPU); "
                                 "TF's encoder pass runs inside the compiled decode, where XLA lays "

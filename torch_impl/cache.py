@@ -21,8 +21,8 @@ Used through `torch_impl.Transformer.init_cache` and `.decode_step`; `torch_impl
 loops that drive them (the `shared.decoding` spec, with the cache as the step's state).
 
 The weights a step reads are laid out for it once and kept (`StepWeights`, `step_layout`,
-`lay_out`, `dense`); the forward pass in inference reads the same (`EncoderWeights` for its
-encoder), under the rule of `_inferring` and kept by `_prepared`.
+`lay_out`, `in_one_buffer`, `dense`); the forward pass in inference reads the same (`EncoderWeights`
+for its encoder), under the rule of `_inferring` and kept by `_prepared`.
 """
 from __future__ import annotations
 
@@ -192,6 +192,48 @@ def lay_out_weights(weights: StepWeights | EncoderWeights, layout: str,
         w = w if dtype is None else w.to(dtype)
         return lay_out(w, layout) if name.endswith("_kernel") else w
     return type(weights)(*(prepared(name, w) for name, w in zip(weights._fields, weights)))
+
+
+_ALIGNMENT = 64  # bytes: c10's CPU allocator aligns every allocation so (and AVX-512 asks no more)
+
+
+def in_one_buffer(layers: list[StepWeights], device: torch.device) -> list[StepWeights]:
+    """``layers`` with every tensor a step reads copied into one new buffer, in the order a step
+    reads them (the fields' order, layer after layer; not ``cross_kv``, which a decode applies
+    once per source), on the CPU where their layout is of plain strided tensors (`DENSE`,
+    `DENSE_OUT_IN`); elsewhere ``layers`` themselves (oneDNN allocates its packed tensors; on CUDA
+    not measured).
+
+    Why: at a few rows a step streams its kernels from memory, and on the CPU one allocation read
+    in order streams faster than the same kernels allocated apart (docs/performance.md, "A step's
+    kernels in one buffer"). Each copy keeps its tensor's shape, strides and values, at an offset
+    aligned as every torch allocation is (`_ALIGNMENT`), so a product takes the same path and
+    gives the same bits."""
+    if device.type != "cpu" or not layers:
+        return layers
+    names = [name for name in StepWeights._fields if not name.startswith("cross_kv")]
+    tensors = [getattr(layer, name) for layer in layers for name in names]
+    dtype = tensors[0].dtype
+    if any(t.is_mkldnn or t.dtype != dtype for t in tensors):  # packed, or kernels and biases apart
+        return layers
+    step = _ALIGNMENT // tensors[0].element_size()
+    offsets, end = [], 0
+    for t in tensors:
+        offsets.append(end)
+        end += -(-t.numel() // step) * step
+    buffer = torch.empty(end, dtype=dtype, device=device)
+    copies = iter([buffer[at:at + t.numel()].as_strided(t.shape, _dense_strides(t)).copy_(t)
+                   for t, at in zip(tensors, offsets)])
+    return [layer._replace(**{name: next(copies) for name in names}) for layer in layers]
+
+
+def _dense_strides(t: torch.Tensor) -> tuple[int, ...]:
+    """The strides of ``t``'s order of axes in memory (innermost: the smallest stride) without
+    gaps: ``t``'s own for a contiguous tensor or a transposed one, as `lay_out` makes them."""
+    strides, size = [0] * t.dim(), 1
+    for axis in sorted(range(t.dim()), key=lambda a: (t.stride(a), -a)):
+        strides[axis], size = size, size * t.shape[axis]
+    return tuple(strides)
 
 
 def dense(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor, relu: bool = False) -> torch.Tensor:

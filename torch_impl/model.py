@@ -15,7 +15,7 @@ from shared.masks import padding_id, start_is_pad
 
 from . import weights_io
 from .cache import (DecoderCache, _as_built, _inferring, _parameters, _plain_linear, _prepared, dense,
-                    filled_mask, lay_out, lay_out_weights, step_layout)
+                    filled_mask, in_one_buffer, lay_out, lay_out_weights, step_layout)
 from .embedding import PositionalEncoding, TokenEmbedding
 from .inputs import _is_integer, check_ids, check_mask, check_same_batch, make_src_mask, make_tgt_mask
 from .layers import Trace, record
@@ -300,14 +300,16 @@ class Transformer(nn.Module):
         bias)`` for a step over ``rows`` rows, every kernel in that step's layout
         (`torch_impl.cache.step_layout`) and, in a half precision, kernels and biases cast to it
         (`torch_impl.precision`), kept as `torch_impl.cache._prepared` says (one set per layout and
-        dtype, each the size of the decoder and generator weights in that dtype)."""
+        dtype, each the size of the decoder and generator weights in that dtype); on the CPU the
+        layers' in one buffer where they are plain tensors (`torch_impl.cache.in_one_buffer`)."""
         dtype = self._products_dtype()
         layout = step_layout(rows, self.generator.bias.device, dtype)
         cast = None if dtype == self.generator.bias.dtype else dtype
 
         def make():
             weights = [lay_out_weights(w, layout, cast) for w in self.decoder.step_weights()]
-            return weights, self.generator._laid_out(layout, dtype)
+            device = self.generator.bias.device
+            return in_one_buffer(weights, device), self.generator._laid_out(layout, dtype)
 
         return _prepared(self, f"{layout}, {str(dtype)[6:]}", _parameters(self), make)
 
