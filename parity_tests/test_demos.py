@@ -28,8 +28,13 @@ OPTS = ["--no-progress", "--threads", "1"]
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:
+    """``twins ARGV`` in this process: (exit status, stdout, stderr); a usage error that argparse
+    reports (exit 2) is returned as the others are."""
     capsys.readouterr()
-    code = main([str(a) for a in argv])
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exit_:
+        code = exit_.code
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -263,11 +263,7 @@ class TransformerConfig:
 
     @classmethod
     def from_json(cls, text: str) -> "TransformerConfig":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"TransformerConfig.from_json: not valid JSON ({err})") from None
-        return cls.from_dict(data)
+        return cls.from_dict(parse_json(text, "TransformerConfig.from_json"))
 
     # -- presets ----------------------------------------------------------------------------------
     @classmethod
@@ -276,6 +272,17 @@ class TransformerConfig:
         if name not in PRESETS:
             raise ValueError(f"TransformerConfig.preset: name expected one of {sorted(PRESETS)}, got {name!r}")
         return cls(**{**PRESETS[name], **overrides})
+
+
+def parse_json(text: str, source: str):
+    """``json.loads(text)``, every way it can fail a ValueError naming ``source``: not JSON, an
+    integer too long to convert (Python's limit of 4300 digits), nesting too deep to parse."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{source}: not valid JSON (nested too deeply to read)") from None
+    except ValueError as err:  # JSONDecodeError, and the integer-length limit
+        raise ValueError(f"{source}: not valid JSON ({err})") from None
 
 
 # The paper (Vaswani et al. 2017, Table 3) shares one 37000-token BPE vocabulary between source,

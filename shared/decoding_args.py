@@ -3,6 +3,7 @@ reference and both backends, so that every implementation raises the same error 
 argument and returns the same arrays. `shared.decoding` re-exports every name here."""
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -56,12 +57,28 @@ def check_beam_size(beam_size, vocab: int | None = None, name: str = "beam_size"
                          f"generated), got {beam_size}")
 
 
-def check_length_penalty(alpha) -> None:
-    """``alpha`` is a finite real >= 0 (0 = no penalty)."""
+# The largest float32: a search runs in float32 at the narrowest (a half precision's too).
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_length_penalty(alpha, max_len: int | None = None, name: str = "length_penalty",
+                         max_len_name: str = "max_len") -> None:
+    """``alpha`` is a finite real >= 0 (0 = no penalty); with ``max_len``, one whose largest
+    penalty ``((5 + max_len) / 6) ** alpha`` is finite in float32: past that every finished score
+    divides to zero and the ranking is lost (and a float64 power overflows later still, raising
+    where a float32 one gives inf, so the backends would part). ``name``: the argument as the
+    caller's user wrote it (``--length-penalty`` on the command line), ``max_len_name`` that of
+    ``max_len`` (``--max-new``)."""
     real = isinstance(alpha, (int, float, np.integer, np.floating))
     if not real or isinstance(alpha, (bool, np.bool_)) or not np.isfinite(alpha) or alpha < 0:
-        raise ValueError(f"length_penalty: expected a finite float >= 0 (GNMT alpha; 0 = none), "
-                         f"got {alpha!r}")
+        raise ValueError(f"{name}: expected a finite float >= 0 (GNMT alpha; 0 = none), got {alpha!r}")
+    if max_len is not None and max_len > 1:
+        # rounded down to 0.01: a float32 power a few ulps off at the very edge stays finite
+        largest = math.floor(100 * math.log(_FLOAT32_MAX) / math.log((5.0 + max_len) / 6.0)) / 100
+        if alpha > largest:
+            raise ValueError(f"{name}: expected at most {largest} at {max_len_name}={max_len} (the "
+                             f"penalty ((5 + max_len) / 6) ** alpha must stay finite in float32), "
+                             f"got {alpha!r}")
 
 
 def check_search_args(config: TransformerConfig, max_len, beam_size=None, length_penalty=0.0) -> None:
@@ -69,7 +86,7 @@ def check_search_args(config: TransformerConfig, max_len, beam_size=None, length
     check_max_len(max_len, config.max_len)
     if beam_size is not None:
         check_beam_size(beam_size, config.tgt_vocab)
-    check_length_penalty(length_penalty)
+    check_length_penalty(length_penalty, max_len)
 
 
 def _check_ids(vocab: int, bos_id: int, eos_id: int, pad_id: int) -> None:
@@ -108,7 +125,7 @@ def check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id, len
     _check_batch(batch)
     check_max_len(max_len)
     check_beam_size(beam_size)
-    check_length_penalty(length_penalty)
+    check_length_penalty(length_penalty, max_len)
     vocab = _check_vocab(step)
     _check_ids(vocab, bos_id, eos_id, pad_id)
     check_beam_size(beam_size, vocab)

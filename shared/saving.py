@@ -40,6 +40,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from .paths import replaced
+
 # Where a save may be killed, in order (TWINS_FAULT_AT=<one of these>).
 FAULT_POINTS = ("config-written", "staging", "staged", "marked", "moved-old", "swapped", "cleaned")
 _TAG = ".twins-"  # every temporary sibling of NAME is ".NAME.twins-..."
@@ -138,8 +140,9 @@ def recover(path: str | os.PathLike) -> None:
     """Finish or undo a save of ``path`` that a crash interrupted, and remove its dead temporaries.
 
     Does nothing when there is nothing to do. Raises `InterruptedSave` naming the surviving copy
-    when the repair itself fails (a read-only folder, say)."""
-    path = Path(path)
+    when the repair itself fails (a read-only folder, say). A symbolic link is followed, as a
+    save follows it (the temporaries are beside its target)."""
+    path = Path(os.path.realpath(path) if os.path.islink(path) else path)
     marker = _marker(path)
     try:
         if marker.is_file():
@@ -188,10 +191,10 @@ def _finish_swap(path: Path, marker: Path) -> None:
 def write_atomically(path: str | os.PathLike, write: Callable[[str], None], suffix: str = ".tmp") -> Path:
     """``write(tmp)`` into a temporary file beside ``path``, fsync it, then ``os.replace`` it into
     place: a crash leaves the old file or the new one, never half of one. ``suffix`` ends the
-    temporary name (Keras insists on ``.weights.h5``). An existing directory at ``path`` is refused."""
-    path = Path(path)
-    if path.is_dir():
-        raise FileExistsError(f"{str(path)!r}: is a directory; refusing to replace it with a file")
+    temporary name (Keras insists on ``.weights.h5``). A symbolic link at ``path`` is followed
+    (its target is replaced, the link stays); anything but a regular file there (a directory, a
+    FIFO, a device) is refused (`shared.paths.replaced`)."""
+    path = Path(replaced(path, directory=False))  # a link's target; a directory, FIFO, ... refused
     path.parent.mkdir(parents=True, exist_ok=True)
     recover(path)
     try:
@@ -247,9 +250,11 @@ def replace_directory(path: str | os.PathLike, fill: Callable[[Path], None]) -> 
     """Make ``path`` the directory that ``fill(staging)`` writes, crash-safely (module docstring):
     at every instant ``path`` is the complete old directory or the complete new one (with the
     marker protocol, absent for two renames but recoverable by `recover`). ``fill`` receives an
-    empty directory and writes the files; it need not fsync them. Checking that ``path`` may be
-    replaced is the caller's."""
-    path = Path(path)
+    empty directory and writes the files; it need not fsync them. A symbolic link at ``path`` is
+    followed (its target is replaced, the link stays), and anything but a directory there is
+    refused (`shared.paths.replaced`); checking that a directory there may be replaced is the
+    caller's."""
+    path = Path(replaced(path, directory=True))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         recover(path)

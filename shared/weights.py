@@ -36,6 +36,7 @@ from typing import Mapping
 import numpy as np
 
 from .config import TransformerConfig
+from .paths import read_json
 from .saving import fault_point, recover, replace_directory, umask, write_atomically  # noqa: F401
 
 FORMAT_VERSION = 1
@@ -226,6 +227,28 @@ def snapshot_weights(weights: Mapping[str, object], source: str = "weights"
     return snapshot, problems
 
 
+def absent_layers(config: TransformerConfig, names) -> list[str]:
+    """One problem for each stack whose config asks for more layers than ``names`` (canonical
+    weight names) hold any tensor of: ``"decoder.layers: the config has 6 (n_decoder_layers), the
+    weights hold 4 (0-3)"``. Found from the names alone, so a config asking for millions of layers
+    is refused at once rather than listed tensor by tensor."""
+    problems = []
+    for stack, field in (("encoder", "n_encoder_layers"), ("decoder", "n_decoder_layers")):
+        prefix = f"{stack}.layers."
+        held = {int(i) for i in (n[len(prefix):].split(".", 1)[0] for n in names if n.startswith(prefix))
+                if i.isdigit()}
+        wanted = getattr(config, field)
+        inside = sorted(i for i in held if i < wanted)
+        if len(inside) < wanted:
+            if inside and inside[-1] - inside[0] == len(inside) - 1:  # a run: "0-3", or "1"
+                ranges = f"{inside[0]}-{inside[-1]}" if len(inside) > 1 else str(inside[0])
+            else:
+                ranges = ", ".join(map(str, inside[:8])) + (", ..." if len(inside) > 8 else "")
+            problems.append(f"{prefix[:-1]}: the config has {wanted} ({field}), the weights hold "
+                            f"{len(inside)}{f' ({ranges})' if inside else ''}")
+    return problems
+
+
 def check_weights(config: TransformerConfig, weights: Mapping[str, object], source: str = "weights",
                   allow_nonfinite: bool = False) -> dict[str, np.ndarray]:
     """Raise one `WeightsError` listing every missing, unexpected, unreadable, mis-shaped,
@@ -235,6 +258,9 @@ def check_weights(config: TransformerConfig, weights: Mapping[str, object], sour
     was checked. Expected dtype is ``config.dtype`` exactly (no silent casts: a cast would break
     the bit-exact round trip). ``weights`` is not modified."""
     snapshot, problems = snapshot_weights(weights, source)
+    absent = absent_layers(config, snapshot)
+    if absent:  # named by layer, and no schema of that many layers is built (a config may ask 10**9)
+        raise WeightsError(source, problems + absent)
     unreadable = {p.split(":", 1)[0] for p in problems}
     schema = weight_schema(config)
     missing = [n for n in schema if n not in snapshot]
@@ -306,10 +332,7 @@ def write_checkpoint_files(folder: Path, config: TransformerConfig,
 def read_config_file(config_file: Path) -> TransformerConfig:
     """The config of a ``config.json`` holding ``format_version`` and ``config`` (a neutral
     checkpoint's, an ONNX export's); ``ValueError`` naming the file when it is not one."""
-    try:
-        header = json.loads(Path(config_file).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{str(config_file)!r}: not valid JSON ({err})") from None
+    header = read_json(config_file)
     if not isinstance(header, dict) or "format_version" not in header or "config" not in header:
         raise ValueError(f"{str(config_file)!r}: expected keys 'format_version' and 'config'")
     if header["format_version"] != FORMAT_VERSION:
@@ -332,6 +355,8 @@ def load_checkpoint(path: str | os.PathLike, allow_nonfinite: bool = False
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
+    from .importers.safetensors_file import numpy_unloadable
+
     path = Path(path)
     recover(path)  # an interrupted save: finish it (or say where the data is) before reading
     if not path.exists():
@@ -350,7 +375,14 @@ def load_checkpoint(path: str | os.PathLike, allow_nonfinite: bool = False
             raise FileNotFoundError(f"load_checkpoint: missing {str(f)!r}")
     config = read_config_file(config_file)
     try:
+        unloadable = numpy_unloadable(weights_file)
+        if unloadable:  # named here: safetensors.numpy's own error names no tensor
+            raise WeightsError(str(weights_file), [f"{name}: expected dtype {config.dtype}, got {dtype} "
+                                                   "(safetensors' name; not a NumPy type)"
+                                                   for name, dtype in sorted(unloadable.items())])
         weights = load_file(str(weights_file))
+    except WeightsError:
+        raise
     except (SafetensorError, OSError, ValueError) as err:
         raise ValueError(f"{str(weights_file)!r}: not a readable safetensors file ({err})") from None
     return config, check_weights(config, weights, source=str(weights_file), allow_nonfinite=allow_nonfinite)

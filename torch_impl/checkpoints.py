@@ -123,12 +123,22 @@ def from_state_dict(config: TransformerConfig, state_dict: Mapping, source: str 
                        what="keys", problems=problems)
 
 
+def _shown(value) -> str:
+    """A stored field's value for a message: its repr where it is a short plain value, else its
+    type (a tensor's repr may be its every element)."""
+    if isinstance(value, (str, int, float, type(None))) and len(repr(value)) <= 80:
+        return repr(value)
+    return f"a {type(value).__name__}"
+
+
 def _stored(value) -> Stored | str:
     """One state-dict entry as `read_stored` checks it, or why it cannot be one."""
     if not isinstance(value, torch.Tensor):
         return f"expected a tensor, got {type(value).__name__}"
     if value.layout != torch.strided or value.is_quantized:
         return f"expected a dense tensor, got layout {value.layout}"
+    if value.is_meta:  # a shape without values (torch.device("meta"))
+        return "expected a tensor with values, got one on the meta device"
     return Stored(tuple(value.shape), str(value.dtype).removeprefix("torch."),
                   lambda: value.detach().cpu().numpy())
 
@@ -179,10 +189,11 @@ def read_native(path: str | os.PathLike, config: TransformerConfig | None = None
         if extra or lacking:
             raise ValueError(f"{where!r}: expected the keys {list(PT_KEYS)} of a torch_impl checkpoint, "
                              f"missing {lacking}, unexpected {extra}")
-        if obj["format"] != PT_FORMAT:
-            raise ValueError(f"{where!r}: expected format {PT_FORMAT!r}, got {obj['format']!r}")
-        if obj["format_version"] != PT_FORMAT_VERSION:
-            raise ValueError(f"{where!r}: unknown format_version {obj['format_version']!r}, "
+        # Compared only as the plain values they must be: a tensor here would compare element-wise.
+        if type(obj["format"]) is not str or obj["format"] != PT_FORMAT:
+            raise ValueError(f"{where!r}: expected format {PT_FORMAT!r}, got {_shown(obj['format'])}")
+        if type(obj["format_version"]) is not int or obj["format_version"] != PT_FORMAT_VERSION:
+            raise ValueError(f"{where!r}: unknown format_version {_shown(obj['format_version'])}, "
                              f"this version reads {PT_FORMAT_VERSION}")
         if not isinstance(obj["config"], str):
             raise ValueError(f"{where!r}: 'config' expected a JSON string, "
@@ -246,6 +257,8 @@ def read_foreign_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
     tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
     problems += [f"{k!r}: expected a dense tensor, got {v.layout}{' quantized' if v.is_quantized else ''}"
                  for k, v in tensors.items() if v.layout != torch.strided or v.is_quantized]
+    problems += [f"{k!r}: expected a tensor with values, got one on the meta device"
+                 for k, v in tensors.items() if v.is_meta]
     problems += [f"{k!r}: dtype {str(v.dtype).removeprefix('torch.')} is not supported (supported: "
                  f"{_FOREIGN_DTYPES})" for k, v in tensors.items()
                  if v.layout == torch.strided and not v.is_quantized and v.dtype not in _FLOATS]

@@ -15,7 +15,7 @@ from shared.config import PRESETS
 from shared.precision import HALF_PRECISIONS
 from shared.weights import random_weights
 
-from . import loading
+from . import arguments, loading
 from .backends import COMPARED, Unavailable, make_adapter
 
 
@@ -33,7 +33,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--src-len", type=int, default=16)
     parser.add_argument("--tgt-len", type=int, default=12)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=arguments.seed, default=0)
     parser.add_argument("--backends", default="torch,tf",
                         help="comma-separated implementations to compare with the reference: torch, "
                              "tf, onnx (ONNX Runtime on an in-memory export: the logits only, its "
@@ -53,8 +53,7 @@ def _load(args) -> tuple[TransformerConfig, dict]:
         _, config, weights = loading.read(args.checkpoint, args)
     else:
         if args.config:
-            with open(args.config, encoding="utf-8") as f:
-                config = TransformerConfig.from_json(f.read())
+            config = loading.config_file(args.config)
         else:
             config = TransformerConfig.preset(args.preset)
         weights = None

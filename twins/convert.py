@@ -16,7 +16,7 @@ from shared import formats
 from shared import weights as neutral
 from shared.importers.notes import collected
 
-from . import loading
+from . import arguments, loading
 
 
 def add_arguments(parser) -> None:
@@ -31,7 +31,7 @@ def add_arguments(parser) -> None:
                         help="run one batch through source and result, print the parity table "
                              "(for a saved-model: its decoded tokens against tf_impl's); exit 1 "
                              "when it fails")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the --verify batch")
+    parser.add_argument("--seed", type=arguments.seed, default=0, help="seed of the --verify batch")
     loading.add_arguments(parser, write=True)
 
 

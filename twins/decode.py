@@ -18,14 +18,16 @@ that needs options takes them as ``twins convert`` does (``--from nn-transformer
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from shared.decoding_args import check_beam_size
+from shared.decoding_args import check_beam_size, check_length_penalty
 from shared.exporters.onnx import export_precision, read_onnx
 from shared.formats import onnx as onnx_formats
+from shared.paths import read_text
 from shared.precision import HALF_PRECISIONS, check_precision
 from shared.threads import check_threads
 
@@ -77,19 +79,24 @@ def add_arguments(parser) -> None:
     loading.add_arguments(parser)
 
 
+_ID = re.compile(r"[+-]?[0-9]+")  # a token id as typed: ASCII digits, a sign for the range check
+
+
 def _id_rows(args) -> list[tuple[str, list[int]]]:
     """``(where, ids)`` of each ``--src`` / ``--src-file`` row; a bad one names where it is."""
     rows = [(f"--src {text!r}", text) for text in args.src or []]
     if args.src_file:
-        lines = Path(args.src_file).read_text(encoding="utf-8").splitlines()
+        lines = read_text(args.src_file, "--src-file").splitlines()
         rows += [(f"--src-file {args.src_file!r} line {i}", line) for i, line in enumerate(lines, 1)
                  if line.strip()]
+        if not any(where.startswith("--src-file") for where, _ in rows):
+            raise ValueError(f"--src-file {args.src_file!r}: expected lines of token ids, got none")
     parsed = []
     for where, text in rows:
-        try:
-            parsed.append((where, [int(t) for t in text.split()]))
-        except ValueError:
-            raise ValueError(f"{where}: expected token ids separated by spaces, got {text!r}") from None
+        ids = text.split()
+        if not all(_ID.fullmatch(t) for t in ids):  # int() would take "3_4" and other scripts' digits
+            raise ValueError(f"{where}: expected token ids separated by spaces (ASCII digits), got {text!r}")
+        parsed.append((where, [int(t) for t in ids]))
     return parsed
 
 
@@ -125,12 +132,17 @@ def _search(backend, src: np.ndarray, args, max_new: int):
 
 
 def _max_new(args, config, default: int) -> int:
+    """The tokens to decode at most, checked with the length penalty they bound, before any
+    framework loads."""
     if args.max_new is None:
-        return min(default, config.max_len)  # only the default adapts to the model
-    if not 1 <= args.max_new <= config.max_len:
+        max_new = min(default, config.max_len)  # only the default adapts to the model
+    elif not 1 <= args.max_new <= config.max_len:
         raise ValueError(f"--max-new: expected an int in [1, the model's max_len={config.max_len}], "
                          f"got {args.max_new}")
-    return args.max_new
+    else:
+        max_new = args.max_new
+    check_length_penalty(args.length_penalty, max_new, "--length-penalty", "--max-new")
+    return max_new
 
 
 def run(args) -> int:
@@ -142,8 +154,7 @@ def run(args) -> int:
                          "--heldout N" if not ways else f"give one of {', '.join(ways)}, not several")
     check_threads(args.threads)
     check_beam_size(args.beam_size, name="--beam-size")
-    if not args.length_penalty >= 0.0:
-        raise ValueError(f"--length-penalty: expected a float >= 0, got {args.length_penalty}")
+    check_length_penalty(args.length_penalty, name="--length-penalty")
     if args.json and not ids_mode:
         raise ValueError("--json: only with --src / --src-file")
     if onnx_formats.is_export(args.checkpoint):  # served as it is: ONNX Runtime alone

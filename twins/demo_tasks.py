@@ -78,8 +78,8 @@ def task_config(task: str, preset: str | None = None, config_file: str | None = 
     fixed = dict(src_vocab=s.vocab, tgt_vocab=s.vocab, pad_id=data.PAD_ID, bos_id=data.BOS_ID,
                  eos_id=data.EOS_ID)
     if config_file:
-        with open(config_file, encoding="utf-8") as f:
-            config = TransformerConfig.from_json(f.read())
+        from .loading import config_file as read_config  # here: loading imports the format registry
+        config = read_config(config_file)
         wrong = {k: (getattr(config, k), v) for k, v in fixed.items() if getattr(config, k) != v}
         if wrong:
             raise ValueError(f"--config {config_file}: the {task} task needs "

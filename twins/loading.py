@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shared import TransformerConfig, formats
+from shared.paths import check_source, read_json
 from shared.saving import recover
 
 
@@ -54,8 +55,20 @@ def given_options(args, direction: str | None = None) -> dict:
 def config_of(args) -> TransformerConfig | None:
     if not getattr(args, "config", None) or getattr(args, "checkpoint", None):
         return None
-    with open(args.config, encoding="utf-8") as f:
-        return TransformerConfig.from_json(f.read())
+    return config_file(args.config)
+
+
+def config_file(path: str, what: str = "--config") -> TransformerConfig:
+    """The `TransformerConfig` of the JSON file ``path`` given as ``what``; every problem (not a
+    regular file, not UTF-8, not JSON, not a config) a ValueError naming both."""
+    data = read_json(path, what)
+    if isinstance(data, dict) and {"format_version", "config"} <= set(data):
+        raise ValueError(f"{what} {path!r}: a checkpoint's config.json, not a TransformerConfig "
+                         "(give the checkpoint itself with --checkpoint, or its 'config' object)")
+    try:
+        return TransformerConfig.from_dict(data)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{what} {path!r}: {err}") from None
 
 
 def source_format(path: str, args) -> formats.Format:
@@ -68,7 +81,10 @@ def source_format(path: str, args) -> formats.Format:
 def read(path: str, args, what: str = "--checkpoint", options: dict | None = None):
     """``(format, config, canonical weights)`` of ``path`` (as typed after ``what``), with the
     options given on the command line; an error names the flag as typed."""
+    if not str(path):  # Path("") is the current directory
+        raise ValueError(f"{what}: expected a path, got ''")
     recover(path)  # a save that a crash interrupted: finished (or refused, naming the data) first
+    check_source(path, what)  # a FIFO or a device: refused before anything reads it
     if not Path(path).exists():
         raise FileNotFoundError(f"{what} {path!r}: no such file or directory")
     fmt = source_format(path, args)

@@ -17,6 +17,7 @@ import numpy as np
 
 from shared import TransformerConfig
 from shared import weights as neutral
+from shared.paths import read_json
 from shared.saving import replace_directory, umask
 
 from .backends import moment_names
@@ -36,10 +37,7 @@ def read_log(path: str | os.PathLike) -> dict | None:
 def read_log_file(file: str | os.PathLike) -> dict:
     """A train_log.json, checked to be one."""
     file = Path(file)
-    try:
-        log = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{str(file)!r}: not valid JSON ({err})") from None
+    log = read_json(file)  # a ValueError naming the file: not UTF-8, not JSON, not a file
     if not isinstance(log, dict) or log.get("format") != LOG_FORMAT:
         raise ValueError(f"{str(file)!r}: not a twins train log (expected format {LOG_FORMAT!r})")
     if log.get("version") != LOG_VERSION:

@@ -37,6 +37,7 @@ from shared.data_parallel import TIMEOUT_S, check_workers
 from shared.precision import check_precision
 from shared.threads import check_threads, check_worker_count
 
+from . import arguments
 from . import demo_tasks as tasks
 from . import parallel
 from .backends import BACKENDS, make_adapter
@@ -52,7 +53,7 @@ def add_arguments(parser) -> None:
                         help="optimizer steps to run now (on a resumed run: more steps)")
     parser.add_argument("--checkpoint", required=True, metavar="DIR",
                         help="the run directory: created, or resumed when it holds a run")
-    parser.add_argument("--seed", type=int, help="data, initial weights and dropout (default 0; a "
+    parser.add_argument("--seed", type=arguments.seed, help="data, initial weights and dropout (default 0; a "
                         "resumed run keeps its own)")
     model = parser.add_mutually_exclusive_group()
     model.add_argument("--preset", help="architecture of a named config (tiny, small, base, big); "
@@ -106,8 +107,6 @@ def _check_args(args) -> None:
         _positive(name, getattr(args, name))
     check_threads(args.threads)
     _positive("eval-every", args.eval_every, allow_zero=True)
-    if args.seed is not None and args.seed < 0:
-        raise ValueError(f"--seed: expected an int >= 0, got {args.seed}")
     if args.smoothing is not None and not 0.0 <= args.smoothing < 1.0:
         raise ValueError(f"--smoothing: expected a value in [0, 1), got {args.smoothing}")
     if args.stop_at is not None and not 0.0 < args.stop_at <= 1.0:

@@ -75,6 +75,7 @@ from ..config import TransformerConfig
 from ..masks import padding_id, start_is_pad
 from ..positional import positional_table
 from ..precision import check_precision
+from ..paths import read_json
 from ..saving import recover, replace_directory
 from ..weights import (FORMAT_VERSION, check_weights, read_config_file, tgt_embedding_name, tgt_positions_name,
                        weight_schema)
@@ -570,7 +571,8 @@ def export_precision(path: str | os.PathLike) -> str:
     for an export written before float16 existed, which has none); ``ValueError`` naming the file
     for any other value. The graphs' own types say the same (`twins.onnx_runtime` reads them)."""
     config_json = Path(path) / CONFIG_FILE
-    precision = json.loads(config_json.read_text(encoding="utf-8")).get("precision", "float32")
+    header = read_json(config_json)
+    precision = header.get("precision", "float32") if isinstance(header, dict) else None
     if precision not in ("float32", "float16"):
         raise ValueError(f"{str(config_json)!r}: precision: expected 'float32' or 'float16', got {precision!r}")
     return precision

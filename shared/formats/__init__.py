@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from shared import checkpoints as dispatch
+from shared.paths import check_source
 from shared.weights import config_differences
 
 from . import ctranslate2, hf, keras, native, onnx, saved_model, state_dicts
@@ -150,6 +151,7 @@ def read(path: str | os.PathLike, fmt: str | Format | None = None, config=None, 
     """``(config, canonical weights)`` of ``path``, fully checked, in format ``fmt`` (a name or a
     record; default: recognised from the path, `detect`). ``config``: for a native file that holds
     none (or must equal the one it holds); ``options``: the format's own (`Format.read_options`)."""
+    check_source(path)  # a FIFO or a device: refused before anything reads it
     record = _record(fmt, "read") if fmt is not None else detect(path, "source")
     options = check_options(record, "read", options, config)
     return record.read(path, config, **options)
@@ -171,6 +173,7 @@ def read_for_backend(path: str | os.PathLike, native_formats: tuple, owner: str,
     `shared.checkpoints.CheckpointFormat` each; a path no record recognises is refused there,
     naming ``owner``), any other format through `read`. ``format``: its name, when the path does
     not say it; ``options``: that format's own."""
+    check_source(path)
     fmt = get(format, "read", "format") if format else detected(path)
     if fmt is None or (fmt.name in {f.name for f in native_formats} and not options):
         return dispatch.read_checkpoint(path, native_formats, config, allow_nonfinite, owner=owner)
@@ -183,6 +186,7 @@ def read_for_model(path: str | os.PathLike, config, native_formats: tuple, owner
     generic half): read and checked completely, and the file's config equal to ``config``, before
     the caller writes anything. A native file of the backend (``native_formats``) that holds no
     config is read with ``config``."""
+    check_source(path)
     fmt = detected(path)
     if fmt is None or fmt.name in {f.name for f in native_formats}:
         return dispatch.read_for(path, config, native_formats, allow_nonfinite, owner=owner)

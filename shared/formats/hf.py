@@ -22,9 +22,12 @@ def model_type(path: Path, role: str) -> str | None:
     """``config.json``'s ``model_type`` of an existing directory ``path`` (a source), else None."""
     if role != "source":
         return None
+    config_json = Path(path) / "config.json"
+    if not config_json.is_file():  # a FIFO there would block the read
+        return None
     try:
-        return json.loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
+        return json.loads(config_json.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError, RecursionError):  # not JSON: not this format's
         return None
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..paths import read_json
 from ..weights import PROJECTIONS
 from .common import ImporterError, SourceImport
 from .safetensors_file import read_float_safetensors
@@ -85,9 +86,9 @@ def read_pretrained(path, family: str, source: str) -> tuple[dict, dict[str, np.
     if not config_file.is_file():
         raise ImporterError(source, [f"{str(config_file)!r}: missing; expected {expected}"])
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ImporterError(source, [f"{str(config_file)!r}: not valid JSON ({err})"]) from None
+        config = read_json(config_file)
+    except ValueError as err:  # not a regular file, not UTF-8, not JSON (each named)
+        raise ImporterError(source, [str(err)]) from None
     if not isinstance(config, dict):
         raise ImporterError(source, [f"{str(config_file)!r}: expected a JSON object, got "
                                      f"{type(config).__name__}"])

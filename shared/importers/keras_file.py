@@ -79,7 +79,7 @@ def _read_archive(path: str) -> KerasFile:
                                                  f"(found {sorted(names)[:10]})"])
             config = json.loads(archive.read("config.json").decode("utf-8"))
             data = archive.read("model.weights.h5")
-    except (zipfile.BadZipFile, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (zipfile.BadZipFile, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise ImporterError(repr(path), [f"not a Keras 3 .keras archive ({err})"]) from None
     problems = code_in_config(config)
     if problems:

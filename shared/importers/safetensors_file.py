@@ -34,6 +34,22 @@ def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+# safetensors' dtypes that `safetensors.numpy` loads (NumPy has no bfloat16 nor float8)
+NUMPY_LOADS = {"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64", "F16", "F32", "F64"}
+
+
+def numpy_unloadable(file: str | Path) -> dict[str, str]:
+    """``{tensor: safetensors dtype}`` of the tensors of ``file`` that `safetensors.numpy` cannot
+    load (BF16, F8_E4M3, ...: it would fail naming neither); raises what ``safetensors.safe_open``
+    raises for a file that is not valid safetensors."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="numpy"):  # validates header, offsets and size
+        header, _ = _header(Path(file))
+    return {name: meta["dtype"] for name, meta in header.items()
+            if name != "__metadata__" and meta["dtype"] not in NUMPY_LOADS}
+
+
 def _header(file: Path) -> tuple[dict, int]:
     """``(the JSON header, the offset of the data)`` of a safetensors file (which safetensors has
     validated already): an 8-byte little-endian header size, the header, then the tensors' bytes."""

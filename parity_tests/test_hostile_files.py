@@ -1,0 +1,221 @@
+"""Files that are not what they seem, and arguments that would overflow: a FIFO or a device where a
+file is read or written, symbolic links, JSON nested or numbered past what Python parses, a
+config asking for more layers than its weights hold, tensors NumPy cannot load, fields of a .pt
+that are not the plain values they must be, and a length penalty that overflows float32. Each is
+refused before anything is read or written, naming the argument, the same in every backend; a
+destination that is refused is left as it was.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shared import TransformerConfig
+from shared import reference as R
+from shared.decoding_args import check_length_penalty
+from shared.paths import check_source, read_json
+from shared.saving import replace_directory, write_atomically
+from shared.weights import WeightsError, check_weights, init_weights, load_checkpoint, save_checkpoint
+from twins.cli import main
+
+TINY = TransformerConfig.preset("tiny", dropout=0.0)
+NO_FIFO = not hasattr(os, "mkfifo")
+
+
+def _write(text: str):
+    return lambda tmp: Path(tmp).write_text(text)
+
+
+@pytest.mark.skipif(NO_FIFO, reason="no FIFOs on this OS")
+def test_a_save_refuses_what_it_would_not_make_and_follows_links(tmp_path):
+    """A FIFO (or a device) at a destination is refused by a file save and a directory save, and
+    stays a FIFO; a directory save refuses a regular file; a link is followed: its target is
+    replaced, the link stays; a loop of links is named."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(FileExistsError, match=r"'.*fifo': is a FIFO; refusing to replace it with a file"):
+        write_atomically(fifo, _write("x"))
+    with pytest.raises(FileExistsError, match="is a FIFO; refusing to replace it with a directory"):
+        replace_directory(fifo, lambda staging: None)
+    assert fifo.is_fifo()
+    plain = tmp_path / "plain"
+    plain.write_text("mine")
+    with pytest.raises(FileExistsError, match="is a regular file; refusing to replace it with a directory"):
+        replace_directory(plain, lambda staging: None)
+    assert plain.read_text() == "mine"
+    (tmp_path / "link").symlink_to(plain)
+    write_atomically(tmp_path / "link", _write("new"))
+    assert (tmp_path / "link").is_symlink() and plain.read_text() == "new"
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir_link").symlink_to(tmp_path / "dir")
+    replace_directory(tmp_path / "dir_link", lambda staging: (staging / "a").write_text("1"))
+    assert (tmp_path / "dir_link").is_symlink() and os.listdir(tmp_path / "dir") == ["a"]
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    with pytest.raises(OSError, match="a loop of symbolic links"):
+        write_atomically(tmp_path / "loop1", _write("x"))
+
+
+@pytest.mark.skipif(NO_FIFO or not os.path.exists("/dev/zero"), reason="no FIFOs or /dev/zero here")
+def test_a_source_that_never_ends_or_blocks_is_refused_before_it_is_read(tmp_path):
+    """/dev/zero would fill the memory of a reader that takes it for a file, a FIFO block it: both
+    are refused by the format registry, each backend's reader and the JSON reader, without
+    opening them (a FIFO nobody writes to would hang the open)."""
+    from shared import formats
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    readers = [formats.read, lambda p: formats.read(p, "torch"), lambda p: read_json(p, "--config")]
+    for module in ("torch_impl.checkpoints", "tf_impl.checkpoints"):
+        try:
+            readers.append(__import__(module, fromlist=["read_checkpoint"]).read_checkpoint)
+        except ImportError:  # one framework installed: the other backend's reader is not there
+            pass
+    for read in readers:
+        with pytest.raises(ValueError, match=r"'/dev/zero': expected a regular file.*got a character device"):
+            read("/dev/zero")
+        with pytest.raises(ValueError, match="got a FIFO"):
+            read(fifo)
+    with pytest.raises(ValueError, match=r"^--src-file '/dev/null': expected a regular file, got a character device$"):
+        check_source("/dev/null", "--src-file", directory=False)
+    check_source(tmp_path / "absent")  # the reader says "no such file" in its own words
+
+
+@pytest.mark.parametrize("text, why", [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply to read"),
+    ('{"d_model": ' + "9" * 5000 + "}", "Exceeds the limit"),
+    ('{"d_model": ', "Expecting value"),
+])
+def test_json_python_cannot_parse_is_a_value_error_naming_the_file(tmp_path, text, why):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"^--config '.*config.json': not valid JSON \(.*{why}"):
+        read_json(path, "--config")
+    path.write_bytes(b'{"a": "\xff"}')
+    with pytest.raises(ValueError, match="expected UTF-8 text, got byte 0xff at offset 7"):
+        read_json(path)
+
+
+def test_layers_the_weights_lack_are_named_by_layer_without_listing_their_tensors(monkeypatch):
+    """A config asking for more layers than the weights hold (a config.json may ask 10**9) is one
+    problem a stack, found from the names: no schema of that many layers is built."""
+    weights = init_weights(TINY, 0)
+    import shared.weights as neutral
+    monkeypatch.setattr(neutral, "weight_schema", lambda config: pytest.fail("a schema was built"))
+    with pytest.raises(WeightsError) as err:
+        check_weights(TINY.replace(n_encoder_layers=10**9, n_decoder_layers=3), weights)
+    assert err.value.problems == [
+        "encoder.layers: the config has 1000000000 (n_encoder_layers), the weights hold 2 (0-1)",
+        "decoder.layers: the config has 3 (n_decoder_layers), the weights hold 2 (0-1)"]
+    lacking = {k: v for k, v in weights.items() if not k.startswith("decoder.layers.0.")}
+    with pytest.raises(WeightsError, match=r"the config has 2 \(n_decoder_layers\), the weights hold 1 \(1\)"):
+        check_weights(TINY, lacking)
+
+
+def _safetensors(path: Path, tensors: dict[str, tuple[str, tuple, bytes]]) -> None:
+    """A safetensors file written by hand: ``{name: (dtype code, shape, raw bytes)}``."""
+    header, offset = {}, 0
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(d for _, _, d in tensors.values()))
+
+
+def test_a_tensor_numpy_cannot_load_is_named_with_its_dtype(tmp_path):
+    """bfloat16 or float8 in a neutral checkpoint: refused naming the file, the tensor and the dtype
+    (safetensors' NumPy loader names neither)."""
+    weights = init_weights(TINY, 0)
+    save_checkpoint(tmp_path / "ck", TINY, weights)
+    name = "generator.bias"
+    tensors = {k: ("F32", v.shape, v.astype("<f4").tobytes()) for k, v in weights.items()}
+    tensors[name] = ("BF16", weights[name].shape, (weights[name].astype("<f4").view("<u4") >> 16)
+                     .astype("<u2").tobytes())
+    _safetensors(tmp_path / "ck" / "model.safetensors", tensors)
+    with pytest.raises(WeightsError, match=rf"(?s)model.safetensors.*{name}: expected dtype float32, got BF16"):
+        load_checkpoint(tmp_path / "ck")
+
+
+def test_fields_of_a_pt_that_are_not_plain_values_are_named(tmp_path):
+    """A .pt whose format_version is a tensor (compared element-wise it would raise torch's own
+    error), or whose state dict holds a tensor without values (the meta device)."""
+    torch = pytest.importorskip("torch")
+    from torch_impl.checkpoints import read_checkpoint, write_checkpoint
+    write_checkpoint(tmp_path / "ok.pt", TINY, init_weights(TINY, 0))
+    obj = torch.load(tmp_path / "ok.pt", weights_only=True)
+    torch.save({**obj, "format_version": torch.tensor([1, 2])}, tmp_path / "version.pt")
+    with pytest.raises(ValueError, match=r"version.pt': unknown format_version a Tensor, this version reads"):
+        read_checkpoint(tmp_path / "version.pt")
+    state = dict(obj["state_dict"])
+    key = next(iter(state))
+    state[key] = torch.empty(state[key].shape, device="meta")
+    torch.save({**obj, "state_dict": state}, tmp_path / "meta.pt")
+    with pytest.raises(ValueError, match="expected a tensor with values, got one on the meta device"):
+        read_checkpoint(tmp_path / "meta.pt")
+
+
+def test_a_length_penalty_past_float32_is_refused_the_same_everywhere():
+    """The largest penalty ((5 + max_len) / 6) ** alpha must be finite in float32: at the bound it
+    is, past it every implementation refuses with one message (torch's float64 power used to raise
+    OverflowError where TF's float32 one gave inf and ranked every finished hypothesis equal)."""
+    check_length_penalty(36.32, 64)
+    assert np.isfinite(np.float32((5 + 64) / 6) ** np.float32(36.32))
+    message = (r"^length_penalty: expected at most 36.32 at max_len=64 \(the penalty \(\(5 \+ max_len\) "
+               r"/ 6\) \*\* alpha must stay finite in float32\), got 1000.0$")
+    src = np.array([[3, 4, 5]])
+    oracle = R.Model(init_weights(TINY, 0), TINY)
+    searches = [lambda: R.beam_search(oracle, src, 64, 2, 1000.0)]
+    for module, name in (("torch_impl", "Transformer"), ("tf_impl", "Transformer")):
+        try:
+            backend = __import__(module)
+        except ImportError:
+            continue
+        model = getattr(backend, name)(TINY)
+        searches.append(lambda b=backend, m=model: b.beam_search(m, src, 64, 2, 1000.0))
+    for search in searches:
+        with pytest.raises(ValueError, match=message):
+            search()
+
+
+@pytest.mark.skipif(NO_FIFO, reason="no FIFOs on this OS")
+def test_the_command_line_names_the_flag_and_leaves_the_destination(tmp_path, capsys):
+    """Through `twins`: one error line (exit 2) naming the flag, before anything is written."""
+    save_checkpoint(tmp_path / "ck", TINY, init_weights(TINY, 0))
+    ck = str(tmp_path / "ck")
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "empty.txt").write_text("\n\n")
+    (tmp_path / "latin1.txt").write_bytes(b"3 4 \xe9")
+    cases = [
+        (["convert", ck, str(fifo), "--to", "torch"], "is a FIFO; refusing to replace it with a file"),
+        (["convert", ck, str(tmp_path / "o.pt"), "--verify", "--seed", "-1"],
+         "argument --seed: expected an int >= 0, got -1"),
+        (["decode", "--checkpoint", ck, "--src-file", str(tmp_path / "empty.txt")],
+         "--src-file '.*empty.txt': expected lines of token ids, got none"),
+        (["decode", "--checkpoint", ck, "--src-file", str(tmp_path / "latin1.txt")],
+         "--src-file '.*latin1.txt': expected UTF-8 text, got byte 0xe9 at offset 4"),
+        (["decode", "--checkpoint", ck, "--src", "3_4"],
+         r"--src '3_4': expected token ids separated by spaces \(ASCII digits\), got '3_4'"),
+        (["decode", "--checkpoint", ck, "--src", "3 4", "--beam-size", "2", "--length-penalty", "1000"],
+         r"--length-penalty: expected at most 85.19 at --max-new=12"),
+        (["decode", "--checkpoint", "", "--src", "3 4"], "--checkpoint: expected a path, got ''"),
+        (["compare", "--config", str(tmp_path / "ck" / "config.json")],
+         "--config '.*config.json': a checkpoint's config.json, not a TransformerConfig"),
+    ]
+    for argv, message in cases:
+        capsys.readouterr()
+        try:
+            code = main(argv)
+        except SystemExit as exit_:  # argparse's usage errors
+            code = exit_.code
+        err = capsys.readouterr().err
+        last = err.splitlines()[-1] if err else ""  # argparse prints its usage lines first
+        assert code == 2 and last.startswith(f"twins {argv[0]}: error: "), (argv, code, err)
+        assert re.search(message, last), (argv, err)
+    assert fifo.is_fifo() and not (tmp_path / "o.pt").exists()
