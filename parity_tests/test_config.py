@@ -46,6 +46,8 @@ def test_frozen():
     (dict(dropout=1.0), "dropout", "[0, 1), got 1.0"),
     (dict(dropout=-0.1), "dropout", "[0, 1)"),
     (dict(norm_eps=0.0), "norm_eps", "positive"),
+    (dict(norm_eps=1e308), "norm_eps", "a value float32 holds, neither 0 nor inf there"),  # inf in float32
+    (dict(norm_eps=1e-50), "norm_eps", "got 1e-50"),  # 0 in float32
     (dict(norm_style="rms"), "norm_style", "'rms'"),
     (dict(dtype="float16"), "dtype", "'float16'"),
     (dict(norm_first="yes"), "norm_first", "bool"),

@@ -148,6 +148,10 @@ class TransformerConfig:
         if not (self.norm_eps > 0.0 and math.isfinite(self.norm_eps)):
             raise ValueError(f"TransformerConfig.norm_eps: expected a positive finite float, "
                              f"got {self.norm_eps}")
+        if not FLOAT32_TINY <= self.norm_eps <= FLOAT32_MAX:  # the norms run in float32 at least
+            raise ValueError(f"TransformerConfig.norm_eps: expected a value float32 holds, neither 0 "
+                             f"nor inf there (in [{FLOAT32_TINY:.3g}, {FLOAT32_MAX:.4g}]), got "
+                             f"{self.norm_eps}")
         if self.max_len * self.d_model > POSITIONAL_TABLE_LIMIT:
             raise ValueError(
                 f"TransformerConfig.max_len: expected max_len * d_model <= POSITIONAL_TABLE_LIMIT = "
@@ -272,6 +276,12 @@ class TransformerConfig:
         if name not in PRESETS:
             raise ValueError(f"TransformerConfig.preset: name expected one of {sorted(PRESETS)}, got {name!r}")
         return cls(**{**PRESETS[name], **overrides})
+
+
+# float32's largest value and smallest normal one: an eps outside rounds to inf or towards 0 in a
+# float32 norm (kept here without NumPy: shared.config imports nothing but the standard library).
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38
 
 
 def parse_json(text: str, source: str):

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .config import TransformerConfig
+from .config import FLOAT32_MAX, TransformerConfig  # a search runs in float32 at the narrowest
 
 
 class GreedyResult(NamedTuple):
@@ -57,10 +57,6 @@ def check_beam_size(beam_size, vocab: int | None = None, name: str = "beam_size"
                          f"generated), got {beam_size}")
 
 
-# The largest float32: a search runs in float32 at the narrowest (a half precision's too).
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
 def check_length_penalty(alpha, max_len: int | None = None, name: str = "length_penalty",
                          max_len_name: str = "max_len") -> None:
     """``alpha`` is a finite real >= 0 (0 = no penalty); with ``max_len``, one whose largest
@@ -74,7 +70,7 @@ def check_length_penalty(alpha, max_len: int | None = None, name: str = "length_
         raise ValueError(f"{name}: expected a finite float >= 0 (GNMT alpha; 0 = none), got {alpha!r}")
     if max_len is not None and max_len > 1:
         # rounded down to 0.01: a float32 power a few ulps off at the very edge stays finite
-        largest = math.floor(100 * math.log(_FLOAT32_MAX) / math.log((5.0 + max_len) / 6.0)) / 100
+        largest = math.floor(100 * math.log(FLOAT32_MAX) / math.log((5.0 + max_len) / 6.0)) / 100
         if alpha > largest:
             raise ValueError(f"{name}: expected at most {largest} at {max_len_name}={max_len} (the "
                              f"penalty ((5 + max_len) / 6) ** alpha must stay finite in float32), "

@@ -36,7 +36,7 @@ from typing import Mapping
 import numpy as np
 
 from .config import TransformerConfig
-from .paths import read_json
+from .paths import check_source, read_json
 from .saving import fault_point, recover, replace_directory, umask, write_atomically  # noqa: F401
 
 FORMAT_VERSION = 1
@@ -371,6 +371,7 @@ def load_checkpoint(path: str | os.PathLike, allow_nonfinite: bool = False
                          f"weights are rearranged for its graphs (and rounded in a float16 export); "
                          f"read the checkpoint it was exported from")
     for f in (config_file, weights_file):
+        check_source(f, directory=False)  # there, but a directory, a FIFO, a device
         if not f.is_file():
             raise FileNotFoundError(f"load_checkpoint: missing {str(f)!r}")
     config = read_config_file(config_file)
