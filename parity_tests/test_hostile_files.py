@@ -117,6 +117,37 @@ def test_layers_the_weights_lack_are_named_by_layer_without_listing_their_tensor
         check_weights(TINY, lacking)
 
 
+@pytest.mark.parametrize("backend", ["torch", "tf"])
+def test_a_native_file_whose_config_asks_far_more_than_it_holds_is_refused_unbuilt(tmp_path, backend,
+                                                                                   monkeypatch):
+    """A .pt or .weights.h5 whose stored config asks for 10**6 decoder layers: refused from the
+    file's own counts before the reader builds the config's layout (a model of that size, which
+    took minutes)."""
+    weights = init_weights(TINY, 0)
+    if backend == "torch":
+        torch = pytest.importorskip("torch")
+        from torch_impl import checkpoints as native
+        native.write_checkpoint(tmp_path / "m.pt", TINY, weights)
+        obj = torch.load(tmp_path / "m.pt", weights_only=True)
+        huge = json.loads(obj["config"]) | {"n_decoder_layers": 10**6}
+        torch.save({**obj, "config": json.dumps(huge)}, tmp_path / "huge.pt")
+        path, what = tmp_path / "huge.pt", "keys"
+    else:
+        pytest.importorskip("tensorflow")
+        import h5py
+        from tf_impl import checkpoints as native
+        native.write_checkpoint(tmp_path / "m.weights.h5", TINY, weights)
+        with h5py.File(tmp_path / "m.weights.h5", "r+") as f:
+            huge = json.loads(f.attrs[native.ATTR_CONFIG]) | {"n_decoder_layers": 10**6}
+            f.attrs[native.ATTR_CONFIG] = json.dumps(huge)
+        path, what = tmp_path / "m.weights.h5", "datasets"
+    monkeypatch.setattr(native, "native_layout", lambda config: pytest.fail("a layout was built"))
+    with pytest.raises(WeightsError, match=rf"the config needs 26,000,\d+ {what}, the file holds 92 "
+                                           r"\(n_encoder_layers=2, n_decoder_layers=1000000, d_model=16\)"):
+        native.read_checkpoint(path)
+    # A file short of a tensor or a layer still has each missing one named (test_shared_checkpoints).
+
+
 def _safetensors(path: Path, tensors: dict[str, tuple[str, tuple, bytes]]) -> None:
     """A safetensors file written by hand: ``{name: (dtype code, shape, raw bytes)}``."""
     header, offset = {}, 0

@@ -29,6 +29,7 @@ is ``d_model`` unless ``config.head_dim`` says otherwise)::
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Mapping
@@ -247,6 +248,36 @@ def absent_layers(config: TransformerConfig, names) -> list[str]:
             problems.append(f"{prefix[:-1]}: the config has {wanted} ({field}), the weights hold "
                             f"{len(inside)}{f' ({ranges})' if inside else ''}")
     return problems
+
+
+def _totals(config: TransformerConfig) -> tuple[int, int]:
+    """``(tensors, parameters)`` of `weight_schema` for ``config`` without building it: both are
+    linear in the two layer counts, so three one- and two-layer schemas give them (a config may ask
+    for 10**9 layers; this costs the same)."""
+    def totals(n_encoder: int, n_decoder: int) -> tuple[int, int]:
+        schema = weight_schema(config.replace(n_encoder_layers=n_encoder, n_decoder_layers=n_decoder))
+        return len(schema), int(sum(math.prod(shape) for shape in schema.values()))
+    base, encoder, decoder = totals(1, 1), totals(2, 1), totals(1, 2)
+    return tuple(b + (e - b) * (config.n_encoder_layers - 1) + (d - b) * (config.n_decoder_layers - 1)
+                 for b, e, d in zip(base, encoder, decoder))
+
+
+def check_fits(config: TransformerConfig, tensors: int, values: int, source: str, what: str = "tensors"):
+    """Refuse, before a native reader builds the layout of ``config`` (a model of that size, to
+    map the file's names), a file that holds less than half the ``tensors`` or half the ``values``
+    (elements, all tensors together) the config's weights need: a reader never builds more than
+    twice what it reads, so a stored config asking for millions of layers, or a d_model far past the
+    file's, is one line rather than minutes and gigabytes. A smaller shortfall (a tensor or a layer
+    missing) is left to the reader, which names every missing tensor."""
+    needed_tensors, needed_values = _totals(config)
+    problems = []
+    if 2 * tensors < needed_tensors:
+        problems.append(f"the config needs {needed_tensors:,} {what}, the file holds {tensors:,}")
+    if 2 * values < needed_values:
+        problems.append(f"the config needs {needed_values:,} values, the file holds {values:,}")
+    if problems:
+        layers = f"n_encoder_layers={config.n_encoder_layers}, n_decoder_layers={config.n_decoder_layers}"
+        raise WeightsError(source, [f"{p} ({layers}, d_model={config.d_model})" for p in problems])
 
 
 def check_weights(config: TransformerConfig, weights: Mapping[str, object], source: str = "weights",

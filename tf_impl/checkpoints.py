@@ -48,7 +48,7 @@ import numpy as np
 from shared import TransformerConfig
 from shared import formats
 from shared.checkpoints import NEUTRAL, CheckpointFormat, Slot, Stored, read_stored
-from shared.weights import check_weights, config_differences, write_atomically
+from shared.weights import check_fits, check_weights, config_differences, write_atomically
 
 from . import weights_io
 from .model import Transformer
@@ -123,9 +123,11 @@ def read_native(path: str | os.PathLike, config: TransformerConfig | None = None
     with handle:
         try:
             config = _config_of(handle, where, config)
-            layout = native_layout(config)
             stored = {p: Stored(tuple(ds.shape), ds.dtype.name, lambda ds=ds: ds[...])
                       for p, ds in _datasets(handle).items()}
+            check_fits(config, len(stored), sum(int(np.prod(s.shape)) for s in stored.values()), where,
+                       "datasets")
+            layout = native_layout(config)
             return config, read_stored(config, layout, stored, where, allow_nonfinite,
                                        what="datasets", label=lambda p: _labelled(p, layout))
         except (OSError, RuntimeError, KeyError) as err:  # h5py on damaged data

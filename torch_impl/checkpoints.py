@@ -51,7 +51,7 @@ from shared import TransformerConfig
 from shared import formats
 from shared.checkpoints import NEUTRAL, CheckpointFormat, Slot, Stored, read_stored
 from shared.importers.notes import note_widened
-from shared.weights import WeightsError, check_weights, config_differences, write_atomically
+from shared.weights import WeightsError, check_fits, check_weights, config_differences, write_atomically
 
 from . import weights_io
 from .model import Transformer
@@ -119,6 +119,8 @@ def from_state_dict(config: TransformerConfig, state_dict: Mapping, source: str 
     if odd:
         problems.append(f"keys expected str, got {odd[:_LISTED]!r}")
     stored = {key: _stored(value) for key, value in state_dict.items() if isinstance(key, str)}
+    check_fits(config, len(stored), sum(int(np.prod(s.shape)) for s in stored.values()
+                                        if isinstance(s, Stored)), source, "keys")
     return read_stored(config, native_layout(config), stored, source, allow_nonfinite,
                        what="keys", problems=problems)
 
