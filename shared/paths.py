@@ -13,6 +13,8 @@ import errno
 import os
 import stat
 
+from .config import parse_json
+
 _KINDS = ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
           (stat.S_ISSOCK, "a socket"))
@@ -84,6 +86,4 @@ def read_text(path: str | os.PathLike, what: str = "") -> str:
 def read_json(path: str | os.PathLike, what: str = ""):
     """The JSON value of the file ``path`` (a config), every failure a ValueError naming ``what``
     and the path: `read_text`'s, and not JSON (`shared.config.parse_json`)."""
-    from .config import parse_json  # shared.config imports nothing of this module; the other way round
-
     return parse_json(read_text(path, what), _named(what, path))

@@ -228,28 +228,6 @@ def snapshot_weights(weights: Mapping[str, object], source: str = "weights"
     return snapshot, problems
 
 
-def absent_layers(config: TransformerConfig, names) -> list[str]:
-    """One problem for each stack whose config asks for more layers than ``names`` (canonical
-    weight names) hold any tensor of: ``"decoder.layers: the config has 6 (n_decoder_layers), the
-    weights hold 4 (0-3)"``. Found from the names alone, so a config asking for millions of layers
-    is refused at once rather than listed tensor by tensor."""
-    problems = []
-    for stack, field in (("encoder", "n_encoder_layers"), ("decoder", "n_decoder_layers")):
-        prefix = f"{stack}.layers."
-        held = {int(i) for i in (n[len(prefix):].split(".", 1)[0] for n in names if n.startswith(prefix))
-                if i.isdigit()}
-        wanted = getattr(config, field)
-        inside = sorted(i for i in held if i < wanted)
-        if len(inside) < wanted:
-            if inside and inside[-1] - inside[0] == len(inside) - 1:  # a run: "0-3", or "1"
-                ranges = f"{inside[0]}-{inside[-1]}" if len(inside) > 1 else str(inside[0])
-            else:
-                ranges = ", ".join(map(str, inside[:8])) + (", ..." if len(inside) > 8 else "")
-            problems.append(f"{prefix[:-1]}: the config has {wanted} ({field}), the weights hold "
-                            f"{len(inside)}{f' ({ranges})' if inside else ''}")
-    return problems
-
-
 def _totals(config: TransformerConfig) -> tuple[int, int]:
     """``(tensors, parameters)`` of `weight_schema` for ``config`` without building it: both are
     linear in the two layer counts, so three one- and two-layer schemas give them (a config may ask
@@ -263,18 +241,19 @@ def _totals(config: TransformerConfig) -> tuple[int, int]:
 
 
 def check_fits(config: TransformerConfig, tensors: int, values: int, source: str, what: str = "tensors"):
-    """Refuse, before a native reader builds the layout of ``config`` (a model of that size, to
-    map the file's names), a file that holds less than half the ``tensors`` or half the ``values``
-    (elements, all tensors together) the config's weights need: a reader never builds more than
-    twice what it reads, so a stored config asking for millions of layers, or a d_model far past the
-    file's, is one line rather than minutes and gigabytes. A smaller shortfall (a tensor or a layer
-    missing) is left to the reader, which names every missing tensor."""
+    """Refuse weights (a file's, named by ``source``) that hold less than half the ``tensors`` or
+    half the ``values`` (elements, all tensors together) ``config`` needs, before anything of the
+    config's size is built (`check_weights`' schema, a native reader's layout: a model, to map the
+    file's names). A check never builds more than twice what it reads, so a stored config asking
+    for millions of layers, or a d_model far past the file's, is one line rather than minutes and
+    gigabytes. A smaller shortfall (a tensor or a layer missing) is left to the full check, which
+    names every missing tensor. ``what``: the tensors as the format calls them ("keys", ...)."""
     needed_tensors, needed_values = _totals(config)
     problems = []
     if 2 * tensors < needed_tensors:
-        problems.append(f"the config needs {needed_tensors:,} {what}, the file holds {tensors:,}")
+        problems.append(f"the config needs {needed_tensors:,} {what}, these weights hold {tensors:,}")
     if 2 * values < needed_values:
-        problems.append(f"the config needs {needed_values:,} values, the file holds {values:,}")
+        problems.append(f"the config needs {needed_values:,} values, these weights hold {values:,}")
     if problems:
         layers = f"n_encoder_layers={config.n_encoder_layers}, n_decoder_layers={config.n_decoder_layers}"
         raise WeightsError(source, [f"{p} ({layers}, d_model={config.d_model})" for p in problems])
@@ -289,9 +268,8 @@ def check_weights(config: TransformerConfig, weights: Mapping[str, object], sour
     was checked. Expected dtype is ``config.dtype`` exactly (no silent casts: a cast would break
     the bit-exact round trip). ``weights`` is not modified."""
     snapshot, problems = snapshot_weights(weights, source)
-    absent = absent_layers(config, snapshot)
-    if absent:  # named by layer, and no schema of that many layers is built (a config may ask 10**9)
-        raise WeightsError(source, problems + absent)
+    check_fits(config, len(snapshot), sum(v.size for v in snapshot.values() if isinstance(v, np.ndarray)),
+               source)  # before a schema of the config's size is built
     unreadable = {p.split(":", 1)[0] for p in problems}
     schema = weight_schema(config)
     missing = [n for n in schema if n not in snapshot]
