@@ -238,6 +238,10 @@ def test_a_weights_file_variable_the_import_does_not_map_is_refused(keras_hub_ar
     ("encoder_attention_heads", float("nan"), "config.json: encoder_attention_heads: expected a positive "
                                               "int, got nan"),
     ("decoder_ffn_dim", "24", "config.json: decoder_ffn_dim: expected a positive int, got '24'"),
+    ("decoder_vocab_size", "29", "config.json: decoder_vocab_size: expected a positive int, got '29'"),
+    ("encoder_layers", 10**6, "model.encoder.layers.*: config.json encoder_layers is 1000000, but the "
+                              "weights hold 2 layer(s) (0, 1); not planned (an import plans at most twice "
+                              "the layers it holds)"),  # no plan of 10**6 layers (a minute, 7 GB)
     ("max_position_embeddings", 10**12, "config.json: max_position_embeddings: expected max_len * d_model "
                                         "<= POSITIONAL_TABLE_LIMIT = 268435456 (the float64 positional "
                                         "table, 2 GiB), got 1000000000000 * 16 = 16000000000000 (as "
@@ -255,3 +259,78 @@ def test_a_bad_marian_setting_is_reported_under_its_config_json_key(half_marian,
     with pytest.raises(ImporterError) as err, collected():  # the float16 file's note, not shown
         from_marian(path)
     assert err.value.problems == [expected]
+
+
+# -- sources that claim far more than they hold -----------------------------------------------------
+def test_a_layer_index_far_past_the_layers_held_is_refused_unplanned():
+    """One key renamed to layer 999999 made the import plan a million layers (a minute, 7 GB): an
+    import plans at most twice the layers it holds, whatever the highest index or a config says."""
+    torch = pytest.importorskip("torch")
+    from shared.importers import ImporterError, from_nn_transformer
+    from parity_tests.source_models import Seq2SeqTransformer, numpy_state_dict
+    model = Seq2SeqTransformer(1, 1, 8, 2, 11, 13, 16, dropout=0.0)
+    state = {k.replace("encoder.layers.0.", "encoder.layers.999999.", 1): v
+             for k, v in numpy_state_dict(model).items()}
+    with pytest.raises(ImporterError) as err:
+        from_nn_transformer(state, n_heads=2, norm_first=False, pad_id=0, bos_id=1, eos_id=2)
+    assert err.value.problems == [
+        "transformer.encoder.layers.*: layer indices up to 999999, but the weights hold 1 layer(s) (999999); "
+        "not planned (an import plans at most twice the layers it holds)"]
+
+
+def test_a_keras_file_declaring_more_than_it_stores_is_refused_before_reading(tmp_path, keras_hub_archive,
+                                                                            monkeypatch):
+    """A .weights.h5 whose dataset declares 36 MB that were never written (HDF5 reads them as
+    zeros: a 127 KB file read as 3.6 GB in the probe), and a .keras member that declares a hundred
+    times what it stores (a decompression bomb; Keras' own rule, its floor lowered here so that the
+    test writes kilobytes): both refused from declared sizes, nothing decompressed or read."""
+    h5py = pytest.importorskip("h5py")
+    import zipfile
+
+    from shared.importers import ImporterError, keras_file, read_keras_file
+    with h5py.File(tmp_path / "bomb.weights.h5", "w") as f:
+        f.create_dataset("layers/dense/vars/0", shape=(3000, 3000), dtype="float32", chunks=(100, 100))
+    with pytest.raises(ImporterError, match=r"its datasets declare 36,000,000 bytes of values, more than a "
+                                            r"file of [\d,]+ bytes holds; refused before reading"):
+        read_keras_file(tmp_path / "bomb.weights.h5")
+    monkeypatch.setattr(keras_file, "_BOMB_FLOOR", 1 << 16)
+    with zipfile.ZipFile(keras_hub_archive) as a, zipfile.ZipFile(tmp_path / "bomb.keras", "w") as b:
+        for item in a.namelist():
+            b.writestr(item, a.read(item) if item != "config.json" else b" " * (1 << 20),
+                       compress_type=zipfile.ZIP_DEFLATED)
+    with pytest.raises(ImporterError, match=r"config.json: declares 1,048,576 bytes stored in [\d,]+: a "
+                                            r"decompression bomb, not read"):
+        read_keras_file(tmp_path / "bomb.keras")
+
+
+def test_a_keras_hub_setting_of_the_wrong_json_type_is_named(keras_hub_archive, tmp_path):
+    """A list where layer_norm_epsilon's number goes raised "unhashable type: 'list'"."""
+    from shared.importers import ImporterError, from_keras_hub, read_keras_file
+    path = _with_layer(keras_hub_archive, tmp_path / "eps.keras", "TransformerEncoder",
+                       {"config": {"layer_norm_epsilon": [1e-5]}})
+    file = read_keras_file(path)
+    with pytest.raises(ImporterError, match=r"'transformer_encoder(_\d+)?': layer_norm_epsilon: expected a "
+                                            r"number, got \[1e-05\]"):
+        from_keras_hub(file.weights, bos_id=2, eos_id=3, keras_config=file.config)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="no FIFOs on this OS")
+def test_a_fifo_inside_a_marian_directory_is_named_not_missing(tmp_path):
+    import os
+
+    from shared.importers import ImporterError, from_marian
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "marian"}))
+    os.mkfifo(tmp_path / "m" / "model.safetensors")
+    with pytest.raises(ImporterError, match=r"model.safetensors': expected a regular file, got a FIFO"):
+        from_marian(tmp_path / "m")
+
+
+def test_an_expanded_tensor_in_a_foreign_state_dict_is_refused_uncopied(tmp_path):
+    """One stored float expanded to 10**8 elements (2 * 10**9 in the probe: 7.45 GiB on copying)."""
+    torch = pytest.importorskip("torch")
+    from torch_impl.checkpoints import read_foreign_state_dict
+    torch.save({"generator.bias": torch.zeros(1).expand(10**8)}, tmp_path / "x.pt")
+    with pytest.raises(ValueError, match=r"'generator.bias': expected a tensor that stores each of its "
+                                         r"values, got 100,000,000 values over 1 stored \(an expanded view\)"):
+        read_foreign_state_dict(tmp_path / "x.pt")

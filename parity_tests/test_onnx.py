@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -338,6 +339,16 @@ def test_bad_input_in_process(demo, tmp_path):
         model.greedy(src, config.max_len + 1)
     with pytest.raises(ValueError, match="tgt: expected batch size 1"):
         model.logits(src, np.ones((2, 3), np.int64))
+    # a config.json that is not its graphs' (it may claim 10**9 layers): refused naming the field
+    import shutil
+    for field, value, message in (("n_decoder_layers", 10**9, "the config says 1000000000, the graphs hold"),
+                                  ("tgt_vocab", config.tgt_vocab + 1, "the graphs' logits are")):
+        shutil.copytree(export, tmp_path / field)
+        header = json.loads((tmp_path / field / "config.json").read_text())
+        header["config"][field] = value
+        (tmp_path / field / "config.json").write_text(json.dumps(header))
+        with pytest.raises(ValueError, match=rf"config.json': {field}: .*{re.escape(message)}"):
+            OnnxRuntimeModel.load(tmp_path / field)
     (tmp_path / "partial").mkdir()
     (tmp_path / "partial" / ENCODER).write_bytes((export / ENCODER).read_bytes())
     with pytest.raises(FileNotFoundError, match=f"missing .*{DECODER}"):

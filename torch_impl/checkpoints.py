@@ -125,6 +125,12 @@ def from_state_dict(config: TransformerConfig, state_dict: Mapping, source: str 
                        what="keys", problems=problems)
 
 
+def _stored_values(tensor) -> int:
+    """How many values ``tensor``'s storage holds: fewer than its elements for an expanded view
+    (stride 0), which a copy would blow up (2 * 10**9 elements from one stored float)."""
+    return tensor.untyped_storage().nbytes() // max(tensor.element_size(), 1)
+
+
 def _shown(value) -> str:
     """A stored field's value for a message: its repr where it is a short plain value, else its
     type (a tensor's repr may be its every element)."""
@@ -261,6 +267,9 @@ def read_foreign_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
                  for k, v in tensors.items() if v.layout != torch.strided or v.is_quantized]
     problems += [f"{k!r}: expected a tensor with values, got one on the meta device"
                  for k, v in tensors.items() if v.is_meta]
+    problems += [f"{k!r}: expected a tensor that stores each of its values, got {v.numel():,} values "
+                 f"over {_stored_values(v):,} stored (an expanded view)"
+                 for k, v in tensors.items() if not v.is_meta and _stored_values(v) < v.numel()]
     problems += [f"{k!r}: dtype {str(v.dtype).removeprefix('torch.')} is not supported (supported: "
                  f"{_FOREIGN_DTYPES})" for k, v in tensors.items()
                  if v.layout == torch.strided and not v.is_quantized and v.dtype not in _FLOATS]

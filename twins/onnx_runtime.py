@@ -42,6 +42,7 @@ gets ``ORT_ENABLE_BASIC`` instead (the comment above `check_options` says why); 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Mapping
 
 import numpy as np
@@ -129,17 +130,40 @@ class OnnxRuntimeModel:
         self.encoder = _session(ort, graphs[ENCODER], options)
         self.decoder = _session(ort, graphs[DECODER], options)
         self.decoder_with_past = _session(ort, graphs[DECODER_WITH_PAST], options)
+        self._check_graphs()
         self._present = [o.name for o in self.decoder.get_outputs()]
         self._past = past_names(config.n_decoder_layers, "past_key_values")
         self._with_past_out = [o.name for o in self.decoder_with_past.get_outputs()]
         # what the products compute in, as the graphs declare it (the logits are the generator's)
         self.precision = "float16" if self.decoder.get_outputs()[0].type == "tensor(float16)" else "float32"
 
+    def _check_graphs(self) -> None:
+        """The config must be the graphs' (an export's config.json is a separate file): as many
+        decoder layers as the cached graph takes past keys and values for, and the logits as wide
+        as the target vocabulary. A ValueError naming the field otherwise, before any name of the
+        config's layers is built (a config.json may claim 10**9 of them)."""
+        c = self.config
+        held = {int(name.split(".")[1]) for name in (i.name for i in self.decoder_with_past.get_inputs())
+                if name.startswith("past_key_values.") and name.split(".")[1].isdigit()}
+        if len(held) != c.n_decoder_layers or (held and max(held) != c.n_decoder_layers - 1):
+            raise ValueError(f"n_decoder_layers: the config says {c.n_decoder_layers}, the graphs "
+                             f"hold {len(held)} decoder layers")
+        width = self.decoder.get_outputs()[0].shape[-1]
+        if isinstance(width, int) and width != c.tgt_vocab:
+            raise ValueError(f"tgt_vocab: the config says {c.tgt_vocab}, the graphs' logits are "
+                             f"{width} wide")
+
     @classmethod
     def load(cls, path: str | os.PathLike, threads: int | None = None) -> "OnnxRuntimeModel":
-        """Open the export directory ``path`` (`shared.exporters.onnx.read_onnx`)."""
+        """Open the export directory ``path`` (`shared.exporters.onnx.read_onnx`); a config.json
+        that is not its graphs' is refused naming it (`_check_graphs`)."""
         config, files = read_onnx(path)
-        return cls(config, {name: str(file) for name, file in files.items()}, threads)
+        try:
+            return cls(config, {name: str(file) for name, file in files.items()}, threads)
+        except ValueError as err:
+            if str(err).startswith(("n_decoder_layers:", "tgt_vocab:")):
+                raise ValueError(f"{str(Path(path) / 'config.json')!r}: {err}") from None
+            raise
 
     @classmethod
     def from_weights(cls, config: TransformerConfig, weights: Mapping[str, np.ndarray],

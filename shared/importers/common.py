@@ -29,6 +29,12 @@ class ImporterError(WeightsError):
     """A state dict an importer refuses: every problem at once, in ``problems`` and the message."""
 
 
+def layer_indices(keys, prefix: str) -> list[int]:
+    """The layer indices ``i`` of the keys ``{prefix}.{i}.*`` among ``keys``, sorted, once each."""
+    pattern = re.compile(rf"^{re.escape(prefix)}\.(\d+)\.")
+    return sorted({int(m.group(1)) for k in keys if (m := pattern.match(k))})
+
+
 def _names(keys) -> str:
     keys = sorted(keys)
     more = f" ... and {len(keys) - _LISTED} more" if len(keys) > _LISTED else ""
@@ -113,12 +119,31 @@ class SourceImport:
         return None
 
     def layer_count(self, prefix: str) -> int:
-        pattern = re.compile(rf"^{re.escape(prefix)}\.(\d+)\.")
-        found = [int(m.group(1)) for k in self.sd if (m := pattern.match(k))]
+        found = layer_indices(self.sd, prefix)
         if not found:
             self.problem(f"no layers: expected keys {prefix}.0.*")
             return 0
-        return max(found) + 1  # a gap shows up as missing keys of that layer
+        return self.planned_layers(f"{prefix}.*", found, prefix=prefix)  # a gap: missing keys of that layer
+
+    def planned_layers(self, what: str, held, declared: int | None = None, declared_by: str = "",
+                       prefix: str | None = None) -> int:
+        """How many layers of a stack to expect: ``declared`` (what ``declared_by``, a config's
+        key, says), else one past the highest index ``held``. An import plans at most twice the
+        layers the weights hold, so a config's 10**6 layers, or one stray index 999999, is one
+        problem and none planned (0), not a plan of a million layers (the keys ``{prefix}.*`` of
+        the stack are then not listed again as unexpected); a smaller shortfall is planned, so that
+        each missing key is named."""
+        held = sorted(set(held))
+        wanted = declared if declared is not None else (held[-1] + 1 if held else 0)
+        if wanted <= 2 * len(held):
+            return wanted
+        shown = ", ".join(map(str, held[:8])) + (", ..." if len(held) > 8 else "")
+        asked = f"{declared_by} is {wanted}" if declared is not None else f"layer indices up to {wanted - 1}"
+        self.problem(f"{what}: {asked}, but the weights hold {len(held)} layer(s) ({shown or 'none'}); "
+                     "not planned (an import plans at most twice the layers it holds)")
+        if prefix is not None:
+            self.ignored.update(k for k in self.sd if k.startswith(f"{prefix}."))
+        return 0
 
     # -- plan -------------------------------------------------------------------------------------
     def expect(self, key: str, shape: tuple[int, ...], *outputs) -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..paths import read_json
+from ..paths import check_source, read_json
 from ..weights import PROJECTIONS
-from .common import ImporterError, SourceImport
+from .common import ImporterError, SourceImport, layer_indices
 from .safetensors_file import read_float_safetensors
 
 CONFIG_FILE = "config.json"
@@ -83,6 +83,11 @@ def read_pretrained(path, family: str, source: str) -> tuple[dict, dict[str, np.
     if not path.is_dir():
         raise ImporterError(source, [f"{str(path)!r}: expected {expected}, got a file"])
     config_file, weights_file = path / CONFIG_FILE, path / WEIGHTS_FILE
+    for file in (config_file, weights_file):
+        try:  # there, but a directory, a FIFO, a device: named as that, not as missing
+            check_source(file, directory=False)
+        except ValueError as err:
+            raise ImporterError(source, [str(err)]) from None
     if not config_file.is_file():
         raise ImporterError(source, [f"{str(config_file)!r}: missing; expected {expected}"])
     try:
@@ -223,6 +228,10 @@ def bart_layers(imp: SourceImport, enc: str, dec: str, n_enc: int, n_dec: int, d
     ``self_attn_layer_norm``, ``fc1``, ``fc2``, ``final_layer_norm``; the decoder adds
     ``encoder_attn`` and ``encoder_attn_layer_norm``. Post-norm sublayers, torch LayerNorms."""
     short = dict(zip(PROJECTIONS, ("q_proj", "k_proj", "v_proj", "out_proj")))
+    n_enc = imp.planned_layers(f"{enc}.layers.*", layer_indices(imp.sd, f"{enc}.layers"), n_enc,
+                               f"{CONFIG_FILE} encoder_layers", prefix=f"{enc}.layers")
+    n_dec = imp.planned_layers(f"{dec}.layers.*", layer_indices(imp.sd, f"{dec}.layers"), n_dec,
+                               f"{CONFIG_FILE} decoder_layers", prefix=f"{dec}.layers")
 
     def attention(src: str, dst: str) -> None:
         for p in PROJECTIONS:

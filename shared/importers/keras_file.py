@@ -18,7 +18,7 @@ port that model, and this model is not the one in the file.
 from __future__ import annotations
 
 import io
-import json
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from ..config import parse_json
+from ..paths import check_source
 from .common import ImporterError
 
 # Groups Keras saves beside the model (training state): not part of the network, skipped.
@@ -61,12 +63,33 @@ def read_keras_file(path) -> KerasFile:
         ImportError: h5py is not installed (naming the file and the install command).
     """
     path = str(path)
+    try:
+        check_source(path, directory=False)  # a directory, a FIFO, a device: named as that
+    except ValueError as err:
+        raise ImporterError(repr(path), [str(err)]) from None
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path!r}: no such file")
     _check_h5py(path)
     if path.endswith(".keras"):
         return _read_archive(path)
     return KerasFile(path, _read_h5(path, path), None)
+
+
+# Keras stores its archive's members uncompressed, and DEFLATE expands at most about 1032 times:
+# a member past the floor that declares 100 times what it stores is a decompression bomb (the rule
+# and figures of Keras' own loader, keras.src.saving.saving_lib._reject_zip_bomb).
+_BOMB_FLOOR = 1 << 28  # 256 MiB
+_BOMB_RATIO = 100
+
+
+def _member(archive: zipfile.ZipFile, name: str, path: str) -> bytes:
+    """The bytes of the member ``name``, a decompression bomb refused from its declared sizes
+    before anything is decompressed."""
+    info = archive.getinfo(name)
+    if info.file_size > _BOMB_FLOOR and info.file_size > _BOMB_RATIO * info.compress_size:
+        raise ImporterError(repr(path), [f"{name}: declares {info.file_size:,} bytes stored in "
+                                         f"{info.compress_size:,}: a decompression bomb, not read"])
+    return archive.read(name)
 
 
 def _read_archive(path: str) -> KerasFile:
@@ -77,9 +100,11 @@ def _read_archive(path: str) -> KerasFile:
             if missing:
                 raise ImporterError(repr(path), [f"not a Keras 3 .keras archive: no {missing} "
                                                  f"(found {sorted(names)[:10]})"])
-            config = json.loads(archive.read("config.json").decode("utf-8"))
-            data = archive.read("model.weights.h5")
-    except (zipfile.BadZipFile, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            config = parse_json(_member(archive, "config.json", path).decode("utf-8"), "config.json")
+            data = _member(archive, "model.weights.h5", path)
+    except ImporterError:
+        raise
+    except (zipfile.BadZipFile, UnicodeDecodeError, ValueError) as err:  # ValueError: parse_json's
         raise ImporterError(repr(path), [f"not a Keras 3 .keras archive ({err})"]) from None
     problems = code_in_config(config)
     if problems:
@@ -101,6 +126,40 @@ def _check_h5py(path: str) -> None:
         raise ImportError(f"{path!r}: " + H5PY_MISSING.format(err=err)) from None
 
 
+# zlib's largest expansion: a deflated dataset holds at most this many bytes per stored byte
+_DEFLATE_MAX_RATIO = 1032
+
+
+def _size_of(source) -> int:
+    """The bytes of an HDF5 source: a path's file size, an in-memory file's length."""
+    return len(source.getbuffer()) if isinstance(source, io.BytesIO) else os.path.getsize(source)
+
+
+def _check_declared_sizes(handle, label: str, size: int) -> None:
+    """Refuse a file whose datasets declare more bytes than it can hold, before any is read: an
+    unfiltered dataset's values are stored in the file, so together they cannot exceed its size, and
+    a compressed one's cannot exceed zlib's largest expansion of it. Past that the values are HDF5's
+    fill value for chunks never written: a 127 KB file declaring a 30000 x 30000 dataset would be
+    read as 3.6 GB of zeros."""
+    import h5py
+
+    plain = packed = 0
+
+    def visit(name: str, obj) -> None:
+        nonlocal plain, packed
+        if isinstance(obj, h5py.Dataset):
+            declared = obj.size * obj.dtype.itemsize
+            if obj.compression is None and not obj._filters:
+                plain += declared
+            else:
+                packed += declared
+    handle.visititems(visit)
+    if plain > size or packed > _DEFLATE_MAX_RATIO * size:
+        raise ImporterError(repr(label), [f"its datasets declare {plain + packed:,} bytes of values, "
+                                          f"more than a file of {size:,} bytes holds; refused before "
+                                          "reading (unwritten values would be read as zeros)"])
+
+
 def _read_h5(source, label: str) -> dict[str, np.ndarray]:
     import h5py  # deferred: `import shared` stays NumPy only (present: `_check_h5py`)
 
@@ -108,6 +167,8 @@ def _read_h5(source, label: str) -> dict[str, np.ndarray]:
     problems: list[str] = []
     try:
         with h5py.File(source, "r") as handle:
+            _check_declared_sizes(handle, label, _size_of(source))
+
             def visit(name: str, obj) -> None:
                 if isinstance(obj, h5py.Dataset) and name.split("/")[0] not in TRAINING_STATE:
                     try:

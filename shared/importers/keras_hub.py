@@ -225,13 +225,25 @@ def _from_config(imp: SourceImport, config: dict) -> dict[str, Any]:
     for problem in unaccounted_layers(config, KERAS_HUB_LAYERS):
         imp.problem(problem)
     found: dict[str, set] = {}
+
+    def add(name: str, layer: dict, key: str, value, kinds: tuple, expected: str) -> None:
+        """One layer's setting, of the JSON type it must have (a list or an object there would be
+        neither a setting nor hashable)."""
+        if isinstance(value, kinds) and not (bool not in kinds and isinstance(value, bool)):
+            found.setdefault(name, set()).add(value)
+        else:
+            imp.problem(f"{layer.get('name')!r}: {key}: expected {expected}, got {value!r}")
+
     for cls in ("TransformerEncoder", "TransformerDecoder"):
         for layer in layer_configs(config, cls):
-            found.setdefault("normalize_first", set()).add(layer.get("normalize_first", False))
-            found.setdefault("norm_eps", set()).add(layer.get("layer_norm_epsilon", 1e-5))
-            found.setdefault("activation", set()).add(_activation_name(layer.get("activation", "relu")))
+            add("normalize_first", layer, "normalize_first", layer.get("normalize_first", False), (bool,),
+                "true or false")
+            add("norm_eps", layer, "layer_norm_epsilon", layer.get("layer_norm_epsilon", 1e-5), (int, float),
+                "a number")
+            add("activation", layer, "activation", _activation_name(layer.get("activation", "relu")), (str,),
+                "an activation's name")
     for layer in layer_configs(config, "TokenAndPositionEmbedding"):
-        found.setdefault("mask_zero", set()).add(layer.get("mask_zero", False))
+        add("mask_zero", layer, "mask_zero", layer.get("mask_zero", False), (bool,), "true or false")
     for layer in layer_configs(config, "Dense"):
         act = _activation_name(layer.get("activation"))
         if act not in (None, "linear", "softmax"):

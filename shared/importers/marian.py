@@ -108,9 +108,10 @@ def from_marian(path, *, dtype=None, rename: Renames = None, allow_nonfinite: bo
     if (text := n_heads_problem(n_heads, d)) is not None and n_heads is not None:
         s.problem("encoder_attention_heads", text)
     src_vocab = s.integer("vocab_size")
-    tgt_vocab = s.get("decoder_vocab_size") or src_vocab
+    # absent or null: the source vocabulary's (MarianConfig's rule); else a positive int like it
+    tgt_vocab = s.integer("decoder_vocab_size") if s.get("decoder_vocab_size") is not None else src_vocab
     share, tie = s.flag("share_encoder_decoder_embeddings"), s.flag("tie_word_embeddings")
-    if share and tgt_vocab != src_vocab:
+    if share and tgt_vocab is not None and tgt_vocab != src_vocab:
         # transformers then sizes the decoder's table by one and the output layer by the other
         s.problem("decoder_vocab_size", f"expected vocab_size = {src_vocab} with "
                   f"share_encoder_decoder_embeddings, got {tgt_vocab}")
@@ -122,7 +123,7 @@ def from_marian(path, *, dtype=None, rename: Renames = None, allow_nonfinite: bo
     bos_id = bos if isinstance(bos, int) and not isinstance(bos, bool) and bos != pad_id else eos_id
     act, scale, dropout = activation(s), s.flag("scale_embedding"), s.get("dropout")
     s.leftovers()
-    if None in (d, n_enc, n_dec, d_ff, src_vocab, share, tie, max_len):
+    if None in (d, n_enc, n_dec, d_ff, src_vocab, tgt_vocab, share, tie, max_len):
         raise ImporterError(source, imp.problems)
 
     max_len = imp.positional(list(POSITIONS), max_len, d, TABLE)

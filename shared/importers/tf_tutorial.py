@@ -99,11 +99,15 @@ def from_tf_tutorial(weights: Mapping[str, np.ndarray], *, bos_id: int, eos_id: 
 
     imp.expect("encoder/pos_embedding/embedding/vars/0", (src_vocab, d), ("src_embed.embeddings", np.asarray))
     imp.expect("decoder/pos_embedding/embedding/vars/0", (tgt_vocab, d), ("tgt_embed.embeddings", np.asarray))
-    for i in range(max(encoders) + 1):  # a gap shows up as missing variables of that layer
+    n_enc = imp.planned_layers(f"{ENC}encoder_layer*", encoders)  # a gap: missing variables of that layer
+    n_dec = imp.planned_layers(f"{DEC}decoder_layer*", decoders)
+    if not (n_enc and n_dec):  # more indices than layers held: refused, nothing to plan
+        raise ImporterError(imp.source, imp.problems)
+    for i in range(n_enc):
         src = f"{ENC}{list_name('encoder_layer', i)}"
         attention(f"{src}/self_attention", f"encoder.layers.{i}.self_attn")
         ffn(f"{src}/ffn", f"encoder.layers.{i}.ffn")
-    for i in range(max(decoders) + 1):
+    for i in range(n_dec):
         src = f"{DEC}{list_name('decoder_layer', i)}"
         attention(f"{src}/causal_self_attention", f"decoder.layers.{i}.self_attn")
         attention(f"{src}/cross_attention", f"decoder.layers.{i}.cross_attn")
@@ -112,7 +116,7 @@ def from_tf_tutorial(weights: Mapping[str, np.ndarray], *, bos_id: int, eos_id: 
     imp.check_keys("")
     config = imp.config(
         src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_model=d, n_heads=heads, d_ff=d_ff,
-        n_encoder_layers=max(encoders) + 1, n_decoder_layers=max(decoders) + 1, dropout=dropout,
+        n_encoder_layers=n_enc, n_decoder_layers=n_dec, dropout=dropout,
         max_len=max_len, norm_first=False, norm_style="standard", norm_eps=norm_eps, final_norm=False,
         pad_id=0, bos_id=bos_id, eos_id=eos_id, dtype=imp.dtype, pe_layout="halves",
         pe_timescale="paper", head_dim=None if heads * key_dim == d else key_dim)
