@@ -252,3 +252,19 @@ def test_the_command_line_names_the_flag_and_leaves_the_destination(tmp_path, ca
         assert code == 2 and last.startswith(f"twins {argv[0]}: error: "), (argv, code, err)
         assert re.search(message, last), (argv, err)
     assert fifo.is_fifo() and not (tmp_path / "o.pt").exists()
+
+
+def test_an_importers_problem_with_an_option_names_the_flag(tmp_path, capsys):
+    """An importer checks the options it is given (``n_heads``, the config's ``max_len``); on the
+    command line each is named as typed, ``--n-heads`` and ``--max-len``, and only when given."""
+    torch = pytest.importorskip("torch")
+    from parity_tests.source_models import Seq2SeqTransformer
+    torch.save(Seq2SeqTransformer(1, 1, 8, 2, 11, 13, 16, dropout=0.0).state_dict(), tmp_path / "nnt.pt")
+    common = ["convert", "--from", "nn-transformer", "--pad-id", "1", "--bos-id", "2", "--eos-id", "3",
+              "--norm-first", "false", str(tmp_path / "nnt.pt"), str(tmp_path / "out")]
+    for extra, message in ((["--n-heads", "0"], "--n-heads: expected a positive int, got 0"),
+                           (["--n-heads", "2", "--max-len", "-1"], "--max-len: expected a positive int, got -1")):
+        capsys.readouterr()
+        assert main(common + extra) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -59,7 +59,7 @@ def run(args) -> int:
     except FileExistsError as err:
         raise ValueError(str(err)) from None
     except ValueError as err:
-        raise loading.respelled(err) from None
+        raise loading.respelled(err, given) from None
     except ImportError as err:  # a bare import's message names only the module; a reader's says more
         said = f"a library is not installed ({err})" if err.name else str(err)
         raise ImportError(f"{args.src} -> {dst_fmt.name}: {said}") from None

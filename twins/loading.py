@@ -9,6 +9,7 @@ from pathlib import Path
 from shared import TransformerConfig, formats
 from shared.paths import check_source, read_json
 from shared.saving import recover
+from shared.weights import WeightsError
 
 
 def flag(name: str) -> str:
@@ -94,13 +95,26 @@ def read(path: str, args, what: str = "--checkpoint", options: dict | None = Non
     try:
         config, weights = fmt.read(path, config, **options)
     except ValueError as err:
-        raise respelled(err) from None
+        raise respelled(err, options) from None
     return fmt, config, weights
 
 
-def respelled(err: ValueError) -> ValueError:
-    """``"max_new: expected ..."`` from a format's function -> ``"--max-new: expected ..."``."""
+def respelled(err: ValueError, given=None) -> ValueError:
+    """``"max_new: expected ..."`` from a format's function -> ``"--max-new: expected ..."``; in
+    an error listing problems (an importer's), each problem about an option the user gave (``given``:
+    their names) the same way, ``TransformerConfig.max_len: ...`` included (the config an option
+    made)."""
+    problems = getattr(err, "problems", None)
+    if isinstance(err, WeightsError) and isinstance(problems, list) and given:
+        fixed = [_respelled_line(p, given) if isinstance(p, str) else p for p in problems]
+        return err if fixed == problems else type(err)(err.source, fixed)
     name, sep, rest = str(err).partition(":")
     if sep and name in formats.options():
         return type(err)(f"{flag(name)}:{rest}") if type(err) is ValueError else err
     return err
+
+
+def _respelled_line(text: str, given) -> str:
+    name, sep, rest = text.partition(":")
+    bare = name.removeprefix("TransformerConfig.")
+    return f"{flag(bare)}:{rest}" if sep and bare in given else text
