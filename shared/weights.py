@@ -240,7 +240,8 @@ def _totals(config: TransformerConfig) -> tuple[int, int]:
                  for b, e, d in zip(base, encoder, decoder))
 
 
-def check_fits(config: TransformerConfig, tensors: int, values: int, source: str, what: str = "tensors"):
+def check_fits(config: TransformerConfig, tensors: int, values: int | None, source: str,
+               what: str = "tensors"):
     """Refuse weights (a file's, named by ``source``) that hold less than half the ``tensors`` or
     half the ``values`` (elements, all tensors together) ``config`` needs, before anything of the
     config's size is built (`check_weights`' schema, a native reader's layout: a model, to map the
@@ -252,7 +253,7 @@ def check_fits(config: TransformerConfig, tensors: int, values: int, source: str
     problems = []
     if 2 * tensors < needed_tensors:
         problems.append(f"the config needs {needed_tensors:,} {what}, these weights hold {tensors:,}")
-    if 2 * values < needed_values:
+    if values is not None and 2 * values < needed_values:
         problems.append(f"the config needs {needed_values:,} values, these weights hold {values:,}")
     if problems:
         layers = f"n_encoder_layers={config.n_encoder_layers}, n_decoder_layers={config.n_decoder_layers}"
@@ -268,8 +269,11 @@ def check_weights(config: TransformerConfig, weights: Mapping[str, object], sour
     was checked. Expected dtype is ``config.dtype`` exactly (no silent casts: a cast would break
     the bit-exact round trip). ``weights`` is not modified."""
     snapshot, problems = snapshot_weights(weights, source)
-    check_fits(config, len(snapshot), sum(v.size for v in snapshot.values() if isinstance(v, np.ndarray)),
-               source)  # before a schema of the config's size is built
+    arrays = [v for v in snapshot.values() if isinstance(v, np.ndarray)]
+    # before a schema of the config's size is built; values counted only where every entry is an
+    # array (an unreadable one or a non-array is its own problem, listed below)
+    check_fits(config, len(snapshot), sum(a.size for a in arrays) if len(arrays) == len(snapshot) else None,
+               source)
     unreadable = {p.split(":", 1)[0] for p in problems}
     schema = weight_schema(config)
     missing = [n for n in schema if n not in snapshot]

@@ -119,8 +119,9 @@ def from_state_dict(config: TransformerConfig, state_dict: Mapping, source: str 
     if odd:
         problems.append(f"keys expected str, got {odd[:_LISTED]!r}")
     stored = {key: _stored(value) for key, value in state_dict.items() if isinstance(key, str)}
-    check_fits(config, len(stored), sum(int(np.prod(s.shape)) for s in stored.values()
-                                        if isinstance(s, Stored)), source, "keys")
+    tensors = [s for s in stored.values() if isinstance(s, Stored)]  # values: where all are tensors
+    check_fits(config, len(stored), sum(int(np.prod(s.shape)) for s in tensors)
+               if len(tensors) == len(stored) else None, source, "keys")
     return read_stored(config, native_layout(config), stored, source, allow_nonfinite,
                        what="keys", problems=problems)
 
