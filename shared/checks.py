@@ -6,7 +6,20 @@ TensorFlow backends call the very same code and raise the very same messages:
 """
 from __future__ import annotations
 
+import argparse
 from typing import Sequence
+
+
+def int_argument(text: str, low: int) -> int:
+    """An ``argparse`` type's int of at least ``low``: argparse's usage error (exit 2, ``argument
+    --seed: expected an int >= 0, got -1``) for anything else, while the command line is parsed."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {value}")
+    return value
 
 
 def _sizes(shape: Sequence) -> tuple:

@@ -33,6 +33,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from .checks import int_argument
+
 WAIT_POLICY = "PASSIVE"
 RUNTIME_ENVIRONMENT = {"OMP_WAIT_POLICY": WAIT_POLICY, "THP_MEM_ALLOC_ENABLE": "1"}
 
@@ -89,12 +91,7 @@ def check_threads(threads, name: str = "--threads") -> int | None:
 def thread_count(text: str) -> int:
     """An ``argparse`` type for the benchmarks' ``--threads``: the same bounds as `check_threads`,
     as argparse's usage error (exit 2, ``argument --threads: ...``) before anything starts."""
-    try:
-        threads = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
-    if threads < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {threads}")
+    threads = int_argument(text, 1)
     if threads > max_threads():
         raise argparse.ArgumentTypeError(_too_many_threads(threads))
     return threads

@@ -3,15 +3,9 @@ the command line is parsed, so before anything is read, written or started
 (``twins convert: error: argument --seed: expected an int >= 0, got -1``)."""
 from __future__ import annotations
 
-import argparse
+from shared.checks import int_argument
 
 
 def seed(text: str) -> int:
     """A random seed: an int >= 0 (NumPy's generators take no negative seed)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {value}")
-    return value
+    return int_argument(text, 0)
