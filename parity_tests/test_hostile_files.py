@@ -226,7 +226,7 @@ def test_the_command_line_names_the_flag_and_leaves_the_destination(tmp_path, ca
     (tmp_path / "empty.txt").write_text("\n\n")
     (tmp_path / "latin1.txt").write_bytes(b"3 4 \xe9")
     cases = [
-        (["convert", ck, str(fifo), "--to", "torch"], "is a FIFO; refusing to replace it with a file"),
+        (["convert", ck, str(fifo), "--to", "neutral"], "out.fifo' exists and is not a checkpoint; refusing"),
         (["convert", ck, str(tmp_path / "o.pt"), "--verify", "--seed", "-1"],
          "argument --seed: expected an int >= 0, got -1"),
         (["decode", "--checkpoint", ck, "--src-file", str(tmp_path / "empty.txt")],
