@@ -149,7 +149,7 @@ def _check_declared_sizes(handle, label: str, size: int) -> None:
         nonlocal plain, packed
         if isinstance(obj, h5py.Dataset):
             declared = obj.size * obj.dtype.itemsize
-            if obj.compression is None and not obj._filters:
+            if obj.id.get_create_plist().get_nfilters() == 0:  # no compression nor any filter
                 plain += declared
             else:
                 packed += declared
