@@ -265,7 +265,8 @@ def test_unknown_task_is_refused(tmp_path, capsys):
     (["--steps", "0"], "--steps: expected an int >= 1, got 0"),
     (["--steps", "2", "--batch", "0"], "--batch: expected a positive number, got 0"),
     (["--steps", "2", "--smoothing", "1.5"], "--smoothing: expected a value in [0, 1), got 1.5"),
-    (["--steps", "2", "--seed", "-1"], "--seed: expected an int >= 0, got -1"),
+    (["--steps", "2", "--seed", "-1"], "--seed: expected an int in [0, 2147483647], got -1"),
+    (["--steps", "2", "--seed", str(2**32)], "--seed: expected an int in [0, 2147483647], got 4294967296"),
 ])
 def test_bad_train_arguments(tmp_path, capsys, argv, message):
     code, _, err = cli(capsys, "train", "--task", "copy", "--backend", "torch", "--checkpoint",

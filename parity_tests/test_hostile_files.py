@@ -228,7 +228,7 @@ def test_the_command_line_names_the_flag_and_leaves_the_destination(tmp_path, ca
     cases = [
         (["convert", ck, str(fifo), "--to", "neutral"], "out.fifo' exists and is not a checkpoint; refusing"),
         (["convert", ck, str(tmp_path / "o.pt"), "--verify", "--seed", "-1"],
-         "argument --seed: expected an int >= 0, got -1"),
+         r"argument --seed: expected an int in \[0, 2147483647\], got -1"),
         (["decode", "--checkpoint", ck, "--src-file", str(tmp_path / "empty.txt")],
          "--src-file '.*empty.txt': expected lines of token ids, got none"),
         (["decode", "--checkpoint", ck, "--src-file", str(tmp_path / "latin1.txt")],
@@ -240,6 +240,11 @@ def test_the_command_line_names_the_flag_and_leaves_the_destination(tmp_path, ca
         (["decode", "--checkpoint", "", "--src", "3 4"], "--checkpoint: expected a path, got ''"),
         (["compare", "--config", str(tmp_path / "ck" / "config.json")],
          "--config '.*config.json': a checkpoint's config.json, not a TransformerConfig"),
+        (["compare", "--backends", "torch,torch"], r"--backends: expected each of .* at most once, got"),
+        (["compare", "--json", str(fifo)], "out.fifo': is a FIFO; refusing to replace it with a file"),
+        (["train", "--task", "copy", "--backend", "torch", "--steps", "1", "--factor", "1e308",
+          "--checkpoint", str(tmp_path / "run")], r"--factor 1e\+308 with --warmup 400 and d_model \d+: factor "
+                                                   r"expected a peak rate .* that float32 holds"),
     ]
     for argv, message in cases:
         capsys.readouterr()
@@ -251,7 +256,7 @@ def test_the_command_line_names_the_flag_and_leaves_the_destination(tmp_path, ca
         last = err.splitlines()[-1] if err else ""  # argparse prints its usage lines first
         assert code == 2 and last.startswith(f"twins {argv[0]}: error: "), (argv, code, err)
         assert re.search(message, last), (argv, err)
-    assert fifo.is_fifo() and not (tmp_path / "o.pt").exists()
+    assert fifo.is_fifo() and not (tmp_path / "o.pt").exists() and not (tmp_path / "run").exists()
 
 
 def test_an_importers_problem_with_an_option_names_the_flag(tmp_path, capsys):
@@ -268,3 +273,31 @@ def test_an_importers_problem_with_an_option_names_the_flag(tmp_path, capsys):
         assert main(common + extra) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tampered_train_log_is_refused_when_read_naming_the_field(tmp_path):
+    """A resumed run read its log's fields as it went: a missing "evals" failed after the steps had
+    run, a batch of "abc" deep in the data pipeline, a seed past TensorFlow's range in one backend
+    only. Every field `twins train` and `twins figures` use is checked when the log is read."""
+    from twins.runs import LOG_FILE, LOG_FORMAT, LOG_VERSION, read_log_file
+    log = {"format": LOG_FORMAT, "version": LOG_VERSION, "task": "copy", "seed": 0, "step": 2,
+           "settings": {"batch": 8, "warmup": 400, "factor": 0.5, "smoothing": 0.1}, "config": {},
+           "segments": [{"backend": "torch"}], "history": {"step": [1, 2], "loss": [2.5, 2.4],
+                                                           "lr": [1e-5, 2e-5]},
+           "evals": [{"step": 2, "backend": "torch", "accuracy": 0.0}]}
+    file = tmp_path / LOG_FILE
+    file.write_text(json.dumps(log))
+    assert read_log_file(file) == log
+    for change, problem in [
+        (lambda d: d.pop("evals"), "evals: missing"),
+        (lambda d: d["settings"].update(batch="abc"), "settings.batch: expected an int >= 1, got 'abc'"),
+        (lambda d: d["settings"].update(batch=True), "settings.batch: expected an int >= 1, got True"),
+        (lambda d: d.update(seed=10**30), "seed: expected an int in [0, 2147483647], got 10000000000"),
+        (lambda d: d["history"].update(loss=[2.5]), "history: expected step, loss and lr of one length"),
+        (lambda d: d.update(evals=[{}]), "evals[0]: expected an object with step, backend and accuracy"),
+    ]:
+        bad = json.loads(json.dumps(log))
+        change(bad)
+        file.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=f"train_log.json': not a usable train log: {re.escape(problem)}"):
+            read_log_file(file)

@@ -10,15 +10,17 @@ import argparse
 from typing import Sequence
 
 
-def int_argument(text: str, low: int) -> int:
-    """An ``argparse`` type's int of at least ``low``: argparse's usage error (exit 2, ``argument
-    --seed: expected an int >= 0, got -1``) for anything else, while the command line is parsed."""
+def int_argument(text: str, low: int, high: int | None = None) -> int:
+    """An ``argparse`` type's int of at least ``low`` (and at most ``high``): argparse's usage error
+    (exit 2, ``argument --seed: expected an int >= 0, got -1``) for anything else, while the
+    command line is parsed."""
+    expected = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {text!r}") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
     return value
 
 

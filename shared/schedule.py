@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .config import FLOAT32_MAX
+
 
 def noam_lr(step, d_model: int, warmup: int, factor: float = 1.0):
     """Learning rate at ``step`` (an int >= 1, or an integer array of them); float or float64 array."""
@@ -18,6 +20,10 @@ def noam_lr(step, d_model: int, warmup: int, factor: float = 1.0):
             raise ValueError(f"noam_lr: {name} expected a positive int, got {value!r}")
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
         raise ValueError(f"noam_lr: factor expected a positive float, got {factor!r}")
+    peak = factor * d_model ** -0.5 * warmup ** -0.5  # the rate at step == warmup, the largest
+    if not peak <= FLOAT32_MAX:  # an optimizer's float32 update would overflow (torch raises, TF runs on inf)
+        raise ValueError(f"noam_lr: factor expected a peak rate factor * d_model**-0.5 * warmup**-0.5 "
+                         f"that float32 holds (<= {FLOAT32_MAX:.4g}), got factor={factor!r} (peak {peak:.4g})")
     steps = np.asarray(step)
     if steps.dtype.kind not in "iu":
         raise ValueError(f"noam_lr: step expected an int counted from 1, got {step!r}")

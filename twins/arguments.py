@@ -6,6 +6,12 @@ from __future__ import annotations
 from shared.checks import int_argument
 
 
+# TensorFlow's seeds are below 2**32 and `twins train` seeds a run's dropout with seed + step + a
+# multiple of the worker's rank: a seed below 2**31 leaves that sum room in both backends.
+SEED_MAX = 2**31 - 1
+
+
 def seed(text: str) -> int:
-    """A random seed: an int >= 0 (NumPy's generators take no negative seed)."""
-    return int_argument(text, 0)
+    """A random seed: an int in [0, `SEED_MAX`] (NumPy takes no negative seed, TensorFlow none of
+    2**32 or more: a larger one failed in one backend and ran in the other)."""
+    return int_argument(text, 0, SEED_MAX)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 from itertools import combinations
+from pathlib import Path
 
 import numpy as np
 
@@ -12,7 +13,9 @@ from shared.threads import check_threads
 from shared.tolerances import bound_for, max_abs_diff, max_rel_diff
 from shared import TransformerConfig
 from shared.config import PRESETS
+from shared.paths import replaced
 from shared.precision import HALF_PRECISIONS
+from shared.saving import write_atomically
 from shared.weights import random_weights
 
 from . import arguments, loading
@@ -75,6 +78,10 @@ def run(args) -> int:
     unknown = [b for b in backends if b not in COMPARED]
     if unknown:
         raise ValueError(f"--backends: expected names from {COMPARED}, got {unknown}")
+    if len(set(backends)) < len(backends):  # (none: the reference alone)
+        raise ValueError(f"--backends: expected each of {COMPARED} at most once, got {args.backends!r}")
+    if args.json and args.json != "-":  # a FIFO there would block the write after all the work
+        replaced(args.json, directory=False)
     config, weights = _load(args)
     for name in ("src_len", "tgt_len", "max_new"):  # named as typed, before any model sees them
         if getattr(args, name) > config.max_len:
@@ -146,8 +153,7 @@ def run(args) -> int:
         if args.json == "-":
             print(text)
         else:
-            with open(args.json, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
+            write_atomically(args.json, lambda tmp: Path(tmp).write_text(text + "\n", encoding="utf-8"))
     return 0 if ok else 1
 
 

@@ -9,6 +9,7 @@ by `save_run` (`shared.saving.replace_directory`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from shared import weights as neutral
 from shared.paths import read_json
 from shared.saving import replace_directory, umask
 
+from .arguments import SEED_MAX
 from .backends import moment_names
 
 LOG_FILE = "train_log.json"
@@ -42,7 +44,65 @@ def read_log_file(file: str | os.PathLike) -> dict:
         raise ValueError(f"{str(file)!r}: not a twins train log (expected format {LOG_FORMAT!r})")
     if log.get("version") != LOG_VERSION:
         raise ValueError(f"{str(file)!r}: unknown version {log.get('version')!r}, this reads {LOG_VERSION}")
+    problems = log_problems(log)
+    if problems:  # before a resumed run trains (a bad field used to fail after its steps) or a figure
+        raise ValueError(f"{str(file)!r}: not a usable train log: {'; '.join(problems)}")
     return log
+
+
+def _int(value, low: int = 0, high: int | None = None) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool) and value >= low
+            and (high is None or value <= high))
+
+
+def _real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def log_problems(log: dict) -> list[str]:
+    """What `twins train` and `twins figures` read of a log, each field of the type they use:
+    ``"settings.batch: expected an int >= 1, got 'abc'"``, one line a field."""
+    problems = []
+
+    def need(where: str, ok: bool, expected: str, value) -> bool:
+        if not ok:
+            problems.append(f"{where}: expected {expected}, got {value!r}"[:200])
+        return ok
+
+    kinds = {"task": str, "seed": int, "step": int, "settings": dict, "config": dict, "segments": list,
+             "history": dict, "evals": list}
+    for key, kind in kinds.items():
+        if key not in log:
+            problems.append(f"{key}: missing")
+        else:
+            need(key, isinstance(log[key], kind) and not isinstance(log[key], bool), f"a JSON {kind.__name__}",
+                 log[key])
+    if problems:
+        return problems
+    need("seed", _int(log["seed"], 0, SEED_MAX), f"an int in [0, {SEED_MAX}]", log["seed"])
+    need("step", _int(log["step"], 0, SEED_MAX), f"an int in [0, {SEED_MAX}]", log["step"])
+    s = log["settings"]
+    for key in ("batch", "warmup"):
+        need(f"settings.{key}", _int(s.get(key), 1), "an int >= 1", s.get(key))
+    need("settings.factor", _real(s.get("factor")) and s.get("factor") > 0, "a positive number",
+         s.get("factor"))
+    need("settings.smoothing", _real(s.get("smoothing")) and 0 <= s.get("smoothing") < 1,
+         "a number in [0, 1)", s.get("smoothing"))
+    h = log["history"]
+    columns = {key: h.get(key) for key in ("step", "loss", "lr")}
+    if all(need(f"history.{k}", isinstance(v, list), "a list", v) for k, v in columns.items()):
+        need("history", len({len(v) for v in columns.values()}) == 1, "step, loss and lr of one length",
+             {k: len(v) for k, v in columns.items()})
+        need("history.step", all(_int(x, 1) for x in columns["step"]), "ints >= 1", columns["step"])
+        for key in ("loss", "lr"):
+            need(f"history.{key}", all(_real(x) for x in columns[key]), "finite numbers", columns[key])
+    for i, e in enumerate(log["evals"]):
+        need(f"evals[{i}]", isinstance(e, dict) and _int(e.get("step")) and isinstance(e.get("backend"), str)
+             and _real(e.get("accuracy")), "an object with step, backend and accuracy", e)
+    for i, g in enumerate(log["segments"]):
+        need(f"segments[{i}]", isinstance(g, dict) and isinstance(g.get("backend"), str),
+             "an object with a backend", g)
+    return problems
 
 
 def read_moments(path: Path, config: TransformerConfig) -> dict[str, np.ndarray] | None:

@@ -35,6 +35,7 @@ from shared.saving import naming, recover, temporary_name
 
 from shared.data_parallel import TIMEOUT_S, check_workers
 from shared.precision import check_precision
+from shared.schedule import noam_lr
 from shared.threads import check_threads, check_worker_count
 
 from . import arguments
@@ -240,6 +241,11 @@ def _train(args, started: float, engine, rank: int, workers: int) -> int:
     s = log["settings"]
     s.setdefault("precision", "fp32")  # a run from before --precision
     check_precision(s["precision"], config.dtype)
+    try:  # the schedule's own checks (a peak rate float32 holds), before a model is built
+        noam_lr(1, config.d_model, s["warmup"], s["factor"])
+    except ValueError as err:
+        raise ValueError(f"--factor {s['factor']} with --warmup {s['warmup']} and d_model "
+                         f"{config.d_model}: {str(err).removeprefix('noam_lr: ')}") from None
     eval_every = spec.eval_every if args.eval_every is None else args.eval_every
     n_heldout = spec.heldout if args.heldout is None else args.heldout
     first = log["step"] + 1
