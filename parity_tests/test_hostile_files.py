@@ -301,3 +301,48 @@ def test_a_tampered_train_log_is_refused_when_read_naming_the_field(tmp_path):
         file.write_text(json.dumps(bad))
         with pytest.raises(ValueError, match=f"train_log.json': not a usable train log: {re.escape(problem)}"):
             read_log_file(file)
+
+
+def test_adam_moments_that_are_not_finite_restart_with_a_note(tmp_path, capsys):
+    """A run's optimizer.safetensors holding a NaN (or a negative second moment) was taken, and the
+    first step's loss was then blamed: it restarts from zero with a note, as a file that does not
+    fit the model does."""
+    from safetensors.numpy import save_file
+
+    from shared.weights import weight_schema
+    from twins.runs import OPTIMIZER_FILE, read_moments
+    moments = {f"{k}.{n}": np.zeros(shape, np.float32) for k in ("m", "v")
+               for n, shape in weight_schema(TINY).items()}
+    save_file(moments, str(tmp_path / OPTIMIZER_FILE))
+    assert read_moments(tmp_path, TINY) is not None
+    for name, value in (("m.generator.bias", np.nan), ("v.generator.bias", -1.0)):
+        bad = dict(moments)
+        bad[name] = np.full_like(moments[name], value)
+        save_file(bad, str(tmp_path / OPTIMIZER_FILE))
+        capsys.readouterr()
+        assert read_moments(tmp_path, TINY) is None
+        assert f"{name} not finite floats (second moments >= 0); Adam's moments restart from zero" in \
+            capsys.readouterr().err
+
+
+def test_numpy_ints_are_taken_as_ints_by_both_backends():
+    """``max_len=np.int64(3)`` and ``beam_size=np.int64(2)`` pass the shared checks; tf_impl's
+    compiled loop then raised TensorFlow's own dtype error where torch_impl decoded."""
+    src = np.array([[3, 4, 5]])
+    decoded = []
+    for module in ("torch_impl", "tf_impl"):
+        try:
+            backend = __import__(module)
+        except ImportError:
+            continue
+        model = backend.Transformer(TINY)
+        model.import_weights(init_weights(TINY, 0))
+        extra = {} if module == "torch_impl" else {"jit_compile": False}  # traced, as users run it
+        got = (backend.greedy_decode(model, src, np.int64(3), **extra),
+               backend.beam_search(model, src, np.int64(3), beam_size=np.int64(2), **extra))
+        want = (backend.greedy_decode(model, src, 3, **extra),
+                backend.beam_search(model, src, 3, beam_size=2, **extra))
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.tokens, w.tokens)
+        decoded.append(got[1].tokens)
+    assert decoded and all(np.array_equal(d, decoded[0]) for d in decoded)

@@ -193,7 +193,7 @@ def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cach
     """
     src, src_mask = _decode_inputs(model, src, max_len, src_mask)
     outputs = _run(model, _greedy_program, compiled, jit_compile, use_cache, observe, src, src_mask,
-                   max_len=max_len)
+                   max_len=int(max_len))  # a NumPy int checked as an int: a Python one for the loop
     return search.greedy_result(outputs)
 
 
@@ -218,7 +218,7 @@ def beam_search(model: Transformer, src, max_len: int, beam_size: int = 4, lengt
     src, src_mask = _decode_inputs(model, src, max_len, src_mask, beam_size, length_penalty)
     alpha = tf.constant(float(length_penalty), model.config.dtype)
     outputs = _run(model, _beam_program, compiled, jit_compile, use_cache, observe, src, src_mask,
-                   alpha, max_len=max_len, beam_size=beam_size)
+                   alpha, max_len=int(max_len), beam_size=int(beam_size))  # NumPy ints as Python ints
     return search.beam_result(outputs, return_all)
 
 

@@ -121,6 +121,15 @@ def read_moments(path: Path, config: TransformerConfig) -> dict[str, np.ndarray]
     if set(moments) != set(expected) or any(tuple(moments[n].shape) != s for n, s in expected.items()):
         print(f"note: {file} does not fit the model; Adam's moments restart from zero", file=sys.stderr)
         return None
+    # Adam divides by sqrt(v): a NaN or a negative second moment would poison the first step, and the
+    # loss, not the file, would be blamed
+    bad = sorted(n for n, a in moments.items() if a.dtype.kind != "f" or not np.isfinite(a).all()
+                 or (n.startswith("v.") and (a < 0).any()))
+    if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        print(f"note: {file}: {bad[0]}{more} not finite floats (second moments >= 0); Adam's moments "
+              "restart from zero", file=sys.stderr)
+        return None
     return moments
 
 
