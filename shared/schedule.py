@@ -21,9 +21,10 @@ def noam_lr(step, d_model: int, warmup: int, factor: float = 1.0):
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
         raise ValueError(f"noam_lr: factor expected a positive float, got {factor!r}")
     peak = factor * d_model ** -0.5 * warmup ** -0.5  # the rate at step == warmup, the largest
-    if not peak <= FLOAT32_MAX:  # an optimizer's float32 update would overflow (torch raises, TF runs on inf)
+    if not peak <= FLOAT32_MAX:  # a float32 update would overflow (torch raises, TF runs on inf)
         raise ValueError(f"noam_lr: factor expected a peak rate factor * d_model**-0.5 * warmup**-0.5 "
-                         f"that float32 holds (<= {FLOAT32_MAX:.4g}), got factor={factor!r} (peak {peak:.4g})")
+                         f"that float32 holds (<= {FLOAT32_MAX:.4g}), got factor={factor!r} "
+                         f"(peak {peak:.4g})")
     steps = np.asarray(step)
     if steps.dtype.kind not in "iu":
         raise ValueError(f"noam_lr: step expected an int counted from 1, got {step!r}")

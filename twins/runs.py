@@ -75,11 +75,12 @@ def log_problems(log: dict) -> list[str]:
         if key not in log:
             problems.append(f"{key}: missing")
         else:
-            need(key, isinstance(log[key], kind) and not isinstance(log[key], bool), f"a JSON {kind.__name__}",
-                 log[key])
+            need(key, isinstance(log[key], kind) and not isinstance(log[key], bool),
+                 f"a JSON {kind.__name__}", log[key])
     if problems:
         return problems
     need("seed", _int(log["seed"], 0, SEED_MAX), f"an int in [0, {SEED_MAX}]", log["seed"])
+    # the step bounded as the seed is: a run seeds its dropout with seed + step (+ the rank's share)
     need("step", _int(log["step"], 0, SEED_MAX), f"an int in [0, {SEED_MAX}]", log["step"])
     s = log["settings"]
     for key in ("batch", "warmup"):
