@@ -181,6 +181,8 @@ def test_gradients_use_the_canonical_layout(backend):
     (lambda b: (b[0], b[1], np.zeros_like(b[2])), ValueError, "expected at least one non-padding target"),
     (lambda b: (b[0], b[1], b[2] + 100), ValueError, r"tgt_out: expected token ids in \[0, 14\)"),
     (lambda b: (b[0].astype(np.float32), b[1], b[2]), TypeError, "src: expected integer token ids"),
+    # TF's compiled step would raise its own InvalidArgumentError from the graph's assertion
+    (lambda b: (b[0], b[1][:1], b[2][:1]), ValueError, r"tgt: expected batch size \d+ \(as src\), got 1"),
 ])
 def test_bad_batches_are_refused_before_any_update(mutate, error, needle, backend):
     weights = random_weights(CONFIG, 0)

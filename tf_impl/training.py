@@ -30,7 +30,7 @@ from shared.loss import (check_loss_args, check_smoothing, check_targets_range,
                          targets_range_message)
 from shared.schedule import noam_formula, noam_lr
 
-from .inputs import check_ids, in_xla_context, runtime_check
+from .inputs import check_ids, check_same_batch, in_xla_context, runtime_check
 from .model import Transformer, _traced
 from .weights_io import weight_table
 
@@ -211,6 +211,9 @@ def _batch(model: Transformer, batch: Batch) -> tuple[tf.Tensor, tf.Tensor, tf.T
     c = model.config
     src = check_ids("src", batch[0], c.src_vocab, c.max_len)
     tgt_in = check_ids("tgt", batch[1], c.tgt_vocab, c.max_len)
+    # Here, eagerly: inside the compiled step the model's own check is a graph assertion, which
+    # fails as TensorFlow's InvalidArgumentError rather than torch_impl's ValueError.
+    check_same_batch(src, tgt_in)
     tgt_out = tf.convert_to_tensor(batch[2])
     if tgt_out.shape != tgt_in.shape:
         raise ValueError(f"tgt_out: expected the shape of tgt_in {tuple(tgt_in.shape)}, "
