@@ -170,6 +170,10 @@ def test_decode_step_checks_its_arguments(model_backend):
         model.init_cache(model.encode(src), mask, 65)
     with pytest.raises(ValueError, match=r"beams: expected an int >= 1, got 0"):
         model.init_cache(model.encode(src), mask, 4, beams=0)
+    # a beam has tgt_vocab - 1 children: refused before a cache of 10**9 rows is allocated
+    with pytest.raises(ValueError, match=r"beams: expected at most tgt_vocab - 1 = 16 .*got 1000000000"):
+        model.init_cache(model.encode(src), mask, 4, beams=10**9)
+    assert model.init_cache(model.encode(src), mask, 4, beams=np.int64(16)).rows == 16 * 5
 
 
 

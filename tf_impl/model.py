@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from shared import TransformerConfig
 from shared.checks import check_ids_range
-from shared.decoding import check_max_len
+from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
 from shared.precision import compute_dtype_name
 
@@ -212,7 +212,7 @@ class Transformer(keras.Model):
             memory: ``(B, S, d_model)`` from `encode`.
             src_mask: bool, True = may attend, broadcastable to ``(B, H, 1, S)``.
             max_len: positions the self-attention buffers hold, ``1 <= max_len <= config.max_len``.
-            beams: rows per item (beam size; 1 for greedy).
+            beams: rows per item (beam size; 1 for greedy), ``1 <= beams <= tgt_vocab - 1``.
 
         Returns:
             a `DecoderCache` of ``N = B * beams`` rows with ``length == 0``.
@@ -225,8 +225,10 @@ class Transformer(keras.Model):
         b, s = dims(memory, 2)
         src_mask = check_mask("src_mask", src_mask, b, c.n_heads, 1, s)
         check_max_len(max_len, c.max_len)
-        if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
-            raise ValueError(f"beams: expected an int >= 1, got {beams!r}")
+        # A beam has tgt_vocab - 1 children (pad is never generated): more beams than that cannot
+        # be filled, and the bound names the argument before a cache of that size is allocated.
+        check_beam_size(beams, c.tgt_vocab, name="beams")
+        beams = int(beams)
         return self._init_cache(memory, src_mask, max_len, beams)
 
     def _init_cache(self, memory: tf.Tensor, src_mask: tf.Tensor, max_len: int, beams: int) -> DecoderCache:

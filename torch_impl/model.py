@@ -10,7 +10,7 @@ from torch import nn
 
 from shared import TransformerConfig
 from shared.checks import check_ids_range
-from shared.decoding import check_max_len
+from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
 
 from . import weights_io
@@ -269,7 +269,7 @@ class Transformer(nn.Module):
             memory: ``(B, S, d_model)`` from `encode`.
             src_mask: bool, True = may attend, broadcastable to ``(B, H, 1, S)``.
             max_len: positions the self-attention buffers hold, ``1 <= max_len <= config.max_len``.
-            beams: rows per item (beam size; 1 for greedy).
+            beams: rows per item (beam size; 1 for greedy), ``1 <= beams <= tgt_vocab - 1``.
 
         Returns:
             a `DecoderCache` of ``N = B * beams`` rows with ``length == 0``.
@@ -280,8 +280,10 @@ class Transformer(nn.Module):
             raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {c.d_model}), got {got}")
         check_mask("src_mask", src_mask, memory.shape[0], c.n_heads, 1, memory.shape[1])
         check_max_len(max_len, c.max_len)
-        if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
-            raise ValueError(f"beams: expected an int >= 1, got {beams!r}")
+        # A beam has tgt_vocab - 1 children (pad is never generated): more beams than that cannot
+        # be filled, and the bound names the argument before a cache of that size is allocated.
+        check_beam_size(beams, c.tgt_vocab, name="beams")
+        beams = int(beams)
         with autocast(self):
             return self._init_cache(memory, src_mask, max_len, beams)
 
