@@ -3,6 +3,7 @@ through `twins.cli.main`: a checkpoint trained in one backend decodes to the sam
 other, a resumed run continues the step count (and, with Adam's moments stored, reproduces an
 uninterrupted run bit for bit), the output formats, the figures, and the errors."""
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -172,6 +173,30 @@ def test_figures_of_a_model_in_another_format(runs, tmp_path, capsys):
     assert code == 0, err
     assert [Path(p).name for p in out.split()] == ["positional_encoding.png", "masks.png", "noam.png",
                                                    "attention_copy.png"]
+
+
+def test_figures_refuse_bad_destinations_and_sizes_before_drawing(tmp_path, capsys, monkeypatch):
+    """A --dpi out of range is a usage error; a FIFO at one of the files, or a file given as --out,
+    is refused before any figure is drawn (nothing half-written); a figure whose pixels would
+    outgrow `MAX_PIXELS` names --dpi instead of filling the memory."""
+    pytest.importorskip("matplotlib")
+    from twins import figures
+    code, _, err = cli(capsys, "figures", "--out", tmp_path / "f", "--dpi", "5000")
+    assert code == 2 and "argument --dpi: expected an int in [20, 600], got 5000" in err
+    (tmp_path / "file").write_text("mine")
+    code, _, err = cli(capsys, "figures", "--out", tmp_path / "file", "--dpi", "20")
+    assert code == 2 and "--out" in err and "expected a directory, got a regular file" in err
+    assert (tmp_path / "file").read_text() == "mine"
+    out = tmp_path / "fifo"
+    out.mkdir()
+    os.mkfifo(out / "noam.png")  # the last of the three: the first two must not be drawn either
+    code, _, err = cli(capsys, "figures", "--out", out, "--dpi", "20")
+    assert code == 2 and "noam.png': is a FIFO; refusing to replace it with a file" in err
+    assert sorted(p.name for p in out.iterdir()) == ["noam.png"]
+    monkeypatch.setattr(figures, "MAX_PIXELS", 100_000)  # positional_encoding.png: 13 x 4.6 inches
+    code, _, err = cli(capsys, "figures", "--out", tmp_path / "big", "--dpi", "60")
+    assert code == 2 and "--dpi 60: positional_encoding.png would be 780 x 276 pixels" in err
+    assert not list((tmp_path / "big").iterdir())
 
 
 # -- one adapter module, each framework imported only when its adapter is built -------------------

@@ -22,11 +22,15 @@ train_log.json files):
 """
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from shared import formats
+from shared.checks import int_argument
+from shared.paths import kind, replaced
+from shared.saving import write_atomically
 from shared import tasks as data
 from shared.masks import make_src_mask, make_tgt_mask, subsequent_mask
 from shared.positional import positional_encoding
@@ -48,7 +52,21 @@ def add_arguments(parser) -> None:
                         help="a train_log.json (repeatable): its training curve")
     parser.add_argument("--input", action="append", default=[], metavar="TEXT",
                         help="the input of the attention figure of its task (default: an example)")
-    parser.add_argument("--dpi", type=int, default=110)
+    parser.add_argument("--dpi", type=dpi, default=110, metavar=f"[{DPI_MIN}, {DPI_MAX}]",
+                        help="dots per inch of the PNG files (default 110)")
+
+
+# Print quality is 300 dpi; 600 leaves room. Beyond it a figure's pixels alone outgrow the memory
+# (the attention figure of a model of 8 heads is 13 x 30 inches: 5000 dpi would be 10**10 pixels).
+DPI_MIN, DPI_MAX = 20, 600
+# The most pixels a PNG is drawn at (4 bytes each in matplotlib's canvas: 1 GiB): a figure of many
+# heads is tall, so a model's own n_heads can outgrow the memory at an allowed --dpi.
+MAX_PIXELS = 2**28
+
+
+def dpi(text: str) -> int:
+    """``--dpi``: an int in [`DPI_MIN`, `DPI_MAX`], refused while the command line is parsed."""
+    return int_argument(text, DPI_MIN, DPI_MAX)
 
 
 def _pyplot():
@@ -59,8 +77,17 @@ def _pyplot():
 
 
 def _save(fig, path: Path, dpi: int) -> Path:
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    _pyplot().close(fig)
+    """Draw ``fig`` into the PNG ``path``, atomically (a FIFO, device or directory there is refused,
+    `shared.saving.write_atomically`), after checking its size in pixels against `MAX_PIXELS`."""
+    try:
+        width, height = (float(x) * dpi for x in fig.get_size_inches())
+        if width * height > MAX_PIXELS:
+            raise ValueError(f"--dpi {dpi}: {path.name} would be {width:.0f} x {height:.0f} pixels, "
+                             f"expected at most {MAX_PIXELS} pixels; lower --dpi")
+        write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight",
+                                                       format="png"), suffix=".png")
+    finally:
+        _pyplot().close(fig)
     return path
 
 
@@ -287,8 +314,6 @@ def attention_figure(path: Path, dpi: int, task: str, checkpoint: str, text: str
 # -- the command ----------------------------------------------------------------------------------
 def run(args) -> int:
     from .runs import read_log, read_log_file
-    if args.dpi < 20:
-        raise ValueError(f"--dpi: expected an int >= 20, got {args.dpi}")
     # (label, checkpoint or None, train log or None: a model without a run, task)
     runs: list[tuple[str, str | None, dict | None, str]] = []
     for ckpt in args.checkpoint:
@@ -310,18 +335,23 @@ def run(args) -> int:
         task = "copy" if all(t.isdigit() for t in text.split()) and text.strip() else "dates"
         inputs[task] = text
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    written = [positional_figure(out / STATIC[0], args.dpi), masks_figure(out / STATIC[1], args.dpi),
-               noam_figure(out / STATIC[2], args.dpi)]
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {args.out!r}: expected a directory, got {kind(out.stat().st_mode)}")
+    # (file name, its drawing): every destination is checked before the first one is drawn
+    plan = [(STATIC[0], positional_figure), (STATIC[1], masks_figure), (STATIC[2], noam_figure)]
     for task in tasks.TASKS:
         mine = [(label, ckpt, log) for label, ckpt, log, of in runs if of == task]
         curves = [(label, log) for label, _, log in mine if log is not None]
         if curves:
-            written.append(training_figure(out / f"training_{task}.png", args.dpi, task, curves))
+            plan.append((f"training_{task}.png", partial(training_figure, task=task, runs=curves)))
         first = next((ckpt for _, ckpt, _ in mine if ckpt), None)
         if first:
-            written.append(attention_figure(out / f"attention_{task}.png", args.dpi, task, first,
-                                            inputs.get(task)))
+            plan.append((f"attention_{task}.png", partial(attention_figure, task=task,
+                                                          checkpoint=first, text=inputs.get(task))))
+    for name, _ in plan:  # a FIFO, device or directory in the way: refused before anything is drawn
+        replaced(out / name, directory=False)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [draw(out / name, args.dpi) for name, draw in plan]
     for path in written:
         print(path)
     return 0
