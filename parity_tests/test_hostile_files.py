@@ -259,6 +259,38 @@ def test_the_command_line_names_the_flag_and_leaves_the_destination(tmp_path, ca
     assert fifo.is_fifo() and not (tmp_path / "o.pt").exists() and not (tmp_path / "run").exists()
 
 
+def test_a_config_alone_that_cannot_fit_the_memory_is_refused_before_it_is_built(tmp_path, capsys,
+                                                                                  monkeypatch):
+    """A config without weights to bound it (a new `train` run's, `compare`'s): refused when the
+    floor of what its model needs (`shared.memory.memory_floor`) exceeds the memory, naming the
+    option, before its weights are made; the floor's bound is exact at its edge."""
+    import shared.memory as memory
+    import shared.weights as neutral
+    import twins.compare
+    floor = memory.memory_floor(1000, 10**6, 4, "train")
+    memory.check_memory(1000, 10**6, 4, "train", "--config x", limit=floor)
+    with pytest.raises(ValueError, match=r"--config x: 1,000 tensors of 1,000,000 values need at least "
+                                         r"0.0 GiB to train, more than this machine's 0.0 GiB"):
+        memory.check_memory(1000, 10**6, 4, "train", "--config x", limit=floor - 1)
+
+    monkeypatch.setattr(memory, "total_memory", lambda: 2**30)
+    made = lambda *args: pytest.fail("weights were made")  # noqa: E731
+    monkeypatch.setattr(neutral, "init_weights", made)
+    monkeypatch.setattr(twins.compare, "random_weights", made)
+    config = tmp_path / "deep.json"  # the copy task's vocabulary, 10**4 + 10**4 layers
+    config.write_text(TINY.replace(src_vocab=14, tgt_vocab=14, max_len=40, n_encoder_layers=10**4,
+                                   n_decoder_layers=10**4).to_json())
+    for argv, use in [(["train", "--task", "copy", "--backend", "torch", "--steps", "1", "--config",
+                        str(config), "--checkpoint", str(tmp_path / "run")], "to train"),
+                      (["compare", "--config", str(config), "--backends", ""], "for inference")]:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        last = capsys.readouterr().err.splitlines()[-1]
+        assert re.search(rf"--config '.*deep.json': 4[\d,]+ tensors of [\d,]+ values need at least "
+                         rf"[\d.]+ GiB {use}, more than this machine's 1.0 GiB", last), last
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_importers_problem_with_an_option_names_the_flag(tmp_path, capsys):
     """An importer checks the options it is given (``n_heads``, the config's ``max_len``); on the
     command line each is named as typed, ``--n-heads`` and ``--max-len``, and only when given."""

@@ -37,6 +37,7 @@ from typing import Mapping
 import numpy as np
 
 from .config import TransformerConfig
+from .memory import check_memory
 from .paths import check_source, read_json
 from .saving import fault_point, recover, replace_directory, umask, write_atomically  # noqa: F401
 
@@ -114,7 +115,7 @@ def tgt_positions_name(config: TransformerConfig) -> str | None:
 
 
 def parameter_count(config: TransformerConfig) -> int:
-    return int(sum(np.prod(shape) for shape in weight_schema(config).values()))
+    return _totals(config)[1]
 
 
 # -- initialisation -------------------------------------------------------------------------------
@@ -238,6 +239,14 @@ def _totals(config: TransformerConfig) -> tuple[int, int]:
     base, encoder, decoder = totals(1, 1), totals(2, 1), totals(1, 2)
     return tuple(b + (e - b) * (config.n_encoder_layers - 1) + (d - b) * (config.n_decoder_layers - 1)
                  for b, e, d in zip(base, encoder, decoder))
+
+
+def check_buildable(config: TransformerConfig, use: str, what: str) -> None:
+    """Refuse, naming ``what`` (the option that gave ``config``), a config whose model cannot fit
+    this machine's memory for ``use`` ("train" or "inference"; `shared.memory.check_memory`),
+    before anything of its size is built: for a config that comes without weights to bound it."""
+    tensors, values = _totals(config)
+    check_memory(tensors, values, np.dtype(config.dtype).itemsize, use, what)
 
 
 def check_fits(config: TransformerConfig, tensors: int, values: int | None, source: str,

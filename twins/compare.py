@@ -16,7 +16,7 @@ from shared.config import PRESETS
 from shared.paths import replaced
 from shared.precision import HALF_PRECISIONS
 from shared.saving import write_atomically
-from shared.weights import random_weights
+from shared.weights import check_buildable, random_weights
 
 from . import arguments, loading
 from .backends import COMPARED, Unavailable, make_adapter
@@ -65,6 +65,8 @@ def _load(args) -> tuple[TransformerConfig, dict]:
         config = config.replace(dtype=dtype)
         weights = None if weights is None else {k: v.astype(dtype) for k, v in weights.items()}
     if weights is None:
+        check_buildable(config, "inference", f"--config {args.config!r}" if args.config
+                        else f"--preset {args.preset}")
         weights = random_weights(config, args.seed)
     return config, weights
 

@@ -147,6 +147,8 @@ def _start_or_resume(args, path: Path):
                          "directory, or a run directory to resume")
     if log is None:  # a new run
         config = tasks.task_config(args.task, args.preset, args.config)
+        neutral.check_buildable(config, "train", f"--config {args.config!r}" if args.config
+                                else f"--preset {args.preset or 'the ' + args.task + ' default'}")
         seed = 0 if args.seed is None else args.seed
         settings = {k: getattr(args, k) if getattr(args, k) is not None else getattr(spec, k)
                     for k in SETTINGS}
