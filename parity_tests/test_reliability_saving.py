@@ -127,6 +127,31 @@ def test_a_live_process_staging_folder_is_never_removed(tmp_path):
     assert live.is_dir()
 
 
+@pytest.mark.parametrize("name", ["c" * 250, "\u00e9" * 127 + "c"], ids=["ascii", "two-byte"])
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "marker"])
+def test_a_name_near_the_file_systems_limit_saves_and_recovers(tmp_path, monkeypatch, name, exchange):
+    """A destination of 250 or 255 bytes is valid, and so must be its temporary siblings: their
+    ``.NAME.twins-PID-...`` would pass the 255-byte limit, so a long NAME is cut and hashed there
+    (a first save of such a checkpoint used to fail as an "interrupted save ... in no surviving
+    copy"). Two names alike in their first 160 bytes keep apart: one's dead temporaries are
+    removed, the other's untouched."""
+    if not exchange:
+        monkeypatch.setenv("TWINS_NO_EXCHANGE", "1")
+    path, twin = tmp_path / name, tmp_path / (name[:-1] + "d")
+    for seed in (1, 2):  # a first save, then one over it (the exchange or the marker's renames)
+        save_checkpoint(path, CONFIG, init_weights(CONFIG, seed=seed))
+        assert _which(load_checkpoint(path)[1]) == ("old" if seed == 1 else "new")
+    saving.write_atomically(tmp_path / (name[:-1] + "f"), lambda tmp: Path(tmp).write_text("x"))
+    assert (tmp_path / (name[:-1] + "f")).read_text() == "x"
+    dead = [tmp_path / f"{saving._hidden(p)}999999999-x.new" for p in (path, twin)]  # no such PID
+    for d in dead:
+        d.mkdir()
+    assert len({d.name for d in dead}) == 2 and all(len(os.fsencode(d.name)) <= 255 for d in dead)
+    saving.recover(path)
+    assert not dead[0].exists() and dead[1].is_dir()
+    assert sorted(os.listdir(tmp_path)) == sorted([dead[1].name, path.name, name[:-1] + "f"])
+
+
 # -- twins train: a killed save never restarts the run ------------------------------------------
 # Each case kills one real `python -m twins train` process at a real step of its save, and that is
 # the only fresh interpreter it starts: one costs 2 to 3 s of CPU, nearly all of it importing torch

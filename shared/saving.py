@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -92,10 +93,27 @@ def fsync_tree(path: Path) -> None:
         fsync_path(root)
 
 
+# A sibling's name must fit the file system's limit on one name (255 bytes on ext4, xfs, btrfs,
+# tmpfs, APFS, NTFS) with its tail: the tag, a PID, mkstemp's random part and a suffix such as
+# ".tmp.weights.h5" or "marker.tmp" (at most 64 bytes). NAME is kept whole up to 190 bytes;
+# a longer one is cut and told apart from its neighbours by a hash of the whole.
+_NAME_BYTES, _CUT_BYTES = 190, 160
+
+
+def _hidden(path: Path) -> str:
+    """``.NAME.twins-``: the start of every temporary sibling of ``path``, NAME shortened to
+    ``CUT~HASH`` where it is too long to leave room for the rest (a name of 250 bytes is a valid
+    destination, and its staging directory must be creatable too)."""
+    name, raw = path.name, os.fsencode(path.name)
+    if len(raw) > _NAME_BYTES:  # bytes cut mid-character decode to escapes that encode back to them
+        name = f"{os.fsdecode(raw[:_CUT_BYTES])}~{hashlib.sha256(raw).hexdigest()[:16]}"
+    return f".{name}{_TAG}"
+
+
 def temporary_name(path: Path) -> str:
     """The prefix of a hidden sibling of ``path`` owned by this process: ``.NAME.twins-PID-`` (then
     a random part and a suffix); `recover` removes it once the process is gone."""
-    return f".{path.name}{_TAG}{os.getpid()}-"
+    return f"{_hidden(path)}{os.getpid()}-"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -109,12 +127,12 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _marker(path: Path) -> Path:
-    return path.parent / f".{path.name}{_TAG}{_MARKER}"
+    return path.parent / f"{_hidden(path)}{_MARKER}"
 
 
 def _leftovers(path: Path) -> list[Path]:
     """Temporary siblings of ``path`` whose owning process is gone (never a live one's)."""
-    prefix = f".{path.name}{_TAG}"
+    prefix = _hidden(path)
     out = []
     try:
         names = os.listdir(path.parent)
@@ -169,8 +187,7 @@ def _finish_swap(path: Path, marker: Path) -> None:
         new, old, pid = path.parent / names["new"], path.parent / names["old"], int(names["pid"])
     except (ValueError, KeyError, TypeError) as err:
         raise InterruptedSave(errno.EIO, f"{str(marker)!r}: unreadable swap marker ({err}); the data "
-                              f"of {str(path)!r} is in it or in a sibling named .{path.name}"
-                              f"{_TAG}*") from None
+                              f"of {str(path)!r} is in it or in a sibling named {_hidden(path)}*") from None
     if pid != os.getpid() and _pid_alive(pid):
         return  # a save in progress in another process, not an interrupted one
     if not path.exists():
