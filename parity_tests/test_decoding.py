@@ -178,6 +178,29 @@ def test_decode_step_checks_its_arguments(model_backend):
 
 
 @pytest.mark.parametrize("model_backend", CACHE_BACKENDS, indirect=True)
+def test_a_cache_of_another_models_shape_is_refused_naming_what_differs(model_backend):
+    """A cache made by a model of another vocabulary or depth used to decode silently (logits of
+    its vocabulary); of other heads, width, dtype or a longer table it failed inside the framework.
+    Each is now one ValueError naming ``cache``, the same in both backends."""
+    be = model_backend
+    config = TINY["tiny-pre-annotated"]
+    model = be.build(config, random_weights(config, 0))
+    src = sources(config, 0)
+    expected = (r"cache: expected one of this model's init_cache \(2 layers of 4 heads of 4, float32, "
+                r"at most max_len=64 positions, tgt_vocab=17\), got ")
+    for change, got in [({"tgt_vocab": 30}, "tgt_vocab=30"), ({"n_decoder_layers": 1}, "1 layer"),
+                        ({"n_heads": 2}, r"2 heads of 8 \(cross-attention 2 of 8\)"),
+                        ({"max_len": 80}, "70 positions"), ({"dtype": "float64"}, "float64")]:
+        other = be.build(config.replace(**change), random_weights(config.replace(**change), 0))
+        cache = other.init_cache(other.encode(be.tensor(src)), be.make_src_mask(src, config.pad_id),
+                                 70 if "max_len" in change else 4)
+        with pytest.raises(ValueError, match=expected + got + "$"):
+            model.decode_step(be.tensor(np.ones(cache.rows, np.int64)), cache)
+    cache = model.init_cache(model.encode(be.tensor(src)), be.make_src_mask(src, config.pad_id), 4)
+    assert tuple(model.decode_step(be.tensor(np.ones(cache.rows, np.int64)), cache)[0].shape) == (5, 17)
+
+
+@pytest.mark.parametrize("model_backend", CACHE_BACKENDS, indirect=True)
 def test_reorder_beams_checks_its_rows(model_backend):
     """``cache.reorder_beams(rows)``: one integer row per cache row, each from its own item (the
     cache keeps the source's keys once per item); the same messages in both backends, and a

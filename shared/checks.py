@@ -118,6 +118,35 @@ def check_mask(name: str, shape: Sequence[int], dtype: str, is_bool: bool,
         raise ValueError(f"{name}: expected a mask broadcastable to {expected}, got shape {shape}")
 
 
+def check_cache(n_layers: int, self_key: Sequence[int] | None, cross_key: Sequence[int] | None,
+                dtype: str, vocab: int | None, *, layers: int, n_heads: int, d_k: int, max_len: int,
+                expected_dtype: str, tgt_vocab: int) -> None:
+    """A cache made by `init_cache` of a model like this one (``decode_step``'s ``cache``): its
+    ``n_layers`` layers, their self- and cross-attention key buffers' shapes ``(N, H, C, d_k)`` and
+    ``(B, H, S, d_k)`` (None without layers), its buffers' ``dtype`` and its generator's width
+    ``vocab`` (None where the step calls the generator module) against the model's ``layers``,
+    ``n_heads``, ``d_k``, ``max_len`` (C beyond it has no positional row), the dtype its step
+    computes in and ``tgt_vocab``. A cache of another shape would fail inside the framework, or
+    worse give logits of another vocabulary."""
+    got = []
+    if n_layers != layers:
+        got.append(f"{n_layers} layer{'s' * (n_layers != 1)}")
+    if self_key is not None and cross_key is not None:
+        (_, heads, capacity, width), (_, cross_heads, _, cross_width) = _sizes(self_key), _sizes(cross_key)
+        if (heads, width, cross_heads, cross_width) != (n_heads, d_k, n_heads, d_k):
+            got.append(f"{heads} heads of {width} (cross-attention {cross_heads} of {cross_width})")
+        if capacity > max_len:
+            got.append(f"{capacity} positions")
+        if dtype != expected_dtype:
+            got.append(dtype)
+    if vocab is not None and vocab != tgt_vocab:
+        got.append(f"tgt_vocab={vocab}")
+    if got:
+        raise ValueError(f"cache: expected one of this model's init_cache ({layers} layers of {n_heads} "
+                         f"heads of {d_k}, {expected_dtype}, at most max_len={max_len} positions, "
+                         f"tgt_vocab={tgt_vocab}), got " + ", ".join(got))
+
+
 def check_beam_rows(shape: Sequence[int] | None, dtype: str, is_integer: bool, rows: int | None) -> None:
     """A beam reorder's ``rows`` (`DecoderCache.reorder_beams`): one source row per cache row,
     integer indices. Shape ``(rows,)``; not checked where ``shape`` or ``rows`` is None (unknown

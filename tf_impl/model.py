@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared import TransformerConfig
-from shared.checks import check_ids_range
+from shared.checks import check_cache, check_ids_range
 from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
 from shared.precision import compute_dtype_name
@@ -266,6 +266,9 @@ class Transformer(keras.Model):
             tokens: ``(N,)`` integer ids in ``[0, tgt_vocab)``, one per cache row: the token at
                 position ``cache.length``.
             cache: from `init_cache`; filled at position ``cache.length``.
+                It carries the weights of the moment it was made; one whose layers, heads,
+                dtype, capacity or vocabulary are not this model's is refused
+                (`shared.checks.check_cache`).
 
         Returns:
             ``(logits (N, tgt_vocab), cache)``: a new cache (tensors are immutable), ``length``
@@ -282,6 +285,7 @@ class Transformer(keras.Model):
         if not isinstance(cache, DecoderCache):
             raise TypeError(f"cache: expected a tf_impl.cache.DecoderCache from init_cache, "
                             f"got {type(cache).__name__}")
+        self._check_cache(cache)
         tokens = to_tensor("tokens", tokens)
         rows = cache.rows
         known = None not in (rows, tokens.shape[0]) if tokens.shape.rank == 1 else False
@@ -296,6 +300,17 @@ class Transformer(keras.Model):
         with guarded() as failed:  # a full cache: raises, or under XLA NaN logits (never finite ones)
             logits, cache = self._decode_step(check_free_position(tokens, cache), cache)
         return poison(logits, failed), cache
+
+    def _check_cache(self, cache: DecoderCache) -> None:
+        """``cache`` has the layers, heads, dtype, capacity and vocabulary of this model's caches
+        (`shared.checks.check_cache`; static shapes, so in graph mode too)."""
+        c, first = self.config, cache.layers[0] if cache.layers else None
+        check_cache(len(cache.layers), first and tuple(first.self_key.shape),
+                    first and tuple(first.cross_key.shape), first and first.self_key.dtype.name,
+                    cache.generator[1].shape[0] if cache.generator else None,
+                    layers=c.n_decoder_layers, n_heads=c.n_heads, d_k=c.d_k, max_len=c.max_len,
+                    expected_dtype=compute_dtype_name(getattr(self, "precision", "float32"), c.dtype),
+                    tgt_vocab=c.tgt_vocab)
 
     def _decode_step(self, tokens: tf.Tensor, cache: DecoderCache) -> tuple[tf.Tensor, DecoderCache]:
         """`decode_step` without the checks (the search loops call it): ``(N,)`` -> ``(logits (N, V),

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shared import TransformerConfig
-from shared.checks import check_ids_range
+from shared.checks import check_cache, check_ids_range
 from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
 
@@ -344,6 +344,9 @@ class Transformer(nn.Module):
             tokens: ``(N,)`` integer ids in ``[0, tgt_vocab)``, one per cache row: the token at
                 position ``cache.length``.
             cache: from `init_cache`; filled at position ``cache.length``, which then advances.
+                It carries the weights of the moment it was made; one whose layers, heads,
+                dtype, capacity or vocabulary are not this model's is refused
+                (`shared.checks.check_cache`).
 
         Returns:
             ``(logits (N, tgt_vocab), cache)``, ``length`` advanced by one. The cache is updated in
@@ -359,6 +362,8 @@ class Transformer(nn.Module):
         if not isinstance(cache, DecoderCache):
             raise TypeError(f"cache: expected a torch_impl.cache.DecoderCache from init_cache, "
                             f"got {type(cache).__name__}")
+        with autocast(self):  # the dtype its keys have is the one this model's step computes in
+            self._check_cache(cache)
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or tokens.shape[0] != cache.rows:
             got = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
             raise ValueError(f"tokens: expected a tensor of shape ({cache.rows},) (one id per cache "
@@ -372,6 +377,16 @@ class Transformer(nn.Module):
                              f"({cache.capacity} positions; init_cache(max_len=...) sets it)")
         with autocast(self):
             return self._decode_step(tokens, cache)
+
+    def _check_cache(self, cache: DecoderCache) -> None:
+        """``cache`` has the layers, heads, dtype, capacity and vocabulary of this model's caches
+        (`shared.checks.check_cache`), in the autocast the step will run in."""
+        c, first = self.config, cache.layers[0] if cache.layers else None
+        check_cache(len(cache.layers), first and tuple(first.self_key.shape),
+                    first and tuple(first.cross_key.shape), first and str(first.self_key.dtype)[6:],
+                    cache.generator[1].shape[0] if cache.generator else None,
+                    layers=c.n_decoder_layers, n_heads=c.n_heads, d_k=c.d_k, max_len=c.max_len,
+                    expected_dtype=str(self._products_dtype())[6:], tgt_vocab=c.tgt_vocab)
 
     def _decode_step(self, tokens: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
         """`decode_step` without the checks, in the caller's autocast (the search loops call it
