@@ -140,3 +140,9 @@ def test_decode_checks_memory_and_requires_src_mask(backend):
         model.decode(tgt, memory[:1], mask)
     with pytest.raises(ValueError, match="src_mask: expected a mask broadcastable"):
         model.decode(tgt, memory, mask[..., :3])
+    # encode's dtype: torch_impl multiplied float64 memory by float32 weights and raised there
+    wide = backend.tensor(np.asarray(backend.numpy(memory), np.float64))
+    for call in (lambda: model.decode(tgt, wide, mask), lambda: model.init_cache(wide, mask, 3),
+                 lambda: model.decode(backend.tensor(np.asarray(TGT, np.float32)), wide, mask)):
+        with pytest.raises(TypeError, match="^memory: expected dtype float32, got float64$"):
+            call()  # the memory is named first, in both backends, as tf_impl always did

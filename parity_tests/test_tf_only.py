@@ -81,13 +81,6 @@ def test_call_needs_tgt():
         TF.cached(TINY)(SRC)
 
 
-def test_decode_checks_the_memory_dtype():
-    model = TF.cached(TINY)
-    memory = model.encode(SRC)
-    with pytest.raises(TypeError, match="memory: expected dtype float32, got float64"):
-        model.decode(TGT, tf.cast(memory, tf.float64), np_src_mask(SRC, TINY.pad_id))
-
-
 # -- predict --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant, shape, dtype", MODE_CASES)

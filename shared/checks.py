@@ -118,6 +118,13 @@ def check_mask(name: str, shape: Sequence[int], dtype: str, is_bool: bool,
         raise ValueError(f"{name}: expected a mask broadcastable to {expected}, got shape {shape}")
 
 
+def check_memory_dtype(dtype: str, expected: str) -> None:
+    """The encoder memory given to ``decode`` or ``init_cache`` is in the dtype ``encode`` returns
+    (the model's, whatever its precision: a half precision casts inside)."""
+    if dtype != expected:
+        raise TypeError(f"memory: expected dtype {expected}, got {dtype}")
+
+
 def check_cache(n_layers: int, self_key: Sequence[int] | None, cross_key: Sequence[int] | None,
                 dtype: str, vocab: int | None, *, layers: int, n_heads: int, d_k: int, max_len: int,
                 expected_dtype: str, tgt_vocab: int) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared import TransformerConfig
-from shared.checks import check_cache, check_ids_range
+from shared.checks import check_cache, check_ids_range, check_memory_dtype
 from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
 from shared.precision import compute_dtype_name
@@ -185,12 +185,7 @@ class Transformer(keras.Model):
             tgt_mask: bool, broadcastable to ``(B, H, T, T)``; default padding AND subsequent.
         """
         c = self.config
-        memory = to_tensor("memory", memory)
-        if memory.shape.rank != 3 or memory.shape[2] != c.d_model:
-            raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {c.d_model}), "
-                             f"got {tuple(memory.shape)}")
-        if memory.dtype.name != c.dtype:
-            raise TypeError(f"memory: expected dtype {c.dtype}, got {memory.dtype.name}")
+        memory = self._check_memory(memory)
         if src_mask is None:
             raise ValueError("src_mask: required by decode (the memory cannot tell where the source "
                              "padding was); use tf_impl.inputs.make_src_mask(src, pad_id)")
@@ -200,6 +195,16 @@ class Transformer(keras.Model):
             src_mask = check_mask("src_mask", src_mask, b, c.n_heads, t, dims(memory, 2)[1])
             tgt_mask = self._tgt_mask(tgt, tgt_mask)
         return poison(self._decode(tgt, memory, src_mask, tgt_mask, None, training), failed)
+
+    def _check_memory(self, memory) -> tf.Tensor:
+        """``memory`` as `encode` returns it: ``(B, S, d_model)`` in the model's dtype; as a tensor."""
+        d = self.config.d_model
+        memory = to_tensor("memory", memory)
+        if memory.shape.rank != 3 or memory.shape[2] != d:
+            raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {d}), "
+                             f"got {tuple(memory.shape)}")
+        check_memory_dtype(memory.dtype.name, self.config.dtype)
+        return memory
 
     # -- incremental decoding (the cache of tf_impl.cache) ----------------------------------------
     def init_cache(self, memory, src_mask, max_len: int, beams: int = 1) -> DecoderCache:
@@ -218,10 +223,7 @@ class Transformer(keras.Model):
             a `DecoderCache` of ``N = B * beams`` rows with ``length == 0``.
         """
         c = self.config
-        memory = to_tensor("memory", memory)
-        if memory.shape.rank != 3 or memory.shape[2] != c.d_model:
-            raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {c.d_model}), "
-                             f"got {tuple(memory.shape)}")
+        memory = self._check_memory(memory)
         b, s = dims(memory, 2)
         src_mask = check_mask("src_mask", src_mask, b, c.n_heads, 1, s)
         check_max_len(max_len, c.max_len)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shared import TransformerConfig
-from shared.checks import check_cache, check_ids_range
+from shared.checks import check_cache, check_ids_range, check_memory_dtype
 from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
 
@@ -245,17 +245,23 @@ class Transformer(nn.Module):
             tgt_mask: bool, broadcastable to ``(B, H, T, T)``; default padding AND subsequent.
         """
         c = self.config
-        check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
-        if not isinstance(memory, torch.Tensor) or memory.dim() != 3 or memory.shape[2] != c.d_model:
-            got = tuple(memory.shape) if isinstance(memory, torch.Tensor) else type(memory).__name__
-            raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {c.d_model}), got {got}")
-        check_same_batch(memory, tgt)
+        self._check_memory(memory)  # in tf_impl's order: memory, src_mask given, tgt, the batches
         if src_mask is None:
             raise ValueError("src_mask: required by decode (the memory cannot tell where the source "
                              "padding was); use torch_impl.inputs.make_src_mask(src, pad_id)")
+        check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
+        check_same_batch(memory, tgt)
         check_mask("src_mask", src_mask, tgt.shape[0], c.n_heads, tgt.shape[1], memory.shape[1])
         with autocast(self):
             return self._decode(tgt, memory, src_mask, self._tgt_mask(tgt, tgt_mask), None)
+
+    def _check_memory(self, memory) -> None:
+        """``memory`` as `encode` returns it: ``(B, S, d_model)`` in the parameters' dtype."""
+        d = self.config.d_model
+        if not isinstance(memory, torch.Tensor) or memory.dim() != 3 or memory.shape[2] != d:
+            got = tuple(memory.shape) if isinstance(memory, torch.Tensor) else type(memory).__name__
+            raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {d}), got {got}")
+        check_memory_dtype(str(memory.dtype)[6:], str(self.generator.bias.dtype)[6:])
 
     # -- incremental decoding (the cache of torch_impl.cache) -------------------------------------
     def init_cache(self, memory: torch.Tensor, src_mask: torch.Tensor, max_len: int,
@@ -275,9 +281,7 @@ class Transformer(nn.Module):
             a `DecoderCache` of ``N = B * beams`` rows with ``length == 0``.
         """
         c = self.config
-        if not isinstance(memory, torch.Tensor) or memory.dim() != 3 or memory.shape[2] != c.d_model:
-            got = tuple(memory.shape) if isinstance(memory, torch.Tensor) else type(memory).__name__
-            raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {c.d_model}), got {got}")
+        self._check_memory(memory)
         check_mask("src_mask", src_mask, memory.shape[0], c.n_heads, 1, memory.shape[1])
         check_max_len(max_len, c.max_len)
         # A beam has tgt_vocab - 1 children (pad is never generated): more beams than that cannot
