@@ -353,7 +353,8 @@ def test_adam_moments_that_are_not_finite_restart_with_a_note(tmp_path, capsys):
         save_file(bad, str(tmp_path / OPTIMIZER_FILE))
         capsys.readouterr()
         assert read_moments(tmp_path, TINY) is None
-        assert f"{name} not finite floats (second moments >= 0); Adam's moments restart from zero" in \
+        why = "expected finite values, got NaN or inf" if value != -1 else "expected second moments >= 0, got -1.0"
+        assert f"does not fit the model: {name}: {why}; Adam's moments restart from zero" in \
             capsys.readouterr().err
 
 

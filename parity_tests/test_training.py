@@ -191,3 +191,56 @@ def test_bad_batches_are_refused_before_any_update(mutate, error, needle, backen
         backend.training.train_step(model, backend.training.make_optimizer(model), mutate(copy_batch()))
     for name, value in model.export_weights().items():
         np.testing.assert_array_equal(value, weights[name], err_msg=name)
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_an_optimizer_of_another_model_is_refused(backend):
+    """torch's Adam made for model ``a`` stepped nothing of ``b`` and reported a loss; Keras' raised
+    its own error; export_moments gave zeros (torch) or a KeyError (TF). One ValueError now."""
+    weights = random_weights(CONFIG, 0)
+    a, b = backend.build(CONFIG, weights), backend.build(CONFIG, weights)
+    optimizer = backend.training.make_optimizer(a)
+    moments = backend.training.export_moments(a, optimizer)
+    needle = r"optimizer: expected one over this model's parameters \(make_optimizer\(model\)\)"
+    for call in (lambda: backend.training.train_step(b, optimizer, copy_batch()),
+                 lambda: backend.training.export_moments(b, optimizer),
+                 lambda: backend.training.import_moments(b, optimizer, moments, 0)):
+        with pytest.raises(ValueError, match=needle):
+            call()
+    with pytest.raises(TypeError, match="optimizer: expected a .*Optimizer .*, got str"):
+        backend.training.train_step(a, "adam", copy_batch())
+    for name, value in b.export_weights().items():
+        np.testing.assert_array_equal(value, weights[name], err_msg=name)
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_import_moments_checks_all_of_them_before_setting_any(backend):
+    """A missing or misshapen moment, a NaN, a negative second moment or a bad step used to be
+    found part-way (torch: at the next step, after most weights had moved; TF: after the step
+    count and some moments were set). Each is refused with the optimizer as it was."""
+    model = backend.build(CONFIG, random_weights(CONFIG, 0))
+    optimizer = backend.training.make_optimizer(model)
+    backend.training.train_step(model, optimizer, copy_batch())
+    before = backend.training.export_moments(model, optimizer)
+    bias = "m.generator.bias"
+    cases = [
+        ({k: v for k, v in before.items() if k != "v.generator.bias"}, 1, ValueError,
+         r"^moments: missing: \['v.generator.bias'\]$"),
+        ({**before, bias: before[bias][:-1]}, 1, ValueError,
+         rf"^moments: {bias}: expected shape \(14,\), got \(13,\)$"),
+        ({**before, bias: np.full_like(before[bias], np.nan)}, 1, ValueError,
+         rf"^moments: {bias}: expected finite values, got NaN or inf$"),
+        ({**before, "v.generator.bias": -before["v.generator.bias"] - 1}, 1, ValueError,
+         r"^moments: v.generator.bias: expected second moments >= 0"),
+        ({**before, "x": before[bias]}, 1, ValueError, r"^moments: unexpected: \['x'\]$"),
+        (before, -1, ValueError, r"^step: expected an int in \[0, 9007199254740992\]"),
+        (before, None, TypeError, r"^step: expected an int >= 0 \(the updates already made\), got None$"),
+    ]
+    for moments, step, error, needle in cases:
+        with pytest.raises(error, match=needle):
+            backend.training.import_moments(model, optimizer, moments, step)
+        after = backend.training.export_moments(model, optimizer)
+        for name, value in before.items():
+            np.testing.assert_array_equal(after[name], value, err_msg=name)
+    if backend.framework == "tf":  # the step count too
+        assert int(optimizer.iterations.numpy()) == 1

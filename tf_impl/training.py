@@ -28,6 +28,7 @@ from keras import ops
 
 from shared.loss import (check_loss_args, check_smoothing, check_targets_range,
                          targets_range_message)
+from shared.moments import FOREIGN_OPTIMIZER, check_moments
 from shared.schedule import noam_formula, noam_lr
 
 from .inputs import check_ids, check_same_batch, in_xla_context, runtime_check
@@ -259,6 +260,19 @@ def _compiled_step(model: Transformer, optimizer: keras.optimizers.Optimizer, sm
     return _traced(steps, (id(model), float(smoothing)), model, make)
 
 
+def check_optimizer(model: Transformer, optimizer) -> None:
+    """``optimizer`` is a Keras optimizer which, once built, holds some of ``model``'s trainable
+    variables (torch_impl's check is the same): one built for another model cannot step this one.
+    Read from Keras' private ``_trainable_variables`` here and nowhere else."""
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"optimizer: expected a keras.optimizers.Optimizer (make_optimizer(model)), "
+                        f"got {type(optimizer).__name__}")
+    known = getattr(optimizer, "_trainable_variables", None) if optimizer.built else None
+    mine = {id(v) for v in model.trainable_variables}
+    if known is not None and not any(id(v) in mine for v in known):
+        raise ValueError(FOREIGN_OPTIMIZER)
+
+
 def train_step(model: Transformer, optimizer: keras.optimizers.Optimizer, batch: Batch,
                smoothing: float = 0.0) -> StepResult:
     """One update: loss of ``batch`` with dropout active (``training=True``), gradients, Adam step;
@@ -273,6 +287,7 @@ def train_step(model: Transformer, optimizer: keras.optimizers.Optimizer, batch:
         ``StepResult(loss, lr)``: the loss before the update and the learning rate of this step.
     """
     check_smoothing(smoothing)  # before tracing: it is a Python constant of the compiled step
+    check_optimizer(model, optimizer)
     if not optimizer.built:
         optimizer.build(model.trainable_variables)
     loss, lr = _compiled_step(model, optimizer, smoothing)(*_batch(model, batch))
@@ -299,6 +314,8 @@ def export_moments(model: Transformer, optimizer: keras.optimizers.Optimizer | N
     name, in the canonical layout (kernels ``(in, out)``, as Keras keeps them); zeros without an
     optimizer. With `import_moments` a run saved from either backend resumes in the other. Keras
     keeps them in private slots (``_momentums``, ``_velocities``): read here and nowhere else."""
+    if optimizer is not None:
+        check_optimizer(model, optimizer)
     out = {}
     table = weight_table(model, "export_moments")
     for kind in ("m", "v"):
@@ -316,8 +333,13 @@ def import_moments(model: Transformer, optimizer: keras.optimizers.Optimizer, mo
     ``step`` updates, so that the next update is the one the saved run would have made. Keras'
     optimizer keeps one step count (``iterations``), which both Adam's bias corrections and the
     schedule read: it is set here, so the optimizer must be made with ``start_step=0``."""
+    check_optimizer(model, optimizer)
+    moments = check_moments(model.config, moments, step)  # all of it, before any state is set
+    table = weight_table(model, "import_moments")
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
     optimizer.iterations.assign(step)
-    for name, variable in weight_table(model, "import_moments").items():
+    for name, variable in table.items():
         index = optimizer._get_variable_index(variable)
-        optimizer._momentums[index].assign(np.asarray(moments[f"m.{name}"], dtype=model.config.dtype))
-        optimizer._velocities[index].assign(np.asarray(moments[f"v.{name}"], dtype=model.config.dtype))
+        optimizer._momentums[index].assign(moments[f"m.{name}"])
+        optimizer._velocities[index].assign(moments[f"v.{name}"])

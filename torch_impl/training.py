@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from shared.loss import check_loss_args, check_targets_range
+from shared.moments import FOREIGN_OPTIMIZER, check_moments
 from shared.schedule import noam_lr
 
 from .cache import _mode
@@ -115,6 +116,17 @@ def make_optimizer(model: Transformer, d_model: int | None = None, warmup: int =
     return optimizer
 
 
+def check_optimizer(model: Transformer, optimizer) -> None:
+    """``optimizer`` is a ``torch.optim.Optimizer`` over some of ``model``'s trainable parameters
+    (tf_impl's check is the same): one made for another model steps nothing of this one."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer: expected a torch.optim.Optimizer (make_optimizer(model)), got "
+                        f"{type(optimizer).__name__}")
+    mine = {id(p) for p in model.parameters() if p.requires_grad}
+    if not any(id(p) in mine for group in optimizer.param_groups for p in group["params"]):
+        raise ValueError(FOREIGN_OPTIMIZER)
+
+
 def _batch(model: Transformer, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(src, tgt_in, tgt_out)`` as tensors on the model's device; tgt_out shaped like tgt_in and
     holding at least one non-padding target (else the mean loss is 0 / 0)."""
@@ -153,6 +165,7 @@ def train_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: Batc
     Returns:
         ``StepResult(loss, lr)``: the loss before the update and the learning rate of this step.
     """
+    check_optimizer(model, optimizer)
     loss = _loss(model, batch, smoothing, training=True)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -180,6 +193,8 @@ def export_moments(model: Transformer, optimizer: torch.optim.Optimizer | None) 
     name, in the canonical layout (kernels ``(in, out)``: ``nn.Linear``'s ``(out, in)``
     transposed back); zeros for a weight without state yet (or without an optimizer). With
     `import_moments` a run saved from either backend resumes in the other."""
+    if optimizer is not None:
+        check_optimizer(model, optimizer)
     out = {}
     table = weight_table(model, "export_moments")
     for kind, key in (("m", "exp_avg"), ("v", "exp_avg_sq")):
@@ -199,8 +214,10 @@ def import_moments(model: Transformer, optimizer: torch.optim.Optimizer, moments
     ``step`` updates, so that the next update is the one the saved run would have made. The
     schedule's offset is ``make_optimizer(start_step=step)``'s: torch's Adam keeps its step per
     parameter, which is set here."""
+    check_optimizer(model, optimizer)
+    moments = check_moments(model.config, moments, step)  # all of it, before any state is set
     for name, (param, transposed) in weight_table(model, "import_moments").items():
-        m, v = (np.asarray(moments[f"{k}.{name}"]) for k in ("m", "v"))
+        m, v = (moments[f"{k}.{name}"] for k in ("m", "v"))
         optimizer.state[param] = {"step": torch.tensor(float(step)),
                                   "exp_avg": _as_param(m, param, transposed),
                                   "exp_avg_sq": _as_param(v, param, transposed)}

@@ -61,12 +61,6 @@ class Unavailable(ImportError):
                          f"'{_EXTRAS[name]}' extra")
 
 
-def moment_names(config: TransformerConfig) -> list[str]:
-    """Names of Adam's stored moments, ``m.<weight>`` then ``v.<weight>``, in schema order."""
-    from shared.weights import weight_schema
-    return [f"{kind}.{name}" for kind in ("m", "v") for name in weight_schema(config)]
-
-
 class Adapter:
     """The interface every command uses. All arrays are NumPy; every call runs in eval mode
     (dropout off), whatever training did before."""
@@ -223,8 +217,8 @@ class _Framework(Adapter):
     def make_optimizer(self, warmup: int, factor: float, step: int,
                        moments: Mapping[str, np.ndarray] | None = None) -> None:
         """Adam on the Noam schedule (``warmup``, ``factor``), continuing at ``step``; with
-        ``moments`` (canonical layout, `moment_names`) Adam resumes exactly where it stopped,
-        without them it starts from zero moments."""
+        ``moments`` (canonical layout, `shared.moments.moment_names`) Adam resumes exactly where
+        it stopped, without them it starts from zero moments."""
         # tf_impl's schedule reads the optimizer's own step count, which imported moments set (and
         # Adam's bias corrections with it); torch's schedule counts apart, so it is offset by hand,
         # as it is in both when Adam starts fresh.

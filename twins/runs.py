@@ -18,11 +18,11 @@ import numpy as np
 
 from shared import TransformerConfig
 from shared import weights as neutral
+from shared.moments import moment_names, moment_problems
 from shared.paths import read_json
 from shared.saving import replace_directory, umask
 
 from .arguments import SEED_MAX
-from .backends import moment_names
 
 LOG_FILE = "train_log.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -117,19 +117,13 @@ def read_moments(path: Path, config: TransformerConfig) -> dict[str, np.ndarray]
     except Exception as err:  # noqa: BLE001  (safetensors raises several kinds)
         print(f"note: {file} unreadable ({err}); Adam's moments restart from zero", file=sys.stderr)
         return None
-    schema = neutral.weight_schema(config)
-    expected = {f"{k}.{n}": shape for k in ("m", "v") for n, shape in schema.items()}
-    if set(moments) != set(expected) or any(tuple(moments[n].shape) != s for n, s in expected.items()):
-        print(f"note: {file} does not fit the model; Adam's moments restart from zero", file=sys.stderr)
-        return None
-    # Adam divides by sqrt(v): a NaN or a negative second moment would poison the first step, and the
-    # loss, not the file, would be blamed
-    bad = sorted(n for n, a in moments.items() if a.dtype.kind != "f" or not np.isfinite(a).all()
-                 or (n.startswith("v.") and (a < 0).any()))
-    if bad:
-        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-        print(f"note: {file}: {bad[0]}{more} not finite floats (second moments >= 0); Adam's moments "
-              "restart from zero", file=sys.stderr)
+    # the checks of import_moments: a NaN or a negative second moment would poison the first step,
+    # and the loss, not the file, would be blamed
+    problems = moment_problems(config, moments)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        print(f"note: {file} does not fit the model: {problems[0]}{more}; Adam's moments restart "
+              "from zero", file=sys.stderr)
         return None
     return moments
 

@@ -1,0 +1,84 @@
+"""Adam's moments in the canonical layout, as both backends' ``export_moments`` give them and
+``import_moments`` takes them: ``{"m.<name>": first, "v.<name>": second}`` for every name of
+`shared.weights.weight_schema`, each of that weight's shape (kernels ``(in, out)``).
+
+`check_moments` is the one check both backends' ``import_moments`` run before anything is
+assigned, so that a refused import leaves the optimizer as it was (NumPy only): an import that
+failed part-way, or took a NaN or a negative second moment, would poison the next update and the
+loss, not the moments, would be blamed.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .config import TransformerConfig
+from .weights import weight_schema
+
+# An optimizer over none of a model's trainable parameters (one made for another model): torch's
+# would step nothing of this model and report success, Keras' fail with its own words.
+FOREIGN_OPTIMIZER = ("optimizer: expected one over this model's parameters (make_optimizer(model)), "
+                     "got one over none of them")
+
+# The step count both backends can hold: torch_impl keeps it as a float per parameter (exact to
+# 2**53), tf_impl in Keras' int64 ``iterations``.
+MAX_STEP = 2**53
+
+
+def moment_names(config: TransformerConfig) -> list[str]:
+    """Names of Adam's moments, ``m.<weight>`` then ``v.<weight>``, in schema order."""
+    return [f"{kind}.{name}" for kind in ("m", "v") for name in weight_schema(config)]
+
+
+def _listed(names: list[str]) -> str:
+    return repr(names[:5])[:-1] + (f", ... ({len(names)} in all)]" if len(names) > 5 else "]")
+
+
+def moment_problems(config: TransformerConfig, moments) -> list[str]:
+    """What keeps ``moments`` from being ``config``'s: missing or unexpected names, an array that
+    is not floats, of another shape, not finite, or a negative second moment; [] when none."""
+    if not isinstance(moments, Mapping):
+        return [f"expected a mapping of m.<name> and v.<name> arrays, got {type(moments).__name__}"]
+    schema = weight_schema(config)
+    expected = {f"{kind}.{name}": shape for kind in ("m", "v") for name, shape in schema.items()}
+    problems = []
+    missing = [n for n in expected if n not in moments]
+    unexpected = [str(n) for n in moments if n not in expected]
+    if missing:
+        problems.append(f"missing: {_listed(missing)}")
+    if unexpected:
+        problems.append(f"unexpected: {_listed(unexpected)}")
+    for name, shape in expected.items():
+        if name not in moments:
+            continue
+        try:
+            a = np.asarray(moments[name])
+        except Exception as err:  # noqa: BLE001  (whatever the value is, it is not an array)
+            problems.append(f"{name}: expected an array, got {type(moments[name]).__name__} ({err})")
+            continue
+        if a.dtype.kind != "f":
+            problems.append(f"{name}: expected floats, got dtype {a.dtype}")
+        elif a.shape != tuple(shape):
+            problems.append(f"{name}: expected shape {tuple(shape)}, got {a.shape}")
+        elif not np.isfinite(a).all():
+            problems.append(f"{name}: expected finite values, got NaN or inf")
+        elif name.startswith("v.") and (a < 0).any():
+            problems.append(f"{name}: expected second moments >= 0, got {float(a.min())}")
+    return problems
+
+
+def check_moments(config: TransformerConfig, moments, step) -> dict[str, np.ndarray]:
+    """``moments`` checked (`moment_problems`, every problem at once) and ``step`` an int in
+    [0, `MAX_STEP`] (the updates already made); returns the moments as ``config.dtype`` arrays,
+    or raises ``ValueError`` (``TypeError`` for a step that is not an int) before anything is
+    assigned."""
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)):
+        raise TypeError(f"step: expected an int >= 0 (the updates already made), got {step!r}")
+    if not 0 <= step <= MAX_STEP:
+        raise ValueError(f"step: expected an int in [0, {MAX_STEP}] (the updates already made), got {step}")
+    problems = moment_problems(config, moments)
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise ValueError(f"moments: {shown}")
+    return {name: np.asarray(moments[name], dtype=config.dtype) for name in moment_names(config)}
