@@ -225,6 +225,12 @@ def test_reorder_beams_checks_its_rows(model_backend):
         cache.reorder_beams(be.tensor(np.array([-1, 1, 2, 3, 4, 5])))
     for layer, key in zip(cache.layers, before):
         np.testing.assert_array_equal(be.numpy(layer.self_key), key)
+    # any integer dtype (TF's gather took no int8, uint16, ...): the same reorder as int64 rows
+    rows = np.array([2, 0, 1, 3, 5, 4])
+    want = [be.numpy(layer.self_key)[rows] for layer in cache.layers]
+    cache.reorder_beams(be.tensor(rows.astype(np.uint8)))
+    for layer, key in zip(cache.layers, want):
+        np.testing.assert_array_equal(be.numpy(layer.self_key)[:, :, :1], key[:, :, :1])
     cache = cache.reorder_beams(be.tensor(np.array([2, 2, 0, 3, 3, 3], np.int32)))  # any integer dtype
     for layer, key in zip(cache.layers, before):
         np.testing.assert_array_equal(be.numpy(layer.self_key)[:, :, :1], key[[2, 2, 0, 3, 3, 3], :, :1])

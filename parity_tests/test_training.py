@@ -51,6 +51,27 @@ def test_loss_matches_the_numpy_reference(dtype, smoothing, backend):
 
 
 @pytest.mark.parametrize("backend", CPU)
+def test_loss_takes_any_integer_targets_and_names_what_it_cannot_score(backend):
+    """Targets of any integer dtype score as int64 ones (TF's one_hot took no int16, uint16, uint32,
+    uint64); integer logits, a pad_id that is no int and float targets are refused with the
+    reference's words (torch raised from its kernels or its argument parser)."""
+    logits, targets = loss_case("float64")
+    want = float(_loss(backend, logits, targets))
+    for dtype in (np.int16, np.uint8, np.uint16, np.uint32):
+        assert float(_loss(backend, logits, targets.astype(dtype))) == want, np.dtype(dtype).name
+    cases = [(dict(logits=logits.astype(np.int64)), "logits: expected floating-point scores, got dtype int64"),
+             (dict(pad_id=None), r"pad_id: expected an int \(the id whose targets carry no loss\), got None"),
+             (dict(pad_id=1.0), "pad_id: expected an int .*, got 1.0"),
+             (dict(targets=targets.astype(np.float32)), "targets: expected integer ids, got dtype float32$")]
+    for change, needle in cases:
+        args = {"logits": logits, "targets": targets, "pad_id": 0, **change}
+        for loss in (lambda: _loss(backend, **args),
+                     lambda: label_smoothed_cross_entropy(args["logits"], args["targets"], args["pad_id"])):
+            with pytest.raises(TypeError, match=needle):
+                loss()
+
+
+@pytest.mark.parametrize("backend", CPU)
 def test_loss_ignores_what_padding_positions_predict(backend):
     logits, targets = loss_case("float64")
     changed = logits.copy()

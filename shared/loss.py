@@ -32,10 +32,11 @@ def label_smoothed_cross_entropy(logits: np.ndarray, targets: np.ndarray, pad_id
         targets: (B, T) integer ids; ``pad_id`` positions are ignored.
         smoothing: eps in [0, 1).
     """
-    logits = np.asarray(logits, dtype=np.float64)
-    targets = np.asarray(targets)
+    logits, targets = np.asarray(logits), np.asarray(targets)
     check_loss_args("label_smoothed_cross_entropy", logits.shape, targets.shape, str(targets.dtype),
-                    targets.dtype.kind in "iu", smoothing)
+                    targets.dtype.kind in "iu", smoothing, str(logits.dtype), logits.dtype.kind == "f",
+                    pad_id)
+    logits = logits.astype(np.float64)
     vocab = logits.shape[-1]
     if targets.size:  # before any indexing: NumPy would wrap -1 to the last class
         check_targets_range(vocab, int(targets.min()), int(targets.max()))
@@ -49,16 +50,22 @@ def label_smoothed_cross_entropy(logits: np.ndarray, targets: np.ndarray, pad_id
 
 
 def check_loss_args(caller: str, logits_shape, targets_shape, targets_dtype: str,
-                    targets_is_integer: bool, smoothing: float) -> None:
+                    targets_is_integer: bool, smoothing: float, logits_dtype: str,
+                    logits_is_floating: bool, pad_id) -> None:
     """The loss's argument checks on metadata only, so the NumPy reference and both backends' built-in
     losses reject a bad call with the same message (a flattened framework loss would otherwise accept
-    targets of the wrong shape whenever the element counts happen to match)."""
+    targets of the wrong shape whenever the element counts happen to match). Dtypes are named as
+    NumPy names them (``float32``, not ``torch.float32``)."""
     logits_shape, targets_shape = tuple(logits_shape), tuple(targets_shape)
     if len(logits_shape) != 3 or targets_shape != logits_shape[:2]:
         raise ValueError(f"{caller}: expected logits (B, T, V) and targets (B, T), "
                          f"got {logits_shape} and {targets_shape}")
+    if not logits_is_floating:
+        raise TypeError(f"logits: expected floating-point scores, got dtype {logits_dtype}")
     if not targets_is_integer:
         raise TypeError(f"targets: expected integer ids, got dtype {targets_dtype}")
+    if isinstance(pad_id, (bool, np.bool_)) or not isinstance(pad_id, (numbers.Integral, np.integer)):
+        raise TypeError(f"pad_id: expected an int (the id whose targets carry no loss), got {pad_id!r}")
     check_smoothing(smoothing)
 
 

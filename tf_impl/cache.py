@@ -192,6 +192,8 @@ class DecoderCache(NamedTuple):
         if tf.executing_eagerly():
             items = self.layers[0].cross_key.shape[0] if self.layers else self.rows
             check_beam_rows_items(rows.numpy().tolist(), self.rows // items)
+        if rows.dtype not in (tf.int32, tf.int64):  # tf.gather takes no other index dtype
+            rows = tf.cast(rows, tf.int64)
         return self._reorder_beams(rows)
 
     def _reorder_beams(self, rows: tf.Tensor) -> "DecoderCache":

@@ -78,7 +78,8 @@ def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
         targets_shape = [t if t is not None else l for t, l in zip(targets_shape, logits_shape)]
         logits_shape[:2] = [l if l is not None else t for l, t in zip(logits_shape[:2], targets_shape)]
     check_loss_args("label_smoothed_loss", logits_shape, targets_shape, targets.dtype.name,
-                    targets.dtype.is_integer, smoothing)
+                    targets.dtype.is_integer, smoothing, logits.dtype.name, logits.dtype.is_floating,
+                    pad_id)
     vocab = logits.shape[-1]
     ok = None
     if tf.executing_eagerly():
@@ -93,6 +94,7 @@ def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
         if not in_xla_context():
             targets = runtime_check(targets, [(ok, targets_range_message(vocab, "{}", "{}"), (lo, hi))])
             ok = None
+    targets = tf.cast(targets, tf.int64)  # in range: tf.one_hot takes no (u)int16, uint32, uint64
     keep = tf.cast(targets != pad_id, logits.dtype)  # (B, T): 1 = a real target
     loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=float(smoothing),
                                                 reduction="sum", dtype=logits.dtype.name)

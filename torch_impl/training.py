@@ -25,7 +25,7 @@ from shared.moments import FOREIGN_OPTIMIZER, check_moments
 from shared.schedule import noam_lr
 
 from .cache import _mode
-from .inputs import check_ids
+from .inputs import _is_integer, check_ids
 from .model import Transformer
 from .weights_io import weight_table
 
@@ -62,8 +62,10 @@ def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int
 
     Shape: logits ``(B, T, V)``, targets ``(B, T)`` integer -> a scalar tensor.
     """
-    check_loss_args("label_smoothed_loss", logits.shape, targets.shape, str(targets.dtype),
-                    not targets.dtype.is_floating_point and targets.dtype != torch.bool, smoothing)
+    logits, targets = _as_tensor("logits", logits), _as_tensor("targets", targets)  # as tf_impl takes
+    check_loss_args("label_smoothed_loss", logits.shape, targets.shape, str(targets.dtype)[6:],
+                    _is_integer(targets.dtype), smoothing, str(logits.dtype)[6:],
+                    logits.dtype.is_floating_point, pad_id)
     vocab = logits.shape[-1]
     if targets.numel():  # before the lookup: cross_entropy raises a bare IndexError (CUDA: an assert)
         lo, hi = torch.stack(torch.aminmax(targets.long())).tolist()
@@ -74,6 +76,17 @@ def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int
     loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1).long(), ignore_index=pad_id,
                            label_smoothing=float(smoothing), reduction=reduction)
     return loss if tokens is None else loss / tokens
+
+
+def _as_tensor(name: str, value) -> torch.Tensor:
+    """``value`` as a tensor (NumPy arrays and nested lists too, as tf_impl's loss takes them)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        return torch.as_tensor(np.asarray(value))
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{name}: expected an array of numbers, got {type(value).__name__} "
+                        f"({err})") from None
 
 
 def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup: int, factor: float = 1.0,
