@@ -2,6 +2,8 @@
 Noam rates the optimizer actually uses, the paper's Adam over each weight once, train steps that
 learn, dropout in training only, gradients in the canonical layout, and bad batches refused before
 any update. (torch vs TF: test_training_parity.py; framework-only pieces: test_*_only.py.)"""
+import re
+
 import numpy as np
 import pytest
 
@@ -204,6 +206,12 @@ def test_gradients_use_the_canonical_layout(backend):
     (lambda b: (b[0].astype(np.float32), b[1], b[2]), TypeError, "src: expected integer token ids"),
     # TF's compiled step would raise its own InvalidArgumentError from the graph's assertion
     (lambda b: (b[0], b[1][:1], b[2][:1]), ValueError, r"tgt: expected batch size \d+ \(as src\), got 1"),
+    # torch_impl converted before checking: NumPy's or torch's own words, and tgt_out named first
+    (lambda b: ([b[0][0].tolist(), b[0][1][:-1].tolist()], b[1], b[2]), ValueError,
+     r"src: expected token ids of shape \(batch, seq\), every row of one length"),
+    (lambda b: (None, b[1], b[2]), TypeError, "src: expected a tensor or array, got NoneType"),
+    (lambda b: (b[0], b[1], b[2].astype(str)), TypeError, "tgt_out: expected integer token ids, got dtype string"),
+    (lambda b: (b[0][:0], b[1][:0], b[2][:0]), ValueError, r"src: expected a non-empty \(batch, seq\)"),
 ])
 def test_bad_batches_are_refused_before_any_update(mutate, error, needle, backend):
     weights = random_weights(CONFIG, 0)
@@ -265,3 +273,13 @@ def test_import_moments_checks_all_of_them_before_setting_any(backend):
             np.testing.assert_array_equal(after[name], value, err_msg=name)
     if backend.framework == "tf":  # the step count too
         assert int(optimizer.iterations.numpy()) == 1
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_init_workers_takes_a_count_of_at_least_one(backend):
+    """torch_impl took True as one worker and said 0, 2.0 or "2" needed torchrun."""
+    import importlib
+    distributed = importlib.import_module(f"{backend.framework}_impl.distributed")
+    for workers in (True, 0, -1, 2.0, "2"):
+        with pytest.raises(ValueError, match=rf"^workers: expected an int >= 1, got {re.escape(repr(workers))}$"):
+            distributed.init_workers(workers)

@@ -25,10 +25,15 @@ import numpy as np
 TIMEOUT_S = 300.0
 
 
+def check_worker_count(workers, option: str = "workers") -> None:
+    """A worker count: an int of at least 1 (both backends' ``init_workers``, and `check_workers`)."""
+    if isinstance(workers, (bool, np.bool_)) or not isinstance(workers, (int, np.integer)) or workers < 1:
+        raise ValueError(f"{option}: expected an int >= 1, got {workers!r}")
+
+
 def check_workers(batch: int, workers: int, option: str = "--workers") -> None:
     """A worker count of at least 1 that divides the global batch (every worker takes equal rows)."""
-    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
-        raise ValueError(f"{option}: expected an int >= 1, got {workers!r}")
+    check_worker_count(workers, option)
     if batch % workers:
         raise ValueError(f"{option} {workers}: expected a number of workers that divides the global "
                          f"batch of {batch} examples, got {workers} ({batch} % {workers} = "

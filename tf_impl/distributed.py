@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared import TransformerConfig
-from shared.data_parallel import TIMEOUT_S, check_workers, disagreement
+from shared.data_parallel import TIMEOUT_S, check_worker_count, check_workers, disagreement
 from shared.loss import check_smoothing
 
 from .model import Transformer, _traced
@@ -38,8 +38,7 @@ def logical_cpus(workers: int) -> list[str]:
     if TensorFlow has not started yet. TensorFlow fixes its devices when its runtime starts: asked
     for more than it then made, this raises a ``ValueError`` saying so, rather than running on fewer.
     """
-    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
-        raise ValueError(f"workers: expected an int >= 1, got {workers!r}")
+    check_worker_count(workers)
     cpu = tf.config.list_physical_devices("CPU")[0]
     have = tf.config.get_logical_device_configuration(cpu)
     if workers > 1 and (have is None or len(have) < workers):

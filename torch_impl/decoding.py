@@ -29,7 +29,7 @@ from shared.masks import padding_id, start_is_pad
 
 from . import graphs, search
 from .cache import _as_built, _mode, repeat_rows
-from .inputs import check_ids, make_tgt_mask
+from .inputs import check_ids, make_tgt_mask, _numeric_array
 from .model import Transformer
 from .precision import autocast
 
@@ -64,11 +64,11 @@ def _device(model: Transformer) -> torch.device:
     return model.generator.bias.device
 
 
-def _tensor(value, device: torch.device):
+def _tensor(name: str, value, device: torch.device):
     """NumPy arrays are accepted like tensors (results are NumPy too); anything else is left for
     the checks to name."""
     if isinstance(value, np.ndarray):
-        value = torch.as_tensor(value)
+        value = torch.as_tensor(_numeric_array(name, value))
     return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
@@ -82,10 +82,10 @@ def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty
                                 "never the wrapper's forward)")
         raise TypeError(f"model: expected a torch_impl.Transformer, got {type(model).__name__}")
     c, device = model.config, _device(model)
-    src = _tensor(src, device)
+    src = _tensor("src", src, device)
     check_ids("src", src, c.src_vocab, c.max_len)
     check_search_args(c, max_len, beam_size, length_penalty)
-    return src, model._src_mask(src, _tensor(src_mask, device))
+    return src, model._src_mask(src, _tensor("src_mask", src_mask, device))
 
 
 class RecomputeStep:

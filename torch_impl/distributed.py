@@ -33,7 +33,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from shared import TransformerConfig
-from shared.data_parallel import TIMEOUT_S, check_workers, disagreement, shard_rows, target_tokens
+from shared.data_parallel import (TIMEOUT_S, check_worker_count, check_workers, disagreement, shard_rows,
+                                  target_tokens)
 
 from .cache import _mode
 from .model import Transformer
@@ -57,6 +58,8 @@ def init_workers(workers: int | None = None, timeout: float = TIMEOUT_S) -> tupl
     group of one (an in-memory store, no port), so one process runs the very same code. Every
     collective of the group raises after ``timeout`` seconds instead of hanging.
     """
+    if workers is not None:
+        check_worker_count(workers)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         if workers not in (None, 1):
             raise ValueError(f"workers: {workers} torch workers are separate processes; start them with "

@@ -9,6 +9,7 @@ Masks are boolean, ``True`` = may attend, broadcastable to ``(batch, heads, q_le
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from shared import checks
@@ -49,6 +50,32 @@ def check_ids(name: str, ids, vocab: int, max_len: int) -> None:
     else:  # one device-to-host transfer for both ends (the only sync on the hot path, a necessary one)
         lo, hi = torch.stack(torch.aminmax(ids.long())).tolist()
     checks.check_ids_range(name, vocab, lo, hi)
+
+
+def _numeric_array(name: str, value) -> np.ndarray:
+    """``value`` (a list or an array, not a tensor) as a NumPy array, ragged rows and non-numbers
+    (strings, objects) named as tf_impl's conversion names them, before torch would raise its own
+    error (``can't convert np.ndarray of type numpy.object_``)."""
+    if (lengths := checks.ragged_rows(value)) is not None:
+        raise ValueError(checks.ragged_message(name, lengths))
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):
+        array = np.empty(0, object)
+    if array.dtype.kind == "O":  # None, objects: tf_impl's `to_tensor` says the same
+        raise TypeError(f"{name}: expected a tensor or array, got {type(value).__name__}")
+    if array.dtype.kind not in "biuf":  # text: "string", as TensorFlow names its dtype
+        kind = "string" if array.dtype.kind in "US" else array.dtype
+        raise TypeError(f"{name}: expected integer token ids, got dtype {kind}")
+    return array
+
+
+def _as_ids(name: str, value, vocab: int, max_len: int, device: torch.device) -> torch.Tensor:
+    """`check_ids` of ``value`` as a tensor on ``device``: tensors as they are, NumPy arrays and
+    lists converted first (`_numeric_array`), as tf_impl's training converts them."""
+    ids = value if isinstance(value, torch.Tensor) else torch.as_tensor(_numeric_array(name, value))
+    check_ids(name, ids, vocab, max_len)
+    return ids.to(device)
 
 
 def check_mask(name: str, mask, batch: int, n_heads: int, q_len: int, k_len: int) -> None:

@@ -25,7 +25,7 @@ from shared.moments import FOREIGN_OPTIMIZER, check_moments
 from shared.schedule import noam_lr
 
 from .cache import _mode
-from .inputs import _is_integer, check_ids
+from .inputs import _is_integer, _as_ids, check_same_batch, _numeric_array
 from .model import Transformer
 from .weights_io import weight_table
 
@@ -146,13 +146,17 @@ def _batch(model: Transformer, batch: Batch) -> tuple[torch.Tensor, torch.Tensor
     if not isinstance(batch, (tuple, list)) or len(batch) != 3:
         raise ValueError(f"batch: expected (src, tgt_in, tgt_out), got {type(batch).__name__}"
                          + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
-    device = next(model.parameters()).device
-    src, tgt_in, tgt_out = (torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x,
-                                            device=device) for x in batch)
+    c, device = model.config, next(model.parameters()).device
+    # in tf_impl's order: src, tgt, their batches, then tgt_out
+    src = _as_ids("src", batch[0], c.src_vocab, c.max_len, device)
+    tgt_in = _as_ids("tgt", batch[1], c.tgt_vocab, c.max_len, device)
+    check_same_batch(src, tgt_in)
+    tgt_out = batch[2] if isinstance(batch[2], torch.Tensor) else torch.as_tensor(
+        _numeric_array("tgt_out", batch[2]))
     if tgt_out.shape != tgt_in.shape:
         raise ValueError(f"tgt_out: expected the shape of tgt_in {tuple(tgt_in.shape)}, "
                          f"got {tuple(tgt_out.shape)}")
-    check_ids("tgt_out", tgt_out, model.config.tgt_vocab, model.config.max_len)
+    tgt_out = _as_ids("tgt_out", tgt_out, c.tgt_vocab, c.max_len, device)
     if not bool((tgt_out != model.config.pad_id).any()):
         raise ValueError(f"tgt_out: expected at least one non-padding target, got only pad_id="
                          f"{model.config.pad_id}")
