@@ -79,3 +79,24 @@ def test_decode_step_records_gradients_as_the_full_pass():
         assert g is not None, variable.path
         assert_close(tf.convert_to_tensor(g).numpy(), tf.convert_to_tensor(w).numpy(), FLOAT64,
                      variable.path)
+
+
+def test_the_tensor_programs_honour_mask_padding():
+    """`greedy_decode_tensors` and `beam_search_tensors` (what a SavedModel's signatures run) mask
+    the source as the model does: not at all with ``mask_padding=False``, where they masked pad
+    and an exported model decoded otherwise than tf_impl."""
+    import numpy as np
+    from tf_impl.decoding import beam_search_tensors, greedy_decode_tensors
+    config = config64("tiny-pre-annotated").replace(mask_padding=False)
+    model = tf_impl.Transformer(config)
+    model.import_weights(weights_for(config, 0))
+    src = sources(config, 0)
+    assert (src == config.pad_id).any()  # padded rows: what the mask decides
+    greedy = tf_impl.greedy_decode(model, src, MAX_LEN)
+    got = greedy_decode_tensors(model, tf.constant(src, tf.int64), MAX_LEN)
+    np.testing.assert_array_equal(got["tokens"].numpy(), greedy.tokens)
+    np.testing.assert_array_equal(got["log_probs"].numpy(), greedy.log_probs)
+    beams = tf_impl.beam_search(model, src, MAX_LEN, BEAM)
+    got = beam_search_tensors(model, tf.constant(src, tf.int64), MAX_LEN, BEAM)
+    np.testing.assert_array_equal(got["tokens"].numpy(), beams.tokens)
+    np.testing.assert_array_equal(got["scores"].numpy(), beams.scores)

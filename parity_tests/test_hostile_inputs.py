@@ -188,11 +188,13 @@ def test_to_marian_lists_each_problem_apart_on_one_line(tmp_path, capsys):
     from shared.weights import random_weights, save_checkpoint
     from shared.exporters.marian import marian_problems
     from twins.cli import main
-    config = TransformerConfig.preset("tiny").replace(norm_first=True, final_norm=True)
+    config = TransformerConfig.preset("tiny").replace(norm_first=True, final_norm=True, mask_padding=False)
     save_checkpoint(tmp_path / "ckpt", config, random_weights(config))
     assert main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "m"), "--to", "marian"]) == 2
     problems = marian_problems(config)
     assert len(problems) > 2 and "norm_first: expected False (Marian's layers are post-norm), got True" in problems
+    assert ("mask_padding: expected True (Marian masks the source's pad tokens; MarianConfig has no setting "
+            "to attend them), got False") in problems  # it was written, computing another function
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [f"twins convert: error: to_marian({str(tmp_path / 'm')!r}): {len(problems)} problem(s): "
                      + "; ".join(problems)]

@@ -249,6 +249,8 @@ def test_directory_holds_the_model_and_id_vocabularies(exported, tmp_path):
 @pytest.mark.parametrize("change, named", [
     (dict(norm_style="annotated"), "norm_style='annotated': CTranslate2's layer norm is the standard"),
     (dict(dtype="float64"), "dtype='float64': CTranslate2 stores and computes float32 at most"),
+    # it was written, and a padded batch then decoded another source
+    (dict(mask_padding=False), "mask_padding=False: CTranslate2 masks a batch's padding by length"),
 ])
 def test_refused_configs_name_the_setting_and_write_nothing(tmp_path, change, named):
     config = CONFIGS["post-relu"].replace(**change)

@@ -2,7 +2,8 @@
 TensorFlow program: ``tf.saved_model.load(path)`` needs neither this project nor torch.
 
 Two signatures, both taking ``src``, int32 source ids ``(batch, src_len)`` (any batch size, any
-length up to ``config.max_len``, padded with ``config.pad_id``; the source mask is ``src != pad_id``):
+length up to ``config.max_len``, padded with ``config.pad_id``; the source mask is ``src != pad_id``,
+all True for a model made with ``mask_padding=False``, `shared.masks.padding_id`):
 
 =================== ============================================================================
 ``serving_default`` greedy decoding: ``tf_impl.greedy_decode(model, src, max_len)``

@@ -17,6 +17,7 @@ config                     CTranslate2
 ``norm_eps``               ``layer_norm_epsilon`` in config.json (float32 there; the default
                            would be 1e-5)
 ``norm_style="annotated"`` refused: CTranslate2's layer norm is the standard one
+``mask_padding=False``     refused: CTranslate2 masks a batch's padding by length
 ``activation``             ``Activation.RELU`` / ``GELU`` (exact erf) / ``SWISH``
 ``embed_scale``            ``scale_embeddings`` (True: sqrt(d_model); False: none)
 sinusoidal positions       ``position_encodings.encodings`` = `shared.positional.positional_table`
@@ -82,6 +83,10 @@ def refusals(config: TransformerConfig) -> list[str]:
         out.append(f"norm_style={config.norm_style!r}: CTranslate2's layer norm is the standard one, "
                    "(x - mean) / sqrt(var + eps) with the biased variance; the annotated "
                    "(x - mean) / (std + eps) with the unbiased std is another function")
+    if not config.mask_padding:
+        out.append("mask_padding=False: CTranslate2 masks a batch's padding by length, and this "
+                   "model attends its pad tokens as ordinary ones; a source padded to a batch's "
+                   "length would be another source")
     if config.dtype != "float32":
         out.append(f"dtype={config.dtype!r}: CTranslate2 stores and computes float32 at most (its "
                    "spec would cast float64 weights silently); convert a float32 copy: "

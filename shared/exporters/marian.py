@@ -58,6 +58,9 @@ def marian_problems(config: TransformerConfig) -> list[str]:
     if config.norm_eps != NORM_EPS:
         refuse("norm_eps", f"{NORM_EPS}", "Marian's nn.LayerNorm uses torch's default eps; "
                "MarianConfig has no setting for it")
+    if not config.mask_padding:
+        refuse("mask_padding", "True", "Marian masks the source's pad tokens; MarianConfig has no "
+               "setting to attend them")
     if config.norm_first:
         refuse("norm_first", "False", "Marian's layers are post-norm")
     if config.final_norm:
