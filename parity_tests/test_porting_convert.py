@@ -1,5 +1,7 @@
 """`twins convert`: every format to every other, the importers as sources, `--verify`'s parity
 table, and its errors; run in-process through `twins.cli.main`."""
+import json
+import os
 import re
 
 import numpy as np
@@ -182,6 +184,29 @@ def test_errors(tmp_path, capsys):
     err = run_error(capsys, [str(tmp_path / "text.pt"), n + "2"])
     assert "text.pt" in err and "not a PyTorch file" in err
     assert not (tmp_path / "n2").exists()
+
+
+def test_a_destination_that_is_no_earlier_export_or_holds_the_source_is_left_alone(tmp_path, capsys):
+    """A neutral checkpoint holds only names a Marian export has (config.json, model.safetensors),
+    and `--to marian` replaced it; a directory export into the folder holding SRC replaced the
+    folder, SRC with it. Both are refused, and both stay as they were; an earlier Marian export
+    is still replaced."""
+    config = TransformerConfig.preset("tiny", norm_first=False, norm_style="standard", norm_eps=1e-5,
+                                      pe_layout="halves")
+    save_checkpoint(tmp_path / "n", config, random_weights(config, 0))
+    save_checkpoint(tmp_path / "victim", config, random_weights(config, 1))
+    n, victim = str(tmp_path / "n"), tmp_path / "victim"
+    err = run_error(capsys, [n, str(victim), "--to", "marian"])
+    assert "victim' exists and is not a Marian export; refusing to overwrite it" in err
+    assert sorted(os.listdir(victim)) == ["config.json", "model.safetensors"]
+    assert json.loads((victim / "config.json").read_text())["format_version"]  # still neutral
+    (tmp_path / "q").mkdir()
+    save_checkpoint(tmp_path / "q" / "model.safetensors", config, random_weights(config, 0))
+    err = run_error(capsys, [str(tmp_path / "q" / "model.safetensors"), str(tmp_path / "q"), "--to", "marian"])
+    assert "contains SRC" in err and "replacing it would delete the source" in err
+    assert os.listdir(tmp_path / "q") == ["model.safetensors"]
+    assert main(["convert", n, str(tmp_path / "m"), "--to", "marian"]) == 0
+    assert main(["convert", str(victim), str(tmp_path / "m"), "--to", "marian"]) == 0  # its own: replaced
 
 
 def test_importer_errors(tmp_path, capsys):

@@ -43,8 +43,12 @@ def run(args) -> int:
         raise ValueError("SRC and DST are required (or --list-formats)")
     dst_fmt = (formats.get(args.dst_format, "write", "--to") if args.dst_format
                else formats.detect(args.dst, "destination"))
-    if Path(args.src).resolve() == Path(args.dst).resolve():
+    src, dst = Path(args.src).resolve(), Path(args.dst).resolve()
+    if src == dst:
         raise ValueError(f"SRC and DST are the same path ({args.src!r}); write elsewhere")
+    if dst in src.parents:  # a directory export replaces DST whole: the source inside it would go too
+        raise ValueError(f"DST {args.dst!r} contains SRC {args.src!r}: replacing it would delete the "
+                         "source; write elsewhere")
     given = loading.given_options(args)
     writes = {o.name for o in dst_fmt.write_options}
     write_options = formats.check_options(dst_fmt, "write", {k: v for k, v in given.items() if k in writes},

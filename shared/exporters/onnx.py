@@ -544,7 +544,8 @@ def to_onnx(config: TransformerConfig, weights: Mapping[str, np.ndarray], path: 
     docs/formats/onnx.md)."""
     path = Path(path)
     recover(path)
-    check_replaceable(path, set(MODEL_FILES), "an ONNX export")
+    check_replaceable(path, set(MODEL_FILES), "an ONNX export",  # config_file's keys
+                      lambda c: "format_version" in c and "precision" in c)
     precision = check_precision(precision, config.dtype)
     models = build_models(config, weights, precision)  # every refusal and check before anything is written
     import onnx
