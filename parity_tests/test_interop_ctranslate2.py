@@ -307,6 +307,12 @@ def test_twins_convert_to_ctranslate2_with_verify(tmp_path, capsys):
     src, _ = inputs(config)
     np.testing.assert_array_equal(X.greedy(translator, config, src[:5], MAX_LEN)[0],
                                   project("reference", "pre-swish-halves", config, w).greedy(src[:5], MAX_LEN).tokens)
+    # max_len=1: the start token alone is fed, so the score is EOS's (an empty target: IndexError)
+    one = config.replace(max_len=1)
+    save_checkpoint(tmp_path / "one", one, random_weights(one))
+    assert main(["convert", str(tmp_path / "one"), str(tmp_path / "one.ct2"), "--to", "ctranslate2",
+                 "--verify"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("PASS")
 
 
 def test_twins_convert_refusal_is_one_line(tmp_path, capsys):

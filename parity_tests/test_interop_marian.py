@@ -3,6 +3,7 @@
 forward pass (reference, torch_impl and tf_impl; float64 at 1e-12, float32 within the measured
 bound), greedy tokens against ``generate``; exported back and loaded by ``from_pretrained`` with
 no missing or unused weight; project -> Marian -> project byte for byte."""
+import importlib.util
 import json
 
 import numpy as np
@@ -315,6 +316,17 @@ def test_convert_from_and_to_marian_with_verify(tmp_path, capsys):
     assert "reference:SRC vs transformers:DST" in out and "bit-identical" in out, out
     assert out.rstrip().endswith("PASS"), out
     assert from_marian(tmp_path / "back")[0] == config
+    # widened to float64: transformers' float32 run is held to float32's bound (it failed on
+    # float64's); to CTranslate2, whose distance from transformers is not measured: the reference
+    # on the imported weights (it was a KeyError after writing)
+    assert main(["convert", str(path), str(tmp_path / "wide"), "--from", "marian", "--dtype", "float64",
+                 "--verify"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("PASS")
+    if importlib.util.find_spec("ctranslate2"):
+        assert main(["convert", str(path), str(tmp_path / "ct2"), "--from", "marian", "--to",
+                     "ctranslate2", "--verify"]) == 0
+        out = capsys.readouterr().out
+        assert "ctranslate2:DST vs reference:SRC" in out and out.rstrip().endswith("PASS"), out
 
 
 def test_convert_refusals_leave_nothing(tmp_path, capsys):

@@ -209,6 +209,15 @@ def test_a_destination_that_is_no_earlier_export_or_holds_the_source_is_left_alo
     assert main(["convert", str(victim), str(tmp_path / "m"), "--to", "marian"]) == 0  # its own: replaced
 
 
+def test_verify_draws_ids_every_vocabulary_holds(tmp_path, capsys):
+    """A source vocabulary of one id (pad) and a target of the three specials: --verify drew the
+    BOS id as the one "ordinary" source id, out of range, and failed after writing DST."""
+    config = TINY.replace(src_vocab=1, tgt_vocab=3)
+    save_checkpoint(tmp_path / "n", config, random_weights(config, 0))
+    assert main(["convert", str(tmp_path / "n"), str(tmp_path / "m.pt"), "--verify"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("PASS")
+
+
 def test_importer_errors(tmp_path, capsys):
     source = S.Seq2SeqTransformer(num_encoder_layers=1, num_decoder_layers=1, emb_size=8, nhead=2,
                                   src_vocab_size=7, tgt_vocab_size=7, dim_feedforward=12, maxlen=16)

@@ -139,8 +139,12 @@ def test_an_unexpected_error_is_one_line_and_verbose_shows_the_traceback(monkeyp
     err = capsys.readouterr().err
     assert err == ("twins compare: error: RuntimeError: something unforeseen (--verbose shows the "
                    "traceback)\n")
-    with pytest.raises(RuntimeError):
-        cli.main(["compare", "--verbose", "--preset", "tiny", "--backends", ""])
+    # the traceback, then the same line and status: --verbose used to re-raise, exiting 1, the
+    # status of a failed parity check
+    assert cli.main(["compare", "--verbose", "--preset", "tiny", "--backends", ""]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and 'raise RuntimeError("something unforeseen' in err
+    assert err.endswith("twins compare: error: RuntimeError: something unforeseen\n")
 
 
 # -- output: --json - pipes, TF's logs hidden, TF's errors as torch's --------------------------------

@@ -17,7 +17,10 @@ def token_batch(config: TransformerConfig, vocab: int, batch: int, length: int, 
     A length of 0 gives an all-padding row."""
     rng = np.random.default_rng(seed)
     specials = {config.pad_id, config.bos_id, config.eos_id}
-    ordinary = np.array([i for i in range(vocab) if i not in specials] or [config.bos_id])
+    # a vocabulary of special ids only (2 or 3 entries) draws from its non-pad ids, one of 1 entry
+    # from that entry: every id drawn lies in [0, vocab), as the model's check demands
+    ordinary = np.array([i for i in range(vocab) if i not in specials]
+                        or [i for i in range(vocab) if i != config.pad_id] or list(range(vocab)))
     ids = rng.choice(ordinary, size=(batch, length)).astype(np.int64)
     if lengths is None:
         lengths = [max(1, length - (length * b) // (batch + 1)) for b in range(batch)]

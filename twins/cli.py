@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 
 from shared import formats
 from shared.threads import set_runtime_policy
@@ -103,10 +104,10 @@ def _run(args) -> int:
     except Exception as err:  # noqa: BLE001  (the one place every error becomes one line)
         if pipes.caused_by_closed_stdout(err):
             return pipes.exit_silently()  # not an error, even with --verbose
-        if args.verbose:
-            raise
+        if args.verbose:  # the traceback, then the same one line and exit status (1 is a failed check)
+            traceback.print_exc()
         known = isinstance(err, (ValueError, TypeError, OSError, ImportError, MemoryError))
         kind = "" if known else f"{type(err).__name__}: "
-        hint = "" if known else " (--verbose shows the traceback)"
+        hint = "" if known or args.verbose else " (--verbose shows the traceback)"
         print(f"twins {args.command}: error: {kind}{describe(err)}{hint}", file=sys.stderr)
         return 2
