@@ -164,6 +164,8 @@ def test_decode_step_checks_its_arguments(model_backend):
         model.decode_step(be.tensor(np.ones(5, np.float32)), cache)
     with pytest.raises(ValueError, match=r"tokens: expected token ids in \[0, 17\)"):
         model.decode_step(be.tensor(np.full(5, 17)), cache)
+    with pytest.raises(ValueError, match=r"got values in \[9223372036854775813, 9223372036854775813\]$"):
+        model.decode_step(be.tensor(np.full(5, 2**63 + 5, np.uint64)), cache)  # not wrapped negative
     with pytest.raises(TypeError, match=rf"cache: expected a {be.framework}_impl.cache.DecoderCache"):
         model.decode_step(be.tensor(np.ones(5, np.int64)), {})
     with pytest.raises(ValueError, match=r"max_len: expected at most config.max_len=64"):

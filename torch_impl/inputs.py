@@ -44,12 +44,17 @@ def check_ids(name: str, ids, vocab: int, max_len: int) -> None:
         in_range = ((ids >= 0) & (ids < vocab)).all()
         torch._assert_async(in_range, checks.ids_range_assertion(name, vocab))
         return
+    checks.check_ids_range(name, vocab, *_id_range(ids))
+
+
+def _id_range(ids: torch.Tensor) -> tuple[int, int]:
+    """The least and greatest id of a non-empty integer tensor, read to the host."""
     if ids.dtype == torch.uint64:  # .long() would wrap an id >= 2**63 to a negative number
         values = ids.cpu().numpy()
-        lo, hi = int(values.min()), int(values.max())
-    else:  # one device-to-host transfer for both ends (the only sync on the hot path, a necessary one)
-        lo, hi = torch.stack(torch.aminmax(ids.long())).tolist()
-    checks.check_ids_range(name, vocab, lo, hi)
+        return int(values.min()), int(values.max())
+    # one device-to-host transfer for both ends (the only sync on the hot path, a necessary one)
+    lo, hi = torch.stack(torch.aminmax(ids.long())).tolist()
+    return lo, hi
 
 
 def _numeric_array(name: str, value) -> np.ndarray:

@@ -17,7 +17,7 @@ from . import weights_io
 from .cache import (DecoderCache, _as_built, _inferring, _parameters, _plain_linear, _prepared, dense,
                     filled_mask, in_one_buffer, lay_out, lay_out_weights, step_layout)
 from .embedding import PositionalEncoding, TokenEmbedding
-from .inputs import _is_integer, check_ids, check_mask, check_same_batch, make_src_mask, make_tgt_mask
+from .inputs import _id_range, _is_integer, check_ids, check_mask, check_same_batch, make_src_mask, make_tgt_mask
 from .layers import Trace, record
 from .precision import _products_dtype, autocast
 from .stacks import Decoder, Encoder
@@ -374,8 +374,7 @@ class Transformer(nn.Module):
                              f"row), got {got}")
         if not _is_integer(tokens.dtype):
             raise TypeError(f"tokens: expected integer token ids, got dtype {str(tokens.dtype)[6:]}")
-        lo, hi = torch.stack(torch.aminmax(tokens.long())).tolist()
-        check_ids_range("tokens", self.config.tgt_vocab, lo, hi)
+        check_ids_range("tokens", self.config.tgt_vocab, *_id_range(tokens))
         if cache.length >= cache.capacity:
             raise ValueError(f"cache: expected a free position, got a full cache "
                              f"({cache.capacity} positions; init_cache(max_len=...) sets it)")

@@ -25,7 +25,7 @@ from shared.moments import FOREIGN_OPTIMIZER, check_moments
 from shared.schedule import noam_lr
 
 from .cache import _mode
-from .inputs import _is_integer, _as_ids, check_same_batch, _numeric_array
+from .inputs import _as_ids, _id_range, _is_integer, check_same_batch, _numeric_array
 from .model import Transformer
 from .weights_io import weight_table
 
@@ -68,8 +68,7 @@ def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int
                     logits.dtype.is_floating_point, pad_id)
     vocab = logits.shape[-1]
     if targets.numel():  # before the lookup: cross_entropy raises a bare IndexError (CUDA: an assert)
-        lo, hi = torch.stack(torch.aminmax(targets.long())).tolist()
-        check_targets_range(vocab, lo, hi)
+        check_targets_range(vocab, *_id_range(targets))
     if logits.dtype in (torch.bfloat16, torch.float16):
         logits = logits.float()
     reduction = "mean" if tokens is None else "sum"
