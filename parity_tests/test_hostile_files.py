@@ -214,6 +214,11 @@ def test_a_length_penalty_past_float32_is_refused_the_same_everywhere():
     for search in searches:
         with pytest.raises(ValueError, match=message):
             search()
+    with pytest.raises(ValueError, match=r"^length_penalty: expected a finite float >= 0 .*, got 1000+$"):
+        check_length_penalty(10**400)  # past float64: NumPy's isfinite raised TypeError
+    from shared.schedule import noam_lr
+    with pytest.raises(ValueError, match=r"^noam_lr: d_model expected a positive int \(at most 2\*\*53"):
+        noam_lr(1, 10**400, 4000)  # an OverflowError from the power
 
 
 @pytest.mark.skipif(NO_FIFO, reason="no FIFOs on this OS")

@@ -65,8 +65,12 @@ def check_length_penalty(alpha, max_len: int | None = None, name: str = "length_
     where a float32 one gives inf, so the backends would part). ``name``: the argument as the
     caller's user wrote it (``--length-penalty`` on the command line), ``max_len_name`` that of
     ``max_len`` (``--max-new``)."""
-    real = isinstance(alpha, (int, float, np.integer, np.floating))
-    if not real or isinstance(alpha, (bool, np.bool_)) or not np.isfinite(alpha) or alpha < 0:
+    real = isinstance(alpha, (int, float, np.integer, np.floating)) and not isinstance(alpha, (bool, np.bool_))
+    try:
+        finite = real and math.isfinite(float(alpha))
+    except OverflowError:  # an int past float64's range (10**400)
+        finite = False
+    if not finite or alpha < 0:
         raise ValueError(f"{name}: expected a finite float >= 0 (GNMT alpha; 0 = none), got {alpha!r}")
     if max_len is not None and max_len > 1:
         # rounded down to 0.01: a float32 power a few ulps off at the very edge stays finite

@@ -16,8 +16,9 @@ from .config import FLOAT32_MAX
 def noam_lr(step, d_model: int, warmup: int, factor: float = 1.0):
     """Learning rate at ``step`` (an int >= 1, or an integer array of them); float or float64 array."""
     for name, value in (("d_model", d_model), ("warmup", warmup)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"noam_lr: {name} expected a positive int, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= 2**53:
+            raise ValueError(f"noam_lr: {name} expected a positive int (at most 2**53, exact as a "
+                             f"float), got {value!r}")
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
         raise ValueError(f"noam_lr: factor expected a positive float, got {factor!r}")
     peak = factor * d_model ** -0.5 * warmup ** -0.5  # the rate at step == warmup, the largest
