@@ -283,3 +283,25 @@ def test_init_workers_takes_a_count_of_at_least_one(backend):
     for workers in (True, 0, -1, 2.0, "2"):
         with pytest.raises(ValueError, match=rf"^workers: expected an int >= 1, got {re.escape(repr(workers))}$"):
             distributed.init_workers(workers)
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_every_entry_point_names_a_model_that_is_not_one(backend, tmp_path):
+    """Each took ``None`` (or a module of another kind) as far as ``model.config`` and raised
+    ``AttributeError: 'NoneType' object has no attribute 'config'``."""
+    import importlib
+    impl = importlib.import_module(f"{backend.framework}_impl")
+    checkpoints = importlib.import_module(f"{backend.framework}_impl.checkpoints")
+    precision = importlib.import_module(f"{backend.framework}_impl.precision")
+    calls = [lambda: backend.training.make_optimizer(None),
+             lambda: backend.training.gradients(None, copy_batch()),
+             lambda: backend.training.export_moments(None, None),
+             lambda: checkpoints.save_checkpoint(None, tmp_path / "m.pt"),
+             lambda: checkpoints.load_into(None, tmp_path / "m.pt"),
+             lambda: precision.set_precision(None, "bf16"),
+             lambda: impl.greedy_decode(None, np.ones((1, 2), np.int64), 2)]
+    for call in calls:
+        with pytest.raises(TypeError, match=rf"^model: expected a {backend.framework}_impl.Transformer, "
+                                            r"got NoneType$"):
+            call()
+    assert not list(tmp_path.iterdir())

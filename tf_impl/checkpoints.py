@@ -51,7 +51,7 @@ from shared.checkpoints import NEUTRAL, CheckpointFormat, Slot, Stored, read_sto
 from shared.weights import check_fits, check_weights, config_differences, write_atomically
 
 from . import weights_io
-from .model import Transformer
+from .model import Transformer, check_model
 
 H5_SUFFIX = ".weights.h5"
 H5_FORMAT = "twin-transformer/tf_impl"
@@ -250,6 +250,7 @@ def save_checkpoint(model: Transformer, path: str | os.PathLike, format: str | N
     ``*.weights.h5`` Keras' ``save_weights`` file with the config inside it, a path without a
     suffix a neutral directory, ``*.pt`` torch_impl's file; ``format`` (and its ``options``) for
     any other format `shared.formats` writes."""
+    check_model(model)
     fmt = formats.destination(path, format)  # before the export: a bad path costs nothing
     if fmt.name == H5.name and not options:  # the model's own variables: no second model
         check_weights(model.config, model.export_weights(), source="save_checkpoint: weights")
@@ -262,6 +263,7 @@ def load_into(model: Transformer, path: str | os.PathLike, allow_nonfinite: bool
     """Load a checkpoint into an existing model. The file is read and checked completely, and its
     config must equal ``model.config``, before any variable is written: on error the model keeps
     its weights. (A plain-Keras ``.weights.h5`` is read with ``model.config``.)"""
+    check_model(model)
     weights = formats.read_for_model(path, model.config, FORMATS, OWNER, allow_nonfinite)
     weights_io.import_weights(model, weights, allow_nonfinite=allow_nonfinite)
 

@@ -44,7 +44,7 @@ from shared.masks import padding_id, start_is_pad
 from . import search
 from .cache import repeat_rows
 from .inputs import check_ids, dims, in_xla_context, make_src_mask, make_tgt_mask
-from .model import Transformer, _traced
+from .model import Transformer, _traced, check_model
 
 # use_cache -> the default jit_compile: XLA where it helps (docs/performance.md, "Figures behind
 # the code's choices"). Cached: XLA fuses the many small per-step ops, and its dot is several times
@@ -158,8 +158,7 @@ def _run(model, program, compiled, jit_compile, use_cache, observe, *args, **kwa
 def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0):
     """Checks in the order `shared.decoding` fixes: model, src, search arguments, then the mask;
     all eagerly, before anything is compiled or run."""
-    if not isinstance(model, Transformer):
-        raise TypeError(f"model: expected a tf_impl.Transformer, got {type(model).__name__}")
+    check_model(model)
     if not tf.executing_eagerly():
         raise RuntimeError("greedy_decode/beam_search: call them eagerly (they return NumPy arrays "
                            "and compile their own loop), not inside a tf.function")

@@ -434,3 +434,10 @@ def _unpack(x, src_mask, tgt_mask):
         return parts[0], parts[1], parts[2] if parts[2] is not None else src_mask, \
             parts[3] if parts[3] is not None else tgt_mask
     raise ValueError("tgt: required (or pass x = (src, tgt) or {'src': ..., 'tgt': ...}), got src alone")
+
+
+def check_model(model) -> None:
+    """``model`` is a `Transformer` (torch_impl's check is the same), named by type otherwise,
+    before anything reads it (else ``'NoneType' object has no attribute 'config'``)."""
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model: expected a tf_impl.Transformer, got {type(model).__name__}")

@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from shared.precision import check_precision, compute_dtype_name
 
-from .model import Generator
+from .model import Generator, check_model
 
 POLICIES = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 
@@ -43,6 +43,7 @@ def set_precision(model: keras.Model, precision: str) -> str:
     """Make ``model`` compute in ``precision`` ("float32", "bfloat16" or "float16"; "fp32", "bf16",
     "fp16" accepted): its forward pass, training and decoding; returns the previous one.
     The variables are untouched (float32)."""
+    check_model(model)
     name = check_precision(precision, model.config.dtype)
     previous = getattr(model, "precision", "float32")
     policy = POLICIES.get(name, model.config.dtype)

@@ -32,7 +32,7 @@ from shared.moments import FOREIGN_OPTIMIZER, check_moments
 from shared.schedule import noam_formula, noam_lr
 
 from .inputs import check_ids, check_same_batch, in_xla_context, runtime_check
-from .model import Transformer, _traced
+from .model import Transformer, _traced, check_model
 from .weights_io import weight_table
 
 # The paper's Adam (section 5.3); eps is added to the bias-corrected sqrt(v), Kingma & Ba Algorithm 1.
@@ -198,6 +198,7 @@ def make_optimizer(model: Transformer, d_model: int | None = None, warmup: int =
             and 1.0.
         start_step: optimizer steps already taken, to resume the schedule where a run stopped.
     """
+    check_model(model)
     d_model = model.config.d_model if d_model is None else d_model
     optimizer = KingmaBaAdam(learning_rate=noam_schedule(d_model, warmup, factor, start_step),
                              beta_1=BETAS[0], beta_2=BETAS[1], epsilon=EPS)
@@ -266,6 +267,7 @@ def check_optimizer(model: Transformer, optimizer) -> None:
     """``optimizer`` is a Keras optimizer which, once built, holds some of ``model``'s trainable
     variables (torch_impl's check is the same): one built for another model cannot step this one.
     Read from Keras' private ``_trainable_variables`` here and nowhere else."""
+    check_model(model)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"optimizer: expected a keras.optimizers.Optimizer (make_optimizer(model)), "
                         f"got {type(optimizer).__name__}")
@@ -302,6 +304,7 @@ def gradients(model: Transformer, batch: Batch, smoothing: float = 0.0,
     ``{name: ndarray}`` in the canonical layout (kernels ``(in, out)``, as Keras stores them); a
     tied weight appears once, with the sum over its uses. ``training``: dropout on (as in
     `train_step`) or off."""
+    check_model(model)
     table = weight_table(model, "gradients")
     src, tgt_in, tgt_out = _batch(model, batch)
     with tf.GradientTape() as tape:
@@ -316,6 +319,7 @@ def export_moments(model: Transformer, optimizer: keras.optimizers.Optimizer | N
     name, in the canonical layout (kernels ``(in, out)``, as Keras keeps them); zeros without an
     optimizer. With `import_moments` a run saved from either backend resumes in the other. Keras
     keeps them in private slots (``_momentums``, ``_velocities``): read here and nowhere else."""
+    check_model(model)
     if optimizer is not None:
         check_optimizer(model, optimizer)
     out = {}

@@ -54,7 +54,7 @@ from shared.importers.notes import note_widened
 from shared.weights import WeightsError, check_fits, check_weights, config_differences, write_atomically
 
 from . import weights_io
-from .model import Transformer
+from .model import Transformer, check_model
 
 PT_SUFFIX = ".pt"
 PT_SUFFIXES = (".pt", ".pth")  # both are PyTorch's conventions
@@ -328,6 +328,7 @@ def save_checkpoint(model: Transformer, path: str | os.PathLike, format: str | N
     a ``torch.save`` file (``torch.load(weights_only=True)`` reads it), a path without a suffix a
     neutral directory, ``*.weights.h5`` tf_impl's file; ``format`` (and its ``options``) for any
     other format `shared.formats` writes."""
+    check_model(model)
     fmt = formats.destination(path, format)  # before the export: a bad path costs nothing
     formats.write(fmt, model.config, model.export_weights(), path, **options)
     return Path(path)
@@ -337,6 +338,7 @@ def load_into(model: Transformer, path: str | os.PathLike, allow_nonfinite: bool
     """Load a checkpoint into an existing model. The file is read and checked completely, and its
     config must equal ``model.config``, before any parameter is written: on error the model keeps
     its weights. (A ``.pt`` holding a bare state dict is read with ``model.config``.)"""
+    check_model(model)
     weights = formats.read_for_model(path, model.config, FORMATS, OWNER, allow_nonfinite)
     weights_io.import_weights(model, weights, allow_nonfinite=allow_nonfinite)
 

@@ -30,7 +30,7 @@ from shared.masks import padding_id, start_is_pad
 from . import graphs, search
 from .cache import _as_built, _mode, repeat_rows
 from .inputs import check_ids, make_tgt_mask, _numeric_array
-from .model import Transformer
+from .model import Transformer, check_model
 from .precision import autocast
 
 
@@ -74,13 +74,7 @@ def _tensor(name: str, value, device: torch.device):
 
 def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0):
     """Checks in the order `shared.decoding` fixes: model, src, search arguments, then the mask."""
-    if not isinstance(model, Transformer):
-        for attribute in ("_orig_mod", "module"):  # torch.compile's wrapper; (Distributed)DataParallel
-            if isinstance(getattr(model, attribute, None), Transformer):
-                raise TypeError(f"model: expected a torch_impl.Transformer, got a {type(model).__name__} "
-                                f"wrapping one: pass model.{attribute} (decoding runs its own steps, "
-                                "never the wrapper's forward)")
-        raise TypeError(f"model: expected a torch_impl.Transformer, got {type(model).__name__}")
+    check_model(model)
     c, device = model.config, _device(model)
     src = _tensor("src", src, device)
     check_ids("src", src, c.src_vocab, c.max_len)

@@ -436,3 +436,17 @@ class Transformer(nn.Module):
         """The canonical ``{name: ndarray}`` (kernels ``(in, out)``, tied weights once, config dtype);
         ``export_weights()`` after ``import_weights(w)`` equals ``w`` bit for bit."""
         return weights_io.export_weights(self)
+
+
+def check_model(model) -> None:
+    """``model`` is a `Transformer` (tf_impl's check is the same): a wrapper of one (``torch.compile``'s,
+    (Distributed)DataParallel) is named with the attribute that holds it, anything else by type,
+    before anything reads it (else ``'NoneType' object has no attribute 'config'``)."""
+    if isinstance(model, Transformer):
+        return
+    for attribute in ("_orig_mod", "module"):  # torch.compile's wrapper; (Distributed)DataParallel
+        if isinstance(getattr(model, attribute, None), Transformer):
+            raise TypeError(f"model: expected a torch_impl.Transformer, got a {type(model).__name__} "
+                            f"wrapping one: pass model.{attribute} (decoding runs its own steps, "
+                            "never the wrapper's forward)")
+    raise TypeError(f"model: expected a torch_impl.Transformer, got {type(model).__name__}")

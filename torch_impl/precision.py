@@ -24,6 +24,7 @@ import contextlib
 
 import torch
 
+from shared import TransformerConfig
 from shared.precision import check_precision, compute_dtype_name
 
 
@@ -31,6 +32,10 @@ def set_precision(model: torch.nn.Module, precision: str) -> str:
     """Make ``model`` compute in ``precision`` ("float32", "bfloat16" or "float16"; "fp32", "bf16",
     "fp16" accepted): its forward pass, training and decoding; returns the previous one.
     The weights are untouched (float32)."""
+    # `torch_impl.model.check_model`'s words; the model module imports this one, so not the function
+    if not isinstance(model, torch.nn.Module) or not isinstance(getattr(model, "config", None),
+                                                                TransformerConfig):
+        raise TypeError(f"model: expected a torch_impl.Transformer, got {type(model).__name__}")
     name = check_precision(precision, model.config.dtype)
     previous = getattr(model, "precision", "float32")
     model.precision = name

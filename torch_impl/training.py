@@ -26,7 +26,7 @@ from shared.schedule import noam_lr
 
 from .cache import _mode
 from .inputs import _as_ids, _id_range, _is_integer, check_same_batch, _numeric_array
-from .model import Transformer
+from .model import Transformer, check_model
 from .weights_io import weight_table
 
 # The paper's Adam (section 5.3); eps is added to the bias-corrected sqrt(v), Kingma & Ba Algorithm 1.
@@ -121,6 +121,7 @@ def make_optimizer(model: Transformer, d_model: int | None = None, warmup: int =
             and 1.0.
         start_step: optimizer steps already taken, to resume the schedule where a run stopped.
     """
+    check_model(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=BETAS, eps=EPS)
     d_model = model.config.d_model if d_model is None else d_model
     scheduler = noam_schedule(optimizer, d_model, warmup, factor, start_step)
@@ -131,6 +132,7 @@ def make_optimizer(model: Transformer, d_model: int | None = None, warmup: int =
 def check_optimizer(model: Transformer, optimizer) -> None:
     """``optimizer`` is a ``torch.optim.Optimizer`` over some of ``model``'s trainable parameters
     (tf_impl's check is the same): one made for another model steps nothing of this one."""
+    check_model(model)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer: expected a torch.optim.Optimizer (make_optimizer(model)), got "
                         f"{type(optimizer).__name__}")
@@ -196,6 +198,7 @@ def gradients(model: Transformer, batch: Batch, smoothing: float = 0.0,
     ``.grad``: ``{name: ndarray}`` in the canonical layout (kernels ``(in, out)``, transposed from
     ``nn.Linear``'s ``(out, in)``); a tied weight appears once, with the sum over its uses.
     ``training``: dropout on (as in `train_step`) or off."""
+    check_model(model)
     table = weight_table(model, "gradients")
     loss = _loss(model, batch, smoothing, training)
     grads = torch.autograd.grad(loss, [param for param, _ in table.values()])
@@ -209,6 +212,7 @@ def export_moments(model: Transformer, optimizer: torch.optim.Optimizer | None) 
     name, in the canonical layout (kernels ``(in, out)``: ``nn.Linear``'s ``(out, in)``
     transposed back); zeros for a weight without state yet (or without an optimizer). With
     `import_moments` a run saved from either backend resumes in the other."""
+    check_model(model)
     if optimizer is not None:
         check_optimizer(model, optimizer)
     out = {}
