@@ -370,6 +370,9 @@ def test_rename_problems_are_reported(nn_sd):
     assert "both become 'tgt_tok_emb.embedding.weight'" in str(err)
     with pytest.raises(TypeError, match="rename: expected"):
         from_nn_transformer(nn_sd, norm_first=False, rename=["a=b"], **NN)
+    # the second mapping of one OLD was dropped silently (the first won)
+    with pytest.raises(ValueError, match="rename: expected each OLD prefix once, got 'src_tok_emb.' 2 times"):
+        from_nn_transformer(nn_sd, norm_first=False, rename=[("src_tok_emb.", "a."), ("src_tok_emb.", "b.")], **NN)
 
 
 def test_annotated_rename_of_a_wrapped_model():

@@ -21,6 +21,11 @@ def parse_renames(rename: Renames) -> list[tuple[str, str]]:
         if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
             raise TypeError(f"rename: expected {{OLD: NEW}} or [(OLD, NEW), ...] of str key prefixes, "
                             f"got the entry {pair!r}")
+    olds = [old for old, _ in pairs]
+    twice = sorted({old for old in olds if olds.count(old) > 1})
+    if twice:  # one would win silently: the longest-prefix rule cannot choose between equals
+        raise ValueError(f"rename: expected each OLD prefix once, got {twice[0]!r} "
+                         f"{olds.count(twice[0])} times")
     return pairs
 
 
