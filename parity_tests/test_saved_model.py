@@ -327,7 +327,8 @@ def test_convert_to_saved_model_with_verify_replaces_an_export(tmp_path, capsys)
     (["--to", "saved-model", "--max-new", "65"], "--max-new: expected at most config.max_len=64"),
     (["--to", "saved-model", "--beam-size", "0"], "--beam-size: expected an int >= 1"),
     (["--to", "saved-model", "--length-penalty", "nan"], "--length-penalty: expected a finite float"),
-    (["--beam-size", "2"], "--beam-size: only for --to saved-model, not --from neutral"),
+    (["--beam-size", "2"], "--beam-size: only for --to saved-model, not --to neutral"),
+    (["--to", "onnx", "--beam-size", "2"], "--beam-size: only for --to saved-model, not --to onnx"),
     (["--to", "tf", "--jit-compile", "false"], "--jit-compile: only for --to saved-model"),
 ])
 def test_convert_option_errors_name_the_flag(tmp_path, capsys, argv, message):

@@ -54,6 +54,12 @@ def run(args) -> int:
     write_options = formats.check_options(dst_fmt, "write", {k: v for k, v in given.items() if k in writes},
                                           spell=loading.flag)
     read_options = {k: v for k, v in given.items() if k not in writes}
+    # an option only some other destination takes is named against --to, not against the source
+    readers = {o.name for f in formats.REGISTRY for o in f.options("read")}
+    misplaced = [k for k in read_options if k not in readers]
+    if misplaced:
+        raise ValueError("; ".join(f"{loading.flag(k)}: only for {formats.users(k)}, not --to "
+                                   f"{dst_fmt.name}" for k in misplaced))
     try:
         with collected() as notes:  # a source's notes (half precision widened), printed first
             src_fmt, config, weights = loading.read(args.src, args, "SRC", read_options)
