@@ -384,3 +384,16 @@ def test_numpy_ints_are_taken_as_ints_by_both_backends():
             np.testing.assert_array_equal(g.tokens, w.tokens)
         decoded.append(got[1].tokens)
     assert decoded and all(np.array_equal(d, decoded[0]) for d in decoded)
+
+
+@pytest.mark.parametrize("marker, what", [("saved_model.pb", "a TensorFlow SavedModel"),
+                                          ("model.bin", "a CTranslate2 model")])
+def test_an_export_given_as_a_checkpoint_is_named(tmp_path, marker, what):
+    """A SavedModel or CTranslate2 directory given where a checkpoint is read said "missing
+    config.json" (or model.safetensors), as if a file of it were lost; it is named, as an ONNX
+    export already was."""
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / marker).write_bytes(b"")
+    with pytest.raises(ValueError, match=rf"'.*export' is {what}, which is written, never read back: .*"
+                                         "read the checkpoint it was exported from$"):
+        load_checkpoint(tmp_path / "export")

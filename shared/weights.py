@@ -366,6 +366,16 @@ def read_config_file(config_file: Path) -> TransformerConfig:
         raise ValueError(f"{str(config_file)!r}: invalid config: {err}") from None
 
 
+# (a file that marks the export, what it is, why it is not read back)
+WRITE_ONLY = (
+    ("encoder_model.onnx", "an ONNX export",
+     "its weights are rearranged for its graphs (and rounded in a float16 export)"),
+    ("saved_model.pb", "a TensorFlow SavedModel", "it holds traced decoding programs, served as "
+     "they are (`tf.saved_model.load`), not a checkpoint"),
+    ("model.bin", "a CTranslate2 model", "CTranslate2's own file, run by ctranslate2.Translator"),
+)
+
+
 def load_checkpoint(path: str | os.PathLike, allow_nonfinite: bool = False
                     ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """Read and fully validate a checkpoint directory; return ``(config, weights)``.
@@ -387,11 +397,13 @@ def load_checkpoint(path: str | os.PathLike, allow_nonfinite: bool = False
         raise ValueError(f"load_checkpoint: {str(path)!r} is not a checkpoint directory "
                          f"(expected a directory with {CONFIG_FILE} and {WEIGHTS_FILE})")
     config_file, weights_file = path / CONFIG_FILE, path / WEIGHTS_FILE
-    if not weights_file.is_file() and (path / "encoder_model.onnx").is_file():
-        # its config.json alone would pass for a neutral checkpoint's (shared.formats.onnx)
-        raise ValueError(f"{str(path)!r} is an ONNX export, which is written, never read back: its "
-                         f"weights are rearranged for its graphs (and rounded in a float16 export); "
-                         f"read the checkpoint it was exported from")
+    if not weights_file.is_file():
+        # exports this project writes and never reads back (an ONNX export's config.json alone
+        # would pass for a neutral checkpoint's): named, not "missing model.safetensors"
+        for marker, what, why in WRITE_ONLY:
+            if (path / marker).is_file():
+                raise ValueError(f"{str(path)!r} is {what}, which is written, never read back: {why}; "
+                                 "read the checkpoint it was exported from")
     for f in (config_file, weights_file):
         check_source(f, directory=False)  # there, but a directory, a FIFO, a device
         if not f.is_file():
