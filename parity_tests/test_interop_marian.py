@@ -173,7 +173,7 @@ def test_exported_model_loads_cleanly_and_computes_the_project_logits(dtype, tmp
         np.testing.assert_array_equal(plain[:, 1:], H.hf_greedy(model, src, 8, 20)[:, : plain.shape[1] - 1])
 
 
-def test_shared_untied_exports_as_two_equal_tables(tmp_path):
+def test_shared_untied_exports_as_two_equal_tables(tmp_path, capsys):
     config = TransformerConfig(src_vocab=19, tgt_vocab=19, d_model=16, n_heads=4, d_ff=24,
                                n_encoder_layers=1, n_decoder_layers=1, max_len=20, norm_eps=1e-5,
                                pe_layout="halves", share_embeddings=True, tie_output=False, dtype="float64")
@@ -188,6 +188,12 @@ def test_shared_untied_exports_as_two_equal_tables(tmp_path):
     back_config, back = from_marian(tmp_path / "m")
     assert not back_config.share_embeddings
     np.testing.assert_array_equal(back["tgt_embed.embeddings"], weights["src_embed.embeddings"])
+    # --verify takes the second table for what it is (it reported the weights as DIFFERing)
+    from shared.weights import save_checkpoint
+    from twins.cli import main
+    save_checkpoint(tmp_path / "ckpt", config, weights)
+    assert main(["convert", str(tmp_path / "ckpt"), str(tmp_path / "v"), "--to", "marian", "--verify"]) == 0
+    assert "(the shared embedding table written twice, equal)" in capsys.readouterr().out
 
 
 def test_export_refuses_what_marian_cannot_express_and_writes_nothing(tmp_path):
