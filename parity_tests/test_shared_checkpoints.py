@@ -76,8 +76,8 @@ def test_read_for_checks_the_config(tmp_path, formats):
     fmts, calls = formats
     save_checkpoint(tmp_path / "c", TINY, random_weights(TINY, 1))
     other = TINY.replace(dropout=0.3)
-    with pytest.raises(ValueError, match=r"c'?: the checkpoint's config differs from the model's in "
-                                         "dropout: 0.3 vs 0.1"):
+    with pytest.raises(ValueError, match=r"c'?: the config given \(the model's, or --config\) differs from "
+                                         r"the one in the file in dropout: 0.3 vs 0.1 \(given vs the file's\)"):
         C.read_for(tmp_path / "c", other, fmts)
     assert C.read_for(tmp_path / "c", TINY, fmts).keys() == weight_schema(TINY).keys()
     C.read_for(tmp_path / "m.pt", TINY, fmts)  # a native format gets the config (bare files)

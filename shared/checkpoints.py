@@ -29,7 +29,7 @@ from typing import Callable, Mapping, NamedTuple
 import numpy as np
 
 from .config import TransformerConfig
-from .weights import (WeightsError, check_weights, config_differences, load_checkpoint,
+from .weights import (WeightsError, check_weights, config_mismatch, load_checkpoint,
                       save_checkpoint, tensor_problems, weight_schema)
 
 Reader = Callable[..., "tuple[TransformerConfig, dict[str, np.ndarray]]"]
@@ -110,8 +110,7 @@ def read_for(path: str | os.PathLike, config: TransformerConfig, formats: tuple[
     fmt = format_of(path, formats, owner)
     stored, weights = fmt.read(path, config if fmt.takes_config else None, allow_nonfinite)
     if stored != config:
-        raise ValueError(f"{str(path)!r}: the checkpoint's config differs from the model's in "
-                         f"{config_differences(config, stored)}")
+        raise ValueError(config_mismatch(path, config, stored))
     return weights
 
 

@@ -315,6 +315,13 @@ def config_differences(a: TransformerConfig, b: TransformerConfig) -> str:
     return ", ".join(f"{k}: {da[k]!r} vs {db[k]!r}" for k in da if da[k] != db[k])
 
 
+def config_mismatch(where, given: TransformerConfig, stored: TransformerConfig) -> str:
+    """The one message for a file whose config is not the one it is read for (a model's
+    ``load_into``, ``--config``), whichever reader finds it."""
+    return (f"{str(where)!r}: the config given (the model's, or --config) differs from the one in "
+            f"the file in {config_differences(given, stored)} (given vs the file's)")
+
+
 # -- checkpoint files -----------------------------------------------------------------------------
 def save_checkpoint(path: str | os.PathLike, config: TransformerConfig,
                     weights: Mapping[str, np.ndarray]) -> Path:

@@ -48,7 +48,7 @@ import numpy as np
 from shared import TransformerConfig
 from shared import formats
 from shared.checkpoints import NEUTRAL, CheckpointFormat, Slot, Stored, read_stored
-from shared.weights import check_fits, check_weights, config_differences, write_atomically
+from shared.weights import check_fits, check_weights, config_mismatch, write_atomically
 
 from . import weights_io
 from .model import Transformer, check_model
@@ -171,8 +171,7 @@ def _config_of(handle: h5py.File, where: str, config: TransformerConfig | None) 
         raise ValueError(f"{where!r}: attribute {ATTR_CONFIG} expected a JSON string, "
                          f"got {type(text).__name__}")
     if config is not None and config != stored:
-        raise ValueError(f"{where!r}: the config given (the model's, or --config) differs from the one "
-                         f"in the file in {config_differences(config, stored)}")
+        raise ValueError(config_mismatch(where, config, stored))
     return stored
 
 
@@ -252,10 +251,11 @@ def save_checkpoint(model: Transformer, path: str | os.PathLike, format: str | N
     any other format `shared.formats` writes."""
     check_model(model)
     fmt = formats.destination(path, format)  # before the export: a bad path costs nothing
+    # the model's weights checked here, in torch_impl's words, whatever the format's writer says
+    weights = check_weights(model.config, model.export_weights(), source="save_checkpoint: weights")
     if fmt.name == H5.name and not options:  # the model's own variables: no second model
-        check_weights(model.config, model.export_weights(), source="save_checkpoint: weights")
         return _save_model_h5(model, Path(path))
-    formats.write(fmt, model.config, model.export_weights(), path, **options)
+    formats.write(fmt, model.config, weights, path, **options)
     return Path(path)
 
 

@@ -51,7 +51,7 @@ from shared import TransformerConfig
 from shared import formats
 from shared.checkpoints import NEUTRAL, CheckpointFormat, Slot, Stored, read_stored
 from shared.importers.notes import note_widened
-from shared.weights import WeightsError, check_fits, check_weights, config_differences, write_atomically
+from shared.weights import WeightsError, check_fits, check_weights, config_mismatch, write_atomically
 
 from . import weights_io
 from .model import Transformer, check_model
@@ -212,9 +212,7 @@ def read_native(path: str | os.PathLike, config: TransformerConfig | None = None
         except (TypeError, ValueError) as err:
             raise ValueError(f"{where!r}: invalid config: {err}") from None
         if config is not None and config != stored:
-            raise ValueError(f"{where!r}: the config given (the model's, or --config) differs from "
-                             f"the one in the file in "
-                             f"{config_differences(config, stored)}")
+            raise ValueError(config_mismatch(where, config, stored))
         config, state_dict = stored, obj["state_dict"]
     elif isinstance(obj, Mapping):
         if config is None:
@@ -330,7 +328,9 @@ def save_checkpoint(model: Transformer, path: str | os.PathLike, format: str | N
     other format `shared.formats` writes."""
     check_model(model)
     fmt = formats.destination(path, format)  # before the export: a bad path costs nothing
-    formats.write(fmt, model.config, model.export_weights(), path, **options)
+    # the model's weights checked here, in tf_impl's words, whatever the format's writer says
+    weights = check_weights(model.config, model.export_weights(), source="save_checkpoint: weights")
+    formats.write(fmt, model.config, weights, path, **options)
     return Path(path)
 
 

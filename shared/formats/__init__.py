@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 from shared import checkpoints as dispatch
 from shared.paths import check_source
-from shared.weights import config_differences
+from shared.weights import config_mismatch
 
 from . import ctranslate2, hf, keras, native, onnx, saved_model, state_dicts
 from .record import Format, Option, given
@@ -192,8 +192,7 @@ def read_for_model(path: str | os.PathLike, config, native_formats: tuple, owner
         return dispatch.read_for(path, config, native_formats, allow_nonfinite, owner=owner)
     stored, weights = read(path, fmt, allow_nonfinite=allow_nonfinite)
     if stored != config:
-        raise ValueError(f"{str(path)!r}: the checkpoint's config differs from the model's in "
-                         f"{config_differences(config, stored)}")
+        raise ValueError(config_mismatch(path, config, stored))
     return weights
 
 
