@@ -168,6 +168,32 @@ def test_a_ragged_list_is_named_with_its_row_lengths_in_the_reference_and_torch(
         model([[1, 2], [3]], torch.ones(2, 2, dtype=torch.long))
 
 
+def test_a_source_that_is_no_array_is_named_alike_by_every_decoder():
+    """None, text, objects and lists given to greedy_decode: the reference said "rank 0" for None,
+    torch_impl refused lists (which the others decode) and named NumPy object arrays in NumPy's
+    words. One exception type and message for each, in all three; a list decodes everywhere."""
+    from shared import reference as R
+    config, weights = _tiny()
+    decoders = [("reference", lambda src: R.greedy_decode(R.Model(weights, config), src, 3))]
+    for name in ("torch_impl", "tf_impl"):
+        try:
+            impl = __import__(name)
+        except ImportError:
+            continue
+        model = impl.Transformer(config)
+        model.import_weights(weights)
+        decoders.append((name, lambda src, impl=impl, model=model: impl.greedy_decode(model, src, 3)))
+    cases = [(None, TypeError, r"^src: expected a tensor or array, got NoneType"),
+             ("abc", ValueError, r"^src: expected token ids of shape \(batch, seq\), got rank 0 shape \(\)$"),
+             (np.array([["a", "b"]]), TypeError, r"^src: expected integer token ids, got dtype string$"),
+             (np.array([[1, None]], dtype=object), TypeError, r"^src: expected a tensor or array, got ndarray")]
+    for name, decode in decoders:
+        for src, error, needle in cases:
+            with pytest.raises(error, match=needle):
+                decode(src)
+        assert decode([[3, 4, 5]]).tokens.shape == (1, 3), name
+
+
 def test_an_unsigned_id_past_int64_is_reported_as_given_in_torch_as_in_the_reference():
     torch = pytest.importorskip("torch")
     import torch_impl

@@ -246,8 +246,11 @@ def trace_names(config: TransformerConfig) -> list[str]:
 def _check_tokens(name: str, ids, vocab: int, config: TransformerConfig) -> np.ndarray:
     if (lengths := ragged_rows(ids)) is not None:  # NumPy's own error says "inhomogeneous shape"
         raise ValueError(ragged_message(name, lengths))
-    ids = np.asarray(ids)
-    check_ids(name, ids.shape, str(ids.dtype), ids.dtype.kind in "iu", config.max_len)
+    value, ids = ids, np.asarray(ids)
+    if ids.dtype.kind == "O":  # None, objects: the backends' words (tf_impl's `to_tensor`)
+        raise TypeError(f"{name}: expected a tensor or array, got {type(value).__name__}")
+    dtype = "string" if ids.dtype.kind in "US" else str(ids.dtype)  # as TensorFlow names text
+    check_ids(name, ids.shape, dtype, ids.dtype.kind in "iu", config.max_len)
     check_ids_range(name, vocab, int(ids.min()), int(ids.max()))
     return ids
 

@@ -64,12 +64,13 @@ def _device(model: Transformer) -> torch.device:
     return model.generator.bias.device
 
 
-def _tensor(name: str, value, device: torch.device):
-    """NumPy arrays are accepted like tensors (results are NumPy too); anything else is left for
-    the checks to name."""
-    if isinstance(value, np.ndarray):
+def _tensor(name: str, value, device: torch.device) -> torch.Tensor:
+    """``value`` on ``device``: NumPy arrays and nested lists are accepted like tensors, as tf_impl
+    and the reference take them (results are NumPy whatever the input); anything else is named
+    in their words (`torch_impl.inputs._numeric_array`)."""
+    if not isinstance(value, torch.Tensor):
         value = torch.as_tensor(_numeric_array(name, value))
-    return value.to(device) if isinstance(value, torch.Tensor) else value
+    return value.to(device)
 
 
 def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0):
@@ -79,7 +80,7 @@ def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty
     src = _tensor("src", src, device)
     check_ids("src", src, c.src_vocab, c.max_len)
     check_search_args(c, max_len, beam_size, length_penalty)
-    return src, model._src_mask(src, _tensor("src_mask", src_mask, device))
+    return src, model._src_mask(src, None if src_mask is None else _tensor("src_mask", src_mask, device))
 
 
 class RecomputeStep:
@@ -155,7 +156,7 @@ def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cach
     Args:
         model: a `torch_impl.Transformer`; the start (``config.start_id``), EOS and PAD ids come
             from its config.
-        src: source ids ``(B, S)``, an integer tensor (or NumPy array), padding allowed (an
+        src: source ids ``(B, S)``, an integer tensor (or NumPy array, or nested list), padding allowed (an
             all-padding row decodes too, from the decoder alone).
         max_len: new tokens to generate at most, EOS included (1 <= max_len <= config.max_len).
         src_mask: bool, True = may attend, broadcastable to ``(B, H, 1, S)``; default ``src != pad_id``.

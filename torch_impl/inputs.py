@@ -69,9 +69,9 @@ def _numeric_array(name: str, value) -> np.ndarray:
         array = np.empty(0, object)
     if array.dtype.kind == "O":  # None, objects: tf_impl's `to_tensor` says the same
         raise TypeError(f"{name}: expected a tensor or array, got {type(value).__name__}")
-    if array.dtype.kind not in "biuf":  # text: "string", as TensorFlow names its dtype
-        kind = "string" if array.dtype.kind in "US" else array.dtype
-        raise TypeError(f"{name}: expected integer token ids, got dtype {kind}")
+    if array.dtype.kind not in "biuf":  # text, "string" as TensorFlow names it: shape, then dtype
+        kind = "string" if array.dtype.kind in "US" else str(array.dtype)
+        checks.check_ids(name, array.shape, kind, False, max_len=2**62)
     return array
 
 
