@@ -84,14 +84,14 @@ class Seq2SeqTransformer(nn.Module):
     def __init__(self, num_encoder_layers: int, num_decoder_layers: int, emb_size: int, nhead: int,
                  src_vocab_size: int, tgt_vocab_size: int, dim_feedforward: int, dropout: float = 0.1,
                  norm_first: bool = False, batch_first: bool = False, maxlen: int = 64,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, activation: str = "relu"):
         super().__init__()
         with warnings.catch_warnings():  # nested-tensor fast path unavailable with norm_first: fine
             warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
             self.transformer = nn.Transformer(
                 d_model=emb_size, nhead=nhead, num_encoder_layers=num_encoder_layers,
                 num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward,
-                dropout=dropout, batch_first=batch_first, norm_first=norm_first)
+                dropout=dropout, batch_first=batch_first, norm_first=norm_first, activation=activation)
         self.generator = nn.Linear(emb_size, tgt_vocab_size)
         self.src_tok_emb = TokenEmbedding(src_vocab_size, emb_size)
         self.tgt_tok_emb = TokenEmbedding(tgt_vocab_size, emb_size)

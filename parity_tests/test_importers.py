@@ -25,9 +25,9 @@ ANN = dict(n_heads=4, pad_id=0, bos_id=1, eos_id=2)
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def nn_model(norm_first=False, batch_first=False, dtype="float64", seed=0):
+def nn_model(norm_first=False, batch_first=False, dtype="float64", seed=0, activation="relu"):
     model = S.Seq2SeqTransformer(**NN_SIZES, norm_first=norm_first, batch_first=batch_first,
-                                 dtype=TORCH_DTYPES[dtype])
+                                 dtype=TORCH_DTYPES[dtype], activation=activation)
     return S.randomize_(model, seed)
 
 
@@ -65,6 +65,17 @@ def test_nn_transformer_logits_float64(norm_first, batch_first, mask_style):
     assert config.norm_style == "standard" and config.dtype == "float64"
     src, tgt = batch(config)
     expected = S.nn_transformer_logits(model, src, tgt, config.pad_id, mask_style)
+    assert_close(R.forward(weights, config, src, tgt), expected, FLOAT64, "logits")
+
+
+def test_nn_transformer_with_gelu_imports_as_the_exact_gelu():
+    """nn.Transformer(activation="gelu") is F.gelu, the erf form the config's "gelu" computes: it
+    was refused as if the canonical model had relu alone."""
+    model = nn_model(activation="gelu")
+    config, weights = from_nn_transformer(S.numpy_state_dict(model), norm_first=False, activation="gelu", **NN)
+    assert config.activation == "gelu"
+    src, tgt = batch(config)
+    expected = S.nn_transformer_logits(model, src, tgt, config.pad_id, "bool")
     assert_close(R.forward(weights, config, src, tgt), expected, FLOAT64, "logits")
 
 
@@ -228,9 +239,9 @@ def test_refuses_bias_less_model(nn_sd):
 def test_refuses_other_activation_and_reports_every_problem_at_once(nn_sd):
     del nn_sd["transformer.encoder.layers.0.linear1.bias"]
     nn_sd["extra"] = np.zeros(1, np.float32)
-    err = refused(from_nn_transformer, nn_sd, norm_first=False, activation="gelu", **{**NN, "n_heads": 5})
+    err = refused(from_nn_transformer, nn_sd, norm_first=False, activation="swish", **{**NN, "n_heads": 5})
     assert len(err.problems) == 4, err.problems
-    for text in ("activation: expected 'relu'", "n_heads: expected a divisor of d_model=16, got 5",
+    for text in ("activation: expected 'relu' or 'gelu'", "n_heads: expected a divisor of d_model=16, got 5",
                  "missing keys: ['transformer.encoder.layers.0.linear1.bias']", "unexpected keys: ['extra']"):
         assert text in str(err)
 

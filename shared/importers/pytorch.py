@@ -69,8 +69,9 @@ def from_nn_transformer(state_dict: Mapping[str, np.ndarray], *, n_heads: int, n
             something else.
         pad_id, bos_id, eos_id: the special ids (the tutorial uses 1, 2, 3).
         norm_eps: ``layer_norm_eps`` (not stored); nn.Transformer's default 1e-5.
-        activation: the FFN activation (not stored, cannot be detected from the weights); only
-            ``"relu"``, nn.Transformer's default, can be imported: anything else is refused.
+        activation: the FFN activation (not stored, cannot be detected from the weights):
+            ``"relu"`` (nn.Transformer's default) or ``"gelu"`` (its exact, erf GELU); anything
+            else is refused.
         max_len: needed only when the state dict holds no positional table (a non-persistent
             buffer); it declares that the model adds the interleaved sinusoidal encoding.
             With a table, defaults to its length and may not exceed it.
@@ -92,9 +93,9 @@ def from_nn_transformer(state_dict: Mapping[str, np.ndarray], *, n_heads: int, n
     """
     imp = SourceImport("from_nn_transformer", state_dict, dtype, allow_nonfinite, rename,
                        buffers=["positional_encoding.pos_embedding"])
-    if activation != "relu":
-        imp.problem(f"activation: expected 'relu' (the only activation of the canonical model), "
-                    f"got {activation!r}")
+    if activation not in ("relu", "gelu"):  # nn.Transformer's two by name; its "gelu" is the exact one
+        imp.problem(f"activation: expected 'relu' or 'gelu' (nn.Transformer's activations by name; a "
+                    f"callable one is not in the state dict), got {activation!r}")
     if not isinstance(norm_first, bool):
         imp.problem(f"norm_first: expected a bool, got {norm_first!r}")
     enc, dec = "transformer.encoder", "transformer.decoder"
@@ -154,7 +155,7 @@ def from_nn_transformer(state_dict: Mapping[str, np.ndarray], *, n_heads: int, n
         src_vocab=src_vocab, tgt_vocab=tgt_vocab, d_model=d, n_heads=n_heads, d_ff=d_ff,
         n_encoder_layers=n_enc, n_decoder_layers=n_dec, dropout=dropout, max_len=max_len,
         norm_first=norm_first, norm_style="standard", norm_eps=norm_eps, final_norm=True,
-        pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, dtype=imp.dtype)
+        activation=activation, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, dtype=imp.dtype)
     return imp.finish(config)
 
 
