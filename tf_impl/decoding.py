@@ -129,15 +129,18 @@ _COMPILED: "weakref.WeakKeyDictionary[Transformer, dict]" = weakref.WeakKeyDicti
 def _compiled(model: Transformer, program, jit_compile: bool):
     """The model's ``tf.function`` of ``program``, created once and again whenever the model's
     structure changes (`tf_impl.model._structure`: LoRA, quantization, precision); it retraces
-    by itself for a new source shape or Python argument (max_len, beam size, use_cache) and
-    reuses traces otherwise."""
+    for a new Python argument (max_len, beam size, use_cache) and, a few times, for a new source
+    shape, before one trace of unknown sizes takes them all (XLA still compiles each shape)."""
     def make():
         ref = weakref.ref(model)  # the function must not keep its model (the dict's key) alive
 
         def run(*args, **kwargs):
             return program(ref(), *args, **kwargs)
 
-        return tf.function(run, jit_compile=jit_compile, autograph=False)
+        # reduce_retracing: after a few source shapes, one trace of unknown batch and length
+        # serves them all (the loop is written for None sizes, as a SavedModel's signatures trace
+        # it), where every new shape kept a trace of its own: docs/performance.md, "Retracing"
+        return tf.function(run, jit_compile=jit_compile, autograph=False, reduce_retracing=True)
 
     return _traced(_COMPILED.setdefault(model, {}), (program.__name__, jit_compile), model, make)
 
