@@ -230,6 +230,7 @@ def test_the_command_line_names_the_flag_and_leaves_the_destination(tmp_path, ca
     os.mkfifo(fifo)
     (tmp_path / "empty.txt").write_text("\n\n")
     (tmp_path / "latin1.txt").write_bytes(b"3 4 \xe9")
+    (tmp_path / "ids.txt").write_text("3 4\n")
     cases = [
         (["convert", ck, str(fifo), "--to", "neutral"], "out.fifo' exists and is not a checkpoint; refusing"),
         (["convert", ck, str(tmp_path / "o.pt"), "--verify", "--seed", "-1"],
@@ -247,6 +248,13 @@ def test_the_command_line_names_the_flag_and_leaves_the_destination(tmp_path, ca
          "--config '.*config.json': a checkpoint's config.json, not a TransformerConfig"),
         (["compare", "--backends", "torch,torch"], r"--backends: expected each of .* at most once, got"),
         (["compare", "--json", str(fifo)], "out.fifo': is a FIFO; refusing to replace it with a file"),
+        # a result written over the model it came from (or its input) destroyed it, after the work
+        (["decode", "--checkpoint", ck, "--src", "3 4", "--json", f"{ck}/model.safetensors"],
+         r"--json '.*model.safetensors': would overwrite a file in --checkpoint '.*ck'; write elsewhere"),
+        (["decode", "--checkpoint", ck, "--src-file", str(tmp_path / "ids.txt"), "--json",
+          str(tmp_path / "ids.txt")], r"--json '.*ids.txt': would overwrite --src-file"),
+        (["decode", "--checkpoint", ck, "--src", "3 4", "--json", ""], r"--json: expected a file path"),
+        (["compare", "--checkpoint", ck, "--json", f"{ck}/config.json"], "would overwrite a file in --checkpoint"),
         (["train", "--task", "copy", "--backend", "torch", "--steps", "1", "--factor", "1e308",
           "--checkpoint", str(tmp_path / "run")], r"--factor 1e\+308 with --warmup 400 and d_model \d+: factor "
                                                    r"expected a peak rate .* that float32 holds"),
@@ -262,6 +270,7 @@ def test_the_command_line_names_the_flag_and_leaves_the_destination(tmp_path, ca
         assert code == 2 and last.startswith(f"twins {argv[0]}: error: "), (argv, code, err)
         assert re.search(message, last), (argv, err)
     assert fifo.is_fifo() and not (tmp_path / "o.pt").exists() and not (tmp_path / "run").exists()
+    assert load_checkpoint(ck)[0] == TINY and (tmp_path / "ids.txt").read_text() == "3 4\n"
 
 
 def test_a_config_alone_that_cannot_fit_the_memory_is_refused_before_it_is_built(tmp_path, capsys,
@@ -397,3 +406,21 @@ def test_an_export_given_as_a_checkpoint_is_named(tmp_path, marker, what):
     with pytest.raises(ValueError, match=rf"'.*export' is {what}, which is written, never read back: .*"
                                          "read the checkpoint it was exported from$"):
         load_checkpoint(tmp_path / "export")
+
+
+def test_source_lines_end_at_newlines_alone_and_copy_inputs_take_ascii_digits(tmp_path, capsys):
+    """--src-file split lines as str.splitlines does (at U+0085, U+2028, form feed...): one line
+    became two rows and later line numbers shifted; a UTF-8 BOM was read as part of an id. The copy
+    demo's INPUT took what int() takes ("1_0", "+5", Arabic digits), which --src refuses."""
+    from twins.demo_tasks import parse_input
+    save_checkpoint(tmp_path / "ck", TINY, init_weights(TINY, 0))
+    (tmp_path / "ids.txt").write_bytes("\ufeff3 4\u00855 6\r\n\n7 99\n".encode())
+    assert main(["decode", "--checkpoint", str(tmp_path / "ck"), "--src-file", str(tmp_path / "ids.txt")]) == 2
+    assert re.search(r"ids.txt' line 3: expected ids in \[0, \d+\) .*got \[99\]", capsys.readouterr().err)
+    (tmp_path / "ids.txt").write_bytes("\ufeff3 4\u00855 6\r\n".encode())
+    assert main(["decode", "--checkpoint", str(tmp_path / "ck"), "--src-file", str(tmp_path / "ids.txt")]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1  # one line, one row
+    assert parse_input("copy", "4 5 13") == [4, 5, 13]
+    for text in ("1_0 5", "+5 6", "5 6 \u0664"):
+        with pytest.raises(ValueError, match=r"symbol ids 4..13 \(ASCII digits\)"):
+            parse_input("copy", text)

@@ -13,7 +13,6 @@ from shared.threads import check_threads
 from shared.tolerances import bound_for, max_abs_diff, max_rel_diff
 from shared import TransformerConfig
 from shared.config import PRESETS
-from shared.paths import replaced
 from shared.precision import HALF_PRECISIONS
 from shared.saving import write_atomically
 from shared.weights import check_buildable, random_weights
@@ -82,8 +81,9 @@ def run(args) -> int:
         raise ValueError(f"--backends: expected names from {COMPARED}, got {unknown}")
     if len(set(backends)) < len(backends):  # (none: the reference alone)
         raise ValueError(f"--backends: expected each of {COMPARED} at most once, got {args.backends!r}")
-    if args.json and args.json != "-":  # a FIFO there would block the write after all the work
-        replaced(args.json, directory=False)
+    if args.json is not None and args.json != "-":  # a FIFO would block the write after the work
+        loading.check_output("--json", args.json, {"--checkpoint": args.checkpoint,
+                                                   "--config": args.config})
     config, weights = _load(args)
     for name in ("src_len", "tgt_len", "max_new"):  # named as typed, before any model sees them
         if getattr(args, name) > config.max_len:

@@ -28,6 +28,7 @@ from shared.decoding_args import check_beam_size, check_length_penalty
 from shared.exporters.onnx import export_precision, read_onnx
 from shared.formats import onnx as onnx_formats
 from shared.paths import read_text
+from shared.saving import write_atomically
 from shared.precision import HALF_PRECISIONS, check_precision
 from shared.threads import check_threads
 
@@ -86,7 +87,9 @@ def _id_rows(args) -> list[tuple[str, list[int]]]:
     """``(where, ids)`` of each ``--src`` / ``--src-file`` row; a bad one names where it is."""
     rows = [(f"--src {text!r}", text) for text in args.src or []]
     if args.src_file:
-        lines = read_text(args.src_file, "--src-file").splitlines()
+        # lines end at "\n" alone (splitlines also breaks at \f, \v, U+0085, U+2028, ...: one line
+        # would become two rows, and every later line number shift); a UTF-8 BOM is not an id
+        lines = read_text(args.src_file, "--src-file").removeprefix("\ufeff").split("\n")
         rows += [(f"--src-file {args.src_file!r} line {i}", line) for i, line in enumerate(lines, 1)
                  if line.strip()]
         if not any(where.startswith("--src-file") for where, _ in rows):
@@ -155,8 +158,11 @@ def run(args) -> int:
     check_threads(args.threads)
     check_beam_size(args.beam_size, name="--beam-size")
     check_length_penalty(args.length_penalty, name="--length-penalty")
-    if args.json and not ids_mode:
+    if args.json is not None and not ids_mode:
         raise ValueError("--json: only with --src / --src-file")
+    if args.json is not None and args.json != "-":  # before the work, not after it
+        loading.check_output("--json", args.json, {"--checkpoint": args.checkpoint,
+                                                   "--src-file": args.src_file})
     if onnx_formats.is_export(args.checkpoint):  # served as it is: ONNX Runtime alone
         if args.backend != "onnx":
             raise ValueError(f"--checkpoint {args.checkpoint!r} is an ONNX export: decode it with "
@@ -204,7 +210,7 @@ def _decode_ids(args, config, weights) -> int:
         if args.json == "-":
             print(dumped)
         else:
-            Path(args.json).write_text(dumped + "\n", encoding="utf-8")
+            write_atomically(args.json, lambda tmp: Path(tmp).write_text(dumped + "\n", encoding="utf-8"))
     return 0
 
 

@@ -176,11 +176,11 @@ def parse_input(task: str, text: str) -> list[int]:
                              f"expected {data.CHARS!r}")
         return data.encode_text(clean)
     lo, hi = len(data.SPECIALS), data.COPY_VOCAB - 1
-    try:
-        ids = [int(t) for t in text.split()]
-    except ValueError:
+    words = text.split()
+    if not all(w.isascii() and w.isdigit() for w in words):  # int() takes "1_0", "+5", "٤": --src does not
         raise ValueError(f"input {text!r}: the copy task expects space-separated symbol ids "
-                         f"{lo}..{hi}, e.g. '4 5 6 7'") from None
+                         f"{lo}..{hi} (ASCII digits), e.g. '4 5 6 7'")
+    ids = [int(w) for w in words]
     if not ids or any(not lo <= i <= hi for i in ids):
         raise ValueError(f"input {text!r}: the copy task expects space-separated symbol ids "
                          f"{lo}..{hi}, got {ids}")

@@ -7,9 +7,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from shared import TransformerConfig, formats
-from shared.paths import check_source, read_json
+from shared.paths import check_source, read_json, replaced
 from shared.saving import recover
 from shared.weights import WeightsError
+
+
+def check_output(option: str, path, inputs: dict[str, object]) -> None:
+    """``path`` (a ``--json FILE``) may be written once the command's work is done: a path (``-``
+    is stdout, not checked here), where a regular file may go (`shared.paths.replaced`: a FIFO
+    would block, a directory cannot be replaced by a file), and none of the command's ``inputs``
+    (``{flag: path}``) nor a file inside one: a result written over the checkpoint it was decoded
+    from, or over its --src-file, destroyed them. Checked before anything runs."""
+    if path == "":
+        raise ValueError(f"{option}: expected a file path ('-' for stdout), got ''")
+    target = Path(replaced(path, directory=False)).resolve()
+    for name, given in inputs.items():
+        if given is None or given == "":
+            continue
+        source = Path(given).resolve()
+        if target == source or source in target.parents:
+            raise ValueError(f"{option} {str(path)!r}: would overwrite {'a file in ' if target != source else ''}"
+                             f"{name} {str(given)!r}; write elsewhere")
 
 
 def flag(name: str) -> str:
