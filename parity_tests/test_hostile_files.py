@@ -396,13 +396,18 @@ def test_numpy_ints_are_taken_as_ints_by_both_backends():
 
 
 @pytest.mark.parametrize("marker, what", [("saved_model.pb", "a TensorFlow SavedModel"),
+                                          ("variables", "a TensorFlow SavedModel"),  # its .pb lost
+                                          ("decoder_model.onnx", "an ONNX export"),  # its encoder lost
                                           ("model.bin", "a CTranslate2 model")])
 def test_an_export_given_as_a_checkpoint_is_named(tmp_path, marker, what):
     """A SavedModel or CTranslate2 directory given where a checkpoint is read said "missing
     config.json" (or model.safetensors), as if a file of it were lost; it is named, as an ONNX
     export already was."""
     (tmp_path / "export").mkdir()
-    (tmp_path / "export" / marker).write_bytes(b"")
+    if marker == "variables":
+        (tmp_path / "export" / marker).mkdir()
+    else:
+        (tmp_path / "export" / marker).write_bytes(b"")
     with pytest.raises(ValueError, match=rf"'.*export' is {what}, which is written, never read back: .*"
                                          "read the checkpoint it was exported from$"):
         load_checkpoint(tmp_path / "export")
@@ -424,3 +429,18 @@ def test_source_lines_end_at_newlines_alone_and_copy_inputs_take_ascii_digits(tm
     for text in ("1_0 5", "+5 6", "5 6 \u0664"):
         with pytest.raises(ValueError, match=r"symbol ids 4..13 \(ASCII digits\)"):
             parse_input("copy", text)
+
+
+def test_an_onnx_export_missing_its_encoder_is_still_named_as_one(tmp_path, capsys):
+    """With encoder_model.onnx lost, `decode --backend onnx` took the export for a neutral
+    checkpoint ("missing model.safetensors") and `compare` for a Marian save (an export's
+    config.json carries Marian's keys beside the project's): the export and the lost file are named."""
+    pytest.importorskip("onnx")
+    save_checkpoint(tmp_path / "ck", TINY, init_weights(TINY, 0))
+    assert main(["convert", str(tmp_path / "ck"), str(tmp_path / "x"), "--to", "onnx"]) == 0
+    (tmp_path / "x" / "encoder_model.onnx").unlink()
+    capsys.readouterr()
+    assert main(["decode", "--checkpoint", str(tmp_path / "x"), "--backend", "onnx", "--src", "3 4"]) == 2
+    assert re.search(r"missing '.*x/encoder_model.onnx'", capsys.readouterr().err)
+    assert main(["compare", "--checkpoint", str(tmp_path / "x")]) == 2
+    assert "x' is an ONNX export, which is written, never read back" in capsys.readouterr().err

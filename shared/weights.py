@@ -373,13 +373,15 @@ def read_config_file(config_file: Path) -> TransformerConfig:
         raise ValueError(f"{str(config_file)!r}: invalid config: {err}") from None
 
 
-# (a file that marks the export, what it is, why it is not read back)
+# (entries any one of which marks the export, even with another lost; what it is; why it is not
+# read back)
 WRITE_ONLY = (
-    ("encoder_model.onnx", "an ONNX export",
+    (("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx"), "an ONNX export",
      "its weights are rearranged for its graphs (and rounded in a float16 export)"),
-    ("saved_model.pb", "a TensorFlow SavedModel", "it holds traced decoding programs, served as "
-     "they are (`tf.saved_model.load`), not a checkpoint"),
-    ("model.bin", "a CTranslate2 model", "CTranslate2's own file, run by ctranslate2.Translator"),
+    (("saved_model.pb", "fingerprint.pb", "variables"), "a TensorFlow SavedModel",
+     "it holds traced decoding programs, served as they are (`tf.saved_model.load`), not a checkpoint"),
+    (("model.bin", "source_vocabulary.json", "shared_vocabulary.json"), "a CTranslate2 model",
+     "CTranslate2's own file, run by ctranslate2.Translator"),
 )
 
 
@@ -407,8 +409,8 @@ def load_checkpoint(path: str | os.PathLike, allow_nonfinite: bool = False
     if not weights_file.is_file():
         # exports this project writes and never reads back (an ONNX export's config.json alone
         # would pass for a neutral checkpoint's): named, not "missing model.safetensors"
-        for marker, what, why in WRITE_ONLY:
-            if (path / marker).is_file():
+        for markers, what, why in WRITE_ONLY:
+            if any((path / marker).exists() for marker in markers):
                 raise ValueError(f"{str(path)!r} is {what}, which is written, never read back: {why}; "
                                  "read the checkpoint it was exported from")
     for f in (config_file, weights_file):

@@ -26,9 +26,12 @@ def model_type(path: Path, role: str) -> str | None:
     if not config_json.is_file():  # a FIFO there would block the read
         return None
     try:
-        return json.loads(config_json.read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError, RecursionError):  # not JSON: not this format's
+        header = json.loads(config_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # not JSON: not this format's
         return None
+    if not isinstance(header, dict) or "format_version" in header:
+        return None  # this project's own (an ONNX export writes Marian's keys beside its config)
+    return header.get("model_type")
 
 
 def _reader(function):

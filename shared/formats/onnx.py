@@ -32,9 +32,11 @@ def _write(config, weights, path, precision: str = "float32"):
 
 
 def is_export(path) -> bool:
-    """Whether ``path`` is an ONNX export directory (its encoder and cached decoder present)."""
+    """Whether ``path`` is an ONNX export directory: any of its graphs there (one lost is then
+    named by the reader, `read_onnx`, not taken for a neutral checkpoint missing its weights)."""
     path = Path(path)
-    return (path / "encoder_model.onnx").is_file() and (path / "decoder_with_past_model.onnx").is_file()
+    return any((path / name).is_file() for name in
+               ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx"))
 
 
 ONNX = Format(
