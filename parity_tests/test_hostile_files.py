@@ -436,8 +436,10 @@ def test_an_onnx_export_missing_its_encoder_is_still_named_as_one(tmp_path, caps
     checkpoint ("missing model.safetensors") and `compare` for a Marian save (an export's
     config.json carries Marian's keys beside the project's): the export and the lost file are named."""
     pytest.importorskip("onnx")
-    save_checkpoint(tmp_path / "ck", TINY, init_weights(TINY, 0))
+    marian_like = TINY.replace(norm_first=False, norm_style="standard", norm_eps=1e-5, pe_layout="halves")
+    save_checkpoint(tmp_path / "ck", marian_like, init_weights(marian_like, 0))
     assert main(["convert", str(tmp_path / "ck"), str(tmp_path / "x"), "--to", "onnx"]) == 0
+    assert json.loads((tmp_path / "x" / "config.json").read_text())["model_type"] == "marian"
     (tmp_path / "x" / "encoder_model.onnx").unlink()
     capsys.readouterr()
     assert main(["decode", "--checkpoint", str(tmp_path / "x"), "--backend", "onnx", "--src", "3 4"]) == 2
