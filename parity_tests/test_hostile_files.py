@@ -446,3 +446,26 @@ def test_an_onnx_export_missing_its_encoder_is_still_named_as_one(tmp_path, caps
     assert re.search(r"missing '.*x/encoder_model.onnx'", capsys.readouterr().err)
     assert main(["compare", "--checkpoint", str(tmp_path / "x")]) == 2
     assert "x' is an ONNX export, which is written, never read back" in capsys.readouterr().err
+
+
+def test_decode_runs_a_long_file_in_chunks_and_bounds_heldout(tmp_path, capsys, monkeypatch):
+    """A --src-file of 10**5 lines was one batch and ran out of memory with each backend's own
+    allocator error; it is decoded CHUNK_ROWS rows at a time, to the same tokens and scores (here
+    chunks of 2 against one batch of 5, greedy and beam). --heldout is bounded while parsed."""
+    pytest.importorskip("torch")
+    from twins import decode
+    save_checkpoint(tmp_path / "ck", TINY, init_weights(TINY, 3))
+    (tmp_path / "ids.txt").write_text("3 4 5\n6 7\n8\n9 10 11 12\n4 4\n")
+    outputs = []
+    for rows in (decode.CHUNK_ROWS, 2):
+        monkeypatch.setattr(decode, "CHUNK_ROWS", rows)
+        for search in ([], ["--beam-size", "3"]):
+            assert main(["decode", "--checkpoint", str(tmp_path / "ck"), "--src-file", str(tmp_path / "ids.txt"),
+                         "--json", "-", *search]) == 0
+            outputs.append(json.loads(capsys.readouterr().out)["results"])
+    assert outputs[:2] == outputs[2:] and len(outputs[0]) == 5
+    try:
+        main(["decode", "--checkpoint", str(tmp_path / "ck"), "--heldout", str(10**8)])
+    except SystemExit as exit_:
+        assert exit_.code == 2
+    assert "argument --heldout: expected an int in [1, 100000], got 100000000" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shared.checks import int_argument
 from shared.decoding_args import check_beam_size, check_length_penalty
 from shared.exporters.onnx import export_precision, read_onnx
 from shared.formats import onnx as onnx_formats
@@ -58,8 +59,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--task", choices=tasks.TASKS,
                         help="copy or dates, for INPUT / --heldout (default: from the run's log, "
                              "else from the vocabulary)")
-    parser.add_argument("--heldout", type=int, metavar="N",
-                        help="decode and score the first N held-out examples of the demo task")
+    parser.add_argument("--heldout", type=lambda text: int_argument(text, 1, MAX_HELDOUT), metavar="N",
+                        help=f"decode and score the first N held-out examples of the demo task "
+                             f"(N <= {MAX_HELDOUT})")
     parser.add_argument("--beam-size", type=int, default=1, metavar="K",
                         help="beam search with K beams (default 1: greedy)")
     parser.add_argument("--length-penalty", type=float, default=0.0, metavar="ALPHA",
@@ -128,10 +130,30 @@ def _backend(args, config, weights):
     return backend
 
 
+# Rows decoded at once. A --src-file of 10**5 lines was one batch: its buffers (rows x beams x
+# max_new, the encoder's memory, ONNX Runtime's arena) outgrew the memory in every backend, each
+# failing with its own allocator's error. A row's search never reads another row's.
+CHUNK_ROWS = 256
+
+
+# The most held-out examples one command decodes: the stream is drawn in memory first (10**8
+# grew until the memory ran out), and a score over 10**5 examples is as exact as anyone reads it.
+MAX_HELDOUT = 100_000
+
+
 def _search(backend, src: np.ndarray, args, max_new: int):
-    if args.beam_size == 1 and args.length_penalty == 0.0:
-        return backend.greedy(src, max_new)
-    return backend.beam(src, max_new, args.beam_size, args.length_penalty)
+    """The search of every row of ``src``, `CHUNK_ROWS` rows at a time: one result of all rows."""
+    parts = []
+    for start in range(0, len(src), CHUNK_ROWS):
+        chunk = src[start:start + CHUNK_ROWS]
+        if args.beam_size == 1 and args.length_penalty == 0.0:
+            parts.append(backend.greedy(chunk, max_new))
+        else:
+            parts.append(backend.beam(chunk, max_new, args.beam_size, args.length_penalty))
+    if len(parts) == 1:
+        return parts[0]
+    return parts[0]._make(None if part is None else np.concatenate(fields)
+                          for part, fields in zip(parts[0], zip(*parts)))
 
 
 def _max_new(args, config, default: int) -> int:
