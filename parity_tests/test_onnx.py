@@ -552,6 +552,29 @@ def demo16(demo, tmp_path_factory):
     return to_onnx(config, weights, tmp_path_factory.mktemp("demo16") / "onnx", precision="fp16")
 
 
+def test_a_damaged_export_is_named_by_its_file(demo, demo16, tmp_path):
+    """A truncated graph, a graph of the other precision copied in, and a config.json whose
+    precision is not the graphs': each was onnxruntime's own error (InvalidProtobuf, or a type
+    mismatch at the first step) or blamed on a --precision never given."""
+    import shutil
+    from twins.onnx_runtime import OnnxRuntimeModel
+    export = demo[2]
+    cases = {"truncated": r"decoder_with_past_model.onnx': not a graph ONNX Runtime can open \(.*INVALID_PROTOBUF",
+             "mixed": r"'.*mixed': graphs: expected one precision, got decoder_model.onnx computing in "
+                      r"tensor\(float\), decoder_with_past_model.onnx computing in tensor\(float16\)",
+             "mislabelled": r"mislabelled/config.json': precision: the config says 'float16', the graphs "
+                            r"compute in float32"}
+    for name, needle in cases.items():
+        shutil.copytree(export, tmp_path / name)
+    os.truncate(tmp_path / "truncated" / "decoder_with_past_model.onnx", 1000)
+    shutil.copy(Path(demo16) / "decoder_with_past_model.onnx", tmp_path / "mixed")
+    header = json.loads((tmp_path / "mislabelled" / "config.json").read_text())
+    (tmp_path / "mislabelled" / "config.json").write_text(json.dumps({**header, "precision": "float16"}))
+    for name, needle in cases.items():
+        with pytest.raises(ValueError, match=needle):
+            OnnxRuntimeModel.load(tmp_path / name)
+
+
 def test_float16_files_hold_float16_kernels_and_cache(demo, demo16):
     config, _, export = demo
     types = onnx.TensorProto

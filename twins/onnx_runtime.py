@@ -51,7 +51,8 @@ from shared import TransformerConfig
 from shared import decoding as search
 from shared.checks import check_ids, check_ids_range, check_mask
 from shared.decoding import BeamResult, GreedyResult
-from shared.exporters.onnx import DECODER, DECODER_WITH_PAST, ENCODER, past_names, read_onnx, source_mask
+from shared.exporters.onnx import (DECODER, DECODER_WITH_PAST, ENCODER, export_precision, past_names, read_onnx,
+                                   source_mask)
 
 FORMAT = "onnx"
 
@@ -103,8 +104,17 @@ def check_options(ort, options, dtype: str) -> None:
 
 
 def _session(ort, model, options):
-    """A CPU session of a path or of serialized bytes."""
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    """A CPU session of a path or of serialized bytes; a file ONNX Runtime cannot open (truncated,
+    empty, not a graph) is a ValueError naming it, not onnxruntime's ``InvalidProtobuf``."""
+    try:
+        return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as err:  # noqa: BLE001  (onnxruntime's own kinds: InvalidProtobuf, Fail, ...)
+        if not isinstance(model, (str, os.PathLike)):
+            raise
+        why = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{str(model)!r}: not a graph ONNX Runtime can open ({why})") from None
 
 
 class OnnxRuntimeModel:
@@ -152,6 +162,11 @@ class OnnxRuntimeModel:
         if isinstance(width, int) and width != c.tgt_vocab:
             raise ValueError(f"tgt_vocab: the config says {c.tgt_vocab}, the graphs' logits are "
                              f"{width} wide")
+        kinds = {name: session.get_outputs()[0].type for name, session in
+                 ((DECODER, self.decoder), (DECODER_WITH_PAST, self.decoder_with_past))}
+        if len(set(kinds.values())) > 1:  # a graph of another export's precision copied in
+            raise ValueError("graphs: expected one precision, got " + ", ".join(
+                f"{name} computing in {kind}" for name, kind in kinds.items()))
 
     @classmethod
     def load(cls, path: str | os.PathLike, threads: int | None = None) -> "OnnxRuntimeModel":
@@ -159,11 +174,18 @@ class OnnxRuntimeModel:
         that is not its graphs' is refused naming it (`_check_graphs`)."""
         config, files = read_onnx(path)
         try:
-            return cls(config, {name: str(file) for name, file in files.items()}, threads)
+            model = cls(config, {name: str(file) for name, file in files.items()}, threads)
         except ValueError as err:
             if str(err).startswith(("n_decoder_layers:", "tgt_vocab:")):
                 raise ValueError(f"{str(Path(path) / 'config.json')!r}: {err}") from None
+            if str(err).startswith("graphs:"):
+                raise ValueError(f"{str(path)!r}: {err}") from None
             raise
+        said = export_precision(path)
+        if said != model.precision:  # else blamed on --precision, which the user may not have given
+            raise ValueError(f"{str(Path(path) / 'config.json')!r}: precision: the config says "
+                             f"{said!r}, the graphs compute in {model.precision}")
+        return model
 
     @classmethod
     def from_weights(cls, config: TransformerConfig, weights: Mapping[str, np.ndarray],
