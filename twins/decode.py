@@ -100,7 +100,8 @@ def _id_rows(args) -> list[tuple[str, list[int]]]:
     for where, text in rows:
         ids = text.split()
         if not all(_ID.fullmatch(t) for t in ids):  # int() would take "3_4" and other scripts' digits
-            raise ValueError(f"{where}: expected token ids separated by spaces (ASCII digits), got {text!r}")
+            shown = repr(text) if len(text) <= 80 else f"{text[:80]!r}... ({len(text):,} characters)"
+            raise ValueError(f"{where}: expected token ids separated by spaces (ASCII digits), got {shown}")
         parsed.append((where, [int(t) for t in ids]))
     return parsed
 
