@@ -563,13 +563,20 @@ def test_a_damaged_export_is_named_by_its_file(demo, demo16, tmp_path):
              "mixed": r"'.*mixed': graphs: expected one precision, got decoder_model.onnx computing in "
                       r"tensor\(float\), decoder_with_past_model.onnx computing in tensor\(float16\)",
              "mislabelled": r"mislabelled/config.json': precision: the config says 'float16', the graphs "
-                            r"compute in float32"}
+                            r"compute in float32",
+             # sizes no session declares: failed at the first input using them, or sliced the
+             # positional table short and raised IndexError in the search
+             "src_vocab": r"src_vocab/config.json': src_vocab=1000, .*: expected sizes the graphs' tables hold",
+             "max_len": r"max_len/config.json': .*max_len=1000: expected sizes the graphs' tables hold"}
     for name, needle in cases.items():
         shutil.copytree(export, tmp_path / name)
     os.truncate(tmp_path / "truncated" / "decoder_with_past_model.onnx", 1000)
     shutil.copy(Path(demo16) / "decoder_with_past_model.onnx", tmp_path / "mixed")
     header = json.loads((tmp_path / "mislabelled" / "config.json").read_text())
     (tmp_path / "mislabelled" / "config.json").write_text(json.dumps({**header, "precision": "float16"}))
+    for field in ("src_vocab", "max_len"):
+        (tmp_path / field / "config.json").write_text(json.dumps(
+            {**header, "config": {**header["config"], field: 1000}}))
     for name, needle in cases.items():
         with pytest.raises(ValueError, match=needle):
             OnnxRuntimeModel.load(tmp_path / name)

@@ -181,11 +181,41 @@ class OnnxRuntimeModel:
             if str(err).startswith("graphs:"):
                 raise ValueError(f"{str(path)!r}: {err}") from None
             raise
+        model._check_sizes(path)
         said = export_precision(path)
         if said != model.precision:  # else blamed on --precision, which the user may not have given
             raise ValueError(f"{str(Path(path) / 'config.json')!r}: precision: the config says "
                              f"{said!r}, the graphs compute in {model.precision}")
         return model
+
+    def _check_sizes(self, path) -> None:
+        """The config's ``src_vocab``, ``tgt_vocab`` and ``max_len``, which the graphs hold in their
+        tables but no session declares, run once through the encoder and the full decoder: the
+        largest ids at the longest length. A config.json claiming more failed at the first input
+        that used it (ONNX Runtime's Gather error), or silently sliced the positional table short
+        and failed in the search (an IndexError); it is named here, once, at open."""
+        import onnxruntime as ort
+        c = self.config
+        src = np.full((1, c.max_len), c.src_vocab - 1, np.int64)
+        tgt = np.full((1, c.max_len), c.tgt_vocab - 1, np.int64)
+        mask = np.ones_like(src)
+        quiet = ort.RunOptions()
+        quiet.log_severity_level = 4  # a failure is reported below, not also logged in red
+        try:
+            memory = self.encoder.run(None, {"input_ids": src, "attention_mask": mask}, quiet)[0]
+            logits = self.decoder.run(["logits"], {"input_ids": tgt, "encoder_hidden_states": memory,
+                                                   "encoder_attention_mask": mask}, quiet)[0]
+            ran = tuple(memory.shape[:2]) == (1, c.max_len) and logits.shape == (1, c.max_len, c.tgt_vocab)
+            why = "" if ran else f"the decoder gave logits of shape {logits.shape}"
+        except (MemoryError, KeyboardInterrupt):
+            raise
+        except Exception as err:  # noqa: BLE001  (onnxruntime's own kinds)
+            why = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        if why:
+            raise ValueError(f"{str(Path(path) / 'config.json')!r}: src_vocab={c.src_vocab}, "
+                             f"tgt_vocab={c.tgt_vocab}, max_len={c.max_len}: expected sizes the graphs' "
+                             f"tables hold, got a run of the largest ids at the longest length that "
+                             f"fails ({why})")
 
     @classmethod
     def from_weights(cls, config: TransformerConfig, weights: Mapping[str, np.ndarray],
