@@ -131,3 +131,14 @@ def test_decode_reads_ids_from_a_file_and_names_a_bad_line(native_files, tmp_pat
     assert f"--src-file {str(rows)!r} line 2: expected token ids" in capsys.readouterr().err
     assert main(["decode", "--checkpoint", str(folder / "m.pt"), "--src", "5 99"]) == 2
     assert "--src '5 99': expected ids in [0, 13)" in capsys.readouterr().err
+
+
+def test_rename_takes_one_mapping_with_one_equals_sign():
+    """``--rename ==`` mapped the empty prefix to "=", and the hint printed after it suggested a
+    --rename that cannot be typed; an OLD=NEW has exactly one "=" (OLD may be empty)."""
+    import argparse
+    from shared.formats.record import rename
+    assert rename("a.=b.") == ("a.", "b.") and rename("=m.") == ("", "m.") and rename("m.=") == ("m.", "")
+    for text in ("ab", "a=a", "==", "a=b=c"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected OLD=NEW with OLD != NEW and one '='"):
+            rename(text)

@@ -108,8 +108,8 @@ def rename(text: str) -> tuple[str, str]:
     """``OLD=NEW``: one key-prefix mapping (OLD may be empty, to add a prefix)."""
     import argparse
     old, sep, new = str(text).partition("=")
-    if not sep or old == new:
-        raise argparse.ArgumentTypeError(f"expected OLD=NEW with OLD != NEW, got {text!r}")
+    if not sep or old == new or "=" in new:  # "==" meant a prefix "=", and a hint would print it untypable
+        raise argparse.ArgumentTypeError(f"expected OLD=NEW with OLD != NEW and one '=', got {text!r}")
     return old, new
 
 
