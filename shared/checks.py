@@ -7,7 +7,13 @@ TensorFlow backends call the very same code and raise the very same messages:
 from __future__ import annotations
 
 import argparse
+import numbers
 from typing import Sequence
+
+
+def is_int(value) -> bool:
+    """A Python or NumPy integer, not a bool (``True`` is an ``int`` to Python, and no count)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def int_argument(text: str, low: int, high: int | None = None) -> int:

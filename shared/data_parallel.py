@@ -20,6 +20,8 @@ import json
 
 import numpy as np
 
+from .checks import is_int
+
 # Seconds a worker waits for the others in one collective (torch's process group) before it fails
 # with an error instead of hanging: long enough for rank 0's held-out evaluation in `twins train`.
 TIMEOUT_S = 300.0
@@ -27,7 +29,7 @@ TIMEOUT_S = 300.0
 
 def check_worker_count(workers, option: str = "workers") -> None:
     """A worker count: an int of at least 1 (both backends' ``init_workers``, and `check_workers`)."""
-    if isinstance(workers, (bool, np.bool_)) or not isinstance(workers, (int, np.integer)) or workers < 1:
+    if not is_int(workers) or workers < 1:
         raise ValueError(f"{option}: expected an int >= 1, got {workers!r}")
 
 

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .checks import is_int
 from .config import FLOAT32_MAX, TransformerConfig  # a search runs in float32 at the narrowest
 
 
@@ -33,14 +34,10 @@ class BeamResult(NamedTuple):
     all_lengths: np.ndarray | None = None
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
 def check_max_len(max_len, limit: int | None = None) -> None:
     """``max_len`` (new tokens, EOS included) is an int >= 1; with a model, the longest prefix fed
     (BOS + max_len - 1 tokens) must fit the positional table, so ``max_len <= config.max_len``."""
-    if not _is_int(max_len) or max_len < 1:
+    if not is_int(max_len) or max_len < 1:
         raise ValueError(f"max_len: expected an int >= 1, got {max_len!r}")
     if limit is not None and max_len > limit:
         raise ValueError(f"max_len: expected at most config.max_len={limit} (the positional table "
@@ -50,7 +47,7 @@ def check_max_len(max_len, limit: int | None = None) -> None:
 def check_beam_size(beam_size, vocab: int | None = None, name: str = "beam_size") -> None:
     """``beam_size`` is an int in [1, vocab - 1]: pad is never generated, so a beam has V - 1 children.
     ``name``: the argument as the caller's user wrote it (``--beam-size`` on the command line)."""
-    if not _is_int(beam_size) or beam_size < 1:
+    if not is_int(beam_size) or beam_size < 1:
         raise ValueError(f"{name}: expected an int >= 1, got {beam_size!r}")
     if vocab is not None and beam_size > vocab - 1:
         raise ValueError(f"{name}: expected at most tgt_vocab - 1 = {vocab - 1} (pad is never "
@@ -91,7 +88,7 @@ def check_search_args(config: TransformerConfig, max_len, beam_size=None, length
 
 def _check_ids(vocab: int, bos_id: int, eos_id: int, pad_id: int) -> None:
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
-        if not _is_int(value) or not 0 <= value < vocab:
+        if not is_int(value) or not 0 <= value < vocab:
             raise ValueError(f"{name}: expected an int in [0, {vocab}), got {value!r}")
     # bos_id is the start token of column 0 (a model's ``config.start_id``); it may be pad
     # (Marian's decoder_start_id), which the target mask then keeps (`shared.masks`). EOS may not:
@@ -101,13 +98,13 @@ def _check_ids(vocab: int, bos_id: int, eos_id: int, pad_id: int) -> None:
 
 
 def _check_batch(batch) -> None:
-    if not _is_int(batch) or batch < 1:
+    if not is_int(batch) or batch < 1:
         raise ValueError(f"batch: expected an int >= 1, got {batch!r}")
 
 
 def _check_vocab(step) -> int:
     vocab = getattr(step, "vocab", None)
-    if not _is_int(vocab) or vocab < 2:
+    if not is_int(vocab) or vocab < 2:
         raise ValueError(f"step.vocab: expected an int >= 2 (the width of the logits), got {vocab!r}")
     return int(vocab)
 

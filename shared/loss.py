@@ -13,7 +13,7 @@ import numbers
 
 import numpy as np
 
-from .checks import ids_range_message
+from .checks import ids_range_message, is_int
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -64,7 +64,7 @@ def check_loss_args(caller: str, logits_shape, targets_shape, targets_dtype: str
         raise TypeError(f"logits: expected floating-point scores, got dtype {logits_dtype}")
     if not targets_is_integer:
         raise TypeError(f"targets: expected integer ids, got dtype {targets_dtype}")
-    if isinstance(pad_id, (bool, np.bool_)) or not isinstance(pad_id, (numbers.Integral, np.integer)):
+    if not is_int(pad_id):
         raise TypeError(f"pad_id: expected an int (the id whose targets carry no loss), got {pad_id!r}")
     check_smoothing(smoothing)
 

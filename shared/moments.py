@@ -13,6 +13,7 @@ from typing import Mapping
 
 import numpy as np
 
+from .checks import is_int
 from .config import TransformerConfig
 from .weights import weight_schema
 
@@ -73,7 +74,7 @@ def check_moments(config: TransformerConfig, moments, step) -> dict[str, np.ndar
     [0, `MAX_STEP`] (the updates already made); returns the moments as ``config.dtype`` arrays,
     or raises ``ValueError`` (``TypeError`` for a step that is not an int) before anything is
     assigned."""
-    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)):
+    if not is_int(step):
         raise TypeError(f"step: expected an int >= 0 (the updates already made), got {step!r}")
     if not 0 <= step <= MAX_STEP:
         raise ValueError(f"step: expected an int in [0, {MAX_STEP}] (the updates already made), got {step}")

@@ -26,8 +26,9 @@ def check_output(option: str, path, inputs: dict[str, object]) -> None:
             continue
         source = Path(given).resolve()
         if target == source or source in target.parents:
-            raise ValueError(f"{option} {str(path)!r}: would overwrite {'a file in ' if target != source else ''}"
-                             f"{name} {str(given)!r}; write elsewhere")
+            inside = "a file in " if target != source else ""
+            raise ValueError(f"{option} {str(path)!r}: would overwrite {inside}{name} {str(given)!r}; "
+                             "write elsewhere")
 
 
 def flag(name: str) -> str:

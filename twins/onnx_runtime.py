@@ -103,6 +103,12 @@ def check_options(ort, options, dtype: str) -> None:
                          f"{level.name}; or pass options=None for this module's settings")
 
 
+def _first_line(err: Exception, limit: int = 300) -> str:
+    """An onnxruntime error in a message of ours: its first line (its text runs to many), cut."""
+    text = str(err).strip()
+    return text.splitlines()[0][:limit] if text else type(err).__name__
+
+
 def _session(ort, model, options):
     """A CPU session of a path or of serialized bytes; a file ONNX Runtime cannot open (truncated,
     empty, not a graph) is a ValueError naming it, not onnxruntime's ``InvalidProtobuf``."""
@@ -113,8 +119,7 @@ def _session(ort, model, options):
     except Exception as err:  # noqa: BLE001  (onnxruntime's own kinds: InvalidProtobuf, Fail, ...)
         if not isinstance(model, (str, os.PathLike)):
             raise
-        why = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
-        raise ValueError(f"{str(model)!r}: not a graph ONNX Runtime can open ({why})") from None
+        raise ValueError(f"{str(model)!r}: not a graph ONNX Runtime can open ({_first_line(err)})") from None
 
 
 class OnnxRuntimeModel:
@@ -210,7 +215,7 @@ class OnnxRuntimeModel:
         except (MemoryError, KeyboardInterrupt):
             raise
         except Exception as err:  # noqa: BLE001  (onnxruntime's own kinds)
-            why = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+            why = _first_line(err)
         if why:
             raise ValueError(f"{str(Path(path) / 'config.json')!r}: src_vocab={c.src_vocab}, "
                              f"tgt_vocab={c.tgt_vocab}, max_len={c.max_len}: expected sizes the graphs' "
