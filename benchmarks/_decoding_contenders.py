@@ -69,6 +69,14 @@ class Decoder:
     tokens: Callable[[Any], np.ndarray] = lambda result: result.tokens
 
 
+def scratch_dir(prefix: str) -> tempfile.TemporaryDirectory:
+    """A temporary directory for a contender's export, to load it from and remove as soon as it is
+    loaded: an export of ``base`` is 250-480 MB, and a contender's process may end by a signal
+    (``serve`` runs as a daemon), where no exit handler would remove it. The libraries keep what
+    they loaded; a file one of them maps stays readable after its name is removed (POSIX)."""
+    return tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True)
+
+
 def contender_config() -> TransformerConfig:
     """Preset ``base`` with the two settings transformers' Marian cannot change (module docstring)."""
     return TransformerConfig.preset("base", norm_eps=1e-5, pe_layout="halves")
@@ -165,9 +173,10 @@ def transformers_contender(config: TransformerConfig, weights: dict, settings: S
     from shared.exporters.marian import to_marian
 
     transformers.utils.logging.disable_progress_bar()  # "Loading weights": not benchmark output
-    path = os.path.join(tempfile.mkdtemp(prefix="twins-bench-marian-"), "model")
-    to_marian(path, config, weights)
-    model = transformers.MarianMTModel.from_pretrained(path, dtype=getattr(torch, settings.precision))
+    with scratch_dir("twins-bench-marian-") as folder:
+        path = os.path.join(folder, "model")
+        to_marian(path, config, weights)
+        model = transformers.MarianMTModel.from_pretrained(path, dtype=getattr(torch, settings.precision))
     model = model.to(settings.device).eval()
     device = torch.device(settings.device)
 
@@ -238,11 +247,12 @@ def ctranslate2_contender(config: TransformerConfig, weights: dict, settings: Se
         from shared.exporters import ctranslate2 as export
     except ImportError as err:
         raise NotImplementedError(f"no CTranslate2 export in this checkout ({err})") from None
-    path = os.path.join(tempfile.mkdtemp(prefix="twins-bench-ct2-"), "model")
-    export.to_ctranslate2(config, weights, path)
     try:
-        translator = ctranslate2.Translator(path, device=settings.device, compute_type=compute_type,
-                                            intra_threads=settings.threads, inter_threads=1)
+        with scratch_dir("twins-bench-ct2-") as folder:
+            path = os.path.join(folder, "model")
+            export.to_ctranslate2(config, weights, path)
+            translator = ctranslate2.Translator(path, device=settings.device, compute_type=compute_type,
+                                                intra_threads=settings.threads, inter_threads=1)
         translator.translate_batch(export.source_tokens(config, np.full((1, 1), 3)), beam_size=1,
                                    max_decoding_length=1)
     except (RuntimeError, ValueError, OSError) as err:
@@ -284,21 +294,22 @@ def onnx_contender(config: TransformerConfig, weights: dict, settings: Settings)
     if settings.device == "cuda" and "CUDAExecutionProvider" not in providers:
         raise Skipped(f"onnxruntime {onnxruntime.__version__}: CUDAExecutionProvider is not in "
                       f"onnxruntime.get_available_providers() = {providers}")
-    path = os.path.join(tempfile.mkdtemp(prefix="twins-bench-onnx-"), "model")
     precision = "float16" if settings.precision == "float16" else "float32"
-    to_onnx(config, weights, path, precision=precision)
-    model = OnnxRuntimeModel.load(path, threads=settings.threads)
-    where = "ORT_ENABLE_ALL"
-    if settings.device == "cuda":
-        files = read_onnx(path)[1]
-        for name, graph in (("encoder", ENCODER), ("decoder", DECODER), ("decoder_with_past", DECODER_WITH_PAST)):
-            session = onnxruntime.InferenceSession(str(files[graph]), session_options(settings.threads),
-                                                   providers=["CUDAExecutionProvider"])
-            if session.get_providers()[0] != "CUDAExecutionProvider":  # it falls back without raising
-                raise Skipped(f"onnxruntime {onnxruntime.__version__}: the CUDA session of {graph} "
-                              f"runs on {session.get_providers()}")
-            setattr(model, name, session)
-        where = "CUDAExecutionProvider, the cache through the host each step"
+    with scratch_dir("twins-bench-onnx-") as folder:
+        path = os.path.join(folder, "model")
+        to_onnx(config, weights, path, precision=precision)
+        model = OnnxRuntimeModel.load(path, threads=settings.threads)
+        where = "ORT_ENABLE_ALL"
+        if settings.device == "cuda":
+            files = read_onnx(path)[1]
+            for name, graph in (("encoder", ENCODER), ("decoder", DECODER), ("decoder_with_past", DECODER_WITH_PAST)):
+                session = onnxruntime.InferenceSession(str(files[graph]), session_options(settings.threads),
+                                                       providers=["CUDAExecutionProvider"])
+                if session.get_providers()[0] != "CUDAExecutionProvider":  # it falls back without raising
+                    raise Skipped(f"onnxruntime {onnxruntime.__version__}: the CUDA session of {graph} "
+                                  f"runs on {session.get_providers()}")
+                setattr(model, name, session)
+            where = "CUDAExecutionProvider, the cache through the host each step"
 
     def decode(src: np.ndarray, max_len: int):
         if settings.beam_size == 1:

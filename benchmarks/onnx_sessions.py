@@ -14,7 +14,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ apply_thread_policy()  # noqa: E402  (OMP_WAIT_POLICY before any runtime starts)
 
 import onnxruntime as ort  # noqa: E402
 
-from _decoding_contenders import bench_weights  # noqa: E402
+from _decoding_contenders import bench_weights, scratch_dir  # noqa: E402
 from decoding import sources  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
 from shared.exporters.onnx import to_onnx  # noqa: E402
@@ -58,13 +57,14 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     config = TransformerConfig.preset("base")
-    path = os.path.join(tempfile.mkdtemp(prefix="twins-bench-onnx-"), "model")
-    to_onnx(config, bench_weights(config), path)
-    _, files = onnx_runtime.read_onnx(path)
-    graphs = {name: str(file) for name, file in files.items()}
     models = {}
-    for name, options in settings(args.threads).items():
-        models[name] = onnx_runtime.OnnxRuntimeModel(config, graphs, options=options)
+    with scratch_dir("twins-bench-onnx-") as folder:  # the sessions keep what they loaded
+        path = os.path.join(folder, "model")
+        to_onnx(config, bench_weights(config), path)
+        _, files = onnx_runtime.read_onnx(path)
+        graphs = {name: str(file) for name, file in files.items()}
+        for name, options in settings(args.threads).items():
+            models[name] = onnx_runtime.OnnxRuntimeModel(config, graphs, options=options)
     print(f"onnxruntime {ort.__version__}, base float32, greedy, {args.tokens} new tokens, "
           f"{args.threads} intra-op threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
     print(f"{'setting':<16} {'batch':>5} {'ms/step':>8}  vs project")
