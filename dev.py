@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -34,6 +35,9 @@ QUICK = ["parity_tests/test_parity.py", "parity_tests/test_mirror.py", "parity_t
 # Installed without their dependencies: keras-hub requires tensorflow-text, which would pull the full
 # `tensorflow` distribution over tensorflow-cpu (keras_hub's layers import without it).
 NO_DEPS = ("keras-hub",)
+# Disk a new .venv needs: 3.0 GiB installed (`du -sh .venv` after `dev.py setup` in a fresh clone,
+# Linux x86_64, Python 3.11), and room for the wheels pip downloads before it installs them.
+NEW_VENV_BYTES = int(3.5 * 2**30)
 
 
 def _stamp() -> Path:
@@ -42,6 +46,22 @@ def _stamp() -> Path:
         digest.update((ROOT / name).read_bytes())
     digest.update(EXTRAS.encode() + repr(NO_DEPS).encode())
     return VENV / f".installed-{digest.hexdigest()[:16]}"
+
+
+def _free() -> str:
+    """The free disk space where .venv and the temporary files go, in words."""
+    import tempfile
+    places = {}  # one line per file system
+    for place in (str(ROOT), tempfile.gettempdir()):
+        places.setdefault(os.stat(place).st_dev, (place, shutil.disk_usage(place).free))
+    return ", ".join(f"{free / 2**30:.1f} GiB free in {place}" for place, free in places.values())
+
+
+def _check_disk() -> None:
+    """Refuse to start a new .venv that cannot fit: pip would fail part-way, after minutes."""
+    free = shutil.disk_usage(ROOT).free
+    if free < NEW_VENV_BYTES:
+        sys.exit(f"dev.py: a new {VENV} needs about {NEW_VENV_BYTES / 2**30:.1f} GiB of disk; {_free()}")
 
 
 def _run(cmd: list[str], **kwargs) -> int:
@@ -57,6 +77,7 @@ def setup() -> None:
     if stamp.exists():
         return
     if not PYTHON.exists():
+        _check_disk()
         print(f"creating {VENV} and installing the project (about 2 minutes; pip is quiet)",
               file=sys.stderr, flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
@@ -64,7 +85,7 @@ def setup() -> None:
            "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     cmd = [PYTHON, "-m", "pip", "install", "-q", "-c", ROOT / "constraints.txt", "-e", f".[{EXTRAS}]"]
     if _run(cmd, env=env) != 0:
-        sys.exit("dev.py: installing the project failed (see pip's output above)")
+        sys.exit(f"dev.py: installing the project failed (see pip's output above); {_free()}")
     cmd = [PYTHON, "-m", "pip", "install", "-q", "--no-deps", "-c", ROOT / "constraints.txt", *NO_DEPS]
     if _run(cmd, env=env) != 0:
         sys.exit(f"dev.py: installing {', '.join(NO_DEPS)} failed (see pip's output above)")

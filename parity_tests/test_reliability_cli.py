@@ -272,3 +272,23 @@ def test_the_launcher_exits_141_silently_when_rank_0_met_a_closed_stdout(monkeyp
     with closed_stdout(monkeypatch):
         assert parallel.launch(args) == 141
     assert capsys.readouterr().err == ""
+
+
+def test_setup_refuses_a_new_venv_that_cannot_fit(monkeypatch, tmp_path):
+    """`dev.py` checks the disk before it creates .venv: pip on a full disk fails after minutes,
+    leaving a half-installed environment (CI's record: "[Errno 28] No space left on device")."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("dev_under_test", ROOT / "dev.py")
+    dev = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dev)
+    monkeypatch.setattr(dev, "VENV", tmp_path / ".venv")
+    monkeypatch.setattr(dev, "PYTHON", tmp_path / ".venv" / "bin" / "python")
+    monkeypatch.setattr(dev, "_stamp", lambda: tmp_path / ".venv" / ".installed-x")
+    created = []
+    monkeypatch.setattr(dev.venv.EnvBuilder, "create", lambda self, path: created.append(path))
+    monkeypatch.setattr(dev, "NEW_VENV_BYTES", dev.shutil.disk_usage(dev.ROOT).free + 2**40)
+    with pytest.raises(SystemExit) as caught:
+        dev.setup()
+    message = str(caught.value)
+    assert message.startswith(f"dev.py: a new {tmp_path / '.venv'} needs about "), message
+    assert " GiB free in " in message and not created
