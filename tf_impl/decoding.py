@@ -16,10 +16,11 @@ by the model through one of two steps:
 
 Compiled (default): encoding, cache initialisation, the ``tf.while_loop`` over the steps and the
 beam reordering (``tf.gather``) run as one ``tf.function`` per model, with XLA for the cached path
-(`JIT_COMPILE`, measured), traced once per source shape, ``max_len``, beam size and mode and
-reused afterwards (alpha is a tensor argument: one trace serves every length penalty). Each new
-source shape or ``max_len`` traces and compiles anew (about a second; tens of seconds with XLA for
-``base``): pad sources to a few fixed lengths when decoding many batches. Source ids are checked
+(`JIT_COMPILE`, measured), traced per ``max_len``, beam size and mode and reused afterwards
+(alpha is a tensor argument: one trace serves every length penalty; after a few source shapes one
+trace of unknown batch and length serves them all). XLA still compiles each new source shape
+anew and keeps the executable (seconds for ``base``: docs/performance.md, "Retracing"): pad
+sources to a few fixed lengths when decoding many batches of varied lengths. Source ids are checked
 eagerly before any of it (an XLA program cannot raise). `greedy_decode_tensors` /
 `beam_search_tensors` call the same compiled program on tensors from inside another
 ``tf.function`` (a SavedModel signature, `tf_impl.saved_model`), the checks being the caller's.
