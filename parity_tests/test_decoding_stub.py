@@ -7,6 +7,8 @@ the same tables and the same hand-derived answers for the NumPy spec, the torch 
 loops, eagerly and inside ``tf.function`` (XLA where the step is written in TF ops: the markov
 tables). The tables are NumPy steps of the one `shared.decoding.Step` contract; each backend adapts
 them to its tensors."""
+import re
+
 import numpy as np
 import pytest
 
@@ -460,8 +462,8 @@ def test_bad_arguments(search_backend, kwargs, needle):
 
 
 def test_bad_step_output(search_backend):
-    """A step's output is checked at every step: NaN or +inf or nothing but -inf in a row the
-    search reads, the shape (N, vocab);
+    """A step's output is checked at every step: NaN or +inf, or nothing but pad above -inf (pad is
+    never generated: nothing left to choose) in a row the search reads, the shape (N, vocab);
     a bad shape inside a compiled TF loop fails its ``ensure_shape`` (a TF error: the loop cannot
     raise the spec's ValueError there). The ids are checked against ``step.vocab`` first."""
     def run(fn, vocab=V, beam=None):
@@ -470,13 +472,18 @@ def test_bad_step_output(search_backend):
             return search_backend.greedy_search(step, 2, 3, BOS, EOS, PAD)
         return search_backend.beam_search(step, 1, 3, beam, BOS, EOS, PAD)
 
-    bad = r"step: expected logits without NaN or \+inf and not all -inf in a live row \(step {}\)"
+    bad = (r"step: expected logits without NaN or \+inf, and a token other than pad above -inf, in a "
+           r"live row \(step {}\)")
     with pytest.raises(ValueError, match=bad.format(0)):
         run(lambda p: np.full((len(p), V), np.nan))
     with pytest.raises(ValueError, match=bad.format(1)):
         run(lambda p: np.full((len(p), V), np.inf if p.shape[1] == 2 else -1.0))
     with pytest.raises(ValueError, match=bad.format(1)):
         run(lambda p: np.full((len(p), V), -np.inf if p.shape[1] == 2 else -1.0), beam=2)
+    only_pad = np.where(np.arange(V) == PAD, 0.0, -np.inf)  # finite lse, and nothing to choose
+    for beam in (None, 2):  # greedy chose pad here (NumPy, TF) or token 1 (torch); beam an empty slot
+        with pytest.raises(ValueError, match=bad.format(1)):
+            run(lambda p: np.tile(only_pad if p.shape[1] == 2 else np.zeros(V), (len(p), 1)), beam=beam)
     if search_backend.name != "tf-function":
         with pytest.raises(ValueError, match=r"step: expected logits of shape \(2, 6\), got shape \(2,\)"):
             run(lambda p: np.zeros(len(p)))
@@ -636,3 +643,68 @@ def test_top_lowest_widens_bfloat16():
     for _ in range(200):
         x, k = _tie_heavy(rng, "float64", [np.nan, np.inf, -np.inf, 0.0])
         np.testing.assert_array_equal(D._top_lowest(x.astype(ml_dtypes.bfloat16), k), D._top_lowest(x, k))
+
+
+@pytest.mark.parametrize("framework", ["reference", "torch", "tf"])
+def test_step_contract_is_checked(framework):
+    """A step that is not one (no ``reorder`` for beam search, not callable) is refused before the
+    first step, and a call that does not return ``(logits, state)`` is named as such, by every
+    implementation alike (they were Python's own AttributeError and unpacking errors)."""
+    if framework == "reference":
+        from shared import decoding as search
+        zeros = lambda n: np.zeros((n, V))  # noqa: E731
+        dtype = np.float64
+    elif framework == "torch":
+        torch = pytest.importorskip("torch")
+        from torch_impl import search
+        zeros = lambda n: torch.zeros(n, V, dtype=torch.float64)  # noqa: E731
+        dtype = torch.float64
+    else:
+        tf = pytest.importorskip("tensorflow")
+        from tf_impl import search
+        zeros = lambda n: tf.zeros((n, V), tf.float64)  # noqa: E731
+        dtype = tf.float64
+
+    class NoReorder:  # the contract but reorder; its call returns logits alone when told
+        vocab = V
+
+        def __init__(self, tuple_out=True):
+            self.dtype, self.tuple_out = dtype, tuple_out
+
+        def initial_state(self):
+            return ()
+
+        def __call__(self, prefixes, t, state):
+            logits = zeros(prefixes.shape[0])
+            return (logits, state) if self.tuple_out else logits
+
+    with pytest.raises(TypeError, match=re.escape("step: expected a Step (callable, with initial_state() "
+                                                  "and reorder()), got NoReorder without reorder()")):
+        search.beam_search(NoReorder(), 1, 3, 2, BOS, EOS, PAD)
+    search.greedy_search(NoReorder(), 1, 2, BOS, EOS, PAD)  # greedy never reorders
+    with pytest.raises(TypeError, match=re.escape("got int without __call__(), initial_state()")):
+        search.greedy_search(3, 1, 2, BOS, EOS, PAD)
+    with pytest.raises(TypeError, match=r"step: expected a tuple \(logits, state\), got (Tensor|EagerTensor|ndarray)"):
+        search.greedy_search(NoReorder(tuple_out=False), 1, 2, BOS, EOS, PAD)
+
+
+def test_search_buffers_that_cannot_fit_are_refused(search_backend):
+    """``max_len`` and ``batch`` size the loop's buffers before any step: 10**12 tokens used to
+    fail in NumPy's or a framework's allocator (or run until the memory ran out)."""
+    step = stateless_step(lambda p: np.zeros((len(p), V)), V)
+    with pytest.raises(ValueError, match=r"batch, max_len: the search's buffers for 1 rows of "
+                                         r"1,000,000,000,000 tokens \(vocab 6\) need at least"):
+        search_backend.greedy_search(step, 1, 10**12, BOS, EOS, PAD)
+    with pytest.raises(ValueError, match=r"the search's buffers for 20,000,000,000 rows of 3 tokens"):
+        search_backend.beam_search(step, 10**10, 3, 2, BOS, EOS, PAD)
+
+
+def test_complex_or_text_logits_are_refused_by_the_reference():
+    """The NumPy search widens a step's logits to float64: a complex step lost its imaginary part
+    (with only NumPy's ComplexWarning), text raised NumPy's conversion error. The backends refuse
+    any dtype but ``step.dtype`` (test_step_output_of_another_dtype_is_refused)."""
+    from shared import decoding as D
+    for logits, name in ((np.zeros((1, V), complex), "complex128"), (np.full((1, V), "a"), "str32")):
+        step = stateless_step(lambda p, x=logits: np.repeat(x, len(p), axis=0), V)
+        with pytest.raises(TypeError, match=f"step: expected real logits, got dtype {name}"):
+            D.greedy_search(step, 1, 2, BOS, EOS, PAD)

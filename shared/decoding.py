@@ -47,8 +47,9 @@ Definitions (B = batch, K = beam_size, V = vocabulary, T = max_len)
   order, in the score dtype; ``alpha = 0`` gives exactly 1.0. **Raw score** = the sum of the chosen
   tokens' log-probs, accumulated one step at a time; **score** of a finished hypothesis =
   ``raw / penalty(length)``. Reported scores are these.
-* A live row with NaN or +inf, or with every logit -inf, is refused (`bad_step_message`); rows
-  the search does not read (finished in greedy, impossible beams) are never checked.
+* A live row with NaN or +inf, or with every logit but pad's -inf (no token it could choose), is
+  refused (`bad_step_message`); rows the search does not read (finished in greedy, impossible
+  beams) are never checked.
 
 Greedy (`greedy_search`)
 ------------------------
@@ -122,7 +123,7 @@ import numpy as np
 
 from .decoding_args import (BeamResult, GreedyResult, bad_step_message, candidates_per_beam,  # noqa: F401
                             check_beam_args, check_beam_size, check_greedy_args, check_length_penalty,
-                            check_max_len, check_search_args)
+                            check_max_len, check_search_args, step_output)
 
 
 class Step(Protocol):
@@ -217,26 +218,25 @@ def _top_lowest(x: np.ndarray, k: int) -> np.ndarray:
     return out.reshape(x.shape[:-1] + (k,))
 
 
-def _call_step(step: Step, prefixes: np.ndarray, t: int, state, read: np.ndarray):
+def _call_step(step: Step, prefixes: np.ndarray, t: int, state, read: np.ndarray, pad_id: int):
     """Run ``step`` on a copy of the buffer (a step cannot change the loop's prefixes); check its
-    output: ``(N, step.vocab)``, a finite ``lse`` in every row the search reads (``read (N,)``).
-    Returns (float64 logits with unread rows zeroed and pad at -inf, lse (N,), state)."""
-    out, state = step(prefixes.copy(), t, state)
-    out = np.asarray(out, dtype=np.float64)
+    output: ``(step(...) -> (logits, state))``, logits ``(N, step.vocab)`` of a real dtype, and in
+    every row the search reads (``read (N,)``) a finite ``lse`` and a token other than pad that
+    can be chosen (a logit above -inf). Returns (float64 logits with unread rows zeroed and pad
+    at -inf, lse (N,), state)."""
+    out, state = step_output(step(prefixes.copy(), t, state))
     n, vocab = prefixes.shape[0], step.vocab
-    if out.shape != (n, vocab):
-        raise ValueError(f"step: expected logits of shape ({n}, {vocab}), got shape {out.shape}")
-    logits = np.where(read[:, None], out, 0.0)  # an unread row may hold anything
+    if np.shape(out) != (n, vocab):
+        raise ValueError(f"step: expected logits of shape ({n}, {vocab}), got shape {np.shape(out)}")
+    kind = np.asarray(out).dtype
+    if kind.kind not in "biuf" and kind.name != "bfloat16":  # complex would lose its imaginary part
+        raise TypeError(f"step: expected real logits, got dtype {kind.name}")
+    logits = np.where(read[:, None], np.asarray(out, dtype=np.float64), 0.0)  # an unread row: anything
     lse = logsumexp(logits)
-    if not np.isfinite(lse).all():
+    logits[:, pad_id] = -np.inf  # never generated (after lse: it stays in the softmax)
+    if not (np.isfinite(lse) & (logits.max(axis=-1) > -np.inf)).all():
         raise ValueError(bad_step_message(t))
     return logits, lse, state
-
-
-def _without_pad(logits: np.ndarray, pad_id: int) -> np.ndarray:
-    logits = logits.copy()
-    logits[..., pad_id] = -np.inf
-    return logits
 
 
 # -- the searches ---------------------------------------------------------------------------------
@@ -252,8 +252,7 @@ def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int
     finished = np.zeros(batch, dtype=bool)
     state = step.initial_state()
     for t in range(max_len):
-        logits, lse, state = _call_step(step, prefixes, t, state, ~finished)  # (B, V), (B,)
-        x = _without_pad(logits, pad_id)
+        x, lse, state = _call_step(step, prefixes, t, state, ~finished, pad_id)  # (B, V), (B,)
         tok = _top_lowest(x, 1)[:, 0]  # on the logits: the lowest id of the maximum
         lp = x[rows, tok] - lse  # the chosen token's log-prob, afterwards
         prefixes[:, t + 1] = np.where(finished, pad_id, tok)  # a finished row takes pad, at 0
@@ -295,8 +294,8 @@ def beam_search(step: Step, batch: int, max_len: int, beam_size: int, bos_id: in
         flat = prefixes.reshape(b_ * k_, max_len + 1)
         stopped = finished[0].min(axis=1) >= raw.max(axis=1) / bound  # (B,), spec step 6
         read = (raw > -np.inf) & ~stopped[:, None]
-        logits, lse, state = _call_step(step, flat, t, state, read.reshape(-1))
-        x = _without_pad(logits, pad_id).reshape(b_, k_, vocab)  # (B, K, V)
+        logits, lse, state = _call_step(step, flat, t, state, read.reshape(-1), pad_id)
+        x = logits.reshape(b_, k_, vocab)  # (B, K, V), pad at -inf
         top = _top_lowest(x, per_beam)  # (B, K, P) each beam's best tokens, by logit
         cand_lp = np.take_along_axis(x, top, axis=-1) - lse.reshape(b_, k_, 1)  # (B, K, P)
         cand_raw = (raw[..., None] + cand_lp).reshape(b_, k_ * per_beam)

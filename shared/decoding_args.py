@@ -109,16 +109,42 @@ def _check_vocab(step) -> int:
     return int(vocab)
 
 
+def _check_step(step, methods: tuple[str, ...]) -> None:
+    """``step`` is callable and has the contract's ``methods`` (`shared.decoding.Step`)."""
+    missing = [name for name in ("__call__",) + methods if not callable(getattr(step, name, None))]
+    if missing:
+        lacks = ", ".join(f"{name}()" for name in missing)
+        raise TypeError(f"step: expected a Step (callable, with {' and '.join(f'{m}()' for m in methods)}), "
+                        f"got {type(step).__name__} without {lacks}")
+
+
+def _check_buffers(rows: int, max_len: int, vocab: int) -> None:
+    """The search's buffers fit the machine: per row (batch x beams) two prefixes of 1 + T ids and
+    two rows of T scores (alive and finished), and a step's V logits, 8 bytes a value (int64 and
+    the oracle's float64), twice (a step's new copies). A step's own memory is the step's."""
+    from .memory import total_memory
+    need = 16 * rows * (4 * max_len + 2 + vocab)
+    limit = total_memory()
+    if limit is not None and need > limit:
+        raise ValueError(f"batch, max_len: the search's buffers for {rows:,} rows of {max_len:,} "
+                         f"tokens (vocab {vocab:,}) need at least {need / 2**30:.1f} GiB, more than "
+                         f"this machine's {limit / 2**30:.1f} GiB")
+
+
 def check_greedy_args(step, batch, max_len, bos_id, eos_id, pad_id) -> None:
     """The arguments of a greedy search, all before the first step (V is ``step.vocab``); the
     backends call this same function, so the errors are identical."""
+    _check_step(step, ("initial_state",))
     _check_batch(batch)
     check_max_len(max_len)
-    _check_ids(_check_vocab(step), bos_id, eos_id, pad_id)
+    vocab = _check_vocab(step)
+    _check_ids(vocab, bos_id, eos_id, pad_id)
+    _check_buffers(batch, max_len, vocab)
 
 
 def check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id, length_penalty) -> None:
     """The arguments of a beam search, in this order, all before the first step."""
+    _check_step(step, ("initial_state", "reorder"))
     _check_batch(batch)
     check_max_len(max_len)
     check_beam_size(beam_size)
@@ -126,11 +152,21 @@ def check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id, len
     vocab = _check_vocab(step)
     _check_ids(vocab, bos_id, eos_id, pad_id)
     check_beam_size(beam_size, vocab)
+    _check_buffers(batch * beam_size, max_len, vocab)
+
+
+def step_output(returned) -> tuple:
+    """What a step call returned, checked to be the contract's ``(logits, state)``."""
+    if not (isinstance(returned, tuple) and len(returned) == 2):
+        got = f"a tuple of {len(returned)}" if isinstance(returned, tuple) else type(returned).__name__
+        raise TypeError(f"step: expected a tuple (logits, state), got {got}")
+    return returned
 
 
 def bad_step_message(t) -> str:
     """The error of a step whose logits a search cannot read, the same text everywhere."""
-    return f"step: expected logits without NaN or +inf and not all -inf in a live row (step {t})"
+    return (f"step: expected logits without NaN or +inf, and a token other than pad above -inf, "
+            f"in a live row (step {t})")
 
 
 def candidates_per_beam(beam_size: int, vocab: int) -> int:

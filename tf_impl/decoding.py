@@ -238,8 +238,8 @@ def greedy_decode_tensors(model: Transformer, src: tf.Tensor, max_len: int, use_
     (all True with ``mask_padding=False``, `shared.masks.padding_id`).
 
     Returns tensors: tokens ``(B, max_len)`` int64, log_probs ``(B, max_len)``, lengths ``(B,)``
-    int64, and bad_step int32 ``()``: ``-1``, or the first step whose logits held NaN or +inf in a
-    live row (under XLA an id out of range embeds as NaN rather than raising), where the loop
+    int64, and bad_step int32 ``()``: ``-1``, or the first step whose logits held NaN or +inf (or
+    nothing but pad above -inf) in a live row (under XLA an id out of range embeds as NaN rather than raising), where the loop
     stopped: every row's outputs are then incomplete (`greedy_decode` raises instead).
     """
     src_mask = make_src_mask(src, padding_id(model.config))  # all True without mask_padding

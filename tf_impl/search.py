@@ -26,7 +26,8 @@ A step is the `shared.decoding.Step` of the spec, the contract of torch_impl.sea
 columns ``1 .. t``, pad after), ``t`` the int32 step; a step reads what it needs (``[:, :t+1]`` to
 recompute, column ``t`` with a cache). Rows are ``n = item * beams + beam``; after a selection, row
 ``n`` continues from row ``rows[n]`` ``(N,)``. The output must be ``(N, V)`` logits without NaN or
-+inf, and not all -inf, in the rows the search reads: a bad step is recorded in the state
++inf, and with a token other than pad above -inf, in the rows the search reads: a bad step is
+recorded in the state
 (``bad_step``), stops the loop and raises the spec's ``ValueError`` once the loop is back (nothing
 can raise inside an XLA program; torch_impl.search raises inside its loop instead).
 
@@ -52,7 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared.decoding import (BeamResult, GreedyResult, Step, bad_step_message, candidates_per_beam,
-                             check_beam_args, check_greedy_args)
+                             check_beam_args, check_greedy_args, step_output)
 
 Observe = Callable[[int, tf.Tensor], object]
 
@@ -90,7 +91,7 @@ def _call_step(step: Step, prefixes: tf.Tensor, t: tf.Tensor, state, read: tf.Te
     shape where known, at run time otherwise). Returns (logits with unread rows zeroed and pad at
     -inf, lse (N,), invalid (bool ()), state)."""
     rows = prefixes.shape[0]  # None when the batch is known only at run time (a SavedModel)
-    out, state = step(prefixes, t, state)
+    out, state = step_output(step(prefixes, t, state))
     is_tensor = isinstance(out, (tf.Tensor, tf.Variable))
     shape = out.shape if is_tensor else tf.TensorShape(np.shape(out))
     if not is_tensor or not shape.is_compatible_with((rows, step.vocab)):
@@ -101,9 +102,12 @@ def _call_step(step: Step, prefixes: tf.Tensor, t: tf.Tensor, state, read: tf.Te
     out = tf.ensure_shape(out, (rows, step.vocab))
     logits = tf.where(read[:, None], out, tf.zeros((), out.dtype))  # an unread row may hold anything
     lse = tf.reduce_logsumexp(logits, axis=-1)  # pad included: the model's own log-softmax
-    invalid = tf.reduce_any(tf.logical_and(read, tf.logical_not(tf.math.is_finite(lse))))
     pad = tf.range(step.vocab) == pad_id  # never generated (after lse: it stays in the softmax)
-    return tf.where(pad, tf.constant(-np.inf, out.dtype), logits), lse, invalid, state
+    logits = tf.where(pad, tf.constant(-np.inf, out.dtype), logits)
+    # unreadable: NaN or +inf (lse), or no token but pad possible (every other logit -inf)
+    unreadable = tf.logical_or(tf.logical_not(tf.math.is_finite(lse)),
+                               tf.reduce_max(logits, axis=-1) == -np.inf)
+    return logits, lse, tf.reduce_any(tf.logical_and(read, unreadable)), state
 
 
 def _write_column(x: tf.Tensor, values: tf.Tensor, column: tf.Tensor) -> tf.Tensor:

@@ -17,10 +17,10 @@ change the logits they are given.
 As in tf_impl.search, each search is a loop (`greedy_loop`, `beam_loop`: tensors in, a dict of
 tensors out), a conversion (`greedy_result`, `beam_result`: NumPy results) and the two together
 behind the spec's argument checks (`greedy_search`, `beam_search`). What differs is what each
-framework can do inside its loop: here a bad step output (NaN or +inf in a live row, or all -inf)
-raises the spec's ``ValueError`` from within the loop, at the one host read a step makes (which
-also reads whether the search is over), where TF records it in its loop state and raises
-afterwards.
+framework can do inside its loop: here a bad step output (NaN or +inf in a live row, or every
+logit but pad's -inf) raises the spec's ``ValueError`` from within the loop, at the one host read
+a step makes (which also reads whether the search is over), where TF records it in its loop state
+and raises afterwards.
 
 Selection is on the logits and ties are broken explicitly (docs/design.md, convention 11): greedy
 takes ``torch.max`` over the logits, documented to return the first maximal index; beam search
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from shared.decoding import (BeamResult, GreedyResult, Step, bad_step_message, candidates_per_beam,
-                             check_beam_args, check_greedy_args)
+                             check_beam_args, check_greedy_args, step_output)
 
 Observe = Callable[[int, torch.Tensor], object]
 
@@ -58,7 +58,7 @@ class Hypotheses(NamedTuple):
 # -- helpers --------------------------------------------------------------------------------------
 def _checked_step(step: Step, prefixes: torch.Tensor, t: int, state):
     """Run ``step``; its output must be a ``(rows, V)`` tensor in ``step.dtype``."""
-    out, state = step(prefixes, t, state)
+    out, state = step_output(step(prefixes, t, state))
     rows = prefixes.shape[0]
     shape = tuple(out.shape) if isinstance(out, torch.Tensor) else np.shape(out)
     if not isinstance(out, torch.Tensor) or shape != (rows, step.vocab):
@@ -74,8 +74,9 @@ def _call_step(step: Step, prefixes: torch.Tensor, t: int, state, read: torch.Te
     out, state = _checked_step(step, prefixes, t, state)
     logits = torch.where(read[:, None], out, 0.0)  # an unread row may hold anything (a new tensor)
     lse = torch.logsumexp(logits, dim=-1)  # pad included: the model's own log-softmax
-    invalid = (~torch.isfinite(lse) & read).any()
     logits[:, pad_id] = float("-inf")  # never generated (after lse: it stays in the softmax)
+    # unreadable: NaN or +inf (lse), or no token but pad possible (every other logit -inf)
+    invalid = ((~torch.isfinite(lse) | (logits.amax(dim=-1) == float("-inf"))) & read).any()
     return logits, lse, invalid, state
 
 
@@ -226,8 +227,9 @@ def _greedy_update(logits: torch.Tensor, prefixes: torch.Tensor, log_probs: torc
     log-softmax's normaliser and the best token. An unread (finished) row may hold anything: its
     values reach no output (torch.where replaces them)."""
     lse = torch.logsumexp(logits, dim=-1)  # pad included: the model's own log-softmax
-    invalid = (~torch.isfinite(lse) & ~finished).any()
     best, tok = _best_but(logits, pad_id)  # on the logits, pad left out, lowest id on a tie
+    # unreadable: NaN or +inf (lse), or no token but pad possible (best: nothing to choose)
+    invalid = ((~torch.isfinite(lse) | (best == float("-inf"))) & ~finished).any()
     chosen = torch.where(finished, pad_id, tok)  # a finished row takes pad, at log-prob 0
     _put(prefixes, t + 1, chosen)
     _put(log_probs, t, torch.where(finished, 0.0, best - lse))  # the log-prob, afterwards
