@@ -145,7 +145,9 @@ class TransformerConfig:
                 raise ValueError(f"TransformerConfig.{name}: expected a float, got {value!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"TransformerConfig.dropout: expected a value in [0, 1), got {self.dropout}")
-        if not (self.norm_eps > 0.0 and math.isfinite(self.norm_eps)):
+        # Compared, not converted (math.isfinite): an int past float's range (10**400) has no float,
+        # and is refused as too large below.
+        if not 0.0 < self.norm_eps < math.inf:
             raise ValueError(f"TransformerConfig.norm_eps: expected a positive finite float, "
                              f"got {self.norm_eps}")
         if not FLOAT32_TINY <= self.norm_eps <= FLOAT32_MAX:  # the norms run in float32 at least
@@ -157,6 +159,13 @@ class TransformerConfig:
                 f"TransformerConfig.max_len: expected max_len * d_model <= POSITIONAL_TABLE_LIMIT = "
                 f"{POSITIONAL_TABLE_LIMIT} (the float64 positional table, 2 GiB), got {self.max_len} * "
                 f"{self.d_model} = {self.max_len * self.d_model}")
+        # Positions are float64 (shared/positional.py), where integers are exact only up to 2**53:
+        # past it neighbouring positions round to one value, and rows of the table repeat.
+        if self.pe_offset > 2**53 - self.max_len + 1:
+            raise ValueError(
+                f"TransformerConfig.pe_offset: expected an int <= 2**53 - max_len + 1 = "
+                f"{2**53 - self.max_len + 1} (positions pe_offset .. pe_offset + max_len - 1 are "
+                f"computed in float64, exact only up to 2**53), got {self.pe_offset}")
         for name in ("norm_first", "final_norm", "share_embeddings", "tie_output", "embed_scale",
                      "mask_padding"):
             value = getattr(self, name)
@@ -168,7 +177,8 @@ class TransformerConfig:
         if self.norm_style == "annotated" and self.d_model < 2:
             raise ValueError("TransformerConfig.d_model: expected >= 2 with norm_style='annotated' "
                              f"(its unbiased std divides by d_model - 1), got {self.d_model}")
-        if self.dtype not in DTYPES:
+        # A str only: np.dtype("float32") == "float32", yet it hashes otherwise and JSON cannot write it.
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
             raise ValueError(f"TransformerConfig.dtype: expected one of {DTYPES}, got {self.dtype!r}")
         self._validate_variants()
         if self.share_embeddings and self.src_vocab != self.tgt_vocab:
@@ -238,9 +248,18 @@ class TransformerConfig:
         return self.decoder_start_id if self.decoder_start_id is not None else self.bos_id
 
     def replace(self, **changes: Any) -> "TransformerConfig":
-        """A copy with some fields changed (validated again)."""
-        if "norm_first" in changes and "final_norm" not in changes:
-            changes["final_norm"] = None  # re-derive from the new placement
+        """A copy with some fields changed (validated again).
+
+        ``final_norm`` is re-derived from ``norm_first`` (present for pre-norm, absent for
+        post-norm) when ``norm_first`` changes value and ``final_norm`` is not given: a new placement
+        implies its usual final norm. Otherwise ``final_norm`` is kept as it is, an explicit one
+        included: ``replace(norm_first=<the same>)`` changes nothing."""
+        self._check_fields(changes, "TransformerConfig.replace")
+        # `is not`: a valid norm_first is one of the two bools, and anything else (an array, whose
+        # != is no bool) is refused by the validation, never compared.
+        if "norm_first" in changes and changes["norm_first"] is not self.norm_first \
+                and "final_norm" not in changes:
+            changes["final_norm"] = None  # re-derived from the new placement in __post_init__
         return dataclasses.replace(self, **changes)
 
     # -- JSON -------------------------------------------------------------------------------------
@@ -251,16 +270,22 @@ class TransformerConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> "TransformerConfig":
         if not isinstance(data, Mapping):
             raise ValueError(f"TransformerConfig.from_dict: expected a mapping, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"TransformerConfig.from_dict: unknown fields {unknown} (written by a "
-                             "newer version? this version does not know them and will not guess)")
+        cls._check_fields(data, "TransformerConfig.from_dict")
         missing = sorted(f.name for f in dataclasses.fields(cls)
                          if f.default is dataclasses.MISSING and f.name not in data)
         if missing:
             raise ValueError(f"TransformerConfig.from_dict: missing required fields {missing}")
         return cls(**dict(data))
+
+    @classmethod
+    def _check_fields(cls, names, where: str) -> None:
+        """Refuse names that are no field, all of them, by repr: a mapping's keys may be of any type,
+        and reprs sort where mixed keys do not."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(repr(name) for name in names if name not in known)
+        if unknown:
+            raise ValueError(f"{where}: unknown fields [{', '.join(unknown)}] (written by a newer "
+                             "version? this version does not know them and will not guess)")
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -273,8 +298,9 @@ class TransformerConfig:
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "TransformerConfig":
         """A named configuration: ``tiny`` (tests), ``small`` (quick demos), ``base`` or ``big`` (the paper)."""
-        if name not in PRESETS:
+        if not isinstance(name, str) or name not in PRESETS:  # a list is no key of PRESETS: unhashable
             raise ValueError(f"TransformerConfig.preset: name expected one of {sorted(PRESETS)}, got {name!r}")
+        cls._check_fields(overrides, "TransformerConfig.preset")
         return cls(**{**PRESETS[name], **overrides})
 
 
@@ -285,8 +311,11 @@ FLOAT32_TINY = 1.1754943508222875e-38
 
 
 def parse_json(text: str, source: str):
-    """``json.loads(text)``, every way it can fail a ValueError naming ``source``: not JSON, an
-    integer too long to convert (Python's limit of 4300 digits), nesting too deep to parse."""
+    """``json.loads(text)``, every way it can fail a ValueError naming ``source``: no text at all (not
+    a str or bytes), not JSON, an integer too long to convert (Python's limit of 4300 digits),
+    nesting too deep to parse."""
+    if not isinstance(text, (str, bytes, bytearray)):  # json's own TypeError would not name source
+        raise ValueError(f"{source}: expected a str or bytes of JSON, got {type(text).__name__}")
     try:
         return json.loads(text)
     except RecursionError:

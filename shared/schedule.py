@@ -8,29 +8,38 @@ than silently returning 0 (the Annotated Transformer guards it with ``if step ==
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
+from .checks import is_int
 from .config import FLOAT32_MAX
 
 
 def noam_lr(step, d_model: int, warmup: int, factor: float = 1.0):
-    """Learning rate at ``step`` (an int >= 1, or an integer array of them); float or float64 array."""
+    """Learning rate at ``step`` (an int in [1, 2**53], or an integer array of them); float or float64
+    array. Every int argument is at most 2**53, the last integer a float64 holds exactly."""
     for name, value in (("d_model", d_model), ("warmup", warmup)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= 2**53:
+        if not is_int(value) or not 1 <= value <= 2**53:
             raise ValueError(f"noam_lr: {name} expected a positive int (at most 2**53, exact as a "
                              f"float), got {value!r}")
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
-        raise ValueError(f"noam_lr: factor expected a positive float, got {factor!r}")
+    # Compared before any arithmetic: an int past float64's range (10**400) cannot be multiplied by
+    # a float (Python's OverflowError), and inf or NaN is no rate.
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
+            or not 0 < factor <= sys.float_info.max:
+        raise ValueError(f"noam_lr: factor expected a positive float (at most "
+                         f"{sys.float_info.max:.4g}, a float64's largest), got {factor!r}")
     peak = factor * d_model ** -0.5 * warmup ** -0.5  # the rate at step == warmup, the largest
     if not peak <= FLOAT32_MAX:  # a float32 update would overflow (torch raises, TF runs on inf)
         raise ValueError(f"noam_lr: factor expected a peak rate factor * d_model**-0.5 * warmup**-0.5 "
                          f"that float32 holds (<= {FLOAT32_MAX:.4g}), got factor={factor!r} "
                          f"(peak {peak:.4g})")
     steps = np.asarray(step)
-    if steps.dtype.kind not in "iu":
-        raise ValueError(f"noam_lr: step expected an int counted from 1, got {step!r}")
-    if steps.size and steps.min() < 1:
-        raise ValueError(f"noam_lr: step expected an int >= 1 (steps are counted from 1), got {step!r}")
+    # One message for every bad step: NumPy holds an int past 2**64 as an object array, so "not an
+    # int" and "too large" cannot always be told apart here.
+    if steps.dtype.kind not in "iu" or steps.size and not (steps.min() >= 1 and steps.max() <= 2**53):
+        raise ValueError(f"noam_lr: step expected an int in [1, 2**53] (steps are counted from 1, and "
+                         f"are exact as a float64 up to 2**53), got {step!r}")
     lr = noam_formula(steps.astype(np.float64), d_model, warmup, factor)
     return float(lr) if lr.ndim == 0 else lr
 
