@@ -20,12 +20,35 @@ A backend converts to another convention only at the call of a framework op that
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from .config import TransformerConfig
+from .checks import is_int, ragged_message, ragged_rows
+from .config import POSITIONAL_TABLE_LIMIT, TransformerConfig
+
+# The longest causal mask `subsequent_mask` and `make_tgt_mask` build: length * length <=
+# POSITIONAL_TABLE_LIMIT values, the bound the config puts on the positional table. At that length
+# one head's attention scores in the float64 reference are already 2 GiB, so nothing the reference
+# can run needs more; past it a length is refused by name instead of failing as a MemoryError (or a
+# swap storm) inside NumPy. (The largest max_len a config allows, 2**28 with d_model=1, bounds
+# nothing here: its mask would be 2**56 bytes.)
+SUBSEQUENT_MASK_LIMIT = math.isqrt(POSITIONAL_TABLE_LIMIT)  # 16384
+
+
+def check_pad_id(pad_id) -> None:
+    """``pad_id`` of every ``make_*_mask`` helper (here and in both backends, which call this, so the
+    three refuse alike): an int, or None for "no padding" (`padding_id`). Anything else would be
+    compared element-wise and silently mask nothing ("0", 0.5, NaN), mask id 1 (True) or broadcast
+    (a list), so it is refused before any mask is computed."""
+    if pad_id is not None and not is_int(pad_id):
+        raise TypeError(f"pad_id: expected an int (the padding id) or None (no padding masked), "
+                        f"got {pad_id!r}")
 
 
 def _check_ids(name: str, ids: np.ndarray) -> np.ndarray:
+    if (lengths := ragged_rows(ids)) is not None:  # NumPy's own error would not name the argument
+        raise ValueError(ragged_message(name, lengths))
     ids = np.asarray(ids)
     if ids.ndim != 2:
         raise ValueError(f"{name}: expected token ids of shape (batch, seq), got shape {ids.shape}")
@@ -35,15 +58,30 @@ def _check_ids(name: str, ids: np.ndarray) -> np.ndarray:
 
 
 def subsequent_mask(size: int) -> np.ndarray:
-    """``(1, 1, size, size)`` bool, lower-triangular: query ``i`` may attend keys ``0..i`` (itself included)."""
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+    """``(1, 1, size, size)`` bool, lower-triangular: query ``i`` may attend keys ``0..i`` (itself
+    included). ``1 <= size <= SUBSEQUENT_MASK_LIMIT``."""
+    if not is_int(size) or size < 1:
         raise ValueError(f"subsequent_mask: size expected a positive int, got {size!r}")
-    return np.tril(np.ones((size, size), dtype=bool))[None, None]
+    return _causal(size, "subsequent_mask: size")
 
 
-def padding_mask(ids: np.ndarray, pad_id: int) -> np.ndarray:
-    """``(batch, 1, 1, seq)`` bool: ``True`` where the key token is not padding."""
+def _causal(length: int, name: str) -> np.ndarray:
+    """``(1, 1, length, length)`` lower-triangular bool, empty for ``length`` 0 (an empty target's
+    mask is empty, as in both backends); longer than `SUBSEQUENT_MASK_LIMIT` is refused naming
+    ``name``, before anything is allocated."""
+    if length > SUBSEQUENT_MASK_LIMIT:
+        raise ValueError(f"{name} expected at most {SUBSEQUENT_MASK_LIMIT} positions (a causal mask of "
+                         f"at most POSITIONAL_TABLE_LIMIT = {POSITIONAL_TABLE_LIMIT} values), got {length}")
+    return np.tril(np.ones((length, length), dtype=bool))[None, None]
+
+
+def padding_mask(ids: np.ndarray, pad_id: int | None) -> np.ndarray:
+    """``(batch, 1, 1, seq)`` bool: ``True`` where the key token is not padding; all True when
+    ``pad_id`` is None."""
+    check_pad_id(pad_id)
     ids = _check_ids("ids", ids)
+    if pad_id is None:
+        return np.ones((ids.shape[0], 1, 1, ids.shape[1]), dtype=bool)
     return (ids != pad_id)[:, None, None, :]
 
 
@@ -56,10 +94,9 @@ def padding_id(config: TransformerConfig) -> int | None:
 
 def make_src_mask(src: np.ndarray, pad_id: int | None) -> np.ndarray:
     """Source mask ``(batch, 1, 1, src_len)`` from source ids ``(batch, src_len)``; all True when
-    ``pad_id`` is None (`padding_id`)."""
+    ``pad_id`` is None (`padding_id`). An empty ``src`` gives an empty mask."""
+    check_pad_id(pad_id)
     src = _check_ids("src", src)
-    if pad_id is None:
-        return np.ones((src.shape[0], 1, 1, src.shape[1]), dtype=bool)
     return padding_mask(src, pad_id)
 
 
@@ -74,11 +111,12 @@ def make_tgt_mask(tgt: np.ndarray, pad_id: int | None, first_is_real: bool = Fal
 
     ``first_is_real`` (pass `start_is_pad(config)`): column 0 is the decoder start token, a real
     key even when it equals ``pad_id``; padding is then derived from ``tgt != pad_id`` for
-    positions 1.. only. ``pad_id=None`` (`padding_id`): the subsequent mask alone, per row."""
+    positions 1.. only. ``pad_id=None`` (`padding_id`): the subsequent mask alone, per row. An
+    empty ``tgt`` (length 0) gives an empty mask, as `make_src_mask` and both backends do."""
+    check_pad_id(pad_id)
     tgt = _check_ids("tgt", tgt)
-    if pad_id is None:
-        return np.broadcast_to(subsequent_mask(tgt.shape[1]), (tgt.shape[0], 1) + (tgt.shape[1],) * 2).copy()
-    keys = padding_mask(tgt, pad_id)  # (B, 1, 1, T)
+    causal = _causal(tgt.shape[1], "tgt:")  # (1, 1, T, T); checks the length before any work
+    keys = padding_mask(tgt, pad_id)  # (B, 1, 1, T), all True when pad_id is None
     if first_is_real:
         keys = keys | (np.arange(tgt.shape[1]) == 0)
-    return keys & subsequent_mask(tgt.shape[1])
+    return keys & causal

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import PE_LAYOUTS, PE_TIMESCALES, TransformerConfig
+from .config import PE_LAYOUTS, PE_TIMESCALES, POSITIONAL_TABLE_LIMIT, TransformerConfig
 
 
 def _check_int(name: str, value, low: int) -> None:
@@ -30,10 +30,18 @@ def _check_int(name: str, value, low: int) -> None:
         raise ValueError(f"positional_encoding: {name} expected {kind}, got {value!r}")
 
 
+def _check_choice(name: str, value, allowed: tuple[str, ...]) -> None:
+    # A string first: ``value in allowed`` compares with ``==``, which an array answers element-wise
+    # ("truth value of an array is ambiguous") and other objects may answer as they like.
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"positional_encoding: {name} expected one of {allowed}, got {value!r}")
+
+
 def inverse_frequencies(d_model: int, timescale: str = "paper") -> np.ndarray:
     """``f_i`` for the ``ceil(d_model / 2)`` sin/cos pairs, float64 (see the module docstring).
 
     ``t2t`` needs an even ``d_model >= 4`` (`TransformerConfig` refuses others)."""
+    _check_choice("timescale", timescale, PE_TIMESCALES)
     if timescale == "paper":
         two_i = np.arange(0, d_model, 2, dtype=np.float64)  # (ceil(d/2),)
         return np.power(10000.0, -two_i / d_model)
@@ -57,11 +65,16 @@ def positional_encoding(max_len: int, d_model: int, layout: str = "interleaved",
     _check_int("max_len", max_len, 1)
     _check_int("d_model", d_model, 1)
     _check_int("offset", offset, 0)
-    if layout not in PE_LAYOUTS:
-        raise ValueError(f"positional_encoding: layout expected one of {PE_LAYOUTS}, got {layout!r}")
-    if timescale not in PE_TIMESCALES:
-        raise ValueError(f"positional_encoding: timescale expected one of {PE_TIMESCALES}, "
-                         f"got {timescale!r}")
+    # The config's bound on the table (`TransformerConfig.max_len`), for a table asked for directly:
+    # past it, a refusal by name rather than a MemoryError inside NumPy. Python ints: a product of
+    # NumPy integers could wrap around and pass.
+    size = int(max_len) * int(d_model)
+    if size > POSITIONAL_TABLE_LIMIT:
+        raise ValueError(f"positional_encoding: max_len expected max_len * d_model <= "
+                         f"POSITIONAL_TABLE_LIMIT = {POSITIONAL_TABLE_LIMIT} (the float64 table, 2 GiB), "
+                         f"got {max_len} * {d_model} = {size}")
+    _check_choice("layout", layout, PE_LAYOUTS)
+    _check_choice("timescale", timescale, PE_TIMESCALES)
     if layout == "halves" and d_model % 2:
         raise ValueError(f"positional_encoding: d_model expected an even int with layout 'halves' "
                          f"(two halves of d_model / 2 columns), got {d_model}")

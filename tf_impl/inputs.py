@@ -39,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared import checks
+from shared.masks import check_pad_id
 
 
 def in_xla_context() -> bool:
@@ -220,7 +221,11 @@ def check_same_batch(src: tf.Tensor, tgt: tf.Tensor) -> tf.Tensor:
 
 def make_src_mask(src: tf.Tensor, pad_id: int | None) -> tf.Tensor:
     """Source mask ``(batch, 1, 1, src_len)``: True where the key token is not padding; all True
-    when ``pad_id`` is None (``config.mask_padding=False``, `shared.masks.padding_id`)."""
+    when ``pad_id`` is None (``config.mask_padding=False``, `shared.masks.padding_id`).
+
+    Raises:
+        TypeError: ``pad_id`` neither an int nor None (the reference's message, before any work)."""
+    check_pad_id(pad_id)
     if pad_id is None:
         return tf.ones_like(src, dtype=tf.bool)[:, None, None, :]
     return (src != pad_id)[:, None, None, :]
@@ -231,7 +236,11 @@ def make_tgt_mask(tgt: tf.Tensor, pad_id: int | None, first_is_real: bool = Fals
 
     ``first_is_real`` (`shared.masks.start_is_pad(config)`): column 0 is the decoder start token,
     never padding; padding comes from ``tgt != pad_id`` for positions 1.. only (`shared.masks`).
-    ``pad_id=None`` (`shared.masks.padding_id`): no key is padding, the subsequent mask alone."""
+    ``pad_id=None`` (`shared.masks.padding_id`): no key is padding, the subsequent mask alone.
+
+    Raises:
+        TypeError: ``pad_id`` neither an int nor None (the reference's message, before any work)."""
+    check_pad_id(pad_id)
     positions = tf.range(dims(tgt, 2)[1])
     subsequent = positions[:, None] >= positions[None, :]  # (T, T), lower-triangular
     keys = tf.ones_like(tgt, dtype=tf.bool) if pad_id is None else tgt != pad_id  # (B, T)

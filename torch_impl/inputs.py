@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from shared import checks
+from shared.masks import check_pad_id
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -106,7 +107,11 @@ def check_same_batch(src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
 
 def make_src_mask(src: torch.Tensor, pad_id: int | None) -> torch.Tensor:
     """Source mask ``(batch, 1, 1, src_len)``: True where the key token is not padding; all True
-    when ``pad_id`` is None (``config.mask_padding=False``, `shared.masks.padding_id`)."""
+    when ``pad_id`` is None (``config.mask_padding=False``, `shared.masks.padding_id`).
+
+    Raises:
+        TypeError: ``pad_id`` neither an int nor None (the reference's message, before any work)."""
+    check_pad_id(pad_id)
     if pad_id is None:
         return torch.ones_like(src, dtype=torch.bool)[:, None, None, :]
     return (src != pad_id)[:, None, None, :]
@@ -117,7 +122,11 @@ def make_tgt_mask(tgt: torch.Tensor, pad_id: int | None, first_is_real: bool = F
 
     ``first_is_real`` (`shared.masks.start_is_pad(config)`): column 0 is the decoder start token,
     never padding; padding comes from ``tgt != pad_id`` for positions 1.. only (`shared.masks`).
-    ``pad_id=None`` (`shared.masks.padding_id`): no key is padding, the subsequent mask alone."""
+    ``pad_id=None`` (`shared.masks.padding_id`): no key is padding, the subsequent mask alone.
+
+    Raises:
+        TypeError: ``pad_id`` neither an int nor None (the reference's message, before any work)."""
+    check_pad_id(pad_id)
     t = tgt.shape[1]
     subsequent = torch.ones(t, t, dtype=torch.bool, device=tgt.device).tril()  # (T, T)
     keys = torch.ones_like(tgt, dtype=torch.bool) if pad_id is None else tgt != pad_id  # (B, T)

@@ -1,0 +1,148 @@
+"""Hostile arguments to the mask helpers and the positional table: a clear error naming the argument,
+the same in the NumPy reference (`shared.masks`) and both backends' ``inputs.make_*_mask``, before
+anything is computed; never a silently wrong mask, another function's name or a MemoryError.
+
+The helpers that exist in all three are parametrized over ``numpy`` / ``torch`` / ``tf``; a framework
+that is not importable here is skipped by conftest (the ``torch`` / ``tf`` parameter values).
+"""
+import re
+
+import numpy as np
+import pytest
+
+import shared.masks
+from shared import make_src_mask, make_tgt_mask, padding_mask, positional_encoding, subsequent_mask
+from shared.config import POSITIONAL_TABLE_LIMIT
+from shared.masks import SUBSEQUENT_MASK_LIMIT
+from shared.positional import inverse_frequencies
+from twins.backends import to_numpy
+
+IMPLS = ["numpy", "torch", "tf"]
+
+
+def _impl(name: str):
+    """``(module with make_src_mask / make_tgt_mask, ids converter)`` of one implementation; a
+    framework is imported only by the tests that use it."""
+    if name == "numpy":
+        return shared.masks, np.asarray
+    if name == "torch":
+        import torch
+        from torch_impl import inputs
+        return inputs, torch.as_tensor
+    import tensorflow as tf
+    from tf_impl import inputs
+    return inputs, tf.constant
+
+
+IDS = np.array([[1, 2, 0]])
+# Each would be compared with the ids element-wise: "0", 0.5 and NaN masked nothing (padding
+# attended), True masked id 1, a list broadcast; a float 0.0 happens to work but is no id either.
+BAD_PAD_IDS = ["0", 0.5, float("nan"), np.float64(0.5), True, np.bool_(False), [0], np.array(0), 0.0, b"0"]
+
+
+def _pad_id_message(value) -> str:
+    return re.escape(f"pad_id: expected an int (the padding id) or None (no padding masked), got {value!r}")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("helper", ["make_src_mask", "make_tgt_mask"])
+@pytest.mark.parametrize("pad_id", BAD_PAD_IDS, ids=repr)
+def test_bad_pad_id_is_refused_alike(impl, helper, pad_id):
+    inputs, ids = _impl(impl)
+    with pytest.raises(TypeError, match=_pad_id_message(pad_id)):
+        getattr(inputs, helper)(ids(IDS), pad_id)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("helper", ["make_src_mask", "make_tgt_mask"])
+def test_pad_id_is_checked_before_the_ids(impl, helper):
+    """Checked first, so all three name pad_id even where the ids are bad too (the backends' helpers
+    do not check ids: their models do)."""
+    inputs, ids = _impl(impl)
+    with pytest.raises(TypeError, match=_pad_id_message("0")):
+        getattr(inputs, helper)(ids(IDS.astype(np.float32)), "0")
+
+
+@pytest.mark.parametrize("pad_id", BAD_PAD_IDS, ids=repr)
+def test_padding_mask_bad_pad_id(pad_id):
+    with pytest.raises(TypeError, match=_pad_id_message(pad_id)):
+        padding_mask(IDS, pad_id)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_good_pad_ids_unchanged(impl):
+    """An int of any kind masks that id; None masks nothing (``config.mask_padding=False``)."""
+    inputs, ids = _impl(impl)
+    causal = np.tril(np.ones((3, 3), bool))
+    for pad_id in (0, np.int64(0), np.uint8(0)):
+        np.testing.assert_array_equal(to_numpy(inputs.make_src_mask(ids(IDS), pad_id))[0, 0, 0],
+                                      [True, True, False])
+        np.testing.assert_array_equal(to_numpy(inputs.make_tgt_mask(ids(IDS), pad_id))[0, 0],
+                                      causal & [True, True, False])
+    np.testing.assert_array_equal(to_numpy(inputs.make_src_mask(ids(IDS), None)), np.ones((1, 1, 1, 3), bool))
+    for first_is_real in (False, True):
+        np.testing.assert_array_equal(to_numpy(inputs.make_tgt_mask(ids(IDS), None, first_is_real)),
+                                      causal[None, None])
+    np.testing.assert_array_equal(padding_mask(IDS, None), np.ones((1, 1, 1, 3), bool))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("pad_id", [0, None])
+@pytest.mark.parametrize("first_is_real", [False, True])
+def test_empty_sequence_gives_an_empty_mask_everywhere(impl, pad_id, first_is_real):
+    """Length 0: an empty mask from both helpers in all three (the reference's target mask raised
+    ``subsequent_mask: size ...``, naming neither the function called nor its argument)."""
+    inputs, ids = _impl(impl)
+    empty = ids(np.zeros((2, 0), np.int64))
+    src_mask = to_numpy(inputs.make_src_mask(empty, pad_id))
+    tgt_mask = to_numpy(inputs.make_tgt_mask(empty, pad_id, first_is_real))
+    assert src_mask.shape == (2, 1, 1, 0) and src_mask.dtype == np.bool_
+    assert tgt_mask.shape == (2, 1, 0, 0) and tgt_mask.dtype == np.bool_
+
+
+@pytest.mark.parametrize("helper, name", [(make_src_mask, "src"), (make_tgt_mask, "tgt"),
+                                          (padding_mask, "ids")])
+def test_ragged_rows_get_the_project_message(helper, name):
+    with pytest.raises(ValueError, match=rf"{name}: expected token ids of shape \(batch, seq\), every "
+                                         r"row of one length, got rows of lengths \[2, 1\]"):
+        helper([[1, 2], [3]], 0)
+
+
+def test_subsequent_mask_size_is_bounded():
+    """10**7 asked NumPy for 10**14 bytes (MemoryError); refused by name before any allocation."""
+    assert SUBSEQUENT_MASK_LIMIT ** 2 == POSITIONAL_TABLE_LIMIT
+    for size in (10**7, SUBSEQUENT_MASK_LIMIT + 1, np.int64(2**62)):
+        with pytest.raises(ValueError, match=rf"subsequent_mask: size expected at most "
+                                             rf"{SUBSEQUENT_MASK_LIMIT} positions .*got {size}"):
+            subsequent_mask(size)
+
+
+def test_tgt_mask_length_is_bounded_naming_tgt():
+    with pytest.raises(ValueError, match=rf"tgt: expected at most {SUBSEQUENT_MASK_LIMIT} positions "
+                                         rf"\(a causal mask of at most POSITIONAL_TABLE_LIMIT = "
+                                         rf"{POSITIONAL_TABLE_LIMIT} values\), got {SUBSEQUENT_MASK_LIMIT + 1}"):
+        make_tgt_mask(np.zeros((1, SUBSEQUENT_MASK_LIMIT + 1), np.int64), 0)
+
+
+@pytest.mark.parametrize("name", ["layout", "timescale"])
+@pytest.mark.parametrize("value", [np.array(["interleaved", "halves"]), np.array(["paper"]), ["halves"],
+                                   None, 0, b"halves"], ids=repr)
+def test_layout_and_timescale_must_be_one_of_the_names(name, value):
+    """An array was compared element-wise ("truth value of an array is ambiguous")."""
+    with pytest.raises(ValueError, match=rf"positional_encoding: {name} expected one of \("):
+        positional_encoding(3, 4, **{name: value})
+
+
+def test_inverse_frequencies_timescale_must_be_a_name():
+    with pytest.raises(ValueError, match=r"positional_encoding: timescale expected one of \("):
+        inverse_frequencies(4, np.array(["t2t"]))
+
+
+@pytest.mark.parametrize("max_len, d_model", [(10**13, 2), (POSITIONAL_TABLE_LIMIT // 2 + 1, 2),
+                                              (np.int64(2**62), np.int64(4))])  # int64 product wraps to 0
+def test_positional_table_is_bounded(max_len, d_model):
+    """10**13 rows asked NumPy for 160 TB (MemoryError); the config's bound, by name."""
+    with pytest.raises(ValueError, match=rf"positional_encoding: max_len expected max_len \* d_model <= "
+                                         rf"POSITIONAL_TABLE_LIMIT = {POSITIONAL_TABLE_LIMIT} .*got "
+                                         rf"{max_len} \* {d_model} = {int(max_len) * int(d_model)}$"):
+        positional_encoding(max_len, d_model)
