@@ -10,10 +10,28 @@ import argparse
 import numbers
 from typing import Sequence
 
+from .config import TransformerConfig  # imports nothing of the project's: no cycle
+
 
 def is_int(value) -> bool:
     """A Python or NumPy integer, not a bool (``True`` is an ``int`` to Python, and no count)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_seed(seed, name: str = "seed") -> None:
+    """A seed is an int >= 0 (NumPy ints too; not a bool). None is refused: NumPy would draw fresh
+    entropy, and what the project seeds is promised to be deterministic in its seed."""
+    if not is_int(seed):
+        raise TypeError(f"{name}: expected an int >= 0, got {seed!r}")
+    if seed < 0:
+        raise ValueError(f"{name}: expected an int >= 0, got {seed}")
+
+
+def check_config(config, name: str = "config") -> None:
+    """A `TransformerConfig`, checked before any of its fields is read (None or a dict would fail
+    later as an ``AttributeError`` naming a field, not the argument)."""
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"{name}: expected a TransformerConfig, got {type(config).__name__}")
 
 
 def int_argument(text: str, low: int, high: int | None = None) -> int:

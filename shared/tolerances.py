@@ -23,6 +23,7 @@ class Bound:
     reason: str
 
     def scale(self, expected: np.ndarray) -> float:
+        expected = np.asarray(expected)
         return max(float(np.max(np.abs(expected))) if expected.size else 0.0, 1.0)
 
     def allows(self, actual: np.ndarray, expected: np.ndarray) -> bool:
@@ -30,10 +31,15 @@ class Bound:
 
 
 def max_abs_diff(actual: np.ndarray, expected: np.ndarray) -> float:
-    a = np.asarray(actual, dtype=np.float64)
-    b = np.asarray(expected, dtype=np.float64)
+    """``ValueError`` for two shapes (broadcasting would compare something else), ``TypeError`` for
+    complex values (the cast to float64 would drop the imaginary part with a warning only)."""
+    a, b = np.asarray(actual), np.asarray(expected)
+    for name, x in (("actual", a), ("expected", b)):
+        if np.iscomplexobj(x):
+            raise TypeError(f"{name}: expected real values, got dtype {x.dtype}")
     if a.shape != b.shape:
-        raise AssertionError(f"shape {a.shape} != {b.shape}")
+        raise ValueError(f"actual: expected shape {b.shape} (the shape of expected), got {a.shape}")
+    a, b = a.astype(np.float64), b.astype(np.float64)
     return float(np.max(np.abs(a - b))) if a.size else 0.0
 
 
@@ -148,32 +154,54 @@ BOUNDS: dict[tuple[str, str], Bound] = {
 }
 
 
+class UnknownBound(KeyError, ValueError):
+    """No bound for a (dtype, pair): a ``ValueError`` (a bad argument) that is still the
+    ``KeyError`` it always was (`twins.verify` looks a pair up both ways round), with its message
+    as written, not quoted as a ``KeyError``'s."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 def bound_for(dtype: str, pair: str) -> Bound:
-    """The bound for comparing two implementations (``pair``, e.g. ``"torch:reference"``) run in ``dtype``."""
-    try:
+    """The bound for comparing two implementations (``pair``, e.g. ``"torch:reference"``) run in
+    ``dtype``; `UnknownBound` listing the known dtypes, or the dtype's known pairs, where none is."""
+    for name, value in (("dtype", dtype), ("pair", pair)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name}: expected a str, got {type(value).__name__}")
+    if (dtype, pair) in BOUNDS:
         return BOUNDS[(dtype, pair)]
-    except KeyError:
-        raise KeyError(f"no parity bound for dtype={dtype!r}, pair={pair!r}; measure one and add it "
-                       "to shared/tolerances.py") from None
+    dtypes = sorted({d for d, _ in BOUNDS})
+    if dtype not in dtypes:
+        known = f"the dtypes with bounds are {', '.join(dtypes)}"
+    else:
+        known = f"the {dtype} pairs are {', '.join(sorted(p for d, p in BOUNDS if d == dtype))}"
+    raise UnknownBound(f"no parity bound for dtype={dtype!r}, pair={pair!r} ({known}); measure one "
+                       "and add it to shared/tolerances.py")
 
 
+# The assertions below raise AssertionError themselves: ``python -O`` removes `assert` statements,
+# and a parity check that silently passes is worse than none.
 def assert_close(actual, expected, bound: Bound, name: str = "tensor") -> None:
     """Assert parity under ``bound``; the message names the tensor and gives both measures."""
     actual = np.asarray(actual)
     expected = np.asarray(expected)
-    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != expected {expected.shape}"
-    assert np.isfinite(actual).all(), f"{name}: contains NaN or Inf"
+    if actual.shape != expected.shape:
+        raise AssertionError(f"{name}: shape {actual.shape} != expected {expected.shape}")
+    if not np.isfinite(actual).all():
+        raise AssertionError(f"{name}: contains NaN or Inf")
     diff = max_abs_diff(actual, expected)
     limit = bound.rtol * bound.scale(expected)
-    assert diff <= limit, (f"{name}: max abs diff {diff:.3e} > {limit:.3e} "
-                           f"(rtol {bound.rtol:g} x scale {bound.scale(expected):.3g}; {bound.reason})")
+    if not diff <= limit:  # `not <=`: a NaN difference (NaN expected) fails too
+        raise AssertionError(f"{name}: max abs diff {diff:.3e} > {limit:.3e} "
+                             f"(rtol {bound.rtol:g} x scale {bound.scale(expected):.3g}; {bound.reason})")
 
 
 def assert_trace_close(actual: dict, expected: dict, bound: Bound) -> None:
     """Same names, same shapes, every intermediate within ``bound``; the first failure in
     computation order is the one reported, so it says where the implementations part."""
-    assert list(actual) == list(expected), (
-        f"trace names differ: missing {[k for k in expected if k not in actual]}, "
-        f"unexpected {[k for k in actual if k not in expected]}")
+    if list(actual) != list(expected):
+        raise AssertionError(f"trace names differ: missing {[k for k in expected if k not in actual]}, "
+                             f"unexpected {[k for k in actual if k not in expected]}")
     for name in expected:
         assert_close(actual[name], expected[name], bound, name)

@@ -36,8 +36,10 @@ from typing import Mapping
 
 import numpy as np
 
+from . import memory
+from .checks import check_config, check_seed
 from .config import TransformerConfig
-from .memory import check_memory
+from .memory import TENSOR_OVERHEAD, check_memory
 from .paths import check_source, read_json
 from .saving import fault_point, recover, replace_directory, umask, write_atomically  # noqa: F401
 
@@ -67,7 +69,31 @@ def _ffn(prefix: str, d: int, d_ff: int) -> dict[str, tuple[int, ...]]:
 
 
 def weight_schema(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
-    """Every canonical weight name and its shape, in a fixed order (tied weights once)."""
+    """Every canonical weight name and its shape, in a fixed order (tied weights once).
+
+    ``ValueError`` for a config with more tensors than any model of it could hold on this machine
+    (`_check_tensor_count`), before a name is built."""
+    check_config(config)
+    _check_tensor_count(config)
+    return _schema(config)
+
+
+def _check_tensor_count(config: TransformerConfig) -> None:
+    """Refuse a config whose tensors alone, at `shared.memory.TENSOR_OVERHEAD` each (the least a
+    model's tensor costs, whatever its size), exceed this machine's memory: its schema would grow
+    until the memory ran out (10**9 layers: 16 names a layer), and no model of it could be built
+    to use the schema. The count comes from `_totals`, which costs the same for any depth."""
+    tensors, _ = _totals(config)
+    limit = memory.total_memory()  # read through the module: a test can replace it
+    if limit is not None and tensors * TENSOR_OVERHEAD > limit:
+        raise ValueError(f"config: n_encoder_layers={config.n_encoder_layers}, n_decoder_layers="
+                         f"{config.n_decoder_layers} make {tensors:,} tensors, which need at least "
+                         f"{tensors * TENSOR_OVERHEAD / 2**30:.1f} GiB ({TENSOR_OVERHEAD // 1024} KiB "
+                         f"a tensor), more than this machine's {limit / 2**30:.1f} GiB")
+
+
+def _schema(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """`weight_schema` unchecked (`_totals` builds one- and two-layer schemas with it)."""
     d, d_ff, inner = config.d_model, config.d_ff, config.n_heads * config.d_k
     learned = config.positional == "learned"
     schema: dict[str, tuple[int, ...]] = {"src_embed.embeddings": (config.src_vocab, d)}
@@ -103,22 +129,34 @@ def weight_schema(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
 
 def tgt_embedding_name(config: TransformerConfig) -> str:
     """The table the decoder embeds with (the source table when embeddings are shared)."""
+    check_config(config)
     return "src_embed.embeddings" if config.share_embeddings else "tgt_embed.embeddings"
 
 
 def tgt_positions_name(config: TransformerConfig) -> str | None:
     """The learned position table the decoder adds (the source one when embeddings are shared);
     ``None`` for a sinusoidal config."""
+    check_config(config)
     if config.positional != "learned":
         return None
     return "src_embed.positions" if config.share_embeddings else "tgt_embed.positions"
 
 
 def parameter_count(config: TransformerConfig) -> int:
+    check_config(config)
     return _totals(config)[1]
 
 
 # -- initialisation -------------------------------------------------------------------------------
+def _check_init(config: TransformerConfig, seed, caller: str) -> None:
+    """The arguments of `init_weights` and `random_weights`, before anything is drawn: a config
+    whose model cannot be held even for inference (the lightest use of weights) is refused from
+    its counts (`check_buildable`), not by NumPy's MemoryError after minutes of allocating."""
+    check_config(config)
+    check_seed(seed)
+    check_buildable(config, "inference", f"{caller}: config")
+
+
 def _xavier_uniform(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     fan_in, fan_out = shape  # kernels are (in, out); embeddings (vocab, d) as torch treats them
     limit = np.sqrt(6.0 / (fan_in + fan_out))
@@ -128,6 +166,7 @@ def _xavier_uniform(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndar
 def init_weights(config: TransformerConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """Training initialisation, deterministic in ``seed``: Xavier-uniform for every matrix (as the
     Annotated Transformer does), zero biases and norm offsets, unit norm gains; in ``config.dtype``."""
+    _check_init(config, seed, "init_weights")
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for name, shape in weight_schema(config).items():
@@ -148,6 +187,7 @@ def random_weights(config: TransformerConfig, seed: int = 0) -> dict[str, np.nda
     with a beta would still agree (zeros and ones); here it cannot. Matrices are Xavier-uniform so
     activations keep a sensible scale; biases and offsets are U(-0.1, 0.1); gains U(0.5, 1.5).
     """
+    _check_init(config, seed, "random_weights")
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for name, shape in weight_schema(config).items():
@@ -234,7 +274,7 @@ def _totals(config: TransformerConfig) -> tuple[int, int]:
     linear in the two layer counts, so three one- and two-layer schemas give them (a config may ask
     for 10**9 layers; this costs the same)."""
     def totals(n_encoder: int, n_decoder: int) -> tuple[int, int]:
-        schema = weight_schema(config.replace(n_encoder_layers=n_encoder, n_decoder_layers=n_decoder))
+        schema = _schema(config.replace(n_encoder_layers=n_encoder, n_decoder_layers=n_decoder))
         return len(schema), int(sum(math.prod(shape) for shape in schema.values()))
     base, encoder, decoder = totals(1, 1), totals(2, 1), totals(1, 2)
     return tuple(b + (e - b) * (config.n_encoder_layers - 1) + (d - b) * (config.n_decoder_layers - 1)
@@ -245,6 +285,7 @@ def check_buildable(config: TransformerConfig, use: str, what: str) -> None:
     """Refuse, naming ``what`` (the option that gave ``config``), a config whose model cannot fit
     this machine's memory for ``use`` ("train" or "inference"; `shared.memory.check_memory`),
     before anything of its size is built: for a config that comes without weights to bound it."""
+    check_config(config)
     tensors, values = _totals(config)
     check_memory(tensors, values, np.dtype(config.dtype).itemsize, use, what)
 
@@ -258,6 +299,7 @@ def check_fits(config: TransformerConfig, tensors: int, values: int | None, sour
     for millions of layers, or a d_model far past the file's, is one line rather than minutes and
     gigabytes. A smaller shortfall (a tensor or a layer missing) is left to the full check, which
     names every missing tensor. ``what``: the tensors as the format calls them ("keys", ...)."""
+    check_config(config)
     needed_tensors, needed_values = _totals(config)
     problems = []
     if 2 * tensors < needed_tensors:
@@ -277,6 +319,7 @@ def check_weights(config: TransformerConfig, weights: Mapping[str, object], sour
     never ``weights`` again: a second read of a lazy or memory-mapped source may differ from what
     was checked. Expected dtype is ``config.dtype`` exactly (no silent casts: a cast would break
     the bit-exact round trip). ``weights`` is not modified."""
+    check_config(config)
     snapshot, problems = snapshot_weights(weights, source)
     arrays = [v for v in snapshot.values() if isinstance(v, np.ndarray)]
     # before a schema of the config's size is built; values counted only where every entry is an
@@ -311,6 +354,8 @@ def check_weights(config: TransformerConfig, weights: Mapping[str, object], sour
 # write_atomically lives in shared.saving with the directory swap; re-exported for the backends.
 def config_differences(a: TransformerConfig, b: TransformerConfig) -> str:
     """``"field: a vs b, ..."`` for every field where two configs differ (for error messages)."""
+    check_config(a, "a")
+    check_config(b, "b")
     da, db = a.to_dict(), b.to_dict()
     return ", ".join(f"{k}: {da[k]!r} vs {db[k]!r}" for k in da if da[k] != db[k])
 
@@ -318,6 +363,8 @@ def config_differences(a: TransformerConfig, b: TransformerConfig) -> str:
 def config_mismatch(where, given: TransformerConfig, stored: TransformerConfig) -> str:
     """The one message for a file whose config is not the one it is read for (a model's
     ``load_into``, ``--config``), whichever reader finds it."""
+    check_config(given, "given")
+    check_config(stored, "stored")
     return (f"{str(where)!r}: the config given (the model's, or --config) differs from the one in "
             f"the file in {config_differences(given, stored)} (given vs the file's)")
 
@@ -332,6 +379,7 @@ def save_checkpoint(path: str | os.PathLike, config: TransformerConfig,
     the new one, never a half-written one, and an interrupted save is repaired by the next load.
     An existing checkpoint at ``path`` is replaced; any other existing file or directory is refused.
     """
+    check_config(config)
     weights = check_weights(config, weights, source="save_checkpoint: weights")
     path = Path(path)
     recover(path)
@@ -346,6 +394,7 @@ def write_checkpoint_files(folder: Path, config: TransformerConfig,
                            weights: Mapping[str, np.ndarray]) -> None:
     """``config.json`` and ``model.safetensors`` into the existing ``folder`` (no fsync, no checks:
     `save_checkpoint` and `twins train` stage a directory with it, then swap it into place)."""
+    check_config(config)
     from safetensors.numpy import save_file
 
     folder = Path(folder)
