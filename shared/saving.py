@@ -37,9 +37,11 @@ import json
 import os
 import shutil
 import signal
+import stat
+import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 from .paths import replaced
 
@@ -149,9 +151,66 @@ def _leftovers(path: Path) -> list[Path]:
 
 def _remove(p: Path) -> None:
     if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p)
+        _rmtree(p)
     else:
         p.unlink()
+
+
+def _rmtree(p: Path, ignore_errors: bool = False) -> None:
+    """``shutil.rmtree``, also through directories their owner made read-only (a user's ``chmod
+    a-w`` folder inside a replaced directory): removing an entry needs its directory writable,
+    so a refused removal makes that directory writable and tries once more. Only directories are
+    changed: a file may be a hard link shared with the new directory (`_carry`)."""
+    def retry(func, path, _):
+        try:
+            parent = os.path.dirname(path)
+            os.chmod(parent, stat.S_IMODE(os.lstat(parent).st_mode) | stat.S_IRWXU)
+            if func is not os.unlink and os.path.isdir(path) and not os.path.islink(path):
+                os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) | stat.S_IRWXU)
+            func(path)
+        except OSError:
+            if not ignore_errors:
+                raise
+    handler = {"onexc": retry} if sys.version_info >= (3, 12) else {"onerror": retry}
+    try:
+        shutil.rmtree(p, **handler)
+    except OSError:
+        if not ignore_errors:
+            raise
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    """A hard link (no bytes copied, the file's own permissions), a copy where links fail."""
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(source, target, follow_symlinks=False)
+
+
+def _carry(source: Path, target: Path) -> None:
+    """``source``, an entry of the directory being replaced, into the staged one as ``target``."""
+    if source.is_symlink():
+        os.symlink(os.readlink(source), target)
+    elif source.is_dir():
+        shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy)
+    else:
+        _link_or_copy(str(source), str(target))
+
+
+def _read_only(path: Path) -> bool:
+    """A directory its owner made read-only (no write bit for the owner: root may write anyway),
+    or one this process may not write."""
+    return not (path.stat().st_mode & stat.S_IWUSR) or not os.access(path, os.W_OK)
+
+
+def _keep_modes(old: Path, new: Path) -> None:
+    """The permission bits of the replaced directory, and of each file replaced by one of the same
+    name, on the new ones: a save replaces the contents, not the owner's choice of who may read."""
+    os.chmod(new, stat.S_IMODE(old.stat().st_mode))
+    for entry in os.scandir(new):
+        before = old / entry.name
+        if entry.is_file(follow_symlinks=False) and before.is_file() and not before.is_symlink():
+            os.chmod(entry.path, stat.S_IMODE(before.stat().st_mode))
 
 
 def recover(path: str | os.PathLike) -> None:
@@ -263,18 +322,30 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def replace_directory(path: str | os.PathLike, fill: Callable[[Path], None]) -> Path:
+def replace_directory(path: str | os.PathLike, fill: Callable[[Path], None],
+                      owned: Collection[str] | None = None) -> Path:
     """Make ``path`` the directory that ``fill(staging)`` writes, crash-safely (module docstring):
     at every instant ``path`` is the complete old directory or the complete new one (with the
     marker protocol, absent for two renames but recoverable by `recover`). ``fill`` receives an
     empty directory and writes the files; it need not fsync them. A symbolic link at ``path`` is
     followed (its target is replaced, the link stays), and anything but a directory there is
     refused (`shared.paths.replaced`); checking that a directory there may be replaced is the
-    caller's."""
+    caller's.
+
+    ``owned``: the names the save is the owner of (a training run's four files). When given, every
+    other entry of the directory replaced (a user's notes, a folder of figures) is carried into
+    the new one before the swap, as hard links where the file system allows; without it the new
+    directory holds what ``fill`` wrote and nothing else (an export: a stale file of an older
+    export would be read as part of the new one). The new directory keeps the old one's
+    permission bits, and a file that replaces one of the same name keeps that file's. A directory
+    made read-only (no write bit for its owner) is refused, not replaced."""
     path = Path(replaced(path, directory=True))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         recover(path)
+        if path.is_dir() and _read_only(path):
+            raise PermissionError(errno.EACCES, "Permission denied: the directory is read-only "
+                                  "(make it writable, chmod u+w, to replace it)", str(path))
         staging = Path(tempfile.mkdtemp(prefix=temporary_name(path), suffix=".new", dir=path.parent))
     except OSError as err:
         raise naming(err, path) from err
@@ -282,6 +353,11 @@ def replace_directory(path: str | os.PathLike, fill: Callable[[Path], None]) -> 
     try:
         os.chmod(staging, 0o777 & ~umask())  # mkdtemp makes it private; a checkpoint is an ordinary dir
         fill(staging)
+        if path.is_dir():
+            if owned is not None:
+                for name in sorted(set(os.listdir(path)) - set(owned) - set(os.listdir(staging))):
+                    _carry(path / name, staging / name)
+            _keep_modes(path, staging)
         fault_point("staging")  # (the tests write part of the files before this point)
         fsync_tree(staging)
         fault_point("staged")
@@ -309,7 +385,7 @@ def replace_directory(path: str | os.PathLike, fill: Callable[[Path], None]) -> 
     finally:
         for p in (staging, old):
             if p is not None and p.exists():
-                shutil.rmtree(p, ignore_errors=True)
+                _rmtree(p, ignore_errors=True)
     fault_point("cleaned")
     return path
 

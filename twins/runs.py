@@ -144,4 +144,5 @@ def save_run(path: Path, config: TransformerConfig, weights: dict, moments: dict
             json.dump(log, f, indent=1)
             f.write("\n")
 
-    replace_directory(path, fill)
+    # The run's own files; anything else in the directory (notes, figures) is the user's and kept.
+    replace_directory(path, fill, owned=(neutral.CONFIG_FILE, neutral.WEIGHTS_FILE, OPTIMIZER_FILE, LOG_FILE))
