@@ -197,10 +197,14 @@ def _carry(source: Path, target: Path) -> None:
         _link_or_copy(str(source), str(target))
 
 
-def _read_only(path: Path) -> bool:
-    """A directory its owner made read-only (no write bit for the owner: root may write anyway),
-    or one this process may not write."""
-    return not (path.stat().st_mode & stat.S_IWUSR) or not os.access(path, os.W_OK)
+def check_not_read_only(path: str | os.PathLike) -> None:
+    """Refuse to replace a directory its owner made read-only (no write bit for the owner: root
+    could write it anyway) or one this process may not write; `replace_directory` checks it, and a
+    command that works long before it saves (`twins train`) checks it first."""
+    path = Path(path)
+    if path.is_dir() and (not (path.stat().st_mode & stat.S_IWUSR) or not os.access(path, os.W_OK)):
+        raise PermissionError(errno.EACCES, "Permission denied: the directory is read-only "
+                              "(make it writable, chmod u+w, to replace it)", str(path))
 
 
 def _keep_modes(old: Path, new: Path) -> None:
@@ -343,9 +347,7 @@ def replace_directory(path: str | os.PathLike, fill: Callable[[Path], None],
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         recover(path)
-        if path.is_dir() and _read_only(path):
-            raise PermissionError(errno.EACCES, "Permission denied: the directory is read-only "
-                                  "(make it writable, chmod u+w, to replace it)", str(path))
+        check_not_read_only(path)
         staging = Path(tempfile.mkdtemp(prefix=temporary_name(path), suffix=".new", dir=path.parent))
     except OSError as err:
         raise naming(err, path) from err
