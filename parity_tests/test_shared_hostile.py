@@ -242,3 +242,15 @@ def test_an_unknown_bound_lists_the_known_names():
     with pytest.raises(ValueError, match=r"^no parity bound for dtype='float8', pair='torch:tf' \(the "
                                          r"dtypes with bounds are bfloat16, float16, float32, float64\)"):
         bound_for("float8", "torch:tf")
+
+
+@pytest.mark.parametrize("seed, error", [(None, TypeError), (1.5, TypeError), (-1, ValueError)])
+def test_task_examples_check_their_seed(seed, error):
+    """The demo tasks' examples are deterministic in their seed: None drew fresh entropy, and a
+    float or a negative seed raised NumPy's own errors."""
+    from shared.tasks import copy_examples, make_task
+    with pytest.raises(error, match=r"seed: expected an int >= 0, got"):
+        copy_examples(2, seed)
+    with pytest.raises(error, match=r"seed: expected an int >= 0, got"):
+        make_task("copy", 2, seed)
+    assert copy_examples(2, np.int64(3)) == copy_examples(2, 3)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .checks import check_seed, is_int
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
 CHARS = string.digits + string.ascii_lowercase + " -./"
@@ -73,9 +75,18 @@ def batch_sequences(sources: list[list[int]], targets: list[list[int]], start_id
     return src, tgt_in, tgt_out
 
 
+def _check_draw(n, seed) -> None:
+    """A count of examples and a seed, before anything is drawn: a seed of None would draw fresh
+    entropy where the examples are promised deterministic in it (`check_seed`)."""
+    if not is_int(n) or n < 0:
+        raise ValueError(f"n: expected an int >= 0, got {n!r}")
+    check_seed(seed)
+
+
 # -- copy -----------------------------------------------------------------------------------------
 def copy_examples(n: int, seed: int, length: int = COPY_LENGTH) -> list[tuple[list[int], list[int]]]:
     """``n`` (source, target) pairs of ``length`` random symbols each; the target equals the source."""
+    _check_draw(n, seed)
     rng = np.random.default_rng(seed)
     symbols = rng.integers(len(SPECIALS), COPY_VOCAB, size=(n, length))
     return [(row.tolist(), row.tolist()) for row in symbols]
@@ -113,6 +124,7 @@ def date_examples(n: int, seed: int) -> list[tuple[str, str]]:
         from babel.dates import format_date
     except ImportError as err:  # babel is the `demo` extra
         raise ImportError("the dates task needs babel: pip install 'twin-transformer[demo]'") from err
+    _check_draw(n, seed)
     rng = np.random.default_rng(seed)
     span = (LAST_DAY - FIRST_DAY).days + 1
     out = []
