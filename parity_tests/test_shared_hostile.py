@@ -249,8 +249,9 @@ def test_task_examples_check_their_seed(seed, error):
     """The demo tasks' examples are deterministic in their seed: None drew fresh entropy, and a
     float or a negative seed raised NumPy's own errors."""
     from shared.tasks import copy_examples, make_task
-    with pytest.raises(error, match=r"seed: expected an int >= 0, got"):
+    with pytest.raises(error, match=r"seed: expected an int >= 0 or a list of them, got"):
         copy_examples(2, seed)
-    with pytest.raises(error, match=r"seed: expected an int >= 0, got"):
-        make_task("copy", 2, seed)
+    with pytest.raises(error, match=r"seed: expected an int >= 0 or a list of them, got"):
+        make_task("copy", 2, [0, seed])
     assert copy_examples(2, np.int64(3)) == copy_examples(2, 3)
+    assert copy_examples(2, [0, 1]) == copy_examples(2, [0, 1]) != copy_examples(2, [0, 2])

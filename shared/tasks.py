@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checks import check_seed, is_int
+from .checks import is_int
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
@@ -76,11 +76,16 @@ def batch_sequences(sources: list[list[int]], targets: list[list[int]], start_id
 
 
 def _check_draw(n, seed) -> None:
-    """A count of examples and a seed, before anything is drawn: a seed of None would draw fresh
-    entropy where the examples are promised deterministic in it (`check_seed`)."""
+    """A count of examples and a seed, before anything is drawn: an int >= 0 or a list of them
+    (NumPy's entropy for a stream of its own: `twins.demo_tasks` draws step ``s`` of a run seeded
+    ``r`` with ``[r, s]``); None would draw fresh entropy where the examples are promised
+    deterministic in their seed (`check_seed`)."""
     if not is_int(n) or n < 0:
         raise ValueError(f"n: expected an int >= 0, got {n!r}")
-    check_seed(seed)
+    for part in (seed if isinstance(seed, (list, tuple)) and seed else [seed]):
+        if not is_int(part) or part < 0:
+            kind = TypeError if not is_int(part) else ValueError
+            raise kind(f"seed: expected an int >= 0 or a list of them, got {seed!r}")
 
 
 # -- copy -----------------------------------------------------------------------------------------
