@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import numbers
+import re
 from typing import Sequence
 
 from .config import TransformerConfig  # imports nothing of the project's: no cycle
@@ -34,17 +35,26 @@ def check_config(config, name: str = "config") -> None:
         raise TypeError(f"{name}: expected a TransformerConfig, got {type(config).__name__}")
 
 
-def int_argument(text: str, low: int, high: int | None = None) -> int:
-    """An ``argparse`` type's int of at least ``low`` (and at most ``high``): argparse's usage error
-    (exit 2, ``argument --seed: expected an int >= 0, got -1``) for anything else, while the
-    command line is parsed."""
-    expected = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
+def int_argument(text: str, low: int | None = None, high: int | None = None) -> int:
+    """An ``argparse`` type's int of at least ``low`` (and at most ``high``; neither: any int):
+    argparse's usage error (exit 2, ``argument --seed: expected an int >= 0, got -1``) for anything
+    else, while the command line is parsed. Only an optional sign and ASCII digits are an int here,
+    as ``twins decode --src`` reads token ids: ``int()`` also takes ``"1_0"`` (10), other scripts'
+    digits (``"\u0663"``, 3) and surrounding spaces, so a typo or a pasted character ran as a count."""
+    if low is None:
+        expected = "an int" if high is None else f"an int <= {high}"
+    else:
+        expected = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
+    shown = repr(text) if len(text) <= 80 else f"{text[:80]!r}... ({len(text):,} characters)"
+    if not re.fullmatch(r"[+-]?[0-9]+", text):
+        raise argparse.ArgumentTypeError(f"expected {expected} (ASCII digits), got {shown}")
     try:
         value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-    if value < low or (high is not None and value > high):
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+    except ValueError:  # more digits than Python converts (4300)
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {shown}") from None
+    if (low is not None and value < low) or (high is not None and value > high):
+        got = value if len(text) <= 80 else f"{text[:80]}... ({len(text):,} characters)"
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {got}")
     return value
 
 

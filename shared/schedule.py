@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 from .checks import is_int
-from .config import FLOAT32_MAX
+from .config import FLOAT32_MAX, FLOAT32_TINY
 
 
 def noam_lr(step, d_model: int, warmup: int, factor: float = 1.0):
@@ -34,6 +34,13 @@ def noam_lr(step, d_model: int, warmup: int, factor: float = 1.0):
         raise ValueError(f"noam_lr: factor expected a peak rate factor * d_model**-0.5 * warmup**-0.5 "
                          f"that float32 holds (<= {FLOAT32_MAX:.4g}), got factor={factor!r} "
                          f"(peak {peak:.4g})")
+    # The rate the optimizers see is float32: a peak below its smallest normal rounds to a subnormal
+    # or to 0 there, and `twins train --factor 1e-320` trained at a rate of exactly 0 (no weight
+    # ever changed, exit 0).
+    if not peak >= FLOAT32_TINY:
+        raise ValueError(f"noam_lr: factor expected a peak rate factor * d_model**-0.5 * warmup**-0.5 "
+                         f"that float32 holds as a normal number (>= {FLOAT32_TINY:.4g}), got "
+                         f"factor={factor!r} (peak {peak:.4g})")
     steps = np.asarray(step)
     # One message for every bad step: NumPy holds an int past 2**64 as an object array, so "not an
     # int" and "too large" cannot always be told apart here.

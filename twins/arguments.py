@@ -3,7 +3,10 @@ the command line is parsed, so before anything is read, written or started
 (``twins convert: error: argument --seed: expected an int >= 0, got -1``)."""
 from __future__ import annotations
 
+import argparse
+
 from shared.checks import int_argument
+from shared.config import PRESETS
 
 
 # TensorFlow's seeds are below 2**32 and `twins train` seeds a run's dropout with seed + step + a
@@ -15,3 +18,27 @@ def seed(text: str) -> int:
     """A random seed: an int in [0, `SEED_MAX`] (NumPy takes no negative seed, TensorFlow none of
     2**32 or more: a larger one failed in one backend and ran in the other)."""
     return int_argument(text, 0, SEED_MAX)
+
+
+def integer(text: str) -> int:
+    """Any int as typed: an optional sign and ASCII digits (`shared.checks.int_argument`). For the
+    options whose range a command checks itself, after parsing (``--batch 0`` is "expected a
+    positive int", named by the command); ``int`` as a type took ``"1_0"`` and other scripts' digits."""
+    return int_argument(text)
+
+
+def path(text: str) -> str:
+    """A file or directory path: anything but the empty string, refused while the command line is
+    parsed (``argument --config: expected a path, got ''``). ``Path("")`` is the current
+    directory, and an empty option read as "not given" ran the default preset, model or config."""
+    if text == "":
+        raise argparse.ArgumentTypeError("expected a path, got ''")
+    return text
+
+
+def preset(text: str) -> str:
+    """A preset's name (`shared.config.PRESETS`), refused while the command line is parsed with
+    the names to choose from: ``''`` is no name (it read as "no preset": the default model)."""
+    if text not in PRESETS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(sorted(PRESETS))}, got {text!r}")
+    return text

@@ -1,6 +1,7 @@
 """`twins compare`: one set of weights in NumPy, PyTorch and TensorFlow; where do they part?"""
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from itertools import combinations
@@ -13,6 +14,7 @@ from shared.threads import check_threads
 from shared.tolerances import bound_for, max_abs_diff, max_rel_diff
 from shared import TransformerConfig
 from shared.config import PRESETS
+from shared.memory import total_memory
 from shared.precision import HALF_PRECISIONS
 from shared.saving import write_atomically
 from shared.weights import check_buildable, random_weights
@@ -20,54 +22,113 @@ from shared.weights import check_buildable, random_weights
 from . import arguments, loading
 from .backends import COMPARED, Unavailable, make_adapter
 
+DEFAULT_PRESET = "small"  # without --preset, --config or --checkpoint
+
 
 def add_arguments(parser) -> None:
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--preset", default="small", choices=sorted(PRESETS),
-                        help="named config (default: small)")
-    source.add_argument("--config", metavar="FILE.json", help="a TransformerConfig as JSON")
-    source.add_argument("--checkpoint", metavar="PATH", help="weights in any readable format "
-                        "(`twins convert --list-formats`; --from and the format's options as there)")
+    source.add_argument("--preset", choices=sorted(PRESETS),
+                        help=f"named config (default: {DEFAULT_PRESET})")
+    source.add_argument("--checkpoint", metavar="PATH", type=arguments.path,
+                        help="weights in any readable format (`twins convert --list-formats`; --from "
+                             "and the format's options as there)")
+    # Not in the group: with --checkpoint it is the config of a file that holds none.
+    parser.add_argument("--config", metavar="FILE.json", type=arguments.path,
+                        help="a TransformerConfig as JSON (random weights); with --checkpoint, the "
+                             "config of a .pt holding a bare torch_impl state dict or a .weights.h5 "
+                             "written by plain Keras save_weights (files written by this project hold "
+                             "theirs)")
     parser.add_argument("--dtype", choices=["float32", "float64", *HALF_PRECISIONS],
                         help="override the config's dtype; bfloat16 / float16: a float32 model run in "
                         "that mixed precision by torch and tf, forward and decoding (shared.precision), "
                         "against the float64 oracle")
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--src-len", type=int, default=16)
-    parser.add_argument("--tgt-len", type=int, default=12)
+    parser.add_argument("--batch", type=arguments.integer, default=2,
+                        help="rows of the random batch (default 2; bounded by this machine's memory: "
+                             "every implementation's trace of it is held at once)")
+    parser.add_argument("--src-len", type=arguments.integer, default=16)
+    parser.add_argument("--tgt-len", type=arguments.integer, default=12)
     parser.add_argument("--seed", type=arguments.seed, default=0)
     parser.add_argument("--backends", default="torch,tf",
                         help="comma-separated implementations to compare with the reference: torch, "
                              "tf, onnx (ONNX Runtime on an in-memory export: the logits only, its "
-                             "graphs name no other intermediate)")
+                             "graphs name no other intermediate; not with --dtype bfloat16). A run "
+                             "that compares nothing (none named, or every one not installed) fails, "
+                             "exit 1")
     parser.add_argument("--decode", action="store_true",
                         help="also decode greedily in every implementation and compare the tokens")
-    parser.add_argument("--max-new", type=int, default=10, help="tokens to decode with --decode (default 10)")
+    parser.add_argument("--max-new", type=arguments.integer, default=10,
+                        help="tokens to decode with --decode (default 10)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
-    parser.add_argument("--threads", type=int, metavar="N",
+    parser.add_argument("--threads", type=arguments.integer, metavar="N",
                         help="CPU threads of each framework (default: its own, one per core; idle "
                              "threads sleep, OMP_WAIT_POLICY=PASSIVE, see shared/threads.py)")
     loading.add_arguments(parser, config=False, skip=("dtype",))  # --dtype: compare's own
 
 
-def _load(args) -> tuple[TransformerConfig, dict]:
-    if args.checkpoint:
+def _source(args) -> tuple[TransformerConfig, dict | None]:
+    """The config and, from ``--checkpoint``, its weights (None: random weights to draw, once the
+    sizes are checked)."""
+    if args.checkpoint is not None:  # with --config where the file holds no config (loading.config_of)
         _, config, weights = loading.read(args.checkpoint, args)
     else:
-        if args.config:
+        if args.config is not None:
             config = loading.config_file(args.config)
         else:
-            config = TransformerConfig.preset(args.preset)
+            config = TransformerConfig.preset(args.preset or DEFAULT_PRESET)
         weights = None
     dtype = "float32" if args.dtype in HALF_PRECISIONS else args.dtype  # half: float32 weights
     if dtype and dtype != config.dtype:
         config = config.replace(dtype=dtype)
         weights = None if weights is None else {k: v.astype(dtype) for k, v in weights.items()}
     if weights is None:
-        check_buildable(config, "inference", f"--config {args.config!r}" if args.config
-                        else f"--preset {args.preset}")
-        weights = random_weights(config, args.seed)
+        check_buildable(config, "inference", f"--config {args.config!r}" if args.config is not None
+                        else f"--preset {args.preset or DEFAULT_PRESET}")
     return config, weights
+
+
+def trace_bytes(config: TransformerConfig, batch: int, src_len: int, tgt_len: int,
+                backends: list[str]) -> int:
+    """The bytes of the traces `run` holds at once for a batch of ``batch`` rows: the reference's
+    (float64) and each backend's (the model's dtype; ONNX Runtime's: the logits alone), every named
+    intermediate of `shared.reference.trace_names` counted at its shape. A floor: what each
+    implementation allocates on the way (its own activations, the weights) comes on top."""
+    from shared.reference import trace_names
+    heads, d, vocab = config.n_heads, config.d_model, config.tgt_vocab
+    values = 0  # of one row
+    for name in trace_names(config):
+        length = src_len if name.startswith("encoder.") else tgt_len
+        if name == "logits":
+            values += tgt_len * vocab
+        elif name.endswith("cross_attn.weights"):
+            values += heads * tgt_len * src_len
+        elif name.endswith(".weights"):
+            values += heads * length * length
+        else:
+            values += length * d
+    logits = tgt_len * vocab
+    itemsize = 8 if config.dtype == "float64" else 4
+    per_row = values * 8 + sum(logits * itemsize if b == "onnx" else values * itemsize for b in backends)
+    return batch * per_row
+
+
+# The package each backend's trace needs (`importlib.util.find_spec`: nothing is imported).
+_FRAMEWORK = {"torch": "torch", "tf": "tensorflow", "onnx": "onnxruntime"}
+
+
+def _check_batch_fits(config: TransformerConfig, args, backends: list[str]) -> None:
+    """Refuse a ``--batch`` whose traces (`trace_bytes`) exceed this machine's memory
+    (`shared.memory.total_memory`), before anything of the batch's size is built: ``--batch
+    100000000`` was killed by the kernel's OOM killer (exit 137, no message)."""
+    limit = total_memory()
+    # only the backends that can run here hold a trace (one not installed is skipped): a floor
+    present = [b for b in backends if importlib.util.find_spec(_FRAMEWORK[b]) is not None]
+    need = trace_bytes(config, args.batch, args.src_len, args.tgt_len, present)
+    if limit is not None and need > limit:
+        compared = ", ".join(["reference", *present])
+        raise ValueError(f"--batch {args.batch}: at --src-len {args.src_len} and --tgt-len "
+                         f"{args.tgt_len} the traces of {compared} (held at once) need at least "
+                         f"{need / 2**30:,.1f} GiB, more than this machine's {limit / 2**30:.1f} GiB; "
+                         "give a smaller --batch")
 
 
 def run(args) -> int:
@@ -81,23 +142,30 @@ def run(args) -> int:
         raise ValueError(f"--backends: expected names from {COMPARED}, got {unknown}")
     if len(set(backends)) < len(backends):  # (none: the reference alone)
         raise ValueError(f"--backends: expected each of {COMPARED} at most once, got {args.backends!r}")
+    if "onnx" in backends and args.dtype == "bfloat16":  # it was skipped, and nothing compared passed
+        raise ValueError("--backends onnx with --dtype bfloat16: the ONNX export computes in float32, "
+                         "float64 or float16, not bfloat16; drop onnx from --backends or choose "
+                         "another --dtype")
+    if args.preset is not None and args.config is not None:
+        raise ValueError(f"--config {args.config!r} with --preset {args.preset}: give one of them "
+                         "(--config goes with --checkpoint only for a file that holds no config)")
     if args.json is not None and args.json != "-":  # a FIFO would block the write after the work
         loading.check_output("--json", args.json, {"--checkpoint": args.checkpoint,
                                                    "--config": args.config})
-    config, weights = _load(args)
+    config, weights = _source(args)
     for name in ("src_len", "tgt_len", "max_new"):  # named as typed, before any model sees them
         if getattr(args, name) > config.max_len:
             raise ValueError(f"--{name.replace('_', '-')}: expected at most the model's max_len="
                              f"{config.max_len}, got {getattr(args, name)}")
+    _check_batch_fits(config, args, backends)
+    if weights is None:
+        weights = random_weights(config, args.seed)
     # With --json - stdout carries the JSON alone (to pipe it); the table goes to stderr.
     out = sys.stderr if args.json == "-" else sys.stdout
     src, tgt = src_tgt(config, args.batch, args.src_len, args.tgt_len, seed=args.seed)
 
     adapters, skipped = {"reference": make_adapter("reference", config, weights)}, {}
     for name in backends:
-        if name == "onnx" and args.dtype == "bfloat16":
-            skipped[name] = "the ONNX export computes in float32, float64 or float16, not bfloat16"
-            continue
         try:
             adapters[name] = make_adapter(name, config, weights, threads=args.threads)
         except Unavailable as err:
@@ -114,7 +182,9 @@ def run(args) -> int:
     order = {"onnx": 0, "torch": 1, "tf": 2, "reference": 3}
     pairs = [tuple(sorted(p, key=order.get)) for p in combinations(adapters, 2)]
 
-    rows, first_parting, ok = [], None, True
+    # Nothing compared is no agreement: every backend skipped (not installed), or none asked for
+    # (--backends '': the reference's intermediates alone) fails, as the table says.
+    rows, first_parting, ok = [], None, bool(pairs)
     for name in names:
         ref = traces["reference"][name]
         row = {"name": name, "shape": list(ref.shape), "pairs": {},
@@ -135,7 +205,7 @@ def run(args) -> int:
                                             "bound": bound.rtol, "pass": passed}
             if not passed:
                 ok = False
-        if not ok and first_parting is None:
+        if not ok and first_parting is None and pairs:
             first_parting = {"name": name, "pairs": [p for p, r in row["pairs"].items() if not r["pass"]],
                              "diverging": diverging(row)}
         rows.append(row)
@@ -215,6 +285,10 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out
         else:
             print(f"PASS: all {len(rows)} intermediates agree for {', '.join(a + ' vs ' + b for a, b in pairs)}",
                   file=out)
+    else:
+        why = "every backend asked for was skipped" if skipped else "--backends named none"
+        print(f"FAIL: nothing was compared ({why}): a comparison needs the reference and at least "
+              "one backend", file=out)
     print("forward time (median of 5; torch eval + no_grad, tf under tf.function): "
           + ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in timings.items()), file=out)
 

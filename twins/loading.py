@@ -4,12 +4,15 @@ options on the command line, and `read` (one call, `shared.formats.read`). ``twi
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from shared import TransformerConfig, formats
 from shared.paths import check_source, read_json, replaced
 from shared.saving import recover
 from shared.weights import WeightsError
+
+from . import arguments
 
 
 def check_output(option: str, path, inputs: dict[str, object]) -> None:
@@ -49,7 +52,7 @@ def add_arguments(parser, write: bool = False, config: bool = True, skip: tuple[
                             help=f"the destination's format, one of {', '.join(formats.names('write'))} "
                                  f"(default: recognised from the path)")
     if config:
-        parser.add_argument("--config", metavar="FILE.json",
+        parser.add_argument("--config", metavar="FILE.json", type=arguments.path,
                             help="the config, for a .pt holding a bare torch_impl state dict or "
                                  "a .weights.h5 written by plain Keras save_weights (files written "
                                  "by this project hold theirs)")
@@ -59,7 +62,9 @@ def add_arguments(parser, write: bool = False, config: bool = True, skip: tuple[
     for option in formats.options(None if write else "read").values():
         if option.name in skip:
             continue
-        group.add_argument(flag(option.name), dest=option.name, type=option.type,
+        # an int option as typed: ASCII digits (int() took "1_0" and other scripts' digits)
+        kind = arguments.integer if option.type is int else option.type
+        group.add_argument(flag(option.name), dest=option.name, type=kind,
                            choices=option.choices, metavar=option.metavar,
                            action="append" if option.repeat else "store",
                            help=f"{option.help} [{formats.users(option.name)}]")
@@ -73,15 +78,26 @@ def given_options(args, direction: str | None = None) -> dict:
 
 
 def config_of(args) -> TransformerConfig | None:
-    if not getattr(args, "config", None) or getattr(args, "checkpoint", None):
+    """``--config``'s `TransformerConfig` for the source being read (None where not given): the
+    config of a file that holds none (``decode --checkpoint bare.pt --config c.json``, as
+    ``convert bare.pt out --config c.json``); a format that holds its own refuses one by name."""
+    if getattr(args, "config", None) is None:
         return None
     return config_file(args.config)
 
 
 def config_file(path: str, what: str = "--config") -> TransformerConfig:
     """The `TransformerConfig` of the JSON file ``path`` given as ``what``; every problem (not a
-    regular file, not UTF-8, not JSON, not a config) a ValueError naming both."""
-    data = read_json(path, what)
+    regular file, not UTF-8, not JSON, not a config) a ValueError naming both; a file that cannot
+    be opened (missing, unreadable) an OSError of the same kind naming both."""
+    if not str(path):  # open("") fails as "'': No such file or directory", naming nothing
+        raise ValueError(f"{what}: expected a path, got ''")
+    try:
+        data = read_json(path, what)
+    except OSError as err:
+        if err.strerror is None:  # already says what it is (a loop of links, named)
+            raise
+        raise type(err)(f"{what} {str(path)!r}: {err.strerror[:1].lower()}{err.strerror[1:]}") from None
     if isinstance(data, dict) and {"format_version", "config"} <= set(data):
         raise ValueError(f"{what} {path!r}: a checkpoint's config.json, not a TransformerConfig "
                          "(give the checkpoint itself with --checkpoint, or its 'config' object)")
@@ -115,6 +131,11 @@ def read(path: str, args, what: str = "--checkpoint", options: dict | None = Non
         config, weights = fmt.read(path, config, **options)
     except ValueError as err:
         raise respelled(err, options) from None
+    except FileNotFoundError as err:  # a part of the source missing: "load_checkpoint: missing ..."
+        if err.filename is not None:  # an OS error naming its file: `twins.cli.describe` names it
+            raise
+        said = re.sub(r"^[a-z_]+: ", "", str(err))  # the reader's own name: "load_checkpoint: "
+        raise FileNotFoundError(f"{what} {str(path)!r}: not a {fmt.name} checkpoint ({said})") from None
     return fmt, config, weights
 
 
