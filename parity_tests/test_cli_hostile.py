@@ -280,3 +280,36 @@ def test_a_missing_config_file_names_the_option(argv, tmp_path, capsys, monkeypa
     refused(capsys, argv[0], "--config 'nonexist.json': no such file or directory", *argv[1:])
     assert not list(tmp_path.iterdir())
 
+
+
+def test_decode_and_convert_take_paths_and_integers_as_typed(capsys, tiny_checkpoint, tmp_path,
+                                                              monkeypatch):
+    """decode's counts are ASCII digits like its ids (``int`` took "١" and "1_0"); an empty
+    --src-file read as "not given" ("nothing to decode"); ``convert CK ''`` and ``convert CK .``
+    tried to replace the current directory and failed after reading ('.': Device or resource
+    busy), which would leave a shell in a deleted directory where the rename succeeds."""
+    ck = str(tiny_checkpoint)
+    for option, value in (("--max-new", "\u0663"), ("--beam-size", "1_0"), ("--threads", " 1")):
+        refused(capsys, "decode", f"argument {option}: expected an int (ASCII digits), got {value!r}",
+                "--checkpoint", ck, "--src", "4 5", option, value)
+    refused(capsys, "decode", "argument --src-file: expected a path, got ''", "--checkpoint", ck,
+            "--src-file", "")
+    refused(capsys, "convert", "argument DST: expected a path, got ''", ck, "")
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "a" / "b")
+    for here in (".", str(tmp_path / "a")):
+        refused(capsys, "convert", "is the current directory or holds it, which a save would replace",
+                ck, here)
+    assert [p.name for p in tmp_path.rglob("*")] == ["a", "b"]
+
+
+def test_decode_refuses_a_config_for_an_onnx_export(capsys, tiny_checkpoint, tmp_path):
+    """An ONNX export computes the config in its config.json: a --config beside it was ignored."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    export = tmp_path / "export"
+    assert cli(capsys, "convert", str(tiny_checkpoint), str(export), "--to", "onnx")[0] == 0
+    other = tmp_path / "other.json"
+    other.write_text(TINY.replace(n_heads=2).to_json())
+    refused(capsys, "decode", "--config: --checkpoint", "--checkpoint", str(export), "--backend", "onnx",
+            "--config", str(other), "--src", "4 5")

@@ -20,9 +20,9 @@ from . import arguments, loading
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("src", metavar="SRC", nargs="?",
+    parser.add_argument("src", metavar="SRC", nargs="?", type=arguments.path,
                         help="the source: a file or directory of any readable format")
-    parser.add_argument("dst", metavar="DST", nargs="?",
+    parser.add_argument("dst", metavar="DST", nargs="?", type=arguments.path,
                         help="the destination, replaced atomically if it exists (a directory is "
                              "neutral, *.pt torch, *.weights.h5 tf; others need --to)")
     parser.add_argument("--list-formats", action="store_true",
@@ -49,6 +49,10 @@ def run(args) -> int:
     if dst in src.parents:  # a directory export replaces DST whole: the source inside it would go too
         raise ValueError(f"DST {args.dst!r} contains SRC {args.src!r}: replacing it would delete the "
                          "source; write elsewhere")
+    here = Path.cwd().resolve()
+    if dst == here or dst in here.parents:  # replaced whole: a shell would be left in a deleted folder
+        raise ValueError(f"DST {args.dst!r} is the current directory or holds it, which a save "
+                         "would replace; name a path inside it")
     given = loading.given_options(args)
     writes = {o.name for o in dst_fmt.write_options}
     write_options = formats.check_options(dst_fmt, "write", {k: v for k, v in given.items() if k in writes},

@@ -33,8 +33,8 @@ from shared.saving import write_atomically
 from shared.precision import HALF_PRECISIONS, check_precision
 from shared.threads import check_threads
 
+from . import arguments, loading
 from . import demo_tasks as tasks
-from . import loading
 from .backends import DECODERS, OnnxRuntime, make_adapter
 from .runs import read_log
 
@@ -43,7 +43,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("inputs", nargs="*", metavar="INPUT",
                         help="demo text to decode: a date (quote it), or for copy symbol ids "
                              "separated by spaces (quoted as one argument)")
-    parser.add_argument("--checkpoint", required=True, metavar="PATH",
+    parser.add_argument("--checkpoint", required=True, metavar="PATH", type=arguments.path,
                         help="any readable format: a run directory of `twins train`, a neutral "
                              "directory, a .pt, a .weights.h5, a Marian directory, ... "
                              "(`twins convert --list-formats`)")
@@ -54,7 +54,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--src", action="append", metavar="IDS",
                         help="source token ids separated by spaces, quoted as one argument "
                              "(repeatable: one row each)")
-    parser.add_argument("--src-file", metavar="FILE",
+    parser.add_argument("--src-file", metavar="FILE", type=arguments.path,
                         help="source token ids, one row of space-separated ids per line")
     parser.add_argument("--task", choices=tasks.TASKS,
                         help="copy or dates, for INPUT / --heldout (default: from the run's log, "
@@ -62,11 +62,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--heldout", type=lambda text: int_argument(text, 1, MAX_HELDOUT), metavar="N",
                         help=f"decode and score the first N held-out examples of the demo task "
                              f"(N <= {MAX_HELDOUT})")
-    parser.add_argument("--beam-size", type=int, default=1, metavar="K",
+    parser.add_argument("--beam-size", type=arguments.integer, default=1, metavar="K",
                         help="beam search with K beams (default 1: greedy)")
     parser.add_argument("--length-penalty", type=float, default=0.0, metavar="ALPHA",
                         help="GNMT length penalty alpha >= 0 of beam search (default 0: none)")
-    parser.add_argument("--max-new", type=int, metavar="N",
+    parser.add_argument("--max-new", type=arguments.integer, metavar="N",
                         help="new tokens at most, EOS included (default: ids: the longest row + 10; "
                              "demos: target length + 1; at most the model's max_len)")
     parser.add_argument("--json", metavar="FILE", help="ids: also write the results as JSON ('-': "
@@ -76,7 +76,7 @@ def add_arguments(parser) -> None:
                              "float64), or bfloat16 / float16 mixed precision with float32 weights, "
                              "residual stream, layer norm, softmax and search (shared.precision); an "
                              "ONNX export computes in the precision it was exported in (the default)")
-    parser.add_argument("--threads", type=int, metavar="N",
+    parser.add_argument("--threads", type=arguments.integer, metavar="N",
                         help="CPU threads of the framework (default: its own, one per core; idle "
                              "threads sleep, OMP_WAIT_POLICY=PASSIVE, see shared/threads.py)")
     loading.add_arguments(parser)
@@ -190,6 +190,9 @@ def run(args) -> int:
         if args.backend != "onnx":
             raise ValueError(f"--checkpoint {args.checkpoint!r} is an ONNX export: decode it with "
                              f"--backend onnx (got --backend {args.backend})")
+        if args.config is not None:  # it was ignored: the export's config.json is what it computes
+            raise ValueError(f"--config: --checkpoint {args.checkpoint!r} is an ONNX export, which "
+                             "holds its config; do not pass one")
         config, weights = read_onnx(args.checkpoint)[0], None
         args.precision = args.precision or export_precision(args.checkpoint)
     else:
