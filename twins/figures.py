@@ -19,36 +19,49 @@ train_log.json files):
   loaded in torch_impl and in tf_impl, the same input, the attention weights of the last layer's
   encoder self-attention, decoder self-attention and cross-attention, every head, torch beside TF;
   the largest difference between the two is in the title.
+
+Nothing is written until everything has been read and checked (docs/design.md, section "Saving
+and recovery"; docs/usage.md, "How every command behaves"): every --checkpoint and --log is read
+and its fields checked, every --input parsed for its task and model, the attention computed in
+both backends, and every destination checked (what is there is a regular file or nothing, and
+none is a file the command reads: a PNG drawn over its own --log, or through a link over a
+checkpoint's weights, destroyed it); only then is the --out directory made. Each figure's size in
+pixels is checked before the first PNG is written. Figures may be written into a run directory
+(a resumed run keeps them): only the files a checkpoint is read from are kept from them.
 """
 from __future__ import annotations
 
+import math
+import os
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from shared import formats
 from shared.checks import int_argument
-from shared.paths import kind, replaced
+from shared.paths import check_source, kind, replaced
 from shared.saving import write_atomically
 from shared import tasks as data
 from shared.masks import make_src_mask, make_tgt_mask, subsequent_mask
 from shared.positional import positional_encoding
 from shared.schedule import noam_lr
 
+from . import arguments
 from . import demo_tasks as tasks
+from . import loading
 
 STATIC = ("positional_encoding.png", "masks.png", "noam.png")
 COLORS = {"torch": "#ee4c2c", "tf": "#1f77b4"}  # PyTorch orange-red, TensorFlow blue
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for the PNG files")
-    parser.add_argument("--checkpoint", action="append", default=[], metavar="PATH",
+    parser.add_argument("--out", required=True, metavar="DIR", type=arguments.path,
+                        help="folder for the PNG files")
+    parser.add_argument("--checkpoint", action="append", default=[], metavar="PATH", type=arguments.path,
                         help="a run directory of `twins train` (repeatable): its training curve, and "
                              "for the first run of each task the attention figure; or a demo model "
                              "in any readable format (`twins convert --list-formats`): its attention")
-    parser.add_argument("--log", action="append", default=[], metavar="FILE",
+    parser.add_argument("--log", action="append", default=[], metavar="FILE", type=arguments.path,
                         help="a train_log.json (repeatable): its training curve")
     parser.add_argument("--input", action="append", default=[], metavar="TEXT",
                         help="the input of the attention figure of its task (default: an example)")
@@ -76,14 +89,19 @@ def _pyplot():
     return plt
 
 
+def _check_size(name: str, figsize: tuple[float, float], dpi: int) -> None:
+    """Refuse a figure of ``figsize`` inches whose pixels at ``dpi`` outgrow `MAX_PIXELS`, before
+    it is built (a figure of many heads is tall)."""
+    width, height = (float(x) * dpi for x in figsize)
+    if width * height > MAX_PIXELS:
+        raise ValueError(f"--dpi {dpi}: {name} would be {width:.0f} x {height:.0f} pixels, "
+                         f"expected at most {MAX_PIXELS} pixels; lower --dpi")
+
+
 def _save(fig, path: Path, dpi: int) -> Path:
     """Draw ``fig`` into the PNG ``path``, atomically (a FIFO, device or directory there is refused,
-    `shared.saving.write_atomically`), after checking its size in pixels against `MAX_PIXELS`."""
+    `shared.saving.write_atomically`)."""
     try:
-        width, height = (float(x) * dpi for x in fig.get_size_inches())
-        if width * height > MAX_PIXELS:
-            raise ValueError(f"--dpi {dpi}: {path.name} would be {width:.0f} x {height:.0f} pixels, "
-                             f"expected at most {MAX_PIXELS} pixels; lower --dpi")
         write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight",
                                                        format="png"), suffix=".png")
     finally:
@@ -92,10 +110,12 @@ def _save(fig, path: Path, dpi: int) -> Path:
 
 
 # -- static figures -------------------------------------------------------------------------------
-def positional_figure(path: Path, dpi: int, max_len: int = 100, d_model: int = 128) -> Path:
+def positional_figure(name: str, dpi: int, max_len: int = 100, d_model: int = 128):
+    figsize = (13, 4.6)
+    _check_size(name, figsize, dpi)
     plt = _pyplot()
     pe = positional_encoding(max_len, d_model)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.6), gridspec_kw={"width_ratios": [1.25, 1]},
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=figsize, gridspec_kw={"width_ratios": [1.25, 1]},
                                    layout="constrained")
     im = ax1.imshow(pe, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, origin="upper")
     ax1.set_xlabel("dimension i (even: sin, odd: cos)")
@@ -111,7 +131,7 @@ def positional_figure(path: Path, dpi: int, max_len: int = 100, d_model: int = 1
     ax2.set_title("Four columns: wavelengths grow geometrically with i")
     ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, fontsize=8, frameon=False)
     ax2.grid(alpha=0.3)
-    return _save(fig, path, dpi)
+    return fig
 
 
 def _bool_panel(ax, mask: np.ndarray, title: str, xlabels, ylabels, xlabel: str, ylabel: str):
@@ -129,7 +149,9 @@ def _bool_panel(ax, mask: np.ndarray, title: str, xlabels, ylabels, xlabel: str,
     ax.set_ylabel(ylabel)
 
 
-def masks_figure(path: Path, dpi: int) -> Path:
+def masks_figure(name: str, dpi: int):
+    figsize = (16, 5.2)
+    _check_size(name, figsize, dpi)
     plt = _pyplot()
     from matplotlib.patches import Patch
     texts = ["2/2/19", "dec 31 1999", "jan 1 2000"]
@@ -141,7 +163,7 @@ def masks_figure(path: Path, dpi: int) -> Path:
     sub = subsequent_mask(tgt_in.shape[1])[0, 0]
     tgt_mask = make_tgt_mask(tgt_in, data.PAD_ID)[item, 0]
     tgt_labels = [_token(t) for t in tgt_in[item]]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5.2), gridspec_kw={"width_ratios": [1.6, 1, 1]})
+    fig, axes = plt.subplots(1, 3, figsize=figsize, gridspec_kw={"width_ratios": [1.6, 1, 1]})
     _bool_panel(axes[0], src_mask, "Source padding mask (B, 1, 1, S), shown (B, S)",
                 [str(i) for i in range(src.shape[1])], [repr(t) for t in texts], "key position",
                 "batch item")
@@ -155,12 +177,14 @@ def masks_figure(path: Path, dpi: int) -> Path:
                         Patch(color="#d9d9d9", label="False: blocked (weight exactly 0)")],
                loc="lower center", ncol=2, frameon=False, bbox_to_anchor=(0.5, -0.04))
     fig.suptitle("Masks are boolean, True = may attend (docs/design.md, convention 2)", y=1.0)
-    return _save(fig, path, dpi)
+    return fig
 
 
-def noam_figure(path: Path, dpi: int) -> Path:
+def noam_figure(name: str, dpi: int):
+    figsize = (13, 4.6)
+    _check_size(name, figsize, dpi)
     plt = _pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.6))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=figsize)
     steps = np.arange(1, 20001)
     for d, w in ((512, 4000), (512, 8000), (256, 4000)):
         ax1.plot(steps, noam_lr(steps, d, w), label=f"d_model={d}, warmup={w}")
@@ -178,7 +202,7 @@ def noam_figure(path: Path, dpi: int) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=9)
     fig.suptitle("lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)", y=1.01)
-    return _save(fig, path, dpi)
+    return fig
 
 
 # -- training curves ------------------------------------------------------------------------------
@@ -199,9 +223,11 @@ def _smooth(values: np.ndarray, window: int) -> np.ndarray:
     return np.concatenate([head, np.convolve(values, kernel, mode="valid")])
 
 
-def training_figure(path: Path, dpi: int, task: str, runs: list[tuple[str, dict]]) -> Path:
+def training_figure(name: str, dpi: int, task: str, runs: list[tuple[str, dict]]):
+    figsize = (13, 4.6)
+    _check_size(name, figsize, dpi)
     plt = _pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.6))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=figsize)
     styles = ["-", "--", ":", "-."]
     for i, (where, log) in enumerate(runs):
         backend = log["segments"][0]["backend"] if log.get("segments") else "torch"
@@ -231,7 +257,7 @@ def training_figure(path: Path, dpi: int, task: str, runs: list[tuple[str, dict]
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _save(fig, path, dpi)
+    return fig
 
 
 # -- attention ------------------------------------------------------------------------------------
@@ -246,44 +272,64 @@ def _copy_token(t: int) -> str:
     return _token(t) if int(t) < len(data.SPECIALS) else str(int(t))
 
 
-def attention_figure(path: Path, dpi: int, task: str, checkpoint: str, text: str | None) -> Path:
+def attention_data(task: str, checkpoint: str, config, weights, text: str | None,
+                   src_ids: list[int]) -> dict:
+    """What the attention figure of ``task`` shows, computed before anything is written: the model
+    of ``checkpoint`` (``config``, ``weights``, checked for the task) in torch_impl and in tf_impl,
+    greedy on ``src_ids`` (``text``, or the task's example when None), and the attention weights
+    of the last layer of each stack."""
     from .backends import make_adapter
-    from .runs import read_log
-    plt = _pyplot()
-    config, weights = formats.read(checkpoint)
-    tasks.resolve_task(task, read_log(checkpoint), config)
     spec = tasks.spec(task)
     text = text or spec.example[0]
-    src = tasks.pad([tasks.parse_input(task, text)])
+    src = tasks.pad([src_ids])
     backends = {name: make_adapter(name, config, weights) for name in ("torch", "tf")}
     tokens = backends["torch"].greedy(src, spec.target_len + 1).tokens[0]
     out = tasks.strip(tokens)
     tgt = np.array([[data.BOS_ID, *out]], dtype=np.int64)  # the decoder input that produced `out`
-    traces = {name: b.trace(src, tgt) for name, b in backends.items()}
-    name_of = _copy_token if task == "copy" else _token
-    src_labels = [name_of(t) for t in src[0]]
-    in_labels = [name_of(t) for t in tgt[0]]
     layer_e, layer_d = config.n_encoder_layers - 1, config.n_decoder_layers - 1
-    kinds = [(f"encoder.layers.{layer_e}.self_attn.weights", "encoder self-attention", src_labels,
-              src_labels),
-             (f"decoder.layers.{layer_d}.self_attn.weights", "decoder self-attention", in_labels,
-              in_labels),
-             (f"decoder.layers.{layer_d}.cross_attn.weights", "cross-attention", in_labels, src_labels)]
-    heads = config.n_heads
-    diff = max(float(np.abs(traces["torch"][k] - traces["tf"][k]).max()) for k, *_ in kinds)
+    keys = (f"encoder.layers.{layer_e}.self_attn.weights", f"decoder.layers.{layer_d}.self_attn.weights",
+            f"decoder.layers.{layer_d}.cross_attn.weights")
+    traces = {}
+    for name, b in backends.items():
+        trace = b.trace(src, tgt)
+        traces[name] = {k: np.asarray(trace[k]) for k in keys}  # the rest of the pass is not drawn
+    return {"task": task, "checkpoint": checkpoint, "heads": config.n_heads, "text": text, "src": src,
+            "tgt": tgt, "out": out, "keys": keys, "traces": traces}
+
+
+def _attention_layout(task: str, heads: int) -> tuple[tuple[float, float], int, int]:
+    """(figsize in inches, rows, cols) of the attention figure of ``heads`` heads: three blocks
+    (encoder self-attention, decoder self-attention, cross-attention), torch's heads beside TF's."""
     cols = 1 if heads == 1 else 2
     rows = -(-heads // cols)
     panel = 2.3 if task == "copy" else 2.9
-    fig = plt.figure(figsize=(2 * cols * panel + 1.6, len(kinds) * (rows * panel * 0.8 + 0.8)),
-                     layout="constrained")
+    return (2 * cols * panel + 1.6, 3 * (rows * panel * 0.8 + 0.8)), rows, cols
+
+
+def attention_figure(name: str, dpi: int, found: dict):
+    """The attention figure of `attention_data`'s ``found``."""
+    task, heads, traces = found["task"], found["heads"], found["traces"]
+    src, tgt, out, text = found["src"], found["tgt"], found["out"], found["text"]
+    figsize, rows, cols = _attention_layout(task, heads)
+    _check_size(name, figsize, dpi)
+    plt = _pyplot()
+    name_of = _copy_token if task == "copy" else _token
+    src_labels = [name_of(t) for t in src[0]]
+    in_labels = [name_of(t) for t in tgt[0]]
+    key_e, key_d, key_c = found["keys"]
+    kinds = [(key_e, "encoder self-attention", src_labels, src_labels),
+             (key_d, "decoder self-attention", in_labels, in_labels),
+             (key_c, "cross-attention", in_labels, src_labels)]
+    diff = max(float(np.abs(traces["torch"][k] - traces["tf"][k]).max()) for k, *_ in kinds)
+    fig = plt.figure(figsize=figsize, layout="constrained")
     blocks = fig.subfigures(len(kinds), 1)
     for block, (key, what, ylabels, xlabels) in zip(np.atleast_1d(blocks), kinds):
         block.suptitle(f"{what}, layer {key.split('.')[2]}: {len(ylabels)} queries x {len(xlabels)} "
                        "keys", fontsize=11, fontweight="bold")
         axes = block.subplots(rows, 2 * cols, squeeze=False,
                               gridspec_kw={"wspace": 0.15 if task == "copy" else 0.1})
-        for b, name in enumerate(("torch", "tf")):
-            weights_ = traces[name][key][0]  # (H, Q, K)
+        for b, backend in enumerate(("torch", "tf")):
+            weights_ = traces[backend][key][0]  # (H, Q, K)
             for h in range(rows * cols):
                 ax = axes[h // cols, b * cols + h % cols]
                 if h >= heads:
@@ -294,8 +340,8 @@ def attention_figure(path: Path, dpi: int, task: str, checkpoint: str, text: str
                               rotation=90 if task == "copy" else 0)
                 ax.set_yticks(range(len(ylabels)), ylabels, fontsize=6)
                 ax.tick_params(length=1.5, pad=1)
-                ax.set_title(f"{'PyTorch' if name == 'torch' else 'TensorFlow'}, head {h}", fontsize=8,
-                             color=COLORS[name])
+                ax.set_title(f"{'PyTorch' if backend == 'torch' else 'TensorFlow'}, head {h}",
+                             fontsize=8, color=COLORS[backend])
                 if h % cols == 0:
                     ax.set_ylabel("query: " + ("decoder input" if "decoder" in key else "source"),
                                   fontsize=7)
@@ -305,53 +351,199 @@ def attention_figure(path: Path, dpi: int, task: str, checkpoint: str, text: str
         block.colorbar(im, ax=axes, shrink=0.8, label="attention weight", pad=0.01)
     shown = text if task == "dates" else " ".join(str(t) for t in src[0])
     result = data.decode_text(out) if task == "dates" else " ".join(map(str, out))
-    fig.suptitle(f"{task}: the same weights ({Path(checkpoint).name}) in PyTorch and TensorFlow, "
-                 f"last layer of each stack\ninput {shown!r} -> {result!r}; largest |torch - tf| over "
-                 f"these weights: {diff:.1e}", fontsize=12)
-    return _save(fig, path, dpi)
+    fig.suptitle(f"{task}: the same weights ({Path(found['checkpoint']).name}) in PyTorch and "
+                 f"TensorFlow, last layer of each stack\ninput {shown!r} -> {result!r}; largest "
+                 f"|torch - tf| over these weights: {diff:.1e}", fontsize=12)
+    return fig
+
+
+# -- reading and checking the inputs --------------------------------------------------------------
+def _number(value, low: float = -math.inf) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value >= low)
+
+
+def figure_log_problems(log: dict) -> list[str]:
+    """What this module reads of a train log beyond `twins.runs.log_problems` (which
+    `read_log_file` has checked): the task one of the demos', each segment's seconds and each
+    evaluation's number of examples, where present, of the type they are drawn as."""
+    problems = []
+    if log.get("task") not in tasks.TASKS:
+        problems.append(f"task: expected one of {list(tasks.TASKS)}, got {log.get('task')!r}"[:200])
+    for i, seg in enumerate(log.get("segments", [])):
+        if "seconds" in seg and not _number(seg["seconds"], 0):
+            problems.append(f"segments[{i}].seconds: expected a finite number >= 0, got "
+                            f"{seg['seconds']!r}"[:200])
+    for i, e in enumerate(log.get("evals", [])):
+        n = e.get("n")
+        if "n" in e and not (isinstance(n, int) and not isinstance(n, bool) and n >= 0):
+            problems.append(f"evals[{i}].n: expected an int >= 0, got {n!r}"[:200])
+    return problems
+
+
+def _usable(log: dict, where: str) -> dict:
+    problems = figure_log_problems(log)
+    if problems:
+        raise ValueError(f"{where}: not a usable train log: {'; '.join(problems)}")
+    return log
+
+
+def _read_log_option(file: str) -> dict:
+    """The train log of ``--log FILE``, every problem naming --log: not a regular file (a
+    directory, a device, a FIFO), missing, or not a usable train log."""
+    from .runs import read_log_file
+    if not str(file):
+        raise ValueError("--log: expected a path, got ''")
+    check_source(file, "--log", directory=False)
+    if not Path(file).exists():
+        raise FileNotFoundError(f"--log {file!r}: no such file")
+    try:
+        log = read_log_file(file)
+    except ValueError as err:  # "'FILE': not a twins train log ...": named as the option
+        raise ValueError(f"--log {err}") from None
+    return _usable(log, f"--log {str(file)!r}")
+
+
+def _figure_name(name: str) -> bool:
+    """Whether ``name`` is the name of a PNG this command writes."""
+    return name in STATIC or any(name == f"{kind}_{task}.png" for kind in ("training", "attention")
+                                 for task in tasks.TASKS)
+
+
+def _inputs_read(checkpoints: list[str], logs: list[str]) -> list[tuple[str, str, str, Path, bool]]:
+    """What the command reads, for `_check_destination`: ``(flag, path as given, the file, its
+    real path, whether everything under it is read)`` for each --log, each --checkpoint file, and
+    each file under a --checkpoint directory (its config, weights, train log, ...; a link to a
+    folder elsewhere: all of that folder) but the figures a run directory may hold: a user may
+    keep them there (a resumed run carries them, docs/design.md, "What a directory save keeps")."""
+    read = [("--log", str(file), str(file), Path(file).resolve(), False) for file in logs]
+    for ckpt in map(str, checkpoints):
+        if not os.path.isdir(ckpt):
+            read.append(("--checkpoint", ckpt, ckpt, Path(ckpt).resolve(), False))
+            continue
+        for root, dirs, files in os.walk(ckpt):
+            for name in dirs:
+                inner = os.path.join(root, name)
+                if os.path.islink(inner):  # os.walk does not enter it
+                    read.append(("--checkpoint", ckpt, inner, Path(inner).resolve(), True))
+            for name in files:
+                if not _figure_name(name):
+                    inner = os.path.join(root, name)
+                    read.append(("--checkpoint", ckpt, inner, Path(inner).resolve(), False))
+    return read
+
+
+def _check_destination(path: Path, read: list[tuple[str, str, str, Path, bool]]) -> None:
+    """``path`` (a PNG) may be written: a regular file or nothing there (`shared.paths.replaced`,
+    links followed), and not one of the files the command reads (`_inputs_read`), as
+    `twins.loading.check_output` keeps a --json from its inputs: a figure drawn over its own --log,
+    or through a link over the weights it was drawn from, destroyed them."""
+    target = Path(replaced(path, directory=False)).resolve()
+    for flag, given, file, real, folder in read:
+        if target == real or (folder and real in target.parents):
+            what = f"{flag} {given!r}" if file == given else f"{file!r}, which {flag} {given!r} reads"
+            inside = "a file in " if target != real else ""
+            raise ValueError(f"--out {str(path)!r}: would overwrite {inside}{what}; write elsewhere")
 
 
 # -- the command ----------------------------------------------------------------------------------
 def run(args) -> int:
-    from .runs import read_log, read_log_file
+    from .runs import LOG_FILE, read_log
+    out = Path(args.out)
+    if not str(args.out):  # Path("") is the current directory
+        raise ValueError("--out: expected a directory path, got ''")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {args.out!r}: expected a directory, got {kind(out.stat().st_mode)}")
+
+    # 1. every input read and checked; nothing is written before all of them are
+    models: dict[str, tuple] = {}  # checkpoint -> (config, weights), each read once
+
+    def model(ckpt: str) -> tuple:
+        if ckpt not in models:
+            models[ckpt] = loading.read(ckpt, args, "--checkpoint")[1:]
+        return models[ckpt]
+
     # (label, checkpoint or None, train log or None: a model without a run, task)
     runs: list[tuple[str, str | None, dict | None, str]] = []
     for ckpt in args.checkpoint:
+        if not str(ckpt):
+            raise ValueError("--checkpoint: expected a path, got ''")
+        check_source(ckpt, "--checkpoint")
         p = Path(ckpt)
         if not p.exists():
             raise FileNotFoundError(f"--checkpoint {ckpt!r}: no such file or directory")
         log = read_log(p) if p.is_dir() else None
+        if log is not None:
+            _usable(log, repr(str(p / LOG_FILE)))
         # a model without a run: its attention only, its task told by its vocabulary
-        task = log["task"] if log else tasks.infer_task(formats.read(ckpt)[0])
+        task = log["task"] if log else tasks.infer_task(model(ckpt)[0])
         runs.append((p.name, ckpt, log, task))
     for file in args.log:
-        p = Path(file)
-        if not p.is_file():
-            raise FileNotFoundError(f"--log {file!r}: no such file")
-        log = read_log_file(p)
-        runs.append((p.parent.name, None, log, log.get("task")))
-    inputs: dict[str, str] = {}
-    for text in args.input:  # an input goes to the task it parses for (dates text or copy ids)
-        task = "copy" if all(t.isdigit() for t in text.split()) and text.strip() else "dates"
-        inputs[task] = text
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {args.out!r}: expected a directory, got {kind(out.stat().st_mode)}")
-    # (file name, its drawing): every destination is checked before the first one is drawn
+        log = _read_log_option(file)
+        runs.append((Path(file).parent.name, None, log, log["task"]))
+    # the first checkpoint of each task: its attention figure, its model checked for the task
+    firsts = {}
+    for _, ckpt, log, task in runs:
+        if ckpt is not None and task not in firsts:
+            config = model(ckpt)[0]
+            tasks.resolve_task(task, log, config)
+            firsts[task] = ckpt
+    # each attention figure's input: --input parsed for its task, or the task's example
+    inputs: dict[str, tuple[str | None, list[int]]] = {}
+    for text in args.input:
+        if not firsts:
+            raise ValueError(f"--input {text!r}: expected a --checkpoint to draw the attention of, "
+                             "got none")
+        if len(firsts) == 1:  # the one task drawn
+            task = next(iter(firsts))
+        else:  # an input goes to the task it parses for (dates text or copy ids)
+            task = "copy" if all(t.isdigit() for t in text.split()) and text.strip() else "dates"
+        if task in inputs:
+            raise ValueError(f"--input {text!r}: expected one input per task, got a second for "
+                             f"{task} (the first: {inputs[task][0]!r})")
+        try:
+            inputs[task] = (text, tasks.parse_input(task, text))
+        except ValueError as err:  # "input 'TEXT': ...", named as the option
+            raise ValueError(f"--{err}") from None
+    for task, ckpt in firsts.items():
+        text, ids = inputs.setdefault(task, (None, tasks.parse_input(task, tasks.spec(task).example[0])))
+        max_len = model(ckpt)[0].max_len
+        if len(ids) > max_len:
+            what = f"--input {text!r}" if text is not None else f"the {task} example input"
+            raise ValueError(f"{what}: expected at most the model's max_len={max_len} tokens "
+                             f"(--checkpoint {ckpt!r}), got {len(ids)}")
+
+    # 2. the plan, (file name, its drawing), and every destination checked against the inputs
     plan = [(STATIC[0], positional_figure), (STATIC[1], masks_figure), (STATIC[2], noam_figure)]
     for task in tasks.TASKS:
-        mine = [(label, ckpt, log) for label, ckpt, log, of in runs if of == task]
-        curves = [(label, log) for label, _, log in mine if log is not None]
+        curves = [(label, log) for label, _, log, of in runs if of == task and log is not None]
         if curves:
             plan.append((f"training_{task}.png", partial(training_figure, task=task, runs=curves)))
-        first = next((ckpt for _, ckpt, _ in mine if ckpt), None)
-        if first:
-            plan.append((f"attention_{task}.png", partial(attention_figure, task=task,
-                                                          checkpoint=first, text=inputs.get(task))))
-    for name, _ in plan:  # a FIFO, device or directory in the way: refused before anything is drawn
-        replaced(out / name, directory=False)
+        if task in firsts:
+            plan.append((f"attention_{task}.png", task))  # drawn from what step 3 computes
+    read = _inputs_read(args.checkpoint, args.log)
+    for name, _ in plan:  # a FIFO, device or directory in the way, or an input: before any drawing
+        _check_destination(out / name, read)
+
+    # 3. the attention in both backends (a model that fails to build or decode: nothing written)
+    found = {}
+    for task, ckpt in firsts.items():
+        text, ids = inputs[task]
+        found[task] = attention_data(task, ckpt, *model(ckpt), text, ids)
+
+    # 4. the figures built (each size checked) before the first PNG is written, then written
     out.mkdir(parents=True, exist_ok=True)
-    written = [draw(out / name, args.dpi) for name, draw in plan]
+    built, written = [], []
+    try:
+        for name, draw in plan:
+            built.append((name, attention_figure(name, args.dpi, found[draw]) if isinstance(draw, str)
+                          else draw(name, args.dpi)))
+        while built:
+            name, fig = built.pop(0)
+            written.append(_save(fig, out / name, args.dpi))  # closes fig
+    finally:
+        for _, fig in built:
+            _pyplot().close(fig)
     for path in written:
         print(path)
     return 0
