@@ -86,11 +86,57 @@ def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)  # usage errors: argparse exits 2, "twins <cmd>: error:"
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `twins train --workers` relaunches it
     args.verbose = getattr(args, "verbose", False)
-    if args.verbose:
-        return _run(args)
-    from .quiet import tf_logs_hidden
-    with tf_logs_hidden():
-        return _run(args)
+    if sys.stdout is None:  # started with descriptor 1 closed (`twins ... >&-`): before any file opens
+        print(f"twins {args.command}: error: stdout: closed (expected an open standard output; "
+              ">/dev/null discards it)", file=sys.stderr)
+        return 2
+    stdout, sys.stdout = sys.stdout, NamedStdout(sys.stdout)
+    try:
+        if args.verbose:
+            return _run(args)
+        from .quiet import tf_logs_hidden
+        with tf_logs_hidden():
+            return _run(args)
+    finally:
+        sys.stdout = stdout
+
+
+class StdoutError(OSError):
+    """A write to stdout failed (a full disk, ``/dev/full``, an I/O error): ``stdout: REASON``; the
+    OSError itself names no file (``[Errno 28] No space left on device``)."""
+
+    def __str__(self) -> str:
+        return f"stdout: {self.strerror or 'write failed'}"
+
+
+class NamedStdout:
+    """``sys.stdout`` while a command runs: the stream itself, but a failed write or flush raises
+    `StdoutError`. A ``BrokenPipeError`` stays what it is (`twins.pipes`: a reader that went away)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _call(self, method, *args):
+        try:
+            return method(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            if isinstance(err, StdoutError):
+                raise
+            raise StdoutError(err.errno, err.strerror) from err
+
+    def write(self, text):
+        return self._call(self._stream.write, text)
+
+    def writelines(self, lines):
+        return self._call(self._stream.writelines, lines)
+
+    def flush(self):
+        return self._call(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def _run(args) -> int:
@@ -104,6 +150,8 @@ def _run(args) -> int:
     except Exception as err:  # noqa: BLE001  (the one place every error becomes one line)
         if pipes.caused_by_closed_stdout(err):
             return pipes.exit_silently()  # not an error, even with --verbose
+        if isinstance(err, StdoutError):  # what is still buffered would fail again at exit: dropped
+            pipes.exit_silently()
         if args.verbose:  # the traceback, then the same one line and exit status (1 is a failed check)
             traceback.print_exc()
         known = isinstance(err, (ValueError, TypeError, OSError, ImportError, MemoryError))

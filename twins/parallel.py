@@ -23,6 +23,10 @@ import uuid
 from . import backends, pipes
 
 
+# A worker's exit status after SIGINT or SIGTERM stopped it and rank 0 saved (128 + the signal).
+INTERRUPTED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+
+
 def in_torchrun() -> bool:
     """This process is a worker started by torchrun (or by `launch`)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
@@ -37,8 +41,10 @@ def launch(args) -> int:
     """Run ``twins train`` (these same arguments) in ``--workers`` processes started by torchrun's
     launcher; returns the exit status: 0; 2 when the workers refused their input (each has printed
     its own one-line error); `pipes.EXIT_PIPE`, silently, when rank 0 met a closed stdout (the
-    others then fail after it); 1 when a worker died (one line: which rank, and how). Torch threads
+    others then fail after it); 128 + the signal (130, 143), silently, when SIGINT or SIGTERM
+    stopped the run (saved by rank 0); 1 when a worker died (one line: which rank, and how). Torch threads
     per worker: ``--threads``, else the cores divided among them."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -51,6 +57,11 @@ def launch(args) -> int:
                           max_restarts=0, monitor_interval=0.1)
     try:
         elastic_launch(config, sys.executable)("-m", "twins", *args.argv)
+    except SignalException as err:
+        # SIGINT or SIGTERM reached the launcher (Ctrl-C reaches every process of the group): its
+        # agent has passed the signal on to the workers and waited for them to end; rank 0 has
+        # saved the run ("interrupted at step N"), so this ends as one process would, 128 + signal.
+        return 128 + int(err.sigval)
     except ChildFailedError as err:
         codes = {rank: f.exitcode for rank, f in sorted(err.failures.items())}
         if pipes.EXIT_PIPE in codes.values() and pipes.stdout_reader_gone():
@@ -58,6 +69,8 @@ def launch(args) -> int:
         positive = [c for c in codes.values() if c and c > 0]
         if positive == [2] * len(positive) and positive:
             return 2  # the workers' own "twins train: error: ..." lines said why
+        if positive and len(set(positive)) == 1 and positive[0] in INTERRUPTED:
+            return positive[0]  # the workers had the signal, not the launcher: rank 0 saved the run
         print(f"twins train: error: --workers {args.workers}: {failure_message(codes)}", file=sys.stderr)
         return 1
     return 0

@@ -10,10 +10,13 @@ command reads (``twins decode``, ``twins convert``, ``twins compare --checkpoint
     DIR/train_log.json        task, seed, settings, step count, per-step loss and learning rate,
                               every evaluation, and one entry per invocation (backend, steps, time)
 
-The directory is written once, at the end (or on Ctrl-C), into a temporary sibling that then
-takes the place of DIR (`shared.saving.replace_directory`), so DIR always holds one complete
-(weights, moments, log) triple, the old one or the new one, even if the process is killed while
-saving; the next `twins train` or `twins decode` of DIR repairs an interrupted save.
+The directory is written once, at the end, into a temporary sibling that then takes the place of
+DIR (`shared.saving.replace_directory`), so DIR always holds one complete (weights, moments, log)
+triple, the old one or the new one, even if the process is killed while saving; the next `twins
+train` or `twins decode` of DIR repairs an interrupted save. A run stopped early is saved too, at
+the last step it counted, whose weights and moments it saves: by Ctrl-C (SIGINT, exit 130) or
+SIGTERM (``timeout``, a batch scheduler: exit 143), with or without ``--workers`` (`_Signals`), and
+by an evaluation that failed (out of memory, a full stdout), whose error follows the save.
 
 Resuming: ``--checkpoint DIR`` naming an existing run continues it: the weights, Adam's moments and
 the step count are loaded, ``--steps N`` runs N more steps, and the Noam schedule and the data
@@ -22,9 +25,12 @@ either backend. Training settings not given on the command line come from the lo
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +39,7 @@ import numpy as np
 from shared import weights as neutral
 from shared.saving import naming, recover, temporary_name
 
+from shared.checks import int_argument
 from shared.data_parallel import TIMEOUT_S, check_workers
 from shared.precision import check_precision
 from shared.schedule import noam_lr
@@ -40,39 +47,52 @@ from shared.threads import check_threads, check_worker_count
 
 from . import arguments
 from . import demo_tasks as tasks
-from . import parallel
+from . import parallel, pipes
 from .backends import BACKENDS, make_adapter
 from .runs import LOG_FORMAT, LOG_VERSION, read_log, read_moments, save_run
 
 SETTINGS = ("batch", "warmup", "factor", "smoothing")
 
+# `twins decode --heldout`'s bound and its rows per search (twins/decode.py: MAX_HELDOUT: the stream
+# is drawn in memory first; CHUNK_ROWS: a row's search never reads another's). Repeated, not
+# imported: no command module imports another (parity_tests/test_imports.py); a test holds the two
+# equal. Their place is a module both commands import (twins/demo_tasks.py).
+MAX_HELDOUT = 100_000
+CHUNK_ROWS = 256
+
+# The most steps a run may reach: the train log bounds its step count as it bounds the seed
+# (`twins.runs.log_problems`), so a run saved past it would be refused by every later command.
+STEP_MAX = arguments.SEED_MAX
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--task", required=True, choices=tasks.TASKS, help="copy or dates")
     parser.add_argument("--backend", required=True, choices=BACKENDS, help="torch or tf")
-    parser.add_argument("--steps", type=int, required=True,
+    parser.add_argument("--steps", type=arguments.integer, required=True,
                         help="optimizer steps to run now (on a resumed run: more steps)")
-    parser.add_argument("--checkpoint", required=True, metavar="DIR",
+    parser.add_argument("--checkpoint", required=True, metavar="DIR", type=arguments.path,
                         help="the run directory: created, or resumed when it holds a run")
     parser.add_argument("--seed", type=arguments.seed, help="data, initial weights and dropout (default 0; a "
                         "resumed run keeps its own)")
     model = parser.add_mutually_exclusive_group()
-    model.add_argument("--preset", help="architecture of a named config (tiny, small, base, big); "
-                       "the task sets vocabulary and special ids (default: the task's model)")
-    model.add_argument("--config", metavar="FILE.json", help="a TransformerConfig as JSON, with the "
-                       "task's vocabulary and special ids")
-    parser.add_argument("--batch", type=int, help="examples per step (task default)")
-    parser.add_argument("--warmup", type=int, help="Noam warmup steps (task default)")
+    model.add_argument("--preset", type=arguments.preset,
+                       help="architecture of a named config (tiny, small, base, big); the task sets "
+                       "vocabulary and special ids (default: the task's model)")
+    model.add_argument("--config", metavar="FILE.json", type=arguments.path,
+                       help="a TransformerConfig as JSON, with the task's vocabulary and special ids")
+    parser.add_argument("--batch", type=arguments.integer, help="examples per step (task default)")
+    parser.add_argument("--warmup", type=arguments.integer, help="Noam warmup steps (task default)")
     parser.add_argument("--factor", type=float, help="Noam factor (task default)")
     parser.add_argument("--smoothing", type=float, help="label smoothing eps (task default)")
-    parser.add_argument("--eval-every", type=int, help="evaluate every K steps (task default; 0: "
-                        "only at the end)")
-    parser.add_argument("--heldout", type=int, help="held-out examples per evaluation (copy 100, "
-                        "dates 1000)")
+    parser.add_argument("--eval-every", type=arguments.integer,
+                        help="evaluate every K steps (task default; 0: only at the end)")
+    parser.add_argument("--heldout", type=lambda text: int_argument(text, 1, MAX_HELDOUT), metavar="N",
+                        help=f"held-out examples per evaluation (copy 100, dates 1000; N <= {MAX_HELDOUT})")
     parser.add_argument("--stop-at", type=float, metavar="ACC", help="stop once an evaluation "
                         "reaches this exact-match accuracy (0..1)")
-    parser.add_argument("--threads", type=int, help="CPU threads of the framework (default: its own)")
-    parser.add_argument("--workers", "--nproc", type=int, metavar="N",
+    parser.add_argument("--threads", type=arguments.integer,
+                        help="CPU threads of the framework (default: its own)")
+    parser.add_argument("--workers", "--nproc", type=arguments.integer, metavar="N",
                         help="data-parallel workers, each on --batch / N rows of every global batch "
                         "(torch: N gloo processes launched with torchrun; tf: MirroredStrategy over "
                         "N logical CPU devices); default: one process, no engine")
@@ -87,10 +107,14 @@ def add_arguments(parser) -> None:
 
 # -- evaluation -----------------------------------------------------------------------------------
 def evaluate(backend, task: str, examples) -> tuple[np.ndarray, np.ndarray]:
-    """Greedy-decode the held-out sources: ``(tokens (N, target_len + 1), exact (N,) bool)``."""
+    """Greedy-decode the held-out sources: ``(tokens (N, target_len + 1), exact (N,) bool)``,
+    `CHUNK_ROWS` rows at a time, as `twins decode --heldout` does: one batch of every example grew
+    with ``--heldout`` until the framework's allocator failed, after training."""
     src = tasks.pad(examples.sources)
     max_len = max(len(t) for t in examples.targets) + 1
-    tokens = backend.greedy(src, max_len).tokens
+    tokens = [backend.greedy(src[start:start + CHUNK_ROWS], max_len).tokens
+              for start in range(0, len(src), CHUNK_ROWS)]
+    tokens = tokens[0] if len(tokens) == 1 else np.concatenate(tokens)
     return tokens, tasks.exact(tokens, examples.targets)
 
 
@@ -104,6 +128,10 @@ def _positive(name: str, value, allow_zero: bool = False) -> None:
 def _check_args(args) -> None:
     if args.steps < 1:
         raise ValueError(f"--steps: expected an int >= 1, got {args.steps}")
+    if args.steps > STEP_MAX:
+        raise ValueError(f"--steps: expected an int <= {STEP_MAX} (the most steps a train log "
+                         f"holds), got {args.steps}")
+    _check_checkpoint(args.checkpoint)
     for name in ("batch", "warmup", "factor", "heldout"):
         _positive(name, getattr(args, name))
     check_threads(args.threads)
@@ -115,19 +143,62 @@ def _check_args(args) -> None:
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout}")
     if args.workers is not None:  # in the launching process, before anything starts
-        batch = _run_batch(args)
+        log = _peek_log(args)
+        _check_last_step(args, log)
+        batch = _run_batch(args, log)
         check_worker_count(args.workers, batch)
         check_workers(batch, args.workers)
 
 
-def _run_batch(args) -> int:
+def _check_checkpoint(given: str) -> None:
+    """Refuse, before anything trains, a run directory that no save can replace (the save at the
+    end swaps a new directory into its place): the current directory or one that contains it
+    (``--checkpoint .``: rename says "Device or resource busy" after every step had run), or a
+    mount point. An empty path (``Path("")`` is the current directory) is refused as no path."""
+    if given == "":
+        raise ValueError("--checkpoint: expected a path, got ''")
+    real = Path(os.path.realpath(given))
+    try:
+        here = Path(os.path.realpath(os.getcwd()))
+    except OSError:  # the current directory was removed: nothing can contain it
+        here = None
+    if here is not None and (real == here or real in here.parents):
+        which = "the current directory" if real == here else "a directory containing the current one"
+        raise ValueError(f"--checkpoint {given!r}: expected a run directory a save can replace, got "
+                         f"{which}; name a directory inside it (such as {os.path.join(given, 'run')!r})")
+    if real.is_dir() and os.path.ismount(real):
+        raise ValueError(f"--checkpoint {given!r}: expected a run directory a save can replace, got a "
+                         f"mount point; name a directory inside it (such as {os.path.join(given, 'run')!r})")
+
+
+def _peek_log(args) -> dict | None:
+    """The log of the run ``--checkpoint`` names, for the launcher's early checks; None when there
+    is none or it is unreadable (refused later, with its own message, by the command itself)."""
+    try:
+        return read_log(args.checkpoint) if Path(args.checkpoint).is_dir() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _check_last_step(args, log: dict | None) -> None:
+    """The run's last step (its step count plus ``--steps``) must fit the train log (`STEP_MAX`):
+    a run saved past it is refused by every command that reads it."""
+    step = (log or {}).get("step", 0)
+    if not isinstance(step, int) or isinstance(step, bool):
+        return  # a broken log: refused by `read_log` with its own message
+    if step + args.steps <= STEP_MAX:
+        return
+    where = f"--steps {args.steps}: the run in {args.checkpoint!r} is at step {step}"
+    if step >= STEP_MAX:
+        raise ValueError(f"{where}, the most steps a train log holds; it cannot train further")
+    raise ValueError(f"{where}: it would end at step {step + args.steps}, past the most steps a train "
+                     f"log holds ({STEP_MAX}); expected --steps <= {STEP_MAX - step}")
+
+
+def _run_batch(args, log: dict | None) -> int:
     """The global batch the run will use: ``--batch``, else the resumed run's, else the task's."""
     if args.batch is not None:
         return args.batch
-    try:
-        log = read_log(args.checkpoint) if Path(args.checkpoint).is_dir() else None
-    except (OSError, ValueError):
-        log = None  # refused later, with its own message, by the command itself
     batch = ((log or {}).get("settings") or {}).get("batch")
     valid = isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1
     return batch if valid else tasks.spec(args.task).batch
@@ -160,6 +231,7 @@ def _start_or_resume(args, path: Path):
     if log.get("task") != args.task:
         raise ValueError(f"--checkpoint {str(path)!r}: a run of the {log.get('task')} task, "
                          f"not {args.task}")
+    _check_last_step(args, log)
     if args.seed is not None and args.seed != log["seed"]:
         raise ValueError(f"--seed {args.seed}: the run in {str(path)!r} has seed {log['seed']}; a "
                          "resumed run keeps its seed (its data stream)")
@@ -197,14 +269,18 @@ def run(args) -> int:
     workers = args.workers
     if workers is None and args.backend == "torch" and parallel.in_torchrun():
         workers = int(os.environ["WORLD_SIZE"])  # started by hand: torchrun ... -m twins train
-    if workers is None:
-        return _train(args, started, None, 0, 1)
-    engine = parallel.distributed(args.backend, args.threads)
-    rank, workers = engine.init_workers(workers, args.timeout)
+    signals = _Signals()  # installed when the steps begin; removed when this process is done
     try:
-        return _train(args, started, engine, rank, workers)
+        if workers is None:
+            return _train(args, started, None, 0, 1, signals)
+        engine = parallel.distributed(args.backend, args.threads)
+        rank, workers = engine.init_workers(workers, args.timeout)
+        try:
+            return _train(args, started, engine, rank, workers, signals)
+        finally:
+            engine.close()  # still held: torchrun's agent passes a signal on once more
     finally:
-        engine.close()
+        signals.restore()
 
 
 def _prepare(args, path: Path, engine, rank: int, workers: int):
@@ -233,9 +309,10 @@ def _prepare(args, path: Path, engine, rank: int, workers: int):
     return prepared
 
 
-def _train(args, started: float, engine, rank: int, workers: int) -> int:
+def _train(args, started: float, engine, rank: int, workers: int, signals: "_Signals") -> int:
     """The training run of one process; ``engine``: the backend's ``distributed`` module (None: one
-    process, no engine); rank 0 alone evaluates, prints and saves."""
+    process, no engine); rank 0 alone evaluates, prints and saves; ``signals``: installed here,
+    before the first step (`_Signals`)."""
     lead = rank == 0
     path = Path(args.checkpoint)
     config, weights, moments, log = _prepare(args, path, engine, rank, workers)
@@ -282,24 +359,34 @@ def _train(args, started: float, engine, rank: int, workers: int) -> int:
     log["segments"].append(segment)
     train_start = time.perf_counter()
     step, status, loss = log["step"], 0, float("nan")
+    evaluating, in_step, counted, failure = False, False, None, None
 
     def do_eval() -> float:
-        t0 = time.perf_counter()
-        _, ok = evaluate(backend, args.task, examples)
-        accuracy = float(ok.mean())
-        log["evals"].append({"step": step, "backend": args.backend, "accuracy": accuracy,
-                             "correct": int(ok.sum()), "n": int(ok.size),
-                             "seconds": round(time.perf_counter() - train_start, 3),
-                             "eval_seconds": round(time.perf_counter() - t0, 3)})
-        bar.write(f"step {step}: loss {loss:.4f}, held-out exact match {int(ok.sum())}/{ok.size} "
-                  f"= {accuracy:.1%} ({time.perf_counter() - train_start:.1f} s)", file=sys.stdout)
-        sys.stdout.flush()
+        nonlocal evaluating
+        evaluating = True
+        with signals.interruptible():  # an evaluation is long: a signal stops it at once
+            t0 = time.perf_counter()
+            _, ok = evaluate(backend, args.task, examples)
+            accuracy = float(ok.mean())
+            log["evals"].append({"step": step, "backend": args.backend, "accuracy": accuracy,
+                                 "correct": int(ok.sum()), "n": int(ok.size),
+                                 "seconds": round(time.perf_counter() - train_start, 3),
+                                 "eval_seconds": round(time.perf_counter() - t0, 3)})
+            bar.write(f"step {step}: loss {loss:.4f}, held-out exact match {int(ok.sum())}/{ok.size} "
+                      f"= {accuracy:.1%} ({time.perf_counter() - train_start:.1f} s)", file=sys.stdout)
+            sys.stdout.flush()
+        evaluating = False
         return accuracy
 
+    signals.install()  # SIGINT and SIGTERM from here on: saved (the class says when)
     try:
         accuracy = None
         while step < last:
+            signals.check()  # a signal held during the last step stops the run here
             batch = data.batch(step + 1)
+            in_step = True
+            if engine is not None:
+                counted = _adam_steps(backend)
             loss, lr = backend.train_step(batch, s["smoothing"])
             step += 1
             if not np.isfinite(loss):
@@ -307,6 +394,7 @@ def _train(args, started: float, engine, rank: int, workers: int) -> int:
             history["step"].append(step)
             history["loss"].append(round(loss, 6))
             history["lr"].append(lr)
+            in_step = False
             bar.update(1)
             if step % 10 == 0 or step == last:
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
@@ -323,9 +411,25 @@ def _train(args, started: float, engine, rank: int, workers: int) -> int:
                     break
         if accuracy is None and lead:
             accuracy = do_eval()
-    except KeyboardInterrupt:
-        status = 130
-        bar.write(f"interrupted at step {step}: saving the run", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        status = 128 + err.signum if isinstance(err, Interrupted) else 130
+        if lead:
+            bar.write(f"interrupted at step {step}: saving the run", file=sys.stderr)
+    except Exception as err:  # noqa: BLE001  (re-raised unless the steps can be kept)
+        if engine is not None and signals.received is not None and (
+                not lead or not in_step or (counted is not None and _adam_steps(backend) == counted)):
+            # Data-parallel, signalled: a worker that stopped at the end of step K while
+            # another had begun step K + 1 leaves that one's collective failing; the update
+            # of K + 1 never ran (Adam's count says so), and step K is what every worker has.
+            status = 128 + signals.received
+            if lead:
+                bar.write(f"interrupted at step {step}: saving the run", file=sys.stderr)
+        elif evaluating and not in_step:  # the steps trained are kept: saved, then the error
+            failure = err
+            if not pipes.caused_by_closed_stdout(err):
+                bar.write(f"stopped at step {step} while evaluating: saving the run", file=sys.stderr)
+        else:
+            raise
     finally:
         bar.close()
     segment["last_step"] = step
@@ -338,9 +442,90 @@ def _train(args, started: float, engine, rank: int, workers: int) -> int:
     if not lead:  # rank 0 writes the run: the weights are the same on every worker
         return status
     save_run(path, config, backend.export_weights(), backend.export_moments(), log)
+    if failure is not None:
+        raise failure
     final = log.get("final")
     done = (f"final held-out exact match {final['correct']}/{final['n']} = {final['accuracy']:.1%}; "
             if final and final["step"] == step else "")
     print(f"twins train: step {step}, {done}training {segment['seconds']:.1f} s, total "
           f"{time.perf_counter() - started:.1f} s; saved {path}", flush=True)
     return status
+
+
+# -- signals --------------------------------------------------------------------------------------
+class Interrupted(KeyboardInterrupt):
+    """The signal (``signum``: SIGINT or SIGTERM) that stopped a run; its exit status is
+    ``128 + signum`` (130, 143), as a shell reports a process that the signal ended."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _Signals:
+    """SIGINT (Ctrl-C) and SIGTERM (``timeout``, ``kill``, a batch scheduler; torchrun's agent
+    passes either on to its workers) while a run trains and saves: both stop the run, which is
+    saved at the last step counted (SIGTERM's default, death, lost every step of the invocation).
+
+    A signal is held, and acted on when the step in flight has run and been counted (the update,
+    ``step += 1``, its history: `check`, before the next step), or at once while the run evaluates
+    (`interruptible`): never between an update and its count. (A TF step interrupted as its
+    tf.function returned was saved with the weights and moments of step K + 1 under the count K;
+    the resume replayed batch K + 1.) After the first signal every later one is held too, so the
+    save runs to its end (a worker signalled directly hears it again from torchrun's agent).
+    Installed in the main thread only (the one Python delivers signals to) when the steps begin;
+    `restore` puts the previous handlers back."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received: int | None = None  # the first signal's number
+        self._open = False
+        self._previous: dict = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread() and not self._previous:
+            for number in self.SIGNALS:
+                self._previous[number] = signal.signal(number, self._handle)
+
+    def restore(self) -> None:
+        """The handlers from before `install` (a signal still held is dropped: the run is saved)."""
+        defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+        for number, handler in self._previous.items():
+            signal.signal(number, defaults[number] if handler is None else handler)
+        self._previous = {}
+
+    def _handle(self, number: int, frame) -> None:
+        if self.received is None:
+            self.received = number
+            if self._open:
+                self._open = False
+                raise Interrupted(number)
+
+    def check(self) -> None:
+        """Raise `Interrupted` if a signal came."""
+        if self.received is not None:
+            raise Interrupted(self.received)
+
+    @contextlib.contextmanager
+    def interruptible(self):
+        """Within the block a signal raises `Interrupted` at once (as it does if one came before)."""
+        self._open = True
+        try:
+            self.check()
+            yield
+        finally:
+            self._open = False
+
+
+def _adam_steps(backend) -> int | None:
+    """Adam's own count of its updates (Keras' ``iterations``, the ``step`` of torch's state; 0
+    before the first), or None where it cannot be read."""
+    optimizer = backend.optimizer
+    try:
+        if hasattr(optimizer, "iterations"):
+            return int(optimizer.iterations.numpy())
+        state = next(iter(optimizer.state.values()), {})
+        return int(float(state["step"])) if "step" in state else 0
+    except Exception:  # noqa: BLE001  (then the steps are not kept: the error is raised)
+        return None
