@@ -131,15 +131,7 @@ def _backend(args, config, weights):
     return backend
 
 
-# Rows decoded at once. A --src-file of 10**5 lines was one batch: its buffers (rows x beams x
-# max_new, the encoder's memory, ONNX Runtime's arena) outgrew the memory in every backend, each
-# failing with its own allocator's error. A row's search never reads another row's.
-CHUNK_ROWS = 256
-
-
-# The most held-out examples one command decodes: the stream is drawn in memory first (10**8
-# grew until the memory ran out), and a score over 10**5 examples is as exact as anyone reads it.
-MAX_HELDOUT = 100_000
+CHUNK_ROWS, MAX_HELDOUT = tasks.CHUNK_ROWS, tasks.MAX_HELDOUT  # (twins/demo_tasks.py says why)
 
 
 def _search(backend, src: np.ndarray, args, max_new: int):

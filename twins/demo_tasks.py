@@ -21,6 +21,15 @@ from shared import tasks as data
 TASKS = ("copy", "dates")
 HELDOUT_SEED = 20170612  # the day "Attention is all you need" appeared on arXiv
 HELDOUT_EXCLUDED = 1000
+# The most held-out examples one command decodes or scores (`twins decode --heldout`, `twins train
+# --heldout`): the stream is drawn in memory first (10**8 grew until the memory ran out), and a
+# score over 10**5 examples is as exact as anyone reads it.
+MAX_HELDOUT = 100_000
+# Rows decoded at once by `twins decode` and by train's evaluation. A --src-file of 10**5 lines was
+# one batch: its buffers (rows x beams x max_new, the encoder's memory, ONNX Runtime's arena)
+# outgrew the memory in every backend, each failing with its own allocator's error; so did train's
+# --heldout 10**6. A row's search never reads another row's.
+CHUNK_ROWS = 256
 
 
 @dataclass(frozen=True)

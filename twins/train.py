@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from shared import weights as neutral
-from shared.saving import naming, recover, temporary_name
+from shared.saving import check_not_read_only, naming, recover, temporary_name
 
 from shared.checks import int_argument
 from shared.data_parallel import TIMEOUT_S, check_workers
@@ -53,12 +53,7 @@ from .runs import LOG_FORMAT, LOG_VERSION, read_log, read_moments, save_run
 
 SETTINGS = ("batch", "warmup", "factor", "smoothing")
 
-# `twins decode --heldout`'s bound and its rows per search (twins/decode.py: MAX_HELDOUT: the stream
-# is drawn in memory first; CHUNK_ROWS: a row's search never reads another's). Repeated, not
-# imported: no command module imports another (parity_tests/test_imports.py); a test holds the two
-# equal. Their place is a module both commands import (twins/demo_tasks.py).
-MAX_HELDOUT = 100_000
-CHUNK_ROWS = 256
+MAX_HELDOUT, CHUNK_ROWS = tasks.MAX_HELDOUT, tasks.CHUNK_ROWS  # decode's too (twins/demo_tasks.py)
 
 # The most steps a run may reach: the train log bounds its step count as it bounds the seed
 # (`twins.runs.log_problems`), so a run saved past it would be refused by every later command.
@@ -169,6 +164,7 @@ def _check_checkpoint(given: str) -> None:
     if real.is_dir() and os.path.ismount(real):
         raise ValueError(f"--checkpoint {given!r}: expected a run directory a save can replace, got a "
                          f"mount point; name a directory inside it (such as {os.path.join(given, 'run')!r})")
+    check_not_read_only(real)  # the save would refuse it, after every step had run
 
 
 def _peek_log(args) -> dict | None:
@@ -319,7 +315,10 @@ def _train(args, started: float, engine, rank: int, workers: int, signals: "_Sig
     spec = tasks.spec(args.task)
     s = log["settings"]
     s.setdefault("precision", "fp32")  # a run from before --precision
-    check_precision(s["precision"], config.dtype)
+    try:  # named as the user wrote it (or as the resumed run's log says it)
+        check_precision(s["precision"], config.dtype)
+    except ValueError as err:
+        raise ValueError(f"--precision {s['precision']}: {str(err).removeprefix('precision: ')}") from None
     try:  # the schedule's own checks (a peak rate float32 holds), before a model is built
         noam_lr(1, config.d_model, s["warmup"], s["factor"])
     except ValueError as err:
