@@ -4,7 +4,8 @@ Exit status: 0 success; 1 a parity check failed (`compare`, `convert --verify`),
 worker of `train --workers` died (which rank, and the signal); 2 an error: a
 usage error (argparse's own and the commands' checks of their options), a bad input file, an
 operating-system error (permission denied, disk full, a read-only folder), out of memory; 130
-interrupted; 141, silently, when the reader of stdout went away (``twins decode ... | head -1``:
+interrupted (SIGINT, Ctrl-C), 143 terminated (SIGTERM: ``timeout``, a batch scheduler; `twins train`
+saves its run on either); 141, silently, when the reader of stdout went away (``twins decode ... | head -1``:
 `twins.pipes`, as a shell reports a C tool that SIGPIPE ended). Every error is one line,
 ``twins <command>: error: ...``, naming the user's path or option as typed; never a traceback,
 unless ``--verbose`` asks for one (and for TensorFlow's start-up log lines, which are hidden
