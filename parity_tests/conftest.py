@@ -89,12 +89,32 @@ def _frameworks(item) -> set[str]:
     return needed
 
 
+# The slowest modules, slowest first (seconds of tests in one worker, `python3 dev.py test
+# --durations=0`, 2 workers, 2026-11-26): `--dist loadfile` hands whole modules to the workers in
+# collection order, one as each worker frees up, so a heavy module collected last ran alone at the
+# end while the other worker idled (test_variants_parity, 29 s, is near the end alphabetically).
+# Started first, they leave the light modules to fill in behind them. Only the order changes.
+SLOWEST_FIRST = ("test_demos",  # 46 s
+                 "test_decoding",  # 36
+                 "test_variants_parity",  # 29
+                 "test_parity",  # 27
+                 "test_saved_model",  # 25
+                 "test_distributed",  # 25
+                 "test_half_precision",  # 23
+                 "test_train_hostile",  # 19
+                 "test_tf_only")  # 16
+
+
 def pytest_collection_modifyitems(config, items):
     """A test that needs a framework that is not importable here (not installed, or blocked by
-    TWINS_BLOCK) is skipped with the reason, never run to fail on the import."""
+    TWINS_BLOCK) is skipped with the reason, never run to fail on the import. Modules in
+    `SLOWEST_FIRST` order first (a stable sort: tests within a module, and the other modules, keep
+    their order)."""
     missing = {name: importable.absence(name) for name in importable.FRAMEWORKS
                if not importable.present(name)}
     for item in items:
         reasons = [missing[name] for name in sorted(_frameworks(item)) if name in missing]
         if reasons:
             item.add_marker(pytest.mark.skip(reason="needs " + "; ".join(reasons)))
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
