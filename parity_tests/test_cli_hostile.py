@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 from parity_tests import importable
+from parity_tests.cli_runs import cli
 from shared import TransformerConfig
 from shared.checks import int_argument
 from shared.config import FLOAT32_TINY
 from shared.schedule import noam_lr
 from shared.weights import random_weights, save_checkpoint
 from twins import arguments
-from twins.cli import main
 
 TINY = TransformerConfig.preset("tiny")
 # The training backend of the CLI tests below (none of them gets as far as building a model).
@@ -31,15 +31,6 @@ BACKEND = "torch" if importable.present("torch") else "tf"
 SMALL = ["--src-len", "3", "--tgt-len", "2"]
 
 
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    """``twins ARGV`` in this process: (exit status, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exit_:  # argparse's usage errors
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def refused(capsys, command: str, expected: str, *argv) -> str:

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 tf = pytest.importorskip("tensorflow")
 pytest.importorskip("tqdm")
 
+from parity_tests.cli_runs import cli  # noqa: E402
 from shared import tasks as data  # noqa: E402
 from shared.schedule import noam_lr  # noqa: E402
 from shared.weights import load_checkpoint, random_weights, save_checkpoint  # noqa: E402
@@ -26,18 +27,6 @@ pytestmark = [pytest.mark.torch, pytest.mark.tf,
 
 HELDOUT = 24
 OPTS = ["--no-progress", "--threads", "1"]
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    """``twins ARGV`` in this process: (exit status, stdout, stderr); a usage error that argparse
-    reports (exit 2) is returned as the others are."""
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

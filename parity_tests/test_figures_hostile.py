@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
+from parity_tests.cli_runs import cli  # noqa: E402
 from twins import demo_tasks as tasks  # noqa: E402
 from twins.cli import main  # noqa: E402
 
@@ -20,15 +21,6 @@ pytestmark = [pytest.mark.torch,
               pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")]
 
 
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    """``twins ARGV`` in this process: (exit status, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")
