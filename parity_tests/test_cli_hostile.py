@@ -304,3 +304,14 @@ def test_decode_refuses_a_config_for_an_onnx_export(capsys, tiny_checkpoint, tmp
     other.write_text(TINY.replace(n_heads=2).to_json())
     refused(capsys, "decode", "--config: --checkpoint", "--checkpoint", str(export), "--backend", "onnx",
             "--config", str(other), "--src", "4 5")
+
+
+def test_options_that_would_be_ignored_are_refused(capsys, tiny_checkpoint, tmp_path):
+    """``train --stop-at`` with ``--eval-every 0`` (evaluated only at the end: nothing to stop at)
+    and ``decode --task`` with ids (decoded whatever the task) were accepted and ignored."""
+    refused(capsys, "train", "--stop-at: stops at an evaluation during training, and --eval-every 0",
+            "--task", "copy", "--backend", BACKEND, "--steps", "1", "--checkpoint", tmp_path / "run",
+            "--eval-every", "0", "--stop-at", "0.5")
+    assert not (tmp_path / "run").exists()
+    refused(capsys, "decode", "--task: only with INPUT arguments or --heldout, not --src / --src-file",
+            "--checkpoint", tiny_checkpoint, "--task", "copy", "--src", "4 5")

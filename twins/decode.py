@@ -175,6 +175,8 @@ def run(args) -> int:
     check_length_penalty(args.length_penalty, name="--length-penalty")
     if args.json is not None and not ids_mode:
         raise ValueError("--json: only with --src / --src-file")
+    if args.task is not None and ids_mode:  # it was ignored: ids are decoded whatever the task
+        raise ValueError("--task: only with INPUT arguments or --heldout, not --src / --src-file")
     if args.json is not None and args.json != "-":  # before the work, not after it
         loading.check_output("--json", args.json, {"--checkpoint": args.checkpoint,
                                                    "--src-file": args.src_file})

@@ -135,6 +135,9 @@ def _check_args(args) -> None:
         raise ValueError(f"--smoothing: expected a value in [0, 1), got {args.smoothing}")
     if args.stop_at is not None and not 0.0 < args.stop_at <= 1.0:
         raise ValueError(f"--stop-at: expected an accuracy in (0, 1], got {args.stop_at}")
+    if args.stop_at is not None and args.eval_every == 0:  # it was ignored: nothing to stop at
+        raise ValueError("--stop-at: stops at an evaluation during training, and --eval-every 0 "
+                         "evaluates only at the end; give --eval-every K")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout}")
     if args.workers is not None:  # in the launching process, before anything starts
