@@ -122,9 +122,9 @@ def test_optional_libraries_are_never_imported_by_the_product():
         from shared.weights import random_weights
         config = TransformerConfig(src_vocab=9, tgt_vocab=9, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1,
                                    n_decoder_layers=1, max_len=8, norm_eps=1e-5, pe_layout="halves")
-        path = tempfile.mkdtemp() + "/m"
-        to_marian(path, config, random_weights(config))
-        assert from_marian(path)[0] == config
+        with tempfile.TemporaryDirectory() as folder:
+            to_marian(folder + "/m", config, random_weights(config))
+            assert from_marian(folder + "/m")[0] == config
     """, blocked={"transformers", "torch", "tensorflow", "ctranslate2"})
     assert result.returncode == 0, result.stderr
 

@@ -135,10 +135,9 @@ def test_greedy_float32_torch():
     np.testing.assert_array_equal(actual, H.hf_greedy(model, src, 9, config.pad_id))
 
 
-def test_transformers_float32_table_is_accepted_in_float64():
+def test_transformers_float32_table_is_accepted_in_float64(tmp_path):
     model = H.make_fsmt(0, "float64", exact_tables=False, **CASES["unequal-relu"])
-    import tempfile
-    path = tempfile.mkdtemp()
+    path = str(tmp_path)
     model.save_pretrained(path)
     config, _ = from_fsmt(path)
     assert config.dtype == "float64"
