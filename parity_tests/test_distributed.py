@@ -44,7 +44,7 @@ def runs(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("distributed")
     worker = ["-m", "parity_tests.distributed_worker"]
     torch_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                 *worker, "torch", str(out)]
+                 "--log-dir", str(out / "torchrun"), *worker, "torch", str(out)]  # not /tmp/torchelastic_*
     tf_cmd = [sys.executable, *worker, "tf", str(out)]
     procs = [subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for cmd in (torch_cmd, tf_cmd)]

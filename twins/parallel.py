@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import uuid
 
 from . import backends, pipes
@@ -44,7 +45,7 @@ def launch(args) -> int:
     others then fail after it); 128 + the signal (130, 143), silently, when SIGINT or SIGTERM
     stopped the run (saved by rank 0); 1 when a worker died (one line: which rank, and how). Torch threads
     per worker: ``--threads``, else the cores divided among them."""
-    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -52,11 +53,16 @@ def launch(args) -> int:
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    # The agent's log folder, removed afterwards: by default it makes /tmp/torchelastic_* at every
+    # launch and leaves it (hundreds of them after a day of test runs).
+    logs = tempfile.TemporaryDirectory(prefix="twins-torchrun-", ignore_cleanup_errors=True)
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=args.workers,
                           run_id=str(uuid.uuid4()), rdzv_backend="c10d", rdzv_endpoint="localhost:0",
-                          max_restarts=0, monitor_interval=0.1)
+                          max_restarts=0, monitor_interval=0.1,
+                          logs_specs=DefaultLogsSpecs(log_dir=logs.name))
     try:
-        elastic_launch(config, sys.executable)("-m", "twins", *args.argv)
+        with logs:
+            elastic_launch(config, sys.executable)("-m", "twins", *args.argv)
     except SignalException as err:
         # SIGINT or SIGTERM reached the launcher (Ctrl-C reaches every process of the group): its
         # agent has passed the signal on to the workers and waited for them to end; rank 0 has
