@@ -103,9 +103,7 @@ def _workers(args: list[str]) -> list[str]:
     suite 267 s instead of 305 (docs/design.md, "The suite")."""
     chosen = any(a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in args)
     cores = min(os.cpu_count() or 1, 4)
-    # --no-loadscope-reorder: the modules go out in collection order, slowest first
-    # (parity_tests/conftest.py, SLOWEST_FIRST), not by their number of tests, xdist's default
-    return [] if chosen or cores < 2 else ["-n", str(cores), "--dist", "loadfile", "--no-loadscope-reorder"]
+    return [] if chosen or cores < 2 else ["-n", str(cores), "--dist", "loadfile"]
 
 
 def main(argv: list[str]) -> int:

@@ -63,6 +63,13 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+def pytest_configure(config):
+    """The modules go out to xdist's workers in collection order (`SLOWEST_FIRST`): its option
+    ``loadscopereorder`` (pytest-xdist 3.6 and later; absent before, which kept the order) off."""
+    if getattr(config.option, "loadscopereorder", None):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_finish(session):
     """Every test module is imported now, and with them both frameworks: move what exists into the
     permanent generation, so later full collections do not walk the frameworks' modules again."""
@@ -94,9 +101,10 @@ def _frameworks(item) -> set[str]:
 # collection order, one as each worker frees up, so a heavy module collected last ran alone at the
 # end while the other worker idled (test_variants_parity, 29 s, is near the end alphabetically).
 # Started slowest first (every module over 5 s), the light ones fill in behind them. Only the order
-# changes. `python3 dev.py test` passes --no-loadscope-reorder: by default xdist sends the modules
-# out by their number of tests instead (the main checkout's suite: 232 s in this order, 238 s in
-# xdist's, the same hour; the machine's noise is about as large).
+# changes. `pytest_configure` turns off xdist's own reordering (``--loadscope-reorder``, its
+# default from 3.6): it sends the modules out by their number of tests instead (the main
+# checkout's suite: 232 s in this order, 238 s in xdist's, the same hour; the machine's noise is
+# about as large).
 SLOWEST_FIRST = ("test_demos", "test_decoding", "test_variants_parity", "test_parity",  # 46 36 29 27
                  "test_saved_model", "test_distributed", "test_half_precision",  # 25 25 23
                  "test_tf_only", "test_train_hostile", "test_cli_compare",  # 16 15 14
