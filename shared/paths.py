@@ -49,6 +49,23 @@ def check_source(path: str | os.PathLike, what: str = "", directory: bool = True
     raise ValueError(f"{_named(what, path)}: expected {expected}, got {kind(mode)}")
 
 
+def holds_cwd(path: str | os.PathLike) -> str | None:
+    """What ``path`` is to the current directory, where a save could not replace it: "the current
+    directory" or "a directory containing the current one" (links resolved; a directory swapped
+    out under a shell leaves it in a deleted folder, and renaming ``.`` fails as "Device or
+    resource busy"); None otherwise, or when the current directory no longer exists."""
+    real = os.path.realpath(path)
+    try:
+        here = os.path.realpath(os.getcwd())
+    except OSError:  # removed: nothing can contain it
+        return None
+    if real == here:
+        return "the current directory"
+    if here.startswith(real.rstrip(os.sep) + os.sep):
+        return "a directory containing the current one"
+    return None
+
+
 def replaced(path: str | os.PathLike, directory: bool) -> str:
     """Where a save of ``path`` writes: ``path``, or the end of its symbolic links (the links stay,
     the file or directory they lead to is replaced). Refused, before anything is written, where

@@ -15,6 +15,7 @@ from pathlib import Path
 from shared import formats
 from shared import weights as neutral
 from shared.importers.notes import collected
+from shared.paths import holds_cwd
 
 from . import arguments, loading
 
@@ -49,8 +50,7 @@ def run(args) -> int:
     if dst in src.parents:  # a directory export replaces DST whole: the source inside it would go too
         raise ValueError(f"DST {args.dst!r} contains SRC {args.src!r}: replacing it would delete the "
                          "source; write elsewhere")
-    here = Path.cwd().resolve()
-    if dst == here or dst in here.parents:  # replaced whole: a shell would be left in a deleted folder
+    if holds_cwd(dst):  # replaced whole: a shell would be left in a deleted folder
         raise ValueError(f"DST {args.dst!r} is the current directory or holds it, which a save "
                          "would replace; name a path inside it")
     given = loading.given_options(args)

@@ -103,6 +103,14 @@ def log_problems(log: dict) -> list[str]:
     for i, g in enumerate(log["segments"]):
         need(f"segments[{i}]", isinstance(g, dict) and isinstance(g.get("backend"), str),
              "an object with a backend", g)
+    # where present, as `twins figures` draws them
+    for i, g in enumerate(log["segments"]):
+        if isinstance(g, dict) and "seconds" in g:
+            need(f"segments[{i}].seconds", _real(g["seconds"]) and g["seconds"] >= 0,
+                 "a finite number >= 0", g["seconds"])
+    for i, e in enumerate(log["evals"]):
+        if isinstance(e, dict) and "n" in e:
+            need(f"evals[{i}].n", _int(e["n"]), "an int >= 0", e["n"])
     return problems
 
 

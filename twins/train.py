@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from shared import weights as neutral
+from shared.paths import holds_cwd
 from shared.saving import check_not_read_only, naming, recover, temporary_name
 
 from shared.checks import int_argument
@@ -152,16 +153,10 @@ def _check_checkpoint(given: str) -> None:
     """Refuse, before anything trains, a run directory that no save can replace (the save at the
     end swaps a new directory into its place): the current directory or one that contains it
     (``--checkpoint .``: rename says "Device or resource busy" after every step had run), or a
-    mount point. An empty path (``Path("")`` is the current directory) is refused as no path."""
-    if given == "":
-        raise ValueError("--checkpoint: expected a path, got ''")
+    mount point (an empty path is refused while the command line is parsed, `arguments.path`)."""
     real = Path(os.path.realpath(given))
-    try:
-        here = Path(os.path.realpath(os.getcwd()))
-    except OSError:  # the current directory was removed: nothing can contain it
-        here = None
-    if here is not None and (real == here or real in here.parents):
-        which = "the current directory" if real == here else "a directory containing the current one"
+    which = holds_cwd(real)
+    if which is not None:
         raise ValueError(f"--checkpoint {given!r}: expected a run directory a save can replace, got "
                          f"{which}; name a directory inside it (such as {os.path.join(given, 'run')!r})")
     if real.is_dir() and os.path.ismount(real):
