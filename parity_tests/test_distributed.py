@@ -141,8 +141,9 @@ def twins(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-def test_twins_train_workers_equals_one_process_and_refuses_other_settings(tmp_path):
+def test_twins_train_workers_equals_one_process_and_refuses_other_settings(tmp_path, monkeypatch, capsys):
     from shared.weights import load_checkpoint
+    from twins import parallel as twins_parallel
     from twins.cli import main
 
     parallel, single = tmp_path / "parallel", tmp_path / "single"
@@ -157,13 +158,20 @@ def test_twins_train_workers_equals_one_process_and_refuses_other_settings(tmp_p
             assert_close(got[name], expected[name], bound_for("float32", "train:parallel:single"), name)
     log = json.loads((parallel / "train_log.json").read_text())
     assert log["segments"][0]["workers"] == 2 and log["step"] == 3
-    # A resume with another model: every worker says so, none hangs, the run is untouched.
+    # A resume with another model: refused by the launcher, from the run's log, before any worker
+    # starts (one message, not one a worker); the run is untouched.
     before = (parallel / "model.safetensors").read_bytes()
-    refused = twins(*TRAIN, "--steps", "1", "--workers", "2", "--preset", "tiny", "--checkpoint",
-                    str(parallel))
-    assert refused.returncode == 2
-    lines = [line for line in refused.stderr.splitlines() if line.startswith("twins train: error:")]
-    assert len(lines) == 2 and all("has another model" in line for line in lines), refused.stderr
+    launched = []
+    monkeypatch.setattr(twins_parallel, "launch", lambda args: launched.append(args) or 0)
+    assert main([*TRAIN, "--steps", "1", "--workers", "2", "--preset", "tiny", "--checkpoint",
+                 str(parallel)]) == 2
+    err = capsys.readouterr().err
+    assert launched == [] and err.count("twins train: error:") == 1, err
+    assert f"--preset/--config: the run in {str(parallel)!r} has another model (" in err
+    assert main([*TRAIN, "--steps", "1", "--workers", "2", "--seed", "9", "--checkpoint",
+                 str(parallel)]) == 2
+    err = capsys.readouterr().err
+    assert launched == [] and f"--seed 9: the run in {str(parallel)!r} has seed 0" in err, err
     assert (parallel / "model.safetensors").read_bytes() == before
 
 

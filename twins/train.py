@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shared import TransformerConfig
 from shared import weights as neutral
 from shared.paths import holds_cwd
 from shared.saving import check_not_read_only, naming, recover, temporary_name
@@ -143,7 +144,7 @@ def _check_args(args) -> None:
         raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout}")
     if args.workers is not None:  # in the launching process, before anything starts
         log = _peek_log(args)
-        _check_last_step(args, log)
+        _check_before_launch(args, log)
         batch = _run_batch(args, log)
         check_worker_count(args.workers, batch)
         check_workers(batch, args.workers)
@@ -222,19 +223,9 @@ def _start_or_resume(args, path: Path):
                "step": 0, "settings": settings, "config": config.to_dict(), "segments": [],
                "history": {"step": [], "loss": [], "lr": []}, "evals": []}
         return config, neutral.init_weights(config, seed), None, log
-    if log.get("task") != args.task:
-        raise ValueError(f"--checkpoint {str(path)!r}: a run of the {log.get('task')} task, "
-                         f"not {args.task}")
-    _check_last_step(args, log)
-    if args.seed is not None and args.seed != log["seed"]:
-        raise ValueError(f"--seed {args.seed}: the run in {str(path)!r} has seed {log['seed']}; a "
-                         "resumed run keeps its seed (its data stream)")
+    _check_resume(args, path, log)
     config, weights = neutral.load_checkpoint(path)
-    if args.preset or args.config:
-        wanted = tasks.task_config(args.task, args.preset, args.config)
-        if wanted != config:
-            raise ValueError(f"--preset/--config: the run in {str(path)!r} has another model "
-                             f"({neutral.config_differences(wanted, config)}); drop the option to resume")
+    _check_same_model(args, path, config)
     tasks.check_config(args.task, config)
     for k in SETTINGS:
         if getattr(args, k) is not None:
@@ -242,6 +233,41 @@ def _start_or_resume(args, path: Path):
     if args.precision is not None:
         log["settings"]["precision"] = args.precision
     return config, weights, read_moments(path, config), log
+
+
+def _check_resume(args, path: Path, log: dict) -> None:
+    """What the log of the run being resumed alone refuses: another task, a last step past the
+    log's limit, another seed."""
+    if log.get("task") != args.task:
+        raise ValueError(f"--checkpoint {str(path)!r}: a run of the {log.get('task')} task, "
+                         f"not {args.task}")
+    _check_last_step(args, log)
+    if args.seed is not None and args.seed != log["seed"]:
+        raise ValueError(f"--seed {args.seed}: the run in {str(path)!r} has seed {log['seed']}; a "
+                         "resumed run keeps its seed (its data stream)")
+
+
+def _check_same_model(args, path: Path, config: TransformerConfig) -> None:
+    """``--preset`` / ``--config`` given to a resumed run must name the model it holds."""
+    if args.preset or args.config:
+        wanted = tasks.task_config(args.task, args.preset, args.config)
+        if wanted != config:
+            raise ValueError(f"--preset/--config: the run in {str(path)!r} has another model "
+                             f"({neutral.config_differences(wanted, config)}); drop the option to resume")
+
+
+def _check_before_launch(args, log: dict | None) -> None:
+    """The launcher's refusals of a resumed run, from its log (the workers load the checkpoint and
+    check it again): one message, before any worker starts, instead of one from every worker."""
+    if log is None:
+        return
+    path = Path(args.checkpoint)
+    _check_resume(args, path, log)
+    try:
+        logged = TransformerConfig.from_dict(log["config"])
+    except (TypeError, ValueError):
+        return  # refused by the workers, from the checkpoint's own config
+    _check_same_model(args, path, logged)
 
 
 def _check_writable(path: Path) -> None:
