@@ -198,33 +198,6 @@ def _fresh_python(code: str) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-@pytest.mark.parametrize("backend, other", [("torch", ("tensorflow", "keras", "tf_impl")),
-                                            ("tf", ("torch", "torch_impl"))])
-def test_a_backend_never_imports_the_other_framework(tmp_path, backend, other):
-    """`twins train` and `twins decode` in one backend, in a fresh interpreter, leave the other
-    framework unimported; with its package unimportable its adapter raises `Unavailable`. (The
-    check reads sys.modules instead of blocking the import: torch's optimizer probes for
-    TensorFlow with find_spec without importing it.)"""
-    run = str(tmp_path / "r")
-    name = "tf" if backend == "torch" else "torch"
-    _fresh_python(f"""
-        import sys
-        import pytest
-        from shared import TransformerConfig
-        from twins import backends
-        from twins.cli import main
-        assert main(["train", "--task", "copy", "--backend", "{backend}", "--steps", "2", "--preset",
-                     "tiny", "--eval-every", "0", "--heldout", "2", "--checkpoint", {run!r},
-                     "--no-progress", "--threads", "1"]) == 0
-        assert main(["decode", "--checkpoint", {run!r}, "--backend", "{backend}", "4 5 6"]) == 0
-        heavy = sorted(m for m in sys.modules if m.split(".")[0] in {other!r})
-        assert not heavy, heavy
-        sys.modules["{name}_impl"] = None  # as if its framework were not installed
-        with pytest.raises(backends.Unavailable, match="the {name} backend is not installed"):
-            backends.make_adapter("{name}", TransformerConfig.preset("tiny"), {{}})
-    """)
-
-
 def test_the_reference_adapter_imports_no_framework():
     _fresh_python("""
         import sys
