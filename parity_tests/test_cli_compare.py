@@ -144,8 +144,9 @@ def test_unknown_implementation_is_refused():
 
 
 def test_adapters_share_one_interface_and_agree(tmp_path):
-    """Every adapter, built from weights or loaded from a checkpoint, answers the same calls with
-    NumPy results that agree within the float32 bounds (beam included)."""
+    """Every adapter answers the same calls with NumPy results that agree within the float32 bounds
+    (beam included); one loaded from a checkpoint holds the same config and weights and computes
+    the same logits bit for bit (the same class: its searches run the same code)."""
     from shared.batches import src_tgt
     from shared.tolerances import bound_for
     from shared.weights import random_weights, save_checkpoint
@@ -156,19 +157,21 @@ def test_adapters_share_one_interface_and_agree(tmp_path):
     ref = backends.make_adapter("reference", config, weights)
     want = ref.beam(src, 4, beam_size=2)
     for name in backends.IMPLEMENTATIONS:
-        for adapter in (backends.make_adapter(name, config, weights),
-                        backends.load_adapter(name, tmp_path / "c")):
-            assert adapter.name == name and adapter.config == config
-            exported = adapter.export_weights()
+        adapter = backends.make_adapter(name, config, weights)
+        loaded = backends.load_adapter(name, tmp_path / "c")
+        logits = adapter.logits(src, tgt)
+        for each in (adapter, loaded):
+            assert each.name == name and each.config == config and type(each) is type(adapter)
+            exported = each.export_weights()
             assert all(np.array_equal(exported[k], weights[k]) for k in weights)
-            bound = bound_for(config.dtype, f"{name}:reference") if name != "reference" else None
-            logits = adapter.logits(src, tgt)
-            assert isinstance(logits, np.ndarray) and logits.shape == (2, 5, config.tgt_vocab)
-            assert bound is None or bound.allows(logits, ref.logits(src, tgt))
-            assert set(adapter.trace(src, tgt)) == set(R.trace_names(config))
-            assert adapter.time_forward(src, tgt, repeats=1) > 0
-            np.testing.assert_array_equal(adapter.greedy(src, 4).tokens, ref.greedy(src, 4).tokens)
-            np.testing.assert_array_equal(adapter.beam(src, 4, beam_size=2).tokens, want.tokens)
+        np.testing.assert_array_equal(loaded.logits(src, tgt), logits)
+        bound = bound_for(config.dtype, f"{name}:reference") if name != "reference" else None
+        assert isinstance(logits, np.ndarray) and logits.shape == (2, 5, config.tgt_vocab)
+        assert bound is None or bound.allows(logits, ref.logits(src, tgt))
+        assert set(adapter.trace(src, tgt)) == set(R.trace_names(config))
+        assert adapter.time_forward(src, tgt, repeats=1) > 0
+        np.testing.assert_array_equal(adapter.greedy(src, 4).tokens, ref.greedy(src, 4).tokens)
+        np.testing.assert_array_equal(adapter.beam(src, 4, beam_size=2).tokens, want.tokens)
 
 
 def test_threads_option_and_the_runtime_policy(monkeypatch, capsys):
