@@ -96,23 +96,21 @@ def _frameworks(item) -> set[str]:
     return needed
 
 
-# The slowest modules, slowest first (seconds of tests in one worker, `python3 dev.py test
-# --durations=0`, 2 workers, 2026-11-26): `--dist loadfile` hands whole modules to the workers in
-# collection order, one as each worker frees up, so a heavy module collected last ran alone at the
-# end while the other worker idled (test_variants_parity, 29 s, is near the end alphabetically).
-# Started slowest first (every module over 5 s), the light ones fill in behind them. Only the order
-# changes. `pytest_configure` turns off xdist's own reordering (``--loadscope-reorder``, its
-# default from 3.6): it sends the modules out by their number of tests instead (the main
-# checkout's suite: 232 s in this order, 238 s in xdist's, the same hour; the machine's noise is
-# about as large).
-SLOWEST_FIRST = ("test_demos", "test_decoding", "test_variants_parity", "test_parity",  # 46 36 29 27
-                 "test_saved_model", "test_distributed", "test_half_precision",  # 25 25 23
-                 "test_tf_only", "test_train_hostile", "test_cli_compare",  # 16 15 14
-                 "test_reliability_saving", "test_imports", "test_adapted_layers",  # 13 13 13
-                 "test_onnx", "test_training_parity", "test_checkpoints", "test_training",  # 10 9 9 8
-                 "test_hypothesis", "test_decoding_torch_only", "test_reliability_cli",  # 8 8 7
-                 "test_decoding_stub", "test_interop_marian", "test_hostile_tf",  # 6 6 5
-                 "test_interop_tf_tutorial")  # 5
+# The slowest modules, slowest first (seconds of tests in one worker, summed from `python3 dev.py
+# test --durations=0`, 2 workers, 2026-11-26): `--dist loadfile` hands whole modules to the workers
+# in collection order, one as each worker frees up, so a heavy module collected last ran alone at
+# the end while the other worker idled (test_variants_parity, 30 s, is near the end
+# alphabetically). Started slowest first (every module over 5 s), the light ones fill in behind
+# them. Only the order changes. `pytest_configure` turns off xdist's own reordering
+# (``--loadscope-reorder``, its default from 3.6): it sends the modules out by their number of
+# tests instead (the main checkout's suite: 232 s in this order, 238 s in xdist's, the same hour;
+# the machine's noise is about as large).
+SLOWEST_FIRST = ("test_decoding", "test_variants_parity", "test_parity", "test_saved_model",  # 40 30 29 28
+                 "test_half_precision", "test_demos", "test_distributed", "test_imports",  # 24 24 24 23
+                 "test_tf_only", "test_adapted_layers", "test_train_hostile", "test_cli_compare",  # 16 14 13 11
+                 "test_training_parity", "test_onnx", "test_reliability_saving",  # 10 9 7
+                 "test_decoding_stub", "test_checkpoints", "test_hypothesis", "test_training",  # 7 7 6 6
+                 "test_reliability_cli", "test_hostile_tf", "test_interop_marian")  # 6 6 5
 
 
 def pytest_collection_modifyitems(config, items):
