@@ -1,6 +1,7 @@
 """Behaviour only torch_impl has: ids must be torch tensors, ``torch.export``, dropout draws from torch's generator
 (seeds reproduce), the trace keeps the autograd graph, ``gradcheck`` through both attention paths
 (SDPA and explicit), and the Noam ``LambdaLR`` needs a base rate of 1."""
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -123,3 +124,35 @@ def test_torch_export_runs_the_forward_pass_for_any_batch_and_length():
     bad[0, 1] = config.src_vocab
     with pytest.raises(RuntimeError, match=r"src: expected token ids in \[0, 13\), got a value outside it"):
         program(bad, example[1])
+
+
+@pytest.mark.parametrize("variant", ["tiny-pre-annotated", "tiny-post-standard", "head-dim", "float64"])
+def test_a_training_step_keeps_at_least_the_memory_floor(variant):
+    """`shared.memory.training_floor`, which `twins train` refuses a ``--batch`` by, is a floor:
+    what autograd saves for a training step's backward pass (each storage once, the weights apart)
+    and the logits' gradient hold at least that many bytes, for either norm placement, an
+    attention narrower than the model and float64."""
+    from parity_tests.matrix import VARIANTS
+    from shared.memory import training_floor
+    config = {"head-dim": TINY.replace(head_dim=3), "float64": TINY.replace(dtype="float64")}.get(
+        variant) or VARIANTS.get(variant)
+    config = config.replace(dropout=0.0)
+    model = build(config, random_weights(config, 0))
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    src, tgt = src_tgt(config, batch=3, src_len=7, tgt_len=5, seed=0)
+    tgt_out = np.where(tgt == config.pad_id, config.pad_id, (tgt + 1) % config.tgt_vocab)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        logits = model(torch.from_numpy(src), torch.from_numpy(tgt))
+        loss = training.label_smoothed_loss(logits, torch.from_numpy(tgt_out), config.pad_id, 0.1)
+    kept = sum(saved.values()) + logits.numel() * logits.element_size()  # + the logits' gradient
+    floor = training_floor(config, 3, 7, 5)
+    assert kept >= floor, (kept, floor)
+    loss.backward()  # the graph the hooks saw is a training step's

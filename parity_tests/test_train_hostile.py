@@ -294,6 +294,39 @@ def test_a_run_cannot_step_past_the_logs_limit(tmp_path, capsys, tiny):
     assert code == 2 and "--steps: expected an int <= 2147483647 (the most steps a train log holds)" in err
 
 
+def test_a_batch_whose_step_cannot_fit_the_memory_is_refused_before_training(tmp_path, capsys, monkeypatch):
+    """Before: ``--batch 3000000`` drew its batch and ended in the framework's allocator error or
+    the kernel's OOM killer (exit 137, no message). Now `shared.memory.training_floor` refuses it
+    before a batch is drawn: a new run, a resumed run whose logged batch is too large, and the
+    launcher of ``--workers`` (the machine's memory made 1 GiB, so the test is the same anywhere)."""
+    from shared import memory
+    from twins import parallel
+    monkeypatch.setattr(memory, "total_memory", lambda: 2**30)
+    launched = []
+    monkeypatch.setattr(parallel, "launch", lambda args: launched.append(args) or 0)
+    code, out, err = run_train(capsys, "torch", tmp_path / "new", 1, "--batch", "3000000")
+    assert code == 2 and out == "" and not (tmp_path / "new").exists(), err
+    assert err == ("twins train: error: --batch 3000000: a training step of 3,000,000 rows of 10 "
+                   "source and 11 target positions keeps at least 200.1 GiB for its backward pass "
+                   "(every linear map's input and the log-probabilities' gradient), more than this "
+                   "machine's 1.0 GiB; give a smaller --batch\n")
+    code, _, err = run_train(capsys, "torch", tmp_path / "new", 1, "--batch", "3000000", "--workers", "2")
+    assert code == 2 and launched == [] and "--batch 3000000: a training step of" in err, err
+    run = tmp_path / "run"
+    assert run_train(capsys, "torch", run, 1)[0] == 0  # --batch 8 fits
+    log = read_log(run)
+    log["settings"]["batch"] = 3_000_000
+    (run / "train_log.json").write_text(json.dumps(log))
+    before = {name: (run / name).read_bytes() for name in sorted(os.listdir(run))}
+    argv = ["train", "--task", "copy", "--backend", "torch", "--steps", "1", "--checkpoint", str(run),
+            "--no-progress", "--eval-every", "0"]
+    for extra in ([], ["--workers", "2"]):
+        assert cli.main(argv + extra) == 2
+        err = capsys.readouterr().err
+        assert "the run's batch of 3000000: a training step of 3,000,000 rows" in err, err
+    assert launched == [] and {name: (run / name).read_bytes() for name in sorted(os.listdir(run))} == before
+
+
 # -- 6. stdout closed or full ---------------------------------------------------------------------
 @pytest.mark.parametrize("command", [
     ["train", "--task", "copy", "--backend", "torch", "--steps", "1", "--checkpoint", "run"],

@@ -11,6 +11,10 @@ not fit, and then the framework's own allocator error says so.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only
+    from .config import TransformerConfig
 
 # What one weight tensor costs beyond its values, in the lightest case measured: torch_impl on the
 # CPU, float32, a model of 4,204 tensors of 4-element layers, resident memory after one
@@ -65,3 +69,40 @@ def check_memory(tensors: int, values: int, itemsize: int, use: str, what: str,
         raise ValueError(f"{what}: {tensors:,} tensors of {values:,} values need at least "
                          f"{need / 2**30:.1f} GiB {verb}, more than this machine's "
                          f"{limit / 2**30:.1f} GiB")
+
+
+def training_floor(config: TransformerConfig, rows: int, src_len: int, tgt_len: int) -> int:
+    """The fewest bytes one training step of ``rows`` rows (``src_len`` source and ``tgt_len``
+    target positions) holds at once in any backend and precision, when its backward pass begins:
+    what the weights' gradients are computed from. Every linear map's gradient needs the map's
+    input, so each is kept: per position of each encoder layer, the input of the query/key/value
+    maps, of the attention's output map, of the feed-forward network and of its second map
+    (``3 * d_model + d_ff``, attention ``n_heads * head_dim`` wide); per position of each decoder
+    layer, those of both attentions (``5 * d_model + d_ff``); the encoder's output (the cross
+    attentions' keys and values); the output layer's input and the log-probabilities over the
+    target vocabulary, with their gradient (``d_model + 2 * tgt_vocab``). Float32 values, float64
+    for a float64 model (half precision keeps the residual stream and the log-probabilities in
+    float32: `shared.precision`). Attention probabilities, norms' statistics, the weights and
+    everything else a backend allocates come on top: a floor, not an estimate."""
+    d, d_ff = config.d_model, config.d_ff
+    inner = config.n_heads * (config.head_dim or d // config.n_heads)  # attention's width
+    encoder = config.n_encoder_layers * (d + 2 * inner + d_ff) + d
+    decoder = config.n_decoder_layers * (3 * d + 2 * inner + d_ff) + d + 2 * config.tgt_vocab
+    itemsize = 8 if config.dtype == "float64" else 4
+    return rows * (src_len * encoder + tgt_len * decoder) * itemsize
+
+
+def check_training_batch(config: TransformerConfig, rows: int, src_len: int, tgt_len: int, what: str,
+                         limit: int | None = None) -> None:
+    """Refuse a training batch whose `training_floor` exceeds ``limit`` (default `total_memory`),
+    before any of it is drawn: ``"--batch 3000000: a training step of 3,000,000 rows of 10 source
+    and 11 target positions keeps at least 200.1 GiB for its backward pass (...), more than this
+    machine's 23.5 GiB; give a smaller --batch"``. ``what`` names the option (the caller's words,
+    ending before the colon)."""
+    limit = total_memory() if limit is None else limit
+    need = training_floor(config, rows, src_len, tgt_len)
+    if limit is not None and need > limit:
+        raise ValueError(f"{what}: a training step of {rows:,} rows of {src_len} source and {tgt_len} "
+                         f"target positions keeps at least {need / 2**30:.1f} GiB for its backward "
+                         f"pass (every linear map's input and the log-probabilities' gradient), more "
+                         f"than this machine's {limit / 2**30:.1f} GiB; give a smaller --batch")

@@ -38,6 +38,7 @@ class TaskSpec:
     name: str
     vocab: int  # src_vocab == tgt_vocab
     target_len: int  # target tokens (EOS not counted); greedy decoding runs target_len + 1 steps
+    shortest_source: int  # the fewest source tokens an example has (a floor of a batch's width)
     model: dict  # TransformerConfig fields (the vocabulary and special ids are added)
     batch: int
     warmup: int
@@ -57,6 +58,7 @@ SPECS = {
     # (seeds 0-2, both backends; docs/demos.md).
     "copy": TaskSpec(
         name="copy", vocab=data.COPY_VOCAB, target_len=data.COPY_LENGTH,
+        shortest_source=data.COPY_LENGTH,
         model=dict(d_model=64, n_heads=4, d_ff=128, n_encoder_layers=2, n_decoder_layers=2,
                    dropout=0.0, max_len=64, norm_first=True, norm_style="annotated", norm_eps=1e-6),
         batch=128, warmup=400, factor=0.5, smoothing=0.1, steps=600, eval_every=100, heldout=100,
@@ -66,6 +68,7 @@ SPECS = {
     # docs/demos.md). No dropout: every batch is fresh data.
     "dates": TaskSpec(
         name="dates", vocab=len(data.VOCAB), target_len=10,
+        shortest_source=6,  # CLDR's short form M/d/yy: "1/1/00"
         model=dict(d_model=64, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2,
                    dropout=0.0, max_len=64, norm_first=True, norm_style="standard", norm_eps=1e-6),
         batch=64, warmup=400, factor=1.0, smoothing=0.1, steps=3000, eval_every=250, heldout=1000,

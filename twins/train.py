@@ -43,6 +43,7 @@ from shared.saving import check_not_read_only, naming, recover, temporary_name
 
 from shared.checks import int_argument
 from shared.data_parallel import TIMEOUT_S, check_workers
+from shared.memory import check_training_batch
 from shared.precision import check_precision
 from shared.schedule import noam_lr
 from shared.threads import check_threads, check_worker_count
@@ -212,9 +213,8 @@ def _start_or_resume(args, path: Path):
         raise ValueError(f"--checkpoint {str(path)!r}: holds {what}; give a new or empty "
                          "directory, or a run directory to resume")
     if log is None:  # a new run
-        config = tasks.task_config(args.task, args.preset, args.config)
-        neutral.check_buildable(config, "train", f"--config {args.config!r}" if args.config
-                                else f"--preset {args.preset or 'the ' + args.task + ' default'}")
+        config = _new_config(args)
+        _check_batch_fits(args, config, _run_batch(args, None))
         seed = 0 if args.seed is None else args.seed
         settings = {k: getattr(args, k) if getattr(args, k) is not None else getattr(spec, k)
                     for k in SETTINGS}
@@ -227,6 +227,7 @@ def _start_or_resume(args, path: Path):
     config, weights = neutral.load_checkpoint(path)
     _check_same_model(args, path, config)
     tasks.check_config(args.task, config)
+    _check_batch_fits(args, config, _run_batch(args, log))
     for k in SETTINGS:
         if getattr(args, k) is not None:
             log["settings"][k] = getattr(args, k)
@@ -256,18 +257,39 @@ def _check_same_model(args, path: Path, config: TransformerConfig) -> None:
                              f"({neutral.config_differences(wanted, config)}); drop the option to resume")
 
 
+def _new_config(args) -> TransformerConfig:
+    """The model of a new run: ``--config``, ``--preset`` or the task's default, checked to be
+    buildable on this machine."""
+    config = tasks.task_config(args.task, args.preset, args.config)
+    neutral.check_buildable(config, "train", f"--config {args.config!r}" if args.config
+                            else f"--preset {args.preset or 'the ' + args.task + ' default'}")
+    return config
+
+
+def _check_batch_fits(args, config: TransformerConfig, batch: int) -> None:
+    """Refuse, before any batch is drawn, a global batch whose training step cannot fit this
+    machine's memory (`shared.memory.training_floor`; data-parallel workers share the machine):
+    ``--batch 3000000`` ended in the framework's allocator error."""
+    spec = tasks.spec(args.task)
+    what = f"--batch {batch}" if args.batch is not None else f"the run's batch of {batch}"
+    check_training_batch(config, batch, spec.shortest_source, spec.target_len + 1, what)
+
+
 def _check_before_launch(args, log: dict | None) -> None:
-    """The launcher's refusals of a resumed run, from its log (the workers load the checkpoint and
-    check it again): one message, before any worker starts, instead of one from every worker."""
-    if log is None:
-        return
+    """The launcher's refusals, from the command line and the resumed run's log (the workers load
+    the checkpoint and check it again): one message, before any worker starts, instead of one from
+    every worker."""
     path = Path(args.checkpoint)
-    _check_resume(args, path, log)
-    try:
-        logged = TransformerConfig.from_dict(log["config"])
-    except (TypeError, ValueError):
-        return  # refused by the workers, from the checkpoint's own config
-    _check_same_model(args, path, logged)
+    if log is None:
+        config = _new_config(args)
+    else:
+        _check_resume(args, path, log)
+        try:
+            config = TransformerConfig.from_dict(log["config"])
+        except (TypeError, ValueError):
+            return  # refused by the workers, from the checkpoint's own config
+        _check_same_model(args, path, config)
+    _check_batch_fits(args, config, _run_batch(args, log))
 
 
 def _check_writable(path: Path) -> None:
