@@ -231,6 +231,9 @@ def test_training_data_is_a_function_of_seed_and_step(task):
         src = a.batch(step)[0]
         assert src.shape[0] == 16
         assert not any(tuple(int(t) for t in row if t != data.PAD_ID) in held for row in src)
+    # `TaskSpec.shortest_source`, a floor of every source's length (`twins train`'s memory check),
+    # is the shortest there is: the first 2000 held-out examples reach it (dates: "1/1/00" forms)
+    assert min(len(s) for s in tasks.heldout(task, 2000).sources) == tasks.spec(task).shortest_source
 
 
 def test_exact_match_needs_eos():
