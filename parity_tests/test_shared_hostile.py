@@ -72,7 +72,8 @@ def test_a_schema_too_deep_for_the_memory_is_refused_from_its_counts(monkeypatch
 @pytest.mark.parametrize("make", [init_weights, random_weights], ids=["init_weights", "random_weights"])
 @pytest.mark.parametrize("fields, values", [
     (dict(src_vocab=10**12), "16,000,000,011,761"),  # was NumPy's MemoryError
-    (dict(src_vocab=10**30), "[\\d,]+"),  # was "Maximum allowed dimension exceeded"
+    (dict(src_vocab=2**62), "[\\d,]+"),  # was "Maximum allowed dimension exceeded" (10**30, now
+    # past int64: TransformerConfig refuses it)
     (dict(n_encoder_layers=10**4, n_decoder_layers=10**4), "[\\d,]+"),  # was made, at 1 GiB
 ])
 def test_weights_too_large_for_the_memory_are_refused_before_any_is_drawn(monkeypatch, make, fields,
@@ -255,3 +256,77 @@ def test_task_examples_check_their_seed(seed, error):
         make_task("copy", 2, [0, seed])
     assert copy_examples(2, np.int64(3)) == copy_examples(2, 3)
     assert copy_examples(2, [0, 1]) == copy_examples(2, [0, 1]) != copy_examples(2, [0, 2])
+
+
+# -- ints too long to print -----------------------------------------------------------------------
+# Python refuses to turn an int of over 4300 digits into text, so a message quoting one raised
+# "Exceeds the limit (4300 digits) for integer string conversion" in its place, naming nothing;
+# `shared.messages.shown` quotes such an int by its size. Sizes and ids past int64 are refused.
+HUGE = 10**5000
+
+
+def _huge_calls():
+    from shared import noam_lr, reference
+    from shared.data_parallel import check_workers
+    from shared.masks import subsequent_mask
+    from shared.positional import positional_encoding
+    from shared.tasks import copy_examples
+    from shared.threads import check_threads
+    model = reference.Model(random_weights(TINY, 0), TINY)
+    src = token_batch(TINY, TINY.src_vocab, 1, 3)
+    calls = {f"config.{name}": (lambda v, name=name: TINY.replace(**{name: v}), f"TransformerConfig.{name}")
+             for name in ("src_vocab", "d_model", "n_heads", "max_len", "pad_id", "head_dim",
+                          "decoder_start_id", "pe_offset", "dropout", "norm_eps", "dtype", "norm_first")}
+    calls.update({
+        "from_dict key": (lambda v: TransformerConfig.from_dict({**TINY.to_dict(), v: 1}),
+                          "TransformerConfig.from_dict: unknown fields"),
+        "preset": (lambda v: TransformerConfig.preset(v), "TransformerConfig.preset: name"),
+        "greedy max_len": (lambda v: reference.greedy_decode(model, src, v), "max_len"),
+        "beam_size": (lambda v: reference.beam_search(model, src, 4, v), "beam_size"),
+        "length_penalty": (lambda v: reference.beam_search(model, src, 4, 2, v), "length_penalty"),
+        "noam step": (lambda v: noam_lr(v, 512, 4000), "noam_lr: step"),
+        "noam warmup": (lambda v: noam_lr(1, 512, v), "noam_lr: warmup"),
+        "noam factor": (lambda v: noam_lr(1, 512, 4000, v), "noam_lr: factor"),
+        "token_batch batch": (lambda v: token_batch(TINY, 13, v, 3), "batch"),
+        "token_batch lengths": (lambda v: token_batch(TINY, 13, 2, 3, lengths=[v, 1]), "lengths"),
+        "src_tgt tgt_len": (lambda v: src_tgt(TINY, 2, 3, v), "tgt_len"),
+        "seed": (lambda v: random_weights(TINY, -abs(v)), "seed"),  # a huge one is a seed
+        "subsequent_mask": (lambda v: subsequent_mask(v), "subsequent_mask: size"),
+        "positional max_len": (lambda v: positional_encoding(v, 4), "positional_encoding: max_len"),
+        "positional offset": (lambda v: positional_encoding(4, 4, offset=v), "positional_encoding: offset"),
+        "copy n": (lambda v: copy_examples(v, 0), "n"),
+        "copy length": (lambda v: copy_examples(2, 0, v), "length"),
+        "threads": (lambda v: check_threads(v), "--threads"),
+        "workers": (lambda v: check_workers(8, v), "--workers"),
+        "batch of workers": (lambda v: check_workers(v, 3), "--workers 3"),
+    })
+    return calls
+
+
+@pytest.mark.parametrize("sign", [1, -1], ids=["huge", "negative"])
+@pytest.mark.parametrize("name", list(_huge_calls()))
+def test_an_int_too_long_to_print_is_named_by_its_size(name, sign):
+    call, names = _huge_calls()[name]
+    with pytest.raises((ValueError, TypeError)) as caught:
+        call(sign * HUGE)
+    message = str(caught.value)
+    assert message.startswith(names) and "int of about 5,001 digits" in message, message
+
+
+def test_a_batch_larger_than_the_memory_is_refused_by_name(monkeypatch):
+    """A (batch, length) array or a list of examples past the machine's memory: NumPy said "Maximum
+    allowed dimension exceeded" or ran out of memory."""
+    from shared.tasks import copy_examples
+    monkeypatch.setattr(memory, "total_memory", lambda: 2**30)
+    for call, message in [
+            (lambda: token_batch(TINY, 13, 10**5, 10**4),
+             "batch, length: a (100000, 10000) array of int64 ids needs 7.5 GiB, more than this "
+             "machine's 1.0 GiB"),
+            (lambda: src_tgt(TINY, 10**5, 3, 10**4), "batch, tgt_len: a (100000, 10000) array"),
+            (lambda: copy_examples(10**8, 0),
+             "n: 100000000 examples need at least 15.6 GiB as Python objects"),
+            (lambda: copy_examples(10**5, 0, 10**4),
+             "n, length: 100000 examples of 10000 symbols need at least 14.9 GiB")]:
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert str(caught.value).startswith(message), str(caught.value)

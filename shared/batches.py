@@ -8,15 +8,34 @@ from __future__ import annotations
 import numpy as np
 
 from shared import TransformerConfig
+from shared.config import INT64_MAX
 from shared.checks import check_config, check_seed, is_int
+from shared import memory
+from shared.messages import shown
 
 
 def _check_size(name: str, value) -> None:
-    """A vocabulary, batch or length: an int >= 1 (the model refuses an empty batch anyway)."""
+    """A vocabulary, batch or length: an int >= 1 (the model refuses an empty batch anyway), one
+    that int64 holds (a vocabulary: one whose ids it holds)."""
     if not is_int(value):
-        raise TypeError(f"{name}: expected an int >= 1, got {value!r}")
+        raise TypeError(f"{name}: expected an int >= 1, got {shown(value)}")
     if value < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {value}")
+        raise ValueError(f"{name}: expected an int >= 1, got {shown(value, str)}")
+    if name == "vocab" and value > 2**63:
+        raise ValueError(f"vocab: expected at most 2**63 (the ids are int64), got {shown(value, str)}")
+    if name != "vocab" and value > INT64_MAX:
+        raise ValueError(f"{name}: expected an int <= 2**63 - 1 (int64), got {shown(value, str)}")
+
+
+def _check_fits(names: str, batch: int, length: int) -> None:
+    """A ``(batch, length)`` int64 array this machine's memory holds, refused by name before NumPy
+    is asked for it (its own error says "Maximum allowed dimension exceeded" or "Unable to
+    allocate"). Python ints: a product of NumPy ints could wrap around."""
+    need, limit = int(batch) * int(length) * 8, memory.total_memory()
+    if limit is not None and need > limit:
+        raise ValueError(f"{names}: a ({shown(batch, str)}, {shown(length, str)}) array of int64 ids "
+                         f"needs {need / 2**30:,.1f} GiB, more than this machine's "
+                         f"{limit / 2**30:.1f} GiB")
 
 
 def _check_lengths(name: str, lengths, batch: int, length: int) -> None:
@@ -29,7 +48,7 @@ def _check_lengths(name: str, lengths, batch: int, length: int) -> None:
         raise ValueError(f"{name}: expected {expected}, got {len(lengths)}")
     for b, n in enumerate(lengths):
         if not is_int(n) or not 0 <= n <= length:
-            raise ValueError(f"{name}: expected {expected}, got {name}[{b}] = {n!r}")
+            raise ValueError(f"{name}: expected {expected}, got {name}[{b}] = {shown(n)}")
 
 
 def token_batch(config: TransformerConfig, vocab: int, batch: int, length: int, seed: int = 0,
@@ -41,8 +60,7 @@ def token_batch(config: TransformerConfig, vocab: int, batch: int, length: int, 
     check_config(config)
     for name, value in (("vocab", vocab), ("batch", batch), ("length", length)):
         _check_size(name, value)
-    if vocab > 2**63:
-        raise ValueError(f"vocab: expected at most 2**63 (the ids are int64), got {vocab}")
+    _check_fits("batch, length", batch, length)
     check_seed(seed)
     if lengths is not None:
         _check_lengths("lengths", lengths, batch, length)
@@ -76,6 +94,8 @@ def src_tgt(config: TransformerConfig, batch: int = 2, src_len: int = 7, tgt_len
     check_config(config)
     for name, value in (("batch", batch), ("src_len", src_len), ("tgt_len", tgt_len)):
         _check_size(name, value)
+    _check_fits("batch, src_len", batch, src_len)
+    _check_fits("batch, tgt_len", batch, tgt_len)
     check_seed(seed)
     for name, given, length in (("src_lengths", src_lengths, src_len), ("tgt_lengths", tgt_lengths, tgt_len)):
         if given is not None:

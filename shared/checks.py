@@ -12,6 +12,7 @@ import re
 from typing import Sequence
 
 from .config import TransformerConfig  # imports nothing of the project's: no cycle
+from .messages import shown
 
 
 def is_int(value) -> bool:
@@ -23,9 +24,9 @@ def check_seed(seed, name: str = "seed") -> None:
     """A seed is an int >= 0 (NumPy ints too; not a bool). None is refused: NumPy would draw fresh
     entropy, and what the project seeds is promised to be deterministic in its seed."""
     if not is_int(seed):
-        raise TypeError(f"{name}: expected an int >= 0, got {seed!r}")
+        raise TypeError(f"{name}: expected an int >= 0, got {shown(seed)}")
     if seed < 0:
-        raise ValueError(f"{name}: expected an int >= 0, got {seed}")
+        raise ValueError(f"{name}: expected an int >= 0, got {shown(seed, str)}")
 
 
 def check_config(config, name: str = "config") -> None:
@@ -45,13 +46,13 @@ def int_argument(text: str, low: int | None = None, high: int | None = None) -> 
         expected = "an int" if high is None else f"an int <= {high}"
     else:
         expected = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
-    shown = repr(text) if len(text) <= 80 else f"{text[:80]!r}... ({len(text):,} characters)"
+    quoted = repr(text) if len(text) <= 80 else f"{text[:80]!r}... ({len(text):,} characters)"
     if not re.fullmatch(r"[+-]?[0-9]+", text):
-        raise argparse.ArgumentTypeError(f"expected {expected} (ASCII digits), got {shown}")
+        raise argparse.ArgumentTypeError(f"expected {expected} (ASCII digits), got {quoted}")
     try:
         value = int(text)
     except ValueError:  # more digits than Python converts (4300)
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {shown}") from None
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {quoted}") from None
     if (low is not None and value < low) or (high is not None and value > high):
         got = value if len(text) <= 80 else f"{text[:80]}... ({len(text):,} characters)"
         raise argparse.ArgumentTypeError(f"expected {expected}, got {got}")
@@ -89,9 +90,9 @@ def ragged_rows(value) -> list[int] | None:
 
 
 def ragged_message(name: str, lengths: Sequence[int]) -> str:
-    shown = ", ".join(map(str, lengths[:10])) + (", ..." if len(lengths) > 10 else "")
+    listed = ", ".join(map(str, lengths[:10])) + (", ..." if len(lengths) > 10 else "")
     return (f"{name}: expected token ids of shape (batch, seq), every row of one length, got rows of "
-            f"lengths [{shown}]; pad the rows to one length (with pad_id)")
+            f"lengths [{listed}]; pad the rows to one length (with pad_id)")
 
 
 def empty_message(name: str, batch, seq) -> str:

@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .messages import shown
+
 NORM_STYLES = ("standard", "annotated")
 # The largest positional table (max_len x d_model values) a config may ask for: 2**28 values, 2 GiB
 # in float64 (the table is computed in float64, docs/design.md convention 4). Past it the table is
@@ -118,7 +120,8 @@ class TransformerConfig:
                      "n_encoder_layers", "n_decoder_layers", "pad_id", "bos_id", "eos_id"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"TransformerConfig.{name}: expected an int, got {value!r}")
+                raise ValueError(f"TransformerConfig.{name}: expected an int, got {shown(value)}")
+            _check_int64(name, value)
         for name in ("src_vocab", "tgt_vocab", "d_model", "n_heads", "d_ff", "max_len",
                      "n_encoder_layers", "n_decoder_layers"):
             value = getattr(self, name)
@@ -129,7 +132,9 @@ class TransformerConfig:
             if (value is not None or name == "pe_offset") and (
                     isinstance(value, bool) or not isinstance(value, int)):
                 allowed = "an int" if name == "pe_offset" else "an int or None"
-                raise ValueError(f"TransformerConfig.{name}: expected {allowed}, got {value!r}")
+                raise ValueError(f"TransformerConfig.{name}: expected {allowed}, got {shown(value)}")
+            if value is not None:
+                _check_int64(name, value)
         if self.head_dim is not None and self.head_dim < 1:
             raise ValueError(f"TransformerConfig.head_dim: expected a positive int or None, "
                              f"got {self.head_dim}")
@@ -142,18 +147,19 @@ class TransformerConfig:
         for name in ("dropout", "norm_eps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"TransformerConfig.{name}: expected a float, got {value!r}")
+                raise ValueError(f"TransformerConfig.{name}: expected a float, got {shown(value)}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"TransformerConfig.dropout: expected a value in [0, 1), got {self.dropout}")
+            raise ValueError(f"TransformerConfig.dropout: expected a value in [0, 1), "
+                             f"got {shown(self.dropout, str)}")
         # Compared, not converted (math.isfinite): an int past float's range (10**400) has no float,
         # and is refused as too large below.
         if not 0.0 < self.norm_eps < math.inf:
             raise ValueError(f"TransformerConfig.norm_eps: expected a positive finite float, "
-                             f"got {self.norm_eps}")
+                             f"got {shown(self.norm_eps, str)}")
         if not FLOAT32_TINY <= self.norm_eps <= FLOAT32_MAX:  # the norms run in float32 at least
             raise ValueError(f"TransformerConfig.norm_eps: expected a value float32 holds, neither 0 "
                              f"nor inf there (in [{FLOAT32_TINY:.3g}, {FLOAT32_MAX:.4g}]), got "
-                             f"{self.norm_eps}")
+                             f"{shown(self.norm_eps, str)}")
         if self.max_len * self.d_model > POSITIONAL_TABLE_LIMIT:
             raise ValueError(
                 f"TransformerConfig.max_len: expected max_len * d_model <= POSITIONAL_TABLE_LIMIT = "
@@ -170,7 +176,7 @@ class TransformerConfig:
                      "mask_padding"):
             value = getattr(self, name)
             if not isinstance(value, bool):
-                raise ValueError(f"TransformerConfig.{name}: expected a bool, got {value!r}")
+                raise ValueError(f"TransformerConfig.{name}: expected a bool, got {shown(value)}")
         if self.norm_style not in NORM_STYLES:
             raise ValueError(
                 f"TransformerConfig.norm_style: expected one of {NORM_STYLES}, got {self.norm_style!r}")
@@ -179,7 +185,7 @@ class TransformerConfig:
                              f"(its unbiased std divides by d_model - 1), got {self.d_model}")
         # A str only: np.dtype("float32") == "float32", yet it hashes otherwise and JSON cannot write it.
         if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
-            raise ValueError(f"TransformerConfig.dtype: expected one of {DTYPES}, got {self.dtype!r}")
+            raise ValueError(f"TransformerConfig.dtype: expected one of {DTYPES}, got {shown(self.dtype)}")
         self._validate_variants()
         if self.share_embeddings and self.src_vocab != self.tgt_vocab:
             raise ValueError(
@@ -195,12 +201,12 @@ class TransformerConfig:
             if not 0 <= value < self.tgt_vocab:
                 raise ValueError(
                     f"TransformerConfig.{name}: expected 0 <= {name} < tgt_vocab={self.tgt_vocab}, "
-                    f"got {value}")
+                    f"got {shown(value, str)}")
             # A pad id equal to BOS/EOS would hide that token from attention via the padding mask.
             if value == self.pad_id:
                 raise ValueError(
                     f"TransformerConfig.{name}: expected an id different from pad_id={self.pad_id}, "
-                    f"got {value}")
+                    f"got {shown(value, str)}")
         # It may equal pad_id (Marian): the target mask then keeps column 0 (`shared.masks`).
         if self.decoder_start_id is not None and not 0 <= self.decoder_start_id < self.tgt_vocab:
             raise ValueError(
@@ -213,7 +219,7 @@ class TransformerConfig:
                             ("pe_layout", PE_LAYOUTS), ("pe_timescale", PE_TIMESCALES)):
             value = getattr(self, name)
             if not isinstance(value, str) or value not in known:
-                raise ValueError(f"TransformerConfig.{name}: expected one of {known}, got {value!r}")
+                raise ValueError(f"TransformerConfig.{name}: expected one of {known}, got {shown(value)}")
         if self.positional == "learned":
             # A learned table has no layout, frequencies or offset: a non-default value would mean
             # nothing, and silently ignoring it would describe a model that is not the one built.
@@ -282,7 +288,7 @@ class TransformerConfig:
         """Refuse names that are no field, all of them, by repr: a mapping's keys may be of any type,
         and reprs sort where mixed keys do not."""
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(repr(name) for name in names if name not in known)
+        unknown = sorted(shown(name) for name in names if name not in known)
         if unknown:
             raise ValueError(f"{where}: unknown fields [{', '.join(unknown)}] (written by a newer "
                              "version? this version does not know them and will not guess)")
@@ -299,13 +305,26 @@ class TransformerConfig:
     def preset(cls, name: str, **overrides: Any) -> "TransformerConfig":
         """A named configuration: ``tiny`` (tests), ``small`` (quick demos), ``base`` or ``big`` (the paper)."""
         if not isinstance(name, str) or name not in PRESETS:  # a list is no key of PRESETS: unhashable
-            raise ValueError(f"TransformerConfig.preset: name expected one of {sorted(PRESETS)}, got {name!r}")
+            raise ValueError(f"TransformerConfig.preset: name expected one of {sorted(PRESETS)}, "
+                             f"got {shown(name)}")
         cls._check_fields(overrides, "TransformerConfig.preset")
         return cls(**{**PRESETS[name], **overrides})
 
 
+# Every int field is a size or an id, int64 in every backend (ids are int64 arrays): one past it
+# is no model, and an int of thousands of digits would not even print in a message.
+INT64_MAX = 2**63 - 1
+
+
+def _check_int64(name: str, value: int) -> None:
+    if not -INT64_MAX - 1 <= value <= INT64_MAX:
+        raise ValueError(f"TransformerConfig.{name}: expected an int that int64 holds (a size or an "
+                         f"id), got {shown(value, str)}")
+
+
 # float32's largest value and smallest normal one: an eps outside rounds to inf or towards 0 in a
-# float32 norm (kept here without NumPy: shared.config imports nothing but the standard library).
+# float32 norm (kept here without NumPy: shared.config imports only the standard library and
+# shared.messages).
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38
 

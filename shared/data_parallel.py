@@ -21,6 +21,7 @@ import json
 import numpy as np
 
 from .checks import is_int
+from .messages import shown
 
 # Seconds a worker waits for the others in one collective (torch's process group) before it fails
 # with an error instead of hanging: long enough for rank 0's held-out evaluation in `twins train`.
@@ -30,16 +31,17 @@ TIMEOUT_S = 300.0
 def check_worker_count(workers, option: str = "workers") -> None:
     """A worker count: an int of at least 1 (both backends' ``init_workers``, and `check_workers`)."""
     if not is_int(workers) or workers < 1:
-        raise ValueError(f"{option}: expected an int >= 1, got {workers!r}")
+        raise ValueError(f"{option}: expected an int >= 1, got {shown(workers)}")
 
 
 def check_workers(batch: int, workers: int, option: str = "--workers") -> None:
     """A worker count of at least 1 that divides the global batch (every worker takes equal rows)."""
     check_worker_count(workers, option)
     if batch % workers:
-        raise ValueError(f"{option} {workers}: expected a number of workers that divides the global "
-                         f"batch of {batch} examples, got {workers} ({batch} % {workers} = "
-                         f"{batch % workers}); choose a batch that is a multiple of the workers")
+        w, b = shown(workers, str), shown(batch, str)
+        raise ValueError(f"{option} {w}: expected a number of workers that divides the global batch "
+                         f"of {b} examples, got {w} ({b} % {w} = {shown(batch % workers, str)}); "
+                         "choose a batch that is a multiple of the workers")
 
 
 def shard_rows(batch: int, rank: int, workers: int) -> slice:
@@ -47,7 +49,7 @@ def shard_rows(batch: int, rank: int, workers: int) -> slice:
     ``[rank * b, (rank + 1) * b)`` with ``b = batch / workers``."""
     check_workers(batch, workers)
     if not 0 <= rank < workers:
-        raise ValueError(f"rank: expected 0 <= rank < {workers}, got {rank}")
+        raise ValueError(f"rank: expected 0 <= rank < {shown(workers, str)}, got {shown(rank, str)}")
     per = batch // workers
     return slice(rank * per, (rank + 1) * per)
 

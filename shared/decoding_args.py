@@ -10,6 +10,7 @@ import numpy as np
 
 from .checks import is_int
 from .config import FLOAT32_MAX, TransformerConfig  # a search runs in float32 at the narrowest
+from .messages import shown
 
 
 class GreedyResult(NamedTuple):
@@ -38,20 +39,20 @@ def check_max_len(max_len, limit: int | None = None) -> None:
     """``max_len`` (new tokens, EOS included) is an int >= 1; with a model, the longest prefix fed
     (BOS + max_len - 1 tokens) must fit the positional table, so ``max_len <= config.max_len``."""
     if not is_int(max_len) or max_len < 1:
-        raise ValueError(f"max_len: expected an int >= 1, got {max_len!r}")
+        raise ValueError(f"max_len: expected an int >= 1, got {shown(max_len)}")
     if limit is not None and max_len > limit:
         raise ValueError(f"max_len: expected at most config.max_len={limit} (the positional table "
-                         f"covers BOS plus max_len - 1 tokens), got {max_len}")
+                         f"covers BOS plus max_len - 1 tokens), got {shown(max_len, str)}")
 
 
 def check_beam_size(beam_size, vocab: int | None = None, name: str = "beam_size") -> None:
     """``beam_size`` is an int in [1, vocab - 1]: pad is never generated, so a beam has V - 1 children.
     ``name``: the argument as the caller's user wrote it (``--beam-size`` on the command line)."""
     if not is_int(beam_size) or beam_size < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {beam_size!r}")
+        raise ValueError(f"{name}: expected an int >= 1, got {shown(beam_size)}")
     if vocab is not None and beam_size > vocab - 1:
         raise ValueError(f"{name}: expected at most tgt_vocab - 1 = {vocab - 1} (pad is never "
-                         f"generated), got {beam_size}")
+                         f"generated), got {shown(beam_size, str)}")
 
 
 def check_length_penalty(alpha, max_len: int | None = None, name: str = "length_penalty",
@@ -68,14 +69,14 @@ def check_length_penalty(alpha, max_len: int | None = None, name: str = "length_
     except OverflowError:  # an int past float64's range (10**400)
         finite = False
     if not finite or alpha < 0:
-        raise ValueError(f"{name}: expected a finite float >= 0 (GNMT alpha; 0 = none), got {alpha!r}")
+        raise ValueError(f"{name}: expected a finite float >= 0 (GNMT alpha; 0 = none), got {shown(alpha)}")
     if max_len is not None and max_len > 1:
         # rounded down to 0.01: a float32 power a few ulps off at the very edge stays finite
         largest = math.floor(100 * math.log(FLOAT32_MAX) / math.log((5.0 + max_len) / 6.0)) / 100
         if alpha > largest:
             raise ValueError(f"{name}: expected at most {largest} at {max_len_name}={max_len} (the "
                              f"penalty ((5 + max_len) / 6) ** alpha must stay finite in float32), "
-                             f"got {alpha!r}")
+                             f"got {shown(alpha)}")
 
 
 def check_search_args(config: TransformerConfig, max_len, beam_size=None, length_penalty=0.0) -> None:
@@ -89,23 +90,23 @@ def check_search_args(config: TransformerConfig, max_len, beam_size=None, length
 def _check_ids(vocab: int, bos_id: int, eos_id: int, pad_id: int) -> None:
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
         if not is_int(value) or not 0 <= value < vocab:
-            raise ValueError(f"{name}: expected an int in [0, {vocab}), got {value!r}")
+            raise ValueError(f"{name}: expected an int in [0, {vocab}), got {shown(value)}")
     # bos_id is the start token of column 0 (a model's ``config.start_id``); it may be pad
     # (Marian's decoder_start_id), which the target mask then keeps (`shared.masks`). EOS may not:
     # an EOS equal to pad would make every finished row look live and vice versa.
     if pad_id == eos_id:
-        raise ValueError(f"pad_id: expected an id different from eos_id, got {pad_id}")
+        raise ValueError(f"pad_id: expected an id different from eos_id, got {shown(pad_id, str)}")
 
 
 def _check_batch(batch) -> None:
     if not is_int(batch) or batch < 1:
-        raise ValueError(f"batch: expected an int >= 1, got {batch!r}")
+        raise ValueError(f"batch: expected an int >= 1, got {shown(batch)}")
 
 
 def _check_vocab(step) -> int:
     vocab = getattr(step, "vocab", None)
     if not is_int(vocab) or vocab < 2:
-        raise ValueError(f"step.vocab: expected an int >= 2 (the width of the logits), got {vocab!r}")
+        raise ValueError(f"step.vocab: expected an int >= 2 (the width of the logits), got {shown(vocab)}")
     return int(vocab)
 
 

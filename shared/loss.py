@@ -14,6 +14,7 @@ import numbers
 import numpy as np
 
 from .checks import ids_range_message, is_int
+from .messages import shown
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -65,7 +66,7 @@ def check_loss_args(caller: str, logits_shape, targets_shape, targets_dtype: str
     if not targets_is_integer:
         raise TypeError(f"targets: expected integer ids, got dtype {targets_dtype}")
     if not is_int(pad_id):
-        raise TypeError(f"pad_id: expected an int (the id whose targets carry no loss), got {pad_id!r}")
+        raise TypeError(f"pad_id: expected an int (the id whose targets carry no loss), got {shown(pad_id)}")
     check_smoothing(smoothing)
 
 
@@ -85,4 +86,4 @@ def check_targets_range(vocab: int, lo: int, hi: int) -> None:
 def check_smoothing(smoothing: float) -> None:
     """Label smoothing eps must be a number in [0, 1)."""
     if isinstance(smoothing, bool) or not isinstance(smoothing, numbers.Real) or not 0.0 <= smoothing < 1.0:
-        raise ValueError(f"smoothing: expected a value in [0, 1), got {smoothing}")
+        raise ValueError(f"smoothing: expected a value in [0, 1), got {shown(smoothing, str)}")

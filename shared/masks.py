@@ -26,6 +26,7 @@ import numpy as np
 
 from .checks import is_int, ragged_message, ragged_rows
 from .config import POSITIONAL_TABLE_LIMIT, TransformerConfig
+from .messages import shown
 
 # The longest causal mask `subsequent_mask` and `make_tgt_mask` build: length * length <=
 # POSITIONAL_TABLE_LIMIT values, the bound the config puts on the positional table. At that length
@@ -43,7 +44,7 @@ def check_pad_id(pad_id) -> None:
     (a list), so it is refused before any mask is computed."""
     if pad_id is not None and not is_int(pad_id):
         raise TypeError(f"pad_id: expected an int (the padding id) or None (no padding masked), "
-                        f"got {pad_id!r}")
+                        f"got {shown(pad_id)}")
 
 
 def _check_ids(name: str, ids: np.ndarray) -> np.ndarray:
@@ -61,7 +62,7 @@ def subsequent_mask(size: int) -> np.ndarray:
     """``(1, 1, size, size)`` bool, lower-triangular: query ``i`` may attend keys ``0..i`` (itself
     included). ``1 <= size <= SUBSEQUENT_MASK_LIMIT``."""
     if not is_int(size) or size < 1:
-        raise ValueError(f"subsequent_mask: size expected a positive int, got {size!r}")
+        raise ValueError(f"subsequent_mask: size expected a positive int, got {shown(size)}")
     return _causal(size, "subsequent_mask: size")
 
 
@@ -71,7 +72,8 @@ def _causal(length: int, name: str) -> np.ndarray:
     ``name``, before anything is allocated."""
     if length > SUBSEQUENT_MASK_LIMIT:
         raise ValueError(f"{name} expected at most {SUBSEQUENT_MASK_LIMIT} positions (a causal mask of "
-                         f"at most POSITIONAL_TABLE_LIMIT = {POSITIONAL_TABLE_LIMIT} values), got {length}")
+                         f"at most POSITIONAL_TABLE_LIMIT = {POSITIONAL_TABLE_LIMIT} values), "
+                         f"got {shown(length, str)}")
     return np.tril(np.ones((length, length), dtype=bool))[None, None]
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from .checks import is_int
 from .config import TransformerConfig
+from .messages import shown
 from .weights import weight_schema
 
 # An optimizer over none of a model's trainable parameters (one made for another model): torch's
@@ -75,11 +76,12 @@ def check_moments(config: TransformerConfig, moments, step) -> dict[str, np.ndar
     or raises ``ValueError`` (``TypeError`` for a step that is not an int) before anything is
     assigned."""
     if not is_int(step):
-        raise TypeError(f"step: expected an int >= 0 (the updates already made), got {step!r}")
+        raise TypeError(f"step: expected an int >= 0 (the updates already made), got {shown(step)}")
     if not 0 <= step <= MAX_STEP:
-        raise ValueError(f"step: expected an int in [0, {MAX_STEP}] (the updates already made), got {step}")
+        raise ValueError(f"step: expected an int in [0, {MAX_STEP}] (the updates already made), "
+                         f"got {shown(step, str)}")
     problems = moment_problems(config, moments)
     if problems:
-        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-        raise ValueError(f"moments: {shown}")
+        listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise ValueError(f"moments: {listed}")
     return {name: np.asarray(moments[name], dtype=config.dtype) for name in moment_names(config)}

@@ -22,19 +22,20 @@ from __future__ import annotations
 import numpy as np
 
 from .config import PE_LAYOUTS, PE_TIMESCALES, POSITIONAL_TABLE_LIMIT, TransformerConfig
+from .messages import shown
 
 
 def _check_int(name: str, value, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         kind = "a positive int" if low == 1 else f"an int >= {low}"
-        raise ValueError(f"positional_encoding: {name} expected {kind}, got {value!r}")
+        raise ValueError(f"positional_encoding: {name} expected {kind}, got {shown(value)}")
 
 
 def _check_choice(name: str, value, allowed: tuple[str, ...]) -> None:
     # A string first: ``value in allowed`` compares with ``==``, which an array answers element-wise
     # ("truth value of an array is ambiguous") and other objects may answer as they like.
     if not isinstance(value, str) or value not in allowed:
-        raise ValueError(f"positional_encoding: {name} expected one of {allowed}, got {value!r}")
+        raise ValueError(f"positional_encoding: {name} expected one of {allowed}, got {shown(value)}")
 
 
 def inverse_frequencies(d_model: int, timescale: str = "paper") -> np.ndarray:
@@ -48,7 +49,7 @@ def inverse_frequencies(d_model: int, timescale: str = "paper") -> np.ndarray:
     half = d_model // 2
     if d_model % 2 or half < 2:
         raise ValueError(f"positional_encoding: d_model expected an even int >= 4 with timescale "
-                         f"'t2t' (its frequencies divide by d_model / 2 - 1), got {d_model}")
+                         f"'t2t' (its frequencies divide by d_model / 2 - 1), got {shown(d_model, str)}")
     return np.exp(np.arange(half, dtype=np.float64) * -(np.log(10000.0) / (half - 1)))
 
 
@@ -72,12 +73,16 @@ def positional_encoding(max_len: int, d_model: int, layout: str = "interleaved",
     if size > POSITIONAL_TABLE_LIMIT:
         raise ValueError(f"positional_encoding: max_len expected max_len * d_model <= "
                          f"POSITIONAL_TABLE_LIMIT = {POSITIONAL_TABLE_LIMIT} (the float64 table, 2 GiB), "
-                         f"got {max_len} * {d_model} = {size}")
+                         f"got {shown(max_len, str)} * {shown(d_model, str)} = {shown(size, str)}")
+    if offset > 2**53 - max_len + 1:  # as `TransformerConfig.pe_offset`: rows past it would repeat
+        raise ValueError(f"positional_encoding: offset expected an int <= 2**53 - max_len + 1 = "
+                         f"{2**53 - max_len + 1} (positions are float64, exact only up to 2**53), "
+                         f"got {shown(offset, str)}")
     _check_choice("layout", layout, PE_LAYOUTS)
     _check_choice("timescale", timescale, PE_TIMESCALES)
     if layout == "halves" and d_model % 2:
         raise ValueError(f"positional_encoding: d_model expected an even int with layout 'halves' "
-                         f"(two halves of d_model / 2 columns), got {d_model}")
+                         f"(two halves of d_model / 2 columns), got {shown(d_model, str)}")
     position = np.arange(offset, offset + max_len, dtype=np.float64)[:, None]  # (max_len, 1)
     angle = position * inverse_frequencies(d_model, timescale)  # (max_len, ceil(d/2))
     table = np.empty((max_len, d_model), dtype=np.float64)

@@ -14,6 +14,7 @@ import numpy as np
 
 from .checks import is_int
 from .config import FLOAT32_MAX, FLOAT32_TINY
+from .messages import shown
 
 
 def noam_lr(step, d_model: int, warmup: int, factor: float = 1.0):
@@ -22,13 +23,13 @@ def noam_lr(step, d_model: int, warmup: int, factor: float = 1.0):
     for name, value in (("d_model", d_model), ("warmup", warmup)):
         if not is_int(value) or not 1 <= value <= 2**53:
             raise ValueError(f"noam_lr: {name} expected a positive int (at most 2**53, exact as a "
-                             f"float), got {value!r}")
+                             f"float), got {shown(value)}")
     # Compared before any arithmetic: an int past float64's range (10**400) cannot be multiplied by
     # a float (Python's OverflowError), and inf or NaN is no rate.
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
             or not 0 < factor <= sys.float_info.max:
         raise ValueError(f"noam_lr: factor expected a positive float (at most "
-                         f"{sys.float_info.max:.4g}, a float64's largest), got {factor!r}")
+                         f"{sys.float_info.max:.4g}, a float64's largest), got {shown(factor)}")
     peak = factor * d_model ** -0.5 * warmup ** -0.5  # the rate at step == warmup, the largest
     if not peak <= FLOAT32_MAX:  # a float32 update would overflow (torch raises, TF runs on inf)
         raise ValueError(f"noam_lr: factor expected a peak rate factor * d_model**-0.5 * warmup**-0.5 "
@@ -46,7 +47,7 @@ def noam_lr(step, d_model: int, warmup: int, factor: float = 1.0):
     # int" and "too large" cannot always be told apart here.
     if steps.dtype.kind not in "iu" or steps.size and not (steps.min() >= 1 and steps.max() <= 2**53):
         raise ValueError(f"noam_lr: step expected an int in [1, 2**53] (steps are counted from 1, and "
-                         f"are exact as a float64 up to 2**53), got {step!r}")
+                         f"are exact as a float64 up to 2**53), got {shown(step)}")
     lr = noam_formula(steps.astype(np.float64), d_model, warmup, factor)
     return float(lr) if lr.ndim == 0 else lr
 

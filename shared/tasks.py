@@ -26,6 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .checks import is_int
+from .config import INT64_MAX
+from . import memory
+from .messages import shown
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
@@ -75,23 +78,40 @@ def batch_sequences(sources: list[list[int]], targets: list[list[int]], start_id
     return src, tgt_in, tgt_out
 
 
+# The least an example costs as Python objects: its pair (a tuple, 56 bytes) and its source and
+# target (a list or str, 56 bytes each before their contents).
+EXAMPLE_BYTES = 3 * 56
+
+
 def _check_draw(n, seed) -> None:
     """A count of examples and a seed, before anything is drawn: an int >= 0 or a list of them
     (NumPy's entropy for a stream of its own: `twins.demo_tasks` draws step ``s`` of a run seeded
     ``r`` with ``[r, s]``); None would draw fresh entropy where the examples are promised
     deterministic in their seed (`check_seed`)."""
-    if not is_int(n) or n < 0:
-        raise ValueError(f"n: expected an int >= 0, got {n!r}")
+    if not is_int(n) or not 0 <= n <= INT64_MAX:
+        raise ValueError(f"n: expected an int in [0, 2**63 - 1], got {shown(n)}")
+    limit = memory.total_memory()
+    if limit is not None and n * EXAMPLE_BYTES > limit:  # refused by name, not by NumPy or a MemoryError
+        raise ValueError(f"n: {n} examples need at least {n * EXAMPLE_BYTES / 2**30:,.1f} GiB as Python "
+                         f"objects ({EXAMPLE_BYTES} bytes each at the least), more than this machine's "
+                         f"{limit / 2**30:.1f} GiB")
     for part in (seed if isinstance(seed, (list, tuple)) and seed else [seed]):
         if not is_int(part) or part < 0:
             kind = TypeError if not is_int(part) else ValueError
-            raise kind(f"seed: expected an int >= 0 or a list of them, got {seed!r}")
+            raise kind(f"seed: expected an int >= 0 or a list of them, got {shown(seed)}")
 
 
 # -- copy -----------------------------------------------------------------------------------------
 def copy_examples(n: int, seed: int, length: int = COPY_LENGTH) -> list[tuple[list[int], list[int]]]:
     """``n`` (source, target) pairs of ``length`` random symbols each; the target equals the source."""
     _check_draw(n, seed)
+    if not is_int(length) or not 1 <= length <= INT64_MAX:
+        raise ValueError(f"length: expected an int in [1, 2**63 - 1], got {shown(length)}")
+    limit = memory.total_memory()
+    if limit is not None and 16 * n * length > limit:  # two lists of 8-byte slots an example
+        raise ValueError(f"n, length: {n} examples of {length} symbols need at least "
+                         f"{16 * n * length / 2**30:,.1f} GiB, more than this machine's "
+                         f"{limit / 2**30:.1f} GiB")
     rng = np.random.default_rng(seed)
     symbols = rng.integers(len(SPECIALS), COPY_VOCAB, size=(n, length))
     return [(row.tolist(), row.tolist()) for row in symbols]

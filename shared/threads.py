@@ -34,6 +34,7 @@ import argparse
 import os
 
 from .checks import int_argument
+from .messages import shown
 
 WAIT_POLICY = "PASSIVE"
 RUNTIME_ENVIRONMENT = {"OMP_WAIT_POLICY": WAIT_POLICY, "THP_MEM_ALLOC_ENABLE": "1"}
@@ -68,13 +69,14 @@ def max_workers(batch: int) -> int:
 
 def _count(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        raise ValueError(f"{name}: expected an int >= 1, got {shown(value)}")
     return value
 
 
 def _too_many_threads(threads: int) -> str:
     return (f"expected at most {max_threads()}, the logical CPUs of this machine (more threads only "
-            f"take turns on the cores, and this many would exhaust the machine's threads), got {threads}")
+            f"take turns on the cores, and this many would exhaust the machine's threads), "
+            f"got {shown(threads, str)}")
 
 
 def check_threads(threads, name: str = "--threads") -> int | None:
@@ -84,7 +86,7 @@ def check_threads(threads, name: str = "--threads") -> int | None:
         return None
     _count(threads, name)
     if threads > max_threads():
-        raise ValueError(f"{name} {threads}: {_too_many_threads(threads)}")
+        raise ValueError(f"{name} {shown(threads, str)}: {_too_many_threads(threads)}")
     return threads
 
 
@@ -104,10 +106,12 @@ def check_worker_count(workers, batch: int, name: str = "--workers") -> int:
     the resumed run's or the task's). Divisibility is `shared.data_parallel.check_workers`'s."""
     _count(workers, name)
     if workers > max_workers(batch):
-        raise ValueError(f"{name} {workers}: expected at most {max_workers(batch)}: one worker per "
+        shown_workers = shown(workers, str)
+        raise ValueError(f"{name} {shown_workers}: expected at most {max_workers(batch)}: one worker per "
                          f"logical CPU of this machine ({machine_cpus()}; each is a process or device "
                          f"with its own framework runtime, more only take turns on the cores) and per "
-                         f"example of the global batch ({batch}; each takes batch / N rows), got {workers}")
+                         f"example of the global batch ({shown(batch, str)}; each takes batch / N "
+                         f"rows), got {shown_workers}")
     return workers
 
 

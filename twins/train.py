@@ -145,10 +145,10 @@ def _check_args(args) -> None:
         raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout}")
     if args.workers is not None:  # in the launching process, before anything starts
         log = _peek_log(args)
-        _check_before_launch(args, log)
         batch = _run_batch(args, log)
         check_worker_count(args.workers, batch)
         check_workers(batch, args.workers)
+        _check_before_launch(args, log)
 
 
 def _check_checkpoint(given: str) -> None:
