@@ -294,6 +294,7 @@ def test_a_run_cannot_step_past_the_logs_limit(tmp_path, capsys, tiny):
     assert code == 2 and "--steps: expected an int <= 2147483647 (the most steps a train log holds)" in err
 
 
+@pytest.mark.torch  # the resumed run trains a step in torch
 def test_a_batch_whose_step_cannot_fit_the_memory_is_refused_before_training(tmp_path, capsys, monkeypatch):
     """Before: ``--batch 3000000`` drew its batch and ended in the framework's allocator error or
     the kernel's OOM killer (exit 137, no message). Now `shared.memory.training_floor` refuses it
