@@ -270,6 +270,7 @@ def _huge_calls():
     from shared.data_parallel import check_workers
     from shared.masks import subsequent_mask
     from shared.positional import positional_encoding
+    from shared.schedule import check_start_step
     from shared.tasks import copy_examples
     from shared.threads import check_threads
     model = reference.Model(random_weights(TINY, 0), TINY)
@@ -287,6 +288,7 @@ def _huge_calls():
         "noam step": (lambda v: noam_lr(v, 512, 4000), "noam_lr: step"),
         "noam warmup": (lambda v: noam_lr(1, 512, v), "noam_lr: warmup"),
         "noam factor": (lambda v: noam_lr(1, 512, 4000, v), "noam_lr: factor"),
+        "start_step": (lambda v: check_start_step(v), "start_step"),
         "token_batch batch": (lambda v: token_batch(TINY, 13, v, 3), "batch"),
         "token_batch lengths": (lambda v: token_batch(TINY, 13, 2, 3, lengths=[v, 1]), "lengths"),
         "src_tgt tgt_len": (lambda v: src_tgt(TINY, 2, 3, v), "tgt_len"),

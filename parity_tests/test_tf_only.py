@@ -169,8 +169,10 @@ def test_schedule_is_exact_in_a_graph_and_serialises():
     assert rates.dtype == np.float64 and (rates == noam_lr(steps + 1, 512, 4000)).all()  # bit for bit
     again = keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(schedule))
     assert type(again) is training.NoamSchedule and again.get_config() == schedule.get_config()
-    with pytest.raises(ValueError, match="start_step: expected an int >= 0"):
-        training.noam_schedule(16, 10, start_step=-1)
+    for start_step in (-1, 2**53, 10**5000):  # the next step, start_step + 1, past noam_lr's 2**53
+        with pytest.raises(ValueError, match=r"^start_step: expected an int in \[0, 2\*\*53 - 1\]"):
+            training.noam_schedule(16, 10, start_step=start_step)
+    assert training.noam_schedule(16, 10, start_step=2**53 - 1).start_step == 2**53 - 1
 
 
 def test_kingma_ba_adam_refuses_amsgrad():

@@ -97,8 +97,9 @@ def test_noam_schedule_needs_base_rate_one():
         training.noam_schedule(optimizer, 16, 10)
     with pytest.raises(ValueError, match="warmup expected a positive int"):
         training.make_optimizer(torch_impl.Transformer(config), 16, 0)
-    with pytest.raises(ValueError, match="start_step: expected an int >= 0"):
-        training.make_optimizer(torch_impl.Transformer(config), 16, 10, start_step=-1)
+    for start_step in (-1, 2**53, 10**5000):  # the next step, start_step + 1, past noam_lr's 2**53
+        with pytest.raises(ValueError, match=r"^start_step: expected an int in \[0, 2\*\*53 - 1\]"):
+            training.make_optimizer(torch_impl.Transformer(config), 16, 10, start_step=start_step)
 
 
 

@@ -52,6 +52,17 @@ def noam_lr(step, d_model: int, warmup: int, factor: float = 1.0):
     return float(lr) if lr.ndim == 0 else lr
 
 
+def check_start_step(start_step) -> int:
+    """The steps a resumed schedule has already taken: an int in ``[0, 2**53 - 1]``, so that its
+    next step, ``start_step + 1``, is one `noam_lr` takes (both backends' schedules; before the
+    bound, 10**5000 was refused as ``noam_lr: step``, naming the schedule's argument)."""
+    if not is_int(start_step) or not 0 <= start_step <= 2**53 - 1:
+        raise ValueError(f"start_step: expected an int in [0, 2**53 - 1] (the steps already taken; "
+                         f"the schedule's steps are exact as a float64 up to 2**53), got "
+                         f"{shown(start_step)}")
+    return int(start_step)
+
+
 def noam_formula(step, d_model: int, warmup: int, factor: float = 1.0, xp=np):
     """The formula alone, unchecked, for float ``step`` (>= 1) in the array library ``xp`` (NumPy, or
     ``tensorflow``: anything with ``minimum`` and ``sqrt``). Written once here so that a backend which

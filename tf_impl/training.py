@@ -29,7 +29,7 @@ from keras import ops
 from shared.loss import (check_loss_args, check_smoothing, check_targets_range,
                          targets_range_message)
 from shared.moments import FOREIGN_OPTIMIZER, check_moments
-from shared.schedule import noam_formula, noam_lr
+from shared.schedule import check_start_step, noam_formula, noam_lr
 
 from .inputs import check_ids, check_same_batch, in_xla_context, runtime_check
 from .model import Transformer, _traced, check_model
@@ -113,8 +113,7 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """
 
     def __init__(self, d_model: int, warmup: int, factor: float = 1.0, start_step: int = 0):
-        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
-            raise ValueError(f"start_step: expected an int >= 0, got {start_step!r}")
+        start_step = check_start_step(start_step)
         noam_lr(start_step + 1, d_model, warmup, factor)  # the shared argument checks, before anything
         self.d_model, self.warmup, self.factor, self.start_step = d_model, warmup, factor, start_step
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from shared.loss import check_loss_args, check_targets_range
 from shared.moments import FOREIGN_OPTIMIZER, check_moments
-from shared.schedule import noam_lr
+from shared.schedule import check_start_step, noam_lr
 
 from .cache import _mode
 from .inputs import _as_ids, _id_range, _is_integer, check_same_batch, _numeric_array
@@ -99,8 +99,7 @@ def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup: int, f
     ``scheduler.step()`` after each ``optimizer.step()`` (`make_optimizer` does it with a hook).
     ``start_step``: steps already taken (to resume a run); Adam's moments still start from zero.
     """
-    if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
-        raise ValueError(f"start_step: expected an int >= 0, got {start_step!r}")
+    start_step = check_start_step(start_step)
     noam_lr(start_step + 1, d_model, warmup, factor)  # the shared argument checks, before anything
     for group in optimizer.param_groups:
         if group["lr"] != 1.0:
