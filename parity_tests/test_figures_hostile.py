@@ -238,3 +238,37 @@ def test_an_empty_path_is_not_the_current_directory(tmp_path, capsys, monkeypatc
     assert code == 2 and out == ""
     assert err.splitlines()[-1] == f"twins figures: error: argument {option}: expected a path, got ''"
     assert not list(tmp_path.iterdir())
+
+
+# -- 3. the set written at once -------------------------------------------------------------------
+def test_a_failure_part_way_through_the_writes_leaves_every_figure_as_it_was(tmp_path, capsys,
+                                                                           monkeypatch):
+    """Before: each PNG was replaced as it was drawn, so a full disk at the third left two new
+    figures beside older ones. Now every PNG is drawn into a temporary file first: the third
+    failing (ENOSPC) leaves every earlier figure's bytes, and no temporary file, behind."""
+    import errno
+    from matplotlib.figure import Figure
+    out, names = tmp_path / "figs", ["masks.png", "noam.png", "positional_encoding.png"]
+    out.mkdir()
+    for name in names:
+        (out / name).write_bytes(b"an earlier figure: " + name.encode())
+    before = snapshot(out)
+    drawn = []
+    savefig = Figure.savefig
+
+    def full_at_the_third(self, fname, *args, **kwargs):
+        drawn.append(fname)
+        if len(drawn) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return savefig(self, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", full_at_the_third)
+    code, out_text, err = cli(capsys, "figures", "--out", out, "--dpi", "20")
+    assert code == 2 and out_text == "" and len(drawn) == 3, err
+    assert "noam.png': No space left on device" in err, err
+    assert snapshot(out) == before
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    code, out_text, err = cli(capsys, "figures", "--out", out, "--dpi", "20")
+    assert code == 0 and len(out_text.split()) == 3, err
+    assert sorted(p.name for p in out.iterdir()) == names  # and no temporary file
+    assert all((out / name).read_bytes().startswith(b"\x89PNG") for name in names)

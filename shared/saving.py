@@ -41,7 +41,7 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Collection
+from typing import Callable, Collection, Sequence
 
 from .paths import replaced
 
@@ -274,29 +274,43 @@ def write_atomically(path: str | os.PathLike, write: Callable[[str], None], suff
     temporary name (Keras insists on ``.weights.h5``). A symbolic link at ``path`` is followed
     (its target is replaced, the link stays); anything but a regular file there (a directory, a
     FIFO, a device) is refused (`shared.paths.replaced`)."""
-    path = Path(replaced(path, directory=False))  # a link's target; a directory, FIFO, ... refused
-    path.parent.mkdir(parents=True, exist_ok=True)
-    recover(path)
+    return write_all_atomically([(path, write)], suffix)[0]
+
+
+def write_all_atomically(writes: Sequence[tuple[str | os.PathLike, Callable[[str], None]]],
+                         suffix: str = ".tmp") -> list[Path]:
+    """`write_atomically` for a set of files: every ``write(tmp)`` into a temporary file beside its
+    path first, then each moved into place. A write that fails (a full disk, an error of its own)
+    leaves every path as it was, not some new and some old; the moves are renames within each
+    directory, which no shortage of space fails. Returns the paths written, in order."""
+    staged: list[tuple[str, Path]] = []
+    path = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=temporary_name(path), suffix=f".tmp{suffix}",
-                                   dir=path.parent)
-    except OSError as err:
-        raise naming(err, path) from err
-    os.close(fd)
-    try:
-        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes it private; the result is an ordinary file
-        write(tmp)
-        fsync_path(tmp)
+        for given, write in writes:
+            path = Path(given)  # named by an error of `replaced` itself
+            path = Path(replaced(given, directory=False))  # a link's target; a directory, FIFO, ... refused
+            path.parent.mkdir(parents=True, exist_ok=True)
+            recover(path)
+            fd, tmp = tempfile.mkstemp(prefix=temporary_name(path), suffix=f".tmp{suffix}",
+                                       dir=path.parent)
+            os.close(fd)
+            staged.append((tmp, path))
+            os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes it private; the result is an ordinary file
+            write(tmp)
+            fsync_path(tmp)
         fault_point("staged")
-        os.replace(tmp, path)
-        fsync_path(path.parent)
+        for tmp, path in staged:
+            os.replace(tmp, path)
+        for parent in dict.fromkeys(path.parent for _, path in staged):
+            fsync_path(parent)
         fault_point("swapped")
     except OSError as err:
         raise naming(err, path) from err
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+        for tmp, _ in staged:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return [path for _, path in staged]
 
 
 # -- directories ----------------------------------------------------------------------------------

@@ -26,8 +26,10 @@ and its fields checked, every --input parsed for its task and model, the attenti
 both backends, and every destination checked (what is there is a regular file or nothing, and
 none is a file the command reads: a PNG drawn over its own --log, or through a link over a
 checkpoint's weights, destroyed it); only then is the --out directory made. Each figure's size in
-pixels is checked before the first PNG is written. Figures may be written into a run directory
-(a resumed run keeps them): only the files a checkpoint is read from are kept from them.
+pixels is checked before the first PNG is written, and the set is written at once: each PNG is
+drawn into a temporary file before the first replaces anything, so a failure part-way (a full
+disk) leaves every file as it was. Figures may be written into a run directory (a resumed run
+keeps them): only the files a checkpoint is read from are kept from them.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ import numpy as np
 
 from shared.checks import int_argument
 from shared.paths import check_source, kind, replaced
-from shared.saving import write_atomically
+from shared.saving import write_all_atomically
 from shared import tasks as data
 from shared.masks import make_src_mask, make_tgt_mask, subsequent_mask
 from shared.positional import positional_encoding
@@ -97,15 +99,13 @@ def _check_size(name: str, figsize: tuple[float, float], dpi: int) -> None:
                          f"expected at most {MAX_PIXELS} pixels; lower --dpi")
 
 
-def _save(fig, path: Path, dpi: int) -> Path:
-    """Draw ``fig`` into the PNG ``path``, atomically (a FIFO, device or directory there is refused,
-    `shared.saving.write_atomically`)."""
-    try:
-        write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight",
-                                                       format="png"), suffix=".png")
-    finally:
-        _pyplot().close(fig)
-    return path
+def _save_all(figures: list[tuple[Path, object]], dpi: int) -> list[Path]:
+    """Draw each ``(path, fig)`` into its PNG, the set at once: every PNG is drawn into a temporary
+    file before the first replaces anything, so a failure part-way (a full disk) leaves every file
+    as it was (a FIFO, device or directory there is refused; `shared.saving.write_all_atomically`)."""
+    def draw(fig):
+        return lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
+    return write_all_atomically([(path, draw(fig)) for path, fig in figures], suffix=".png")
 
 
 # -- static figures -------------------------------------------------------------------------------
@@ -509,16 +509,14 @@ def run(args) -> int:
         text, ids = inputs[task]
         found[task] = attention_data(task, ckpt, *model(ckpt), text, ids)
 
-    # 4. the figures built (each size checked) before the first PNG is written, then written
+    # 4. the figures built (each size checked), then written as one set
     out.mkdir(parents=True, exist_ok=True)
-    built, written = [], []
+    built = []
     try:
         for name, draw in plan:
-            built.append((name, attention_figure(name, args.dpi, found[draw]) if isinstance(draw, str)
-                          else draw(name, args.dpi)))
-        while built:
-            name, fig = built.pop(0)
-            written.append(_save(fig, out / name, args.dpi))  # closes fig
+            built.append((out / name, attention_figure(name, args.dpi, found[draw])
+                          if isinstance(draw, str) else draw(name, args.dpi)))
+        written = _save_all(built, args.dpi)
     finally:
         for _, fig in built:
             _pyplot().close(fig)
