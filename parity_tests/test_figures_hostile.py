@@ -272,3 +272,17 @@ def test_a_failure_part_way_through_the_writes_leaves_every_figure_as_it_was(tmp
     assert code == 0 and len(out_text.split()) == 3, err
     assert sorted(p.name for p in out.iterdir()) == names  # and no temporary file
     assert all((out / name).read_bytes().startswith(b"\x89PNG") for name in names)
+
+
+# -- 4. which task an --input is for --------------------------------------------------------------
+@pytest.mark.parametrize("text, task", [
+    ("4 5 6", "copy"),         # symbol ids
+    ("2019", "dates"),         # digits that are no copy symbol: it went to copy, which refused it
+    ("jan 1 2000", "dates"),
+    ("\u0664 \u0665", "copy"),  # parses for neither: copy's error, which names ASCII digits
+    ("", "dates"),             # dates' error: "expected a date, got an empty string"
+])
+def test_an_input_goes_to_the_task_it_parses_for(text, task):
+    from twins.figures import input_task
+    assert input_task(text, {"copy": "a", "dates": "b"}) == task
+    assert input_task(text, {"dates": "b"}) == "dates"  # one task drawn: its input, whatever it is

@@ -425,6 +425,21 @@ def _check_destination(path: Path, read: list[tuple[str, str, str, Path, bool]])
 
 
 # -- the command ----------------------------------------------------------------------------------
+def input_task(text: str, drawn) -> str:
+    """The task an ``--input`` is for, of the tasks ``drawn``: the one task drawn; else the task it
+    parses for, copy first (symbol ids), then dates (text). An input of digits outside the copy
+    symbols (``"2019"``) is a date: it went to copy, which refused it."""
+    if len(drawn) == 1:
+        return next(iter(drawn))
+    for task in ("copy", "dates"):
+        try:
+            tasks.parse_input(task, text)
+        except ValueError:
+            continue
+        return task
+    return "copy" if all(t.isdigit() for t in text.split()) and text.strip() else "dates"  # its error
+
+
 def run(args) -> int:
     from .runs import LOG_FILE, read_log
     out = Path(args.out)
@@ -472,10 +487,7 @@ def run(args) -> int:
         if not firsts:
             raise ValueError(f"--input {text!r}: expected a --checkpoint to draw the attention of, "
                              "got none")
-        if len(firsts) == 1:  # the one task drawn
-            task = next(iter(firsts))
-        else:  # an input goes to the task it parses for (dates text or copy ids)
-            task = "copy" if all(t.isdigit() for t in text.split()) and text.strip() else "dates"
+        task = input_task(text, firsts)
         if task in inputs:
             raise ValueError(f"--input {text!r}: expected one input per task, got a second for "
                              f"{task} (the first: {inputs[task][0]!r})")
