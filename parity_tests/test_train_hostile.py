@@ -210,6 +210,57 @@ def test_workers_signalled_as_a_group_save_the_run(tmp_path, tiny, backend, numb
     assert f"saved {run}" in out
 
 
+def _worker_of_rank(launcher: int, rank: int, timeout: float = 60) -> int:
+    """The pid of the torchrun worker of ``rank`` among ``launcher``'s children (its environment
+    says ``RANK``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            if parent == launcher and f"RANK={rank}".encode() in environ:
+                return int(entry)
+        time.sleep(0.1)
+    raise AssertionError(f"no worker of rank {rank} under {launcher}")
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc (Linux)")
+def test_a_signal_to_one_worker_alone_stops_every_worker_and_saves(tmp_path, tiny):
+    """Before: SIGTERM to the rank 1 worker alone (a ``kill`` of its pid) stopped that worker; rank 0
+    failed in the next step's collective, and the run lost every step of the invocation. Now the
+    workers ask each other before every step: both stop after the same step, rank 0 saves it, and
+    the command exits 143."""
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "twins", "train", "--task", "copy", "--backend", "torch",
+                             "--steps", "100000", "--checkpoint", str(run), "--workers", "2",
+                             "--config", str(tiny), *QUICK, "--eval-every", "1"],
+                            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        _started(proc, "step 3:")
+        os.kill(_worker_of_rank(proc.pid, 1), signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("interrupted at step")]
+    assert len(lines) == 1, err  # rank 0 alone
+    step = int(lines[0].split()[3].rstrip(":"))
+    log = read_log(run)
+    assert log["step"] == step >= 3 and log["history"]["step"] == list(range(1, step + 1))
+    assert f"saved {run}" in out
+
+
 @pytest.mark.torch
 def test_the_launcher_reports_a_signal_as_the_workers_exit_status(monkeypatch, capsys):
     """torchrun's agent raises ``SignalException`` after passing the signal on and waiting for the

@@ -91,6 +91,11 @@ def broadcast(value: float) -> float:
     return float(value)
 
 
+def largest(value: int) -> int:
+    """As torch_impl's: one process, so ``value`` itself."""
+    return int(value)
+
+
 def close() -> None:
     """As torch_impl's: nothing to leave."""
 

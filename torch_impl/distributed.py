@@ -104,6 +104,14 @@ def broadcast(value: float) -> float:
     return float(tensor.item())
 
 
+def largest(value: int) -> int:
+    """The largest of every worker's ``value`` on every worker (``all_reduce`` with ``MAX``): a
+    signal one worker alone received, told to all (`twins train` asks before every step)."""
+    tensor = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def close() -> None:
     """Leave the process group (every worker, at the end; drop your `DataParallel` first).
 

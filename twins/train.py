@@ -427,7 +427,7 @@ def _train(args, started: float, engine, rank: int, workers: int, signals: "_Sig
     try:
         accuracy = None
         while step < last:
-            signals.check()  # a signal held during the last step stops the run here
+            signals.check(engine)  # a signal to any worker, held through the last step: stop here
             batch = data.batch(step + 1)
             in_step = True
             if engine is not None:
@@ -547,10 +547,17 @@ class _Signals:
                 self._open = False
                 raise Interrupted(number)
 
-    def check(self) -> None:
-        """Raise `Interrupted` if a signal came."""
-        if self.received is not None:
-            raise Interrupted(self.received)
+    def check(self, engine=None) -> None:
+        """Raise `Interrupted` if a signal came: to this process, or, data-parallel (``engine``, the
+        backend's ``distributed`` module), to any worker. The workers ask each other before every
+        step, so all stop after the same step and rank 0 saves it: a signal to one worker alone
+        (a ``kill`` of its pid) stopped that one, and the others failed in the next step's
+        collective, every step of the invocation lost."""
+        received = self.received or 0
+        if engine is not None:
+            received = engine.largest(received)  # SIGTERM (15) over SIGINT (2) if both came
+        if received:
+            raise Interrupted(received)
 
     @contextlib.contextmanager
     def interruptible(self):
