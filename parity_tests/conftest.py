@@ -107,7 +107,7 @@ def _frameworks(item) -> set[str]:
 # the machine's noise is about as large).
 SLOWEST_FIRST = ("test_decoding", "test_variants_parity", "test_parity", "test_saved_model",  # 40 30 29 28
                  "test_half_precision", "test_demos", "test_distributed", "test_imports",  # 24 24 24 23
-                 "test_tf_only", "test_adapted_layers", "test_train_hostile", "test_cli_compare",  # 16 14 13 11
+                 "test_train_hostile", "test_tf_only", "test_adapted_layers", "test_cli_compare",  # 19 16 14 11
                  "test_training_parity", "test_onnx", "test_reliability_saving",  # 10 9 7
                  "test_decoding_stub", "test_checkpoints", "test_hypothesis", "test_training",  # 7 7 6 6
                  "test_reliability_cli", "test_hostile_tf", "test_interop_marian")  # 6 6 5
