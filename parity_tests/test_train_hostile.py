@@ -232,11 +232,15 @@ def _worker_of_rank(launcher: int, rank: int, timeout: float = 60) -> int:
 
 @pytest.mark.torch
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc (Linux)")
-def test_a_signal_to_one_worker_alone_stops_every_worker_and_saves(tmp_path, tiny):
+def test_a_signal_to_one_worker_alone_stops_every_worker_and_saves(tmp_path, tiny, capsys):
     """Before: SIGTERM to the rank 1 worker alone (a ``kill`` of its pid) stopped that worker; rank 0
     failed in the next step's collective, and the run lost every step of the invocation. Now the
     workers ask each other before every step: both stop after the same step, rank 0 saves it, and
-    the command exits 143."""
+    the command exits 143. The saved run is also what a real ``twins train --workers 2`` trains:
+    rank 0 alone prints and saves, nothing is left beside the run, and its weights equal one
+    process's after as many steps (test_distributed's bound; attention key biases apart, as there)."""
+    from shared.tolerances import assert_close, bound_for
+    from shared.weights import load_checkpoint
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "twins", "train", "--task", "copy", "--backend", "torch",
@@ -245,9 +249,10 @@ def test_a_signal_to_one_worker_alone_stops_every_worker_and_saves(tmp_path, tin
                             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        _started(proc, "step 3:")
+        head = _started(proc, "step 3:")  # the lines read so far: the banner, steps 1 to 3
         os.kill(_worker_of_rank(proc.pid, 1), signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
+        out = "".join(head) + out
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -258,7 +263,16 @@ def test_a_signal_to_one_worker_alone_stops_every_worker_and_saves(tmp_path, tin
     step = int(lines[0].split()[3].rstrip(":"))
     log = read_log(run)
     assert log["step"] == step >= 3 and log["history"]["step"] == list(range(1, step + 1))
-    assert f"saved {run}" in out
+    assert f"saved {run}" in out and out.count("saved") == 1 and "torch x 2 workers" in out
+    assert log["segments"][0]["workers"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing half-written beside it
+    single = tmp_path.parent / f"{tmp_path.name}-single"
+    code, _, err = run_train(capsys, "torch", single, step, config=tiny)
+    assert code == 0, err
+    (_, got), (_, expected) = load_checkpoint(run), load_checkpoint(single)
+    for name in expected:
+        if not name.endswith(".key.bias"):
+            assert_close(got[name], expected[name], bound_for("float32", "train:parallel:single"), name)
 
 
 @pytest.mark.torch
