@@ -31,8 +31,9 @@ def _check_fits(names: str, batch: int, length: int) -> None:
     """A ``(batch, length)`` int64 array this machine's memory holds, refused by name before NumPy
     is asked for it (its own error says "Maximum allowed dimension exceeded" or "Unable to
     allocate"). Python ints: a product of NumPy ints could wrap around."""
-    need, limit = int(batch) * int(length) * 8, memory.total_memory()
-    if limit is not None and need > limit:
+    need = int(batch) * int(length) * 8
+    limit = memory.exceeded(need)
+    if limit is not None:
         raise ValueError(f"{names}: a ({shown(batch, str)}, {shown(length, str)}) array of int64 ids "
                          f"needs {need / 2**30:,.1f} GiB, more than this machine's "
                          f"{limit / 2**30:.1f} GiB")

@@ -123,10 +123,10 @@ def _check_buffers(rows: int, max_len: int, vocab: int) -> None:
     """The search's buffers fit the machine: per row (batch x beams) two prefixes of 1 + T ids and
     two rows of T scores (alive and finished), and a step's V logits, 8 bytes a value (int64 and
     the oracle's float64), twice (a step's new copies). A step's own memory is the step's."""
-    from .memory import total_memory
+    from .memory import exceeded
     need = 16 * rows * (4 * max_len + 2 + vocab)
-    limit = total_memory()
-    if limit is not None and need > limit:
+    limit = exceeded(need)
+    if limit is not None:
         raise ValueError(f"batch, max_len: the search's buffers for {rows:,} rows of {max_len:,} "
                          f"tokens (vocab {vocab:,}) need at least {need / 2**30:.1f} GiB, more than "
                          f"this machine's {limit / 2**30:.1f} GiB")

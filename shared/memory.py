@@ -50,6 +50,14 @@ def total_memory() -> int | None:
     return min(limits) if limits else None
 
 
+def exceeded(need: int, limit: int | None = None) -> int | None:
+    """The memory (``limit``, default `total_memory`) where ``need`` bytes are more than it, else
+    None (also where the machine's memory cannot be read): the test of every refusal by size in
+    shared/ (a model, a training step, a batch of ids, a search's buffers, the demo examples)."""
+    limit = total_memory() if limit is None else limit
+    return limit if limit is not None and need > limit else None
+
+
 def memory_floor(tensors: int, values: int, itemsize: int, use: str) -> int:
     """The fewest bytes a model of ``tensors`` tensors holding ``values`` values of ``itemsize``
     bytes needs for ``use`` (a key of `COPIES`)."""
@@ -62,9 +70,9 @@ def check_memory(tensors: int, values: int, itemsize: int, use: str, what: str,
     ``"--config 'big.json': a model of 2,000,000 layers (33,000,002 tensors, ...) needs at least
     504 GiB to train, more than this machine's 23.5 GiB"``. ``what`` names the option and the
     model (the caller's words, ending before the colon)."""
-    limit = total_memory() if limit is None else limit
     need = memory_floor(tensors, values, itemsize, use)
-    if limit is not None and need > limit:
+    limit = exceeded(need, limit)
+    if limit is not None:
         verb = "to train" if use == "train" else "for inference"
         raise ValueError(f"{what}: {tensors:,} tensors of {values:,} values need at least "
                          f"{need / 2**30:.1f} GiB {verb}, more than this machine's "
@@ -92,16 +100,15 @@ def training_floor(config: TransformerConfig, rows: int, src_len: int, tgt_len: 
     return rows * (src_len * encoder + tgt_len * decoder) * itemsize
 
 
-def check_training_batch(config: TransformerConfig, rows: int, src_len: int, tgt_len: int, what: str,
-                         limit: int | None = None) -> None:
-    """Refuse a training batch whose `training_floor` exceeds ``limit`` (default `total_memory`),
-    before any of it is drawn: ``"--batch 3000000: a training step of 3,000,000 rows of 10 source
-    and 11 target positions keeps at least 200.1 GiB for its backward pass (...), more than this
-    machine's 23.5 GiB; give a smaller --batch"``. ``what`` names the option (the caller's words,
-    ending before the colon)."""
-    limit = total_memory() if limit is None else limit
+def check_training_batch(config: TransformerConfig, rows: int, src_len: int, tgt_len: int, what: str) -> None:
+    """Refuse a training batch whose `training_floor` exceeds this machine's memory, before any of
+    it is drawn: ``"--batch 3000000: a training step of 3,000,000 rows of 10 source and 11 target
+    positions keeps at least 200.1 GiB for its backward pass (...), more than this machine's 23.5
+    GiB; give a smaller --batch"``. ``what`` names the option (the caller's words, ending before
+    the colon)."""
     need = training_floor(config, rows, src_len, tgt_len)
-    if limit is not None and need > limit:
+    limit = exceeded(need)
+    if limit is not None:
         raise ValueError(f"{what}: a training step of {rows:,} rows of {src_len} source and {tgt_len} "
                          f"target positions keeps at least {need / 2**30:.1f} GiB for its backward "
                          f"pass (every linear map's input and the log-probabilities' gradient), more "

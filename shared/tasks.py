@@ -90,8 +90,8 @@ def _check_draw(n, seed) -> None:
     deterministic in their seed (`check_seed`)."""
     if not is_int(n) or not 0 <= n <= INT64_MAX:
         raise ValueError(f"n: expected an int in [0, 2**63 - 1], got {shown(n)}")
-    limit = memory.total_memory()
-    if limit is not None and n * EXAMPLE_BYTES > limit:  # refused by name, not by NumPy or a MemoryError
+    limit = memory.exceeded(n * EXAMPLE_BYTES)
+    if limit is not None:  # refused by name, not by NumPy or a MemoryError
         raise ValueError(f"n: {n} examples need at least {n * EXAMPLE_BYTES / 2**30:,.1f} GiB as Python "
                          f"objects ({EXAMPLE_BYTES} bytes each at the least), more than this machine's "
                          f"{limit / 2**30:.1f} GiB")
@@ -107,8 +107,8 @@ def copy_examples(n: int, seed: int, length: int = COPY_LENGTH) -> list[tuple[li
     _check_draw(n, seed)
     if not is_int(length) or not 1 <= length <= INT64_MAX:
         raise ValueError(f"length: expected an int in [1, 2**63 - 1], got {shown(length)}")
-    limit = memory.total_memory()
-    if limit is not None and 16 * n * length > limit:  # two lists of 8-byte slots an example
+    limit = memory.exceeded(16 * n * length)  # two lists of 8-byte slots an example
+    if limit is not None:
         raise ValueError(f"n, length: {n} examples of {length} symbols need at least "
                          f"{16 * n * length / 2**30:,.1f} GiB, more than this machine's "
                          f"{limit / 2**30:.1f} GiB")

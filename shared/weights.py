@@ -84,8 +84,8 @@ def _check_tensor_count(config: TransformerConfig) -> None:
     until the memory ran out (10**9 layers: 16 names a layer), and no model of it could be built
     to use the schema. The count comes from `_totals`, which costs the same for any depth."""
     tensors, _ = _totals(config)
-    limit = memory.total_memory()  # read through the module: a test can replace it
-    if limit is not None and tensors * TENSOR_OVERHEAD > limit:
+    limit = memory.exceeded(tensors * TENSOR_OVERHEAD)
+    if limit is not None:
         raise ValueError(f"config: n_encoder_layers={config.n_encoder_layers}, n_decoder_layers="
                          f"{config.n_decoder_layers} make {tensors:,} tensors, which need at least "
                          f"{tensors * TENSOR_OVERHEAD / 2**30:.1f} GiB ({TENSOR_OVERHEAD // 1024} KiB "
