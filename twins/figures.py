@@ -370,8 +370,6 @@ def _read_log_option(file: str) -> dict:
     """The train log of ``--log FILE``, every problem naming --log: not a regular file (a
     directory, a device, a FIFO), missing, or not a usable train log."""
     from .runs import read_log_file
-    if not str(file):
-        raise ValueError("--log: expected a path, got ''")
     check_source(file, "--log", directory=False)
     if not Path(file).exists():
         raise FileNotFoundError(f"--log {file!r}: no such file")
@@ -442,9 +440,7 @@ def input_task(text: str, drawn) -> str:
 
 def run(args) -> int:
     from .runs import LOG_FILE, read_log
-    out = Path(args.out)
-    if not str(args.out):  # Path("") is the current directory
-        raise ValueError("--out: expected a directory path, got ''")
+    out = Path(args.out)  # not "": refused while the command line is parsed (`arguments.path`)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {args.out!r}: expected a directory, got {kind(out.stat().st_mode)}")
 
@@ -459,8 +455,6 @@ def run(args) -> int:
     # (label, checkpoint or None, train log or None: a model without a run, task)
     runs: list[tuple[str, str | None, dict | None, str]] = []
     for ckpt in args.checkpoint:
-        if not str(ckpt):
-            raise ValueError("--checkpoint: expected a path, got ''")
         check_source(ckpt, "--checkpoint")
         p = Path(ckpt)
         if not p.exists():
