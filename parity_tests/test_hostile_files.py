@@ -335,6 +335,9 @@ def test_a_tampered_train_log_is_refused_when_read_naming_the_field(tmp_path):
     file = tmp_path / LOG_FILE
     file.write_text(json.dumps(log))
     assert read_log_file(file) == log
+    for precision in ("float32", "bfloat16", "fp32", "bf16"):  # fp32, bf16: logs from before the names
+        file.write_text(json.dumps(dict(log, settings=dict(log["settings"], precision=precision))))
+        assert read_log_file(file)["settings"]["precision"] == precision
     for change, problem in [
         (lambda d: d.pop("evals"), "evals: missing"),
         (lambda d: d["settings"].update(batch="abc"), "settings.batch: expected an int >= 1, got 'abc'"),
@@ -342,6 +345,10 @@ def test_a_tampered_train_log_is_refused_when_read_naming_the_field(tmp_path):
         (lambda d: d.update(seed=10**30), "seed: expected an int in [0, 2147483647], got 10000000000"),
         (lambda d: d["history"].update(loss=[2.5]), "history: expected step, loss and lr of one length"),
         (lambda d: d.update(evals=[{}]), "evals[0]: expected an object with step, backend and accuracy"),
+        (lambda d: d["settings"].update(precision="float16"),
+         "settings.precision: expected one of float32, bfloat16, got 'float16'"),
+        (lambda d: d["settings"].update(precision=["bf16"]),
+         "settings.precision: expected one of float32, bfloat16, got ['bf16']"),
     ]:
         bad = json.loads(json.dumps(log))
         change(bad)

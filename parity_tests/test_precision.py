@@ -91,4 +91,41 @@ def test_cli_compare_and_train_in_bfloat16(tmp_path, capsys):
                  "--eval-every", "0", "--heldout", "4", "--no-progress", "--precision", "bf16",
                  "--checkpoint", str(run)]) == 0
     log = json.loads((run / "train_log.json").read_text())
-    assert log["settings"]["precision"] == "bf16" and np.isfinite(log["history"]["loss"]).all()
+    assert log["settings"]["precision"] == "bfloat16" and np.isfinite(log["history"]["loss"]).all()
+
+
+def test_every_command_spells_a_precision_alike(tmp_path, capsys):
+    """`twins train --precision` took fp32 / bf16 only, `twins decode --precision` float32 /
+    bfloat16 / float16 only: each refused the other's spelling of the same precision. Every command
+    now takes `shared.precision`'s names and its short ones, and keeps the canonical name (a log
+    from before, which says bf16, resumes and is written bfloat16); float16 training is refused
+    with its reason (no loss scaling) while the command line is parsed."""
+    import json
+    from twins.cli import main
+    from twins.runs import LOG_FILE
+    run = tmp_path / "run"
+    train = ["train", "--task", "copy", "--backend", "torch", "--steps", "1", "--batch", "4",
+             "--eval-every", "0", "--heldout", "2", "--no-progress", "--checkpoint", str(run)]
+    assert main(train + ["--precision", "bfloat16"]) == 0
+    log = json.loads((run / LOG_FILE).read_text())
+    assert log["settings"]["precision"] == "bfloat16"
+    log["settings"]["precision"] = "bf16"  # as a run from before the canonical names says it
+    (run / LOG_FILE).write_text(json.dumps(log))
+    assert main(train) == 0
+    assert "precision=bfloat16" in capsys.readouterr().out
+    assert json.loads((run / LOG_FILE).read_text())["settings"]["precision"] == "bfloat16"
+    for name in ("float16", "fp16"):
+        with pytest.raises(SystemExit) as exit:
+            main(train + ["--precision", name])
+        assert exit.value.code == 2
+        assert (f"argument --precision: expected one of float32, bfloat16, got {name!r} (float16 "
+                "training needs loss scaling") in capsys.readouterr().err
+    assert json.loads((run / LOG_FILE).read_text())["step"] == 2  # nothing ran
+    for name, canonical in (("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "float32")):
+        assert main(["decode", "--checkpoint", str(run), "--src", "5 6 7", "--max-new", "3",
+                     "--precision", name, "--json", "-"]) == 0
+        assert json.loads(capsys.readouterr().out)["precision"] == canonical
+    with pytest.raises(SystemExit):
+        main(["decode", "--checkpoint", str(run), "--src", "5", "--precision", "half"])
+    assert "argument --precision: expected one of float32, bfloat16, float16, got 'half'" in \
+        capsys.readouterr().err

@@ -7,6 +7,7 @@ import argparse
 
 from shared.checks import int_argument
 from shared.config import PRESETS
+from shared.precision import ALIASES
 
 
 # TensorFlow's seeds are below 2**32 and `twins train` seeds a run's dropout with seed + step + a
@@ -42,3 +43,19 @@ def preset(text: str) -> str:
     if text not in PRESETS:
         raise argparse.ArgumentTypeError(f"expected one of {', '.join(sorted(PRESETS))}, got {text!r}")
     return text
+
+
+def precision(*allowed: str, why: str = ""):
+    """The argparse type of a command's ``--precision``: a name `shared.precision` takes (its
+    canonical names, and ``fp32``, ``bf16``, ``fp16``) whose canonical name is one of ``allowed``,
+    returned as typed (a later message quotes it so; the command keeps the canonical name). Every command spells a precision the same way (``twins train`` took only
+    ``fp32`` / ``bf16``, ``twins decode`` only ``float32`` / ``bfloat16`` / ``float16``); ``why``:
+    why a precision `shared.precision` names is not one of ``allowed``."""
+    def parse(text: str) -> str:
+        name = ALIASES.get(text)
+        if name not in allowed:
+            reason = f" ({why})" if name is not None and why else ""
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(allowed)}, got {text!r}{reason}")
+        return text
+    parse.__name__ = "precision"  # argparse's fallback message names the type
+    return parse

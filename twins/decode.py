@@ -71,9 +71,10 @@ def add_arguments(parser) -> None:
                              "demos: target length + 1; at most the model's max_len)")
     parser.add_argument("--json", metavar="FILE", help="ids: also write the results as JSON ('-': "
                                                       "stdout, alone)")
-    parser.add_argument("--precision", choices=["float32", *HALF_PRECISIONS],
+    parser.add_argument("--precision", type=arguments.precision("float32", *HALF_PRECISIONS),
+                        metavar="{float32,bfloat16,float16}",
                         help="the products' precision: float32 (default; a float64 model computes in "
-                             "float64), or bfloat16 / float16 mixed precision with float32 weights, "
+                             "float64), or bfloat16 / float16 (bf16 / fp16) mixed precision with float32 weights, "
                              "residual stream, layer norm, softmax and search (shared.precision); an "
                              "ONNX export computes in the precision it was exported in (the default)")
     parser.add_argument("--threads", type=arguments.integer, metavar="N",
@@ -193,8 +194,8 @@ def run(args) -> int:
         _, config, weights = loading.read(args.checkpoint, args)
     args.precision = args.precision or "float32"
     check_beam_size(args.beam_size, config.tgt_vocab, name="--beam-size")  # before any framework loads
-    try:
-        check_precision(args.precision, config.dtype)
+    try:  # kept as its canonical name (the JSON report's), once named as the user wrote it
+        args.precision = check_precision(args.precision, config.dtype)
     except ValueError as err:  # named as the user wrote it
         raise ValueError(f"--{err}") from None
     if ids_mode:

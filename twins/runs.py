@@ -20,6 +20,7 @@ from shared import TransformerConfig
 from shared import weights as neutral
 from shared.moments import moment_names, moment_problems
 from shared.paths import read_json
+from shared.precision import ALIASES
 from shared.saving import replace_directory, umask
 
 from .arguments import SEED_MAX
@@ -28,6 +29,11 @@ LOG_FILE = "train_log.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
 LOG_FORMAT = "twins-train-log"
 LOG_VERSION = 1
+# The precisions a run trains in (`shared.precision`'s names; a log from before the canonical names
+# says fp32 or bf16). Not float16: its training needs loss scaling, which twins train does not do.
+TRAIN_PRECISIONS = ("float32", "bfloat16")
+NO_FLOAT16 = ("float16 training needs loss scaling, which twins train does not do; train in "
+              "bfloat16 and decode in float16")
 
 
 def read_log(path: str | os.PathLike) -> dict | None:
@@ -89,6 +95,10 @@ def log_problems(log: dict) -> list[str]:
          s.get("factor"))
     need("settings.smoothing", _real(s.get("smoothing")) and 0 <= s.get("smoothing") < 1,
          "a number in [0, 1)", s.get("smoothing"))
+    if "precision" in s:  # absent: a run from before --precision, float32
+        need("settings.precision", isinstance(s["precision"], str)
+             and ALIASES.get(s["precision"]) in TRAIN_PRECISIONS,
+             f"one of {', '.join(TRAIN_PRECISIONS)}", s["precision"])
     h = log["history"]
     columns = {key: h.get(key) for key in ("step", "loss", "lr")}
     if all(need(f"history.{k}", isinstance(v, list), "a list", v) for k, v in columns.items()):

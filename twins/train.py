@@ -52,7 +52,7 @@ from . import arguments
 from . import demo_tasks as tasks
 from . import parallel, pipes
 from .backends import BACKENDS, make_adapter
-from .runs import LOG_FORMAT, LOG_VERSION, read_log, read_moments, save_run
+from .runs import LOG_FORMAT, LOG_VERSION, NO_FLOAT16, TRAIN_PRECISIONS, read_log, read_moments, save_run
 
 SETTINGS = ("batch", "warmup", "factor", "smoothing")
 
@@ -94,9 +94,11 @@ def add_arguments(parser) -> None:
                         help="data-parallel workers, each on --batch / N rows of every global batch "
                         "(torch: N gloo processes launched with torchrun; tf: MirroredStrategy over "
                         "N logical CPU devices); default: one process, no engine")
-    parser.add_argument("--precision", choices=["fp32", "bf16"], help="bf16: bfloat16 mixed "
-                        "precision (float32 weights, loss and Adam; torch.autocast / Keras "
-                        "mixed_bfloat16); default fp32, or the resumed run's")
+    parser.add_argument("--precision", metavar="{float32,bfloat16}", type=arguments.precision(
+                            *TRAIN_PRECISIONS, why=NO_FLOAT16),
+                        help="bfloat16 (or bf16): bfloat16 mixed precision (float32 weights, loss "
+                        "and Adam; torch.autocast / Keras mixed_bfloat16); default float32 (fp32), "
+                        "or the resumed run's")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="SECONDS",
                         help=f"torch workers: a collective waiting longer fails (default {TIMEOUT_S:g})")
     parser.add_argument("--no-progress", action="store_true",
@@ -218,7 +220,7 @@ def _start_or_resume(args, path: Path):
         seed = 0 if args.seed is None else args.seed
         settings = {k: getattr(args, k) if getattr(args, k) is not None else getattr(spec, k)
                     for k in SETTINGS}
-        settings["precision"] = args.precision or "fp32"
+        settings["precision"] = args.precision or "float32"
         log = {"format": LOG_FORMAT, "version": LOG_VERSION, "task": args.task, "seed": seed,
                "step": 0, "settings": settings, "config": config.to_dict(), "segments": [],
                "history": {"step": [], "loss": [], "lr": []}, "evals": []}
@@ -360,9 +362,9 @@ def _train(args, started: float, engine, rank: int, workers: int, signals: "_Sig
     config, weights, moments, log = _prepare(args, path, engine, rank, workers)
     spec = tasks.spec(args.task)
     s = log["settings"]
-    s.setdefault("precision", "fp32")  # a run from before --precision
-    try:  # named as the user wrote it (or as the resumed run's log says it)
-        check_precision(s["precision"], config.dtype)
+    s.setdefault("precision", "float32")  # a run from before --precision
+    try:  # named as the resumed run's log says it (a run from before the canonical names: bf16)
+        s["precision"] = check_precision(s["precision"], config.dtype)
     except ValueError as err:
         raise ValueError(f"--precision {s['precision']}: {str(err).removeprefix('precision: ')}") from None
     try:  # the schedule's own checks (a peak rate float32 holds), before a model is built
