@@ -171,7 +171,9 @@ def test_a_ragged_list_is_named_with_its_row_lengths_in_the_reference_and_torch(
 def test_a_source_that_is_no_array_is_named_alike_by_every_decoder():
     """None, text, objects and lists given to greedy_decode: the reference said "rank 0" for None,
     torch_impl refused lists (which the others decode) and named NumPy object arrays in NumPy's
-    words. One exception type and message for each, in all three; a list decodes everywhere."""
+    words, then as "expected a tensor or array, got ndarray" (it is one): an array of objects is
+    named by its dtype. One exception type and message for each, in all three; a list decodes
+    everywhere."""
     from shared import reference as R
     config, weights = _tiny()
     decoders = [("reference", lambda src: R.greedy_decode(R.Model(weights, config), src, 3))]
@@ -186,7 +188,11 @@ def test_a_source_that_is_no_array_is_named_alike_by_every_decoder():
     cases = [(None, TypeError, r"^src: expected a tensor or array, got NoneType"),
              ("abc", ValueError, r"^src: expected token ids of shape \(batch, seq\), got rank 0 shape \(\)$"),
              (np.array([["a", "b"]]), TypeError, r"^src: expected integer token ids, got dtype string$"),
-             (np.array([[1, None]], dtype=object), TypeError, r"^src: expected a tensor or array, got ndarray")]
+             (np.array([[1, None]], dtype=object), TypeError,
+              r"^src: expected a tensor or array of numbers, got an ndarray of dtype object$"),
+             (np.array([[1, 2]], dtype=object), TypeError,  # numbers as objects: none converts them
+              r"^src: expected a tensor or array of numbers, got an ndarray of dtype object$"),
+             ([[1, None]], TypeError, r"^src: expected a tensor or array, got list")]
     for name, decode in decoders:
         for src, error, needle in cases:
             with pytest.raises(error, match=needle):

@@ -95,6 +95,21 @@ def ragged_message(name: str, lengths: Sequence[int]) -> str:
             f"lengths [{listed}]; pad the rows to one length (with pad_id)")
 
 
+def is_object_array(value) -> bool:
+    """A NumPy array of Python objects (dtype ``object``: None, mixed types), which no framework
+    converts."""
+    return getattr(getattr(value, "dtype", None), "kind", None) == "O"
+
+
+def not_an_array_message(name: str, value) -> str:
+    """What every implementation says of ``value`` when it holds no numbers to convert: None or
+    another object (``got NoneType``), or a NumPy array of Python objects, named by its dtype (it
+    is an array: "expected a tensor or array, got ndarray" contradicted itself)."""
+    if is_object_array(value):
+        return f"{name}: expected a tensor or array of numbers, got an ndarray of dtype object"
+    return f"{name}: expected a tensor or array, got {type(value).__name__}"
+
+
 def empty_message(name: str, batch, seq) -> str:
     return f"{name}: expected a non-empty (batch, seq), got shape ({batch}, {seq})"
 

@@ -33,7 +33,8 @@ from typing import Mapping
 import numpy as np
 
 from . import decoding as _decoding
-from .checks import check_ids, check_ids_range, check_mask, check_same_batch, ragged_message, ragged_rows
+from .checks import (check_ids, check_ids_range, check_mask, check_same_batch, not_an_array_message,
+                     ragged_message, ragged_rows)
 from .config import TransformerConfig
 from .decoding import BeamResult, GreedyResult
 from .masks import make_src_mask, make_tgt_mask, padding_id, start_is_pad
@@ -248,7 +249,7 @@ def _check_tokens(name: str, ids, vocab: int, config: TransformerConfig) -> np.n
         raise ValueError(ragged_message(name, lengths))
     value, ids = ids, np.asarray(ids)
     if ids.dtype.kind == "O":  # None, objects: the backends' words (tf_impl's `to_tensor`)
-        raise TypeError(f"{name}: expected a tensor or array, got {type(value).__name__}")
+        raise TypeError(not_an_array_message(name, value))
     dtype = "string" if ids.dtype.kind in "US" else str(ids.dtype)  # as TensorFlow names text
     check_ids(name, ids.shape, dtype, ids.dtype.kind in "iu", config.max_len)
     check_ids_range(name, vocab, int(ids.min()), int(ids.max()))

@@ -55,8 +55,9 @@ def to_tensor(name: str, value) -> tf.Tensor:
         raise ValueError(checks.ragged_message(name, lengths))
     try:
         return tf.convert_to_tensor(value)
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"{name}: expected a tensor or array, got {type(value).__name__} ({err})") from None
+    except (TypeError, ValueError) as err:  # TF's reason kept, but for an array of objects (no news)
+        reason = "" if checks.is_object_array(value) else f" ({err})"
+        raise TypeError(checks.not_an_array_message(name, value) + reason) from None
 
 
 def dims(x: tf.Tensor, n: int) -> list:

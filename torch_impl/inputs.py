@@ -69,7 +69,7 @@ def _numeric_array(name: str, value) -> np.ndarray:
     except (TypeError, ValueError):
         array = np.empty(0, object)
     if array.dtype.kind == "O":  # None, objects: tf_impl's `to_tensor` says the same
-        raise TypeError(f"{name}: expected a tensor or array, got {type(value).__name__}")
+        raise TypeError(checks.not_an_array_message(name, value))
     if array.dtype.kind not in "biuf":  # text, "string" as TensorFlow names it: shape, then dtype
         kind = "string" if array.dtype.kind in "US" else str(array.dtype)
         checks.check_ids(name, array.shape, kind, False, max_len=2**62)
