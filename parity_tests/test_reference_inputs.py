@@ -48,8 +48,15 @@ def test_bad_masks(kwargs, error, needle):
 
 
 def test_broadcast_masks_are_accepted():
+    """A causal mask given per head (batch 1, every head) and a padding mask given per batch row
+    (one query row) broadcast: the logits are those of the masks made from the ids."""
+    default, _ = R.forward(W, CONFIG, SRC, TGT)
     heads = np.ones((1, CONFIG.n_heads, 4, 4), bool) & np.tril(np.ones((4, 4), bool))
-    R.forward(W, CONFIG, SRC, TGT, tgt_mask=heads)
+    assert np.array_equal(R.forward(W, CONFIG, SRC, TGT, tgt_mask=heads)[0], default)
+    src_mask = (SRC != CONFIG.pad_id)[:, None, None, :]  # (2, 1, 1, 5)
+    assert np.array_equal(R.forward(W, CONFIG, SRC, TGT, src_mask=src_mask)[0], default)
+    shorter = R.forward(W, CONFIG, SRC, TGT, src_mask=src_mask & (np.arange(5) < 2))[0]
+    assert not np.allclose(shorter, default)  # the mask given is the mask used
 
 
 def test_bad_weights_and_config():
