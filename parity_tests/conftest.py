@@ -3,6 +3,7 @@ import importlib.util
 import os
 
 from parity_tests import importable
+from shared.load_order import load_triton_first
 
 # TWINS_BLOCK=tensorflow,keras (or torch): the suite as in an environment without those packages,
 # here and, through the environment, in every subprocess a test starts (parity_tests/importable.py).
@@ -23,6 +24,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
                   "TF_NUM_INTEROP_THREADS"):
         os.environ.setdefault(_name, "1")
+
+# Test modules import TensorFlow themselves, some before either backend: triton (where torch's
+# CUDA build installed it) is loaded first, or torch's first optimizer crashes the worker.
+load_triton_first()
 
 # The cyclic garbage collector's first generation runs every 700 allocations by default; tracing
 # TF functions and building Keras models allocate millions of objects, most of them alive until the

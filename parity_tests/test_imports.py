@@ -95,10 +95,16 @@ def test_a_backend_imports_and_runs_without_the_other_framework(tmp_path, packag
     backend, other = ("torch", "tf") if package == "torch_impl" else ("tf", "torch")
     heavy = {"tensorflow", "keras", "tf_keras", "tf_impl"} if backend == "torch" else {"torch", "torch_impl"}
     run_dir = str(tmp_path / "run")
+    fake = _fake_triton(tmp_path)
     result = run(f"""
         import importlib, pkgutil
         import pytest
+        sys.path.insert(0, {str(fake)!r})  # a triton installed: the backend loads it before its framework
         import {package}
+        import triton
+        assert triton.LOADED_BEFORE == [], triton.LOADED_BEFORE  # shared/load_order.py
+        del sys.modules["triton"]  # gone again: torch must not meet a fake
+        sys.path.remove({str(fake)!r})
         for info in pkgutil.walk_packages({package}.__path__, "{package}."):
             importlib.import_module(info.name)
         from shared import TransformerConfig
@@ -115,6 +121,46 @@ def test_a_backend_imports_and_runs_without_the_other_framework(tmp_path, packag
             backends.make_adapter("{other}", TransformerConfig.preset("tiny"), {{}})
     """, blocked=set())
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def _fake_triton(tmp_path: Path) -> Path:
+    """A directory holding a package ``triton`` that records which frameworks were loaded before it."""
+    package = tmp_path / "fake" / "triton"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "import sys\nLOADED_BEFORE = sorted({'torch', 'tensorflow'} & set(sys.modules))\n")
+    return package.parent
+
+
+def test_triton_is_loaded_before_tensorflow_or_its_absence_explained(tmp_path, monkeypatch):
+    """`shared.load_order.load_triton_first` (torch_impl and tf_impl call it as they are imported,
+    and the suite's conftest): with triton installed and TensorFlow not loaded, triton is imported
+    now; with TensorFlow loaded first, a warning names the crash to come and the fix; with triton
+    loaded already or not installed, nothing. (A fresh interpreter proves each backend calls it
+    before its framework: `test_a_backend_imports_and_runs_without_the_other_framework`.)"""
+    import importlib.util
+    import warnings
+
+    from shared.load_order import ISSUE, load_triton_first
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    monkeypatch.setitem(sys.modules, "tensorflow", object())  # TensorFlow loaded first
+    if importlib.util.find_spec("triton") is None:  # a CPU build of torch, as CI's
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            load_triton_first()  # not installed: nothing to load, nothing to warn of
+    monkeypatch.syspath_prepend(str(_fake_triton(tmp_path)))
+    with pytest.warns(RuntimeWarning) as caught:
+        load_triton_first()
+    assert len(caught) == 1 and ISSUE in str(caught[0].message), [str(w.message) for w in caught]
+    assert "Import torch_impl, tf_impl or triton before tensorflow" in str(caught[0].message)
+    assert "triton" not in sys.modules  # loading it after TensorFlow is the crash
+    monkeypatch.delitem(sys.modules, "tensorflow")  # TensorFlow not loaded yet
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_triton_first()
+        assert "tensorflow" not in sys.modules["triton"].LOADED_BEFORE  # loaded now, first
+        monkeypatch.setitem(sys.modules, "tensorflow", object())
+        load_triton_first()  # loaded already: nothing
 
 
 def test_optional_libraries_are_never_imported_by_the_product():

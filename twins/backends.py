@@ -314,9 +314,9 @@ class TF(_Framework):
         import os
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         try:
+            import tf_impl  # first: it loads triton before TensorFlow (shared/load_order.py)
             import keras
             import tensorflow as tf
-            import tf_impl
         except ImportError as err:
             raise Unavailable("tf", err) from None
         if threads:
