@@ -9,7 +9,8 @@ its own; loaded after TensorFlow, its initialisers bind to TensorFlow's copy and
 of SIGSEGV inside ``dlopen``, with no Python error (tensorflow/tensorflow#124205). Loaded before
 TensorFlow, each keeps its own. Measured here (docs/compatibility.md): torch 2.14.1+cu130 with
 triton 3.8.0 and TensorFlow 2.21.0, ``import tensorflow; import triton`` exits with signal 11, and
-the parity suite lost five workers in ``torch.optim.Adam``; with triton loaded first, it passes.
+the parity suite died of it nine times (constructing ``torch.optim.Adam``: 8 tests failed and
+pytest's xdist stopped); with triton loaded first, it passes.
 A CPU build of torch installs no triton, and nothing here changes for it.
 
 `load_triton_first` runs as torch_impl and tf_impl are imported, before their framework, and in
