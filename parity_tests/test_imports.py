@@ -142,7 +142,10 @@ def test_triton_is_loaded_before_tensorflow_or_its_absence_explained(tmp_path, m
     import warnings
 
     from shared.load_order import ISSUE, load_triton_first
-    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    # absent now, and absent again afterwards whatever this test imported (undone in reverse: the
+    # stand-in must not outlive the test, torch would take it for triton)
+    monkeypatch.setitem(sys.modules, "triton", None)
+    monkeypatch.delitem(sys.modules, "triton")
     monkeypatch.setitem(sys.modules, "tensorflow", object())  # TensorFlow loaded first
     if importlib.util.find_spec("triton") is None:  # a CPU build of torch, as CI's
         with warnings.catch_warnings():
