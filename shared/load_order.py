@@ -6,11 +6,12 @@ Why: TensorFlow 2.20 and later load their library with ``RTLD_GLOBAL``, which pu
 TensorFlow links statically into the process's global symbols. triton, which torch's CUDA builds
 install and which torch imports lazily (its first optimizer, ``torch.compile``), links an LLVM of
 its own; loaded after TensorFlow, its initialisers bind to TensorFlow's copy and the process dies
-of SIGSEGV inside ``dlopen``, with no Python error (tensorflow/tensorflow#124205). Loaded before
+of SIGSEGV inside ``dlopen`` (triton 3.9: aborts, "LLVM ERROR: inconsistency in registered
+CommandLine options"), with no Python error (tensorflow/tensorflow#124205). Loaded before
 TensorFlow, each keeps its own. Measured here (docs/compatibility.md): torch 2.14.1+cu130 with
 triton 3.8.0 and TensorFlow 2.21.0, ``import tensorflow; import triton`` exits with signal 11, and
 the parity suite died of it nine times (constructing ``torch.optim.Adam``: 8 tests failed and
-pytest's xdist stopped); with triton loaded first, it passes.
+pytest's xdist stopped); with triton loaded first, it passes, as it does on torch 2.15.0+cu132.
 A CPU build of torch installs no triton, and nothing here changes for it.
 
 `load_triton_first` runs as torch_impl and tf_impl are imported, before their framework, and in
