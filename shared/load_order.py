@@ -44,5 +44,5 @@ def load_triton_first() -> None:
     warnings.warn(
         "TensorFlow was imported before triton, which is installed (torch's CUDA builds bring it): "
         "the first torch optimizer or torch.compile imports triton, and triton loaded after "
-        f"TensorFlow kills the process (SIGSEGV or an LLVM abort, {ISSUE}). Import torch_impl, tf_impl or "
-        "triton before tensorflow or keras.", RuntimeWarning, stacklevel=3)
+        f"TensorFlow kills the process (SIGSEGV or an LLVM abort, {ISSUE}). Import torch_impl, "
+        "tf_impl or triton before tensorflow or keras.", RuntimeWarning, stacklevel=3)
