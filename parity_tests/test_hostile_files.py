@@ -101,6 +101,25 @@ def test_json_python_cannot_parse_is_a_value_error_naming_the_file(tmp_path, tex
         read_json(path)
 
 
+def test_a_key_given_twice_is_refused_naming_it(tmp_path):
+    """Python's JSON reader keeps a repeated key's last value, others its first: a config.json with
+    d_model twice built a model of the second without a word. Every config, log and header the
+    project reads as JSON (`read_json`, `TransformerConfig.from_json`, a .keras file's config) goes
+    through `shared.config.parse_json`, which names the key (in nested objects too)."""
+    from shared import TransformerConfig
+    path = tmp_path / "config.json"
+    for text, key in [('{"d_model": 16, "n_heads": 4, "d_model": 32}', "d_model"),
+                      ('{"settings": {"batch": 8, "batch": 9}}', "batch")]:
+        path.write_text(text)
+        with pytest.raises(ValueError, match=rf"^--config '.*config.json': the key '{key}' appears twice "
+                                             r"in one object \(which value is meant is ambiguous"):
+            read_json(path, "--config")
+    with pytest.raises(ValueError, match="^TransformerConfig.from_json: the key 'd_model' appears twice"):
+        TransformerConfig.from_json(TINY.to_json()[:-1] + ', "d_model": 32}')
+    path.write_text('[{"a": 1}, {"a": 2}]')  # one key each: fine
+    assert read_json(path) == [{"a": 1}, {"a": 2}]
+
+
 def test_a_config_asking_far_more_than_the_weights_hold_is_refused_from_their_counts(monkeypatch):
     """A config asking for 10**9 layers (a config.json may) against a tiny model's weights: one line
     from the counts, no schema of that size built; a config one layer past them still has every

@@ -329,16 +329,35 @@ FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's dict, refusing a key given twice: Python's reader keeps the last value,
+    others the first, so which one a file means is ambiguous (``{"d_model": 16, "d_model": 32}``
+    built a model of 32 without a word)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def parse_json(text: str, source: str):
     """``json.loads(text)``, every way it can fail a ValueError naming ``source``: no text at all (not
     a str or bytes), not JSON, an integer too long to convert (Python's limit of 4300 digits),
-    nesting too deep to parse."""
+    nesting too deep to parse, a key given twice in one object."""
     if not isinstance(text, (str, bytes, bytearray)):  # json's own TypeError would not name source
         raise ValueError(f"{source}: expected a str or bytes of JSON, got {type(text).__name__}")
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise ValueError(f"{source}: not valid JSON (nested too deeply to read)") from None
+    except _DuplicateKey as err:
+        raise ValueError(f"{source}: the key {shown(err.args[0])} appears twice in one object (which "
+                         "value is meant is ambiguous: JSON readers differ); keep one") from None
     except ValueError as err:  # JSONDecodeError, and the integer-length limit
         raise ValueError(f"{source}: not valid JSON ({err})") from None
 
