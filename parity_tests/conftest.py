@@ -3,7 +3,6 @@ import importlib.util
 import os
 
 from parity_tests import importable
-from shared.load_order import load_triton_first
 
 # TWINS_BLOCK=tensorflow,keras (or torch): the suite as in an environment without those packages,
 # here and, through the environment, in every subprocess a test starts (parity_tests/importable.py).
@@ -26,7 +25,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault(_name, "1")
 
 # Test modules import TensorFlow themselves, some before either backend: triton (where torch's
-# CUDA build installed it) is loaded first, or torch's first optimizer crashes the worker.
+# CUDA build installed it) is loaded first, or torch's first optimizer crashes the worker. Imported
+# here, after the thread settings: `shared` imports NumPy, whose BLAS sizes its pool as it loads.
+from shared.load_order import load_triton_first  # noqa: E402
+
 load_triton_first()
 
 # The cyclic garbage collector's first generation runs every 700 allocations by default; tracing
