@@ -122,9 +122,14 @@ def test_read_only_folders_inside_the_old_copy_are_removed_with_it():
             def demote():
                 os.setgid(65534)
                 os.setuid(65534)
-        done = subprocess.run([sys.executable, "-c", _READ_ONLY_FOLDER, str(root)], cwd=root,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=demote,
-                              capture_output=True, text=True, timeout=120)
+        try:
+            done = subprocess.run([sys.executable, "-c", _READ_ONLY_FOLDER, str(root)], cwd=root,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=demote,
+                                  capture_output=True, text=True, timeout=120)
+        except PermissionError as err:  # an interpreter under /root (a pyenv build's libpython)
+            if demote is None:
+                raise
+            pytest.skip(f"the user nobody cannot run this interpreter ({err})")
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "['a.txt'] []"
     finally:
