@@ -31,8 +31,8 @@ ISSUE = "https://github.com/tensorflow/tensorflow/issues/124205"
 
 def load_triton_first() -> None:
     """Import triton now if it is installed and TensorFlow is not loaded yet (triton's own import:
-    about 0.1 s); warn once if TensorFlow is loaded and triton is not. Nothing when triton is
-    loaded already or not installed."""
+    about 0.1 s); a `RuntimeWarning` if TensorFlow is loaded and triton is not. Nothing when
+    triton is loaded already or not installed."""
     if "triton" in sys.modules or importlib.util.find_spec("triton") is None:
         return
     if "tensorflow" not in sys.modules:
@@ -45,4 +45,4 @@ def load_triton_first() -> None:
         "TensorFlow was imported before triton, which is installed (torch's CUDA builds bring it): "
         "the first torch optimizer or torch.compile imports triton, and triton loaded after "
         f"TensorFlow kills the process (SIGSEGV or an LLVM abort, {ISSUE}). Import torch_impl, "
-        "tf_impl or triton before tensorflow or keras.", RuntimeWarning, stacklevel=3)
+        "tf_impl or triton before tensorflow or keras.", RuntimeWarning, stacklevel=2)

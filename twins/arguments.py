@@ -48,9 +48,10 @@ def preset(text: str) -> str:
 def precision(*allowed: str, why: str = ""):
     """The argparse type of a command's ``--precision``: a name `shared.precision` takes (its
     canonical names, and ``fp32``, ``bf16``, ``fp16``) whose canonical name is one of ``allowed``,
-    returned as typed (a later message quotes it so; the command keeps the canonical name). Every command spells a precision the same way (``twins train`` took only
-    ``fp32`` / ``bf16``, ``twins decode`` only ``float32`` / ``bfloat16`` / ``float16``); ``why``:
-    why a precision `shared.precision` names is not one of ``allowed``."""
+    returned as typed (a later message quotes it so; the command keeps the canonical name). Every
+    command spells a precision the same way (``twins train`` took only ``fp32`` / ``bf16``,
+    ``twins decode`` only ``float32`` / ``bfloat16`` / ``float16``); ``why``: why a precision
+    `shared.precision` names is not one of ``allowed``."""
     def parse(text: str) -> str:
         name = ALIASES.get(text)
         if name not in allowed:

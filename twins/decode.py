@@ -74,9 +74,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--precision", type=arguments.precision("float32", *HALF_PRECISIONS),
                         metavar="{float32,bfloat16,float16}",
                         help="the products' precision: float32 (default; a float64 model computes in "
-                             "float64), or bfloat16 / float16 (bf16 / fp16) mixed precision with float32 weights, "
-                             "residual stream, layer norm, softmax and search (shared.precision); an "
-                             "ONNX export computes in the precision it was exported in (the default)")
+                             "float64), or bfloat16 / float16 (bf16 / fp16) mixed precision with "
+                             "float32 weights, residual stream, layer norm, softmax and search "
+                             "(shared.precision); an ONNX export computes in the precision it was "
+                             "exported in (the default)")
     parser.add_argument("--threads", type=arguments.integer, metavar="N",
                         help="CPU threads of the framework (default: its own, one per core; idle "
                              "threads sleep, OMP_WAIT_POLICY=PASSIVE, see shared/threads.py)")
