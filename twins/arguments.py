@@ -45,6 +45,12 @@ def preset(text: str) -> str:
     return text
 
 
+def choices(names) -> str:
+    """``names`` as argparse shows a ``choices`` list (``{float32,bfloat16}``): the metavar of an
+    option whose type checks the names itself."""
+    return "{" + ",".join(names) + "}"
+
+
 def precision(*allowed: str, why: str = ""):
     """The argparse type of a command's ``--precision``: a name `shared.precision` takes (its
     canonical names, and ``fp32``, ``bf16``, ``fp16``) whose canonical name is one of ``allowed``,

@@ -30,7 +30,7 @@ from shared.exporters.onnx import export_precision, read_onnx
 from shared.formats import onnx as onnx_formats
 from shared.paths import read_text
 from shared.saving import write_atomically
-from shared.precision import HALF_PRECISIONS, check_precision
+from shared.precision import PRECISIONS, check_precision
 from shared.threads import check_threads
 
 from . import arguments, loading
@@ -71,8 +71,8 @@ def add_arguments(parser) -> None:
                              "demos: target length + 1; at most the model's max_len)")
     parser.add_argument("--json", metavar="FILE", help="ids: also write the results as JSON ('-': "
                                                       "stdout, alone)")
-    parser.add_argument("--precision", type=arguments.precision("float32", *HALF_PRECISIONS),
-                        metavar="{float32,bfloat16,float16}",
+    parser.add_argument("--precision", type=arguments.precision(*PRECISIONS),
+                        metavar=arguments.choices(PRECISIONS),
                         help="the products' precision: float32 (default; a float64 model computes in "
                              "float64), or bfloat16 / float16 (bf16 / fp16) mixed precision with "
                              "float32 weights, residual stream, layer norm, softmax and search "

@@ -94,8 +94,8 @@ def add_arguments(parser) -> None:
                         help="data-parallel workers, each on --batch / N rows of every global batch "
                         "(torch: N gloo processes launched with torchrun; tf: MirroredStrategy over "
                         "N logical CPU devices); default: one process, no engine")
-    parser.add_argument("--precision", metavar="{float32,bfloat16}", type=arguments.precision(
-                            *TRAIN_PRECISIONS, why=NO_FLOAT16),
+    parser.add_argument("--precision", metavar=arguments.choices(TRAIN_PRECISIONS),
+                        type=arguments.precision(*TRAIN_PRECISIONS, why=NO_FLOAT16),
                         help="bfloat16 (or bf16): bfloat16 mixed precision (float32 weights, loss "
                         "and Adam; torch.autocast / Keras mixed_bfloat16); default float32 (fp32), "
                         "or the resumed run's")
@@ -363,7 +363,7 @@ def _train(args, started: float, engine, rank: int, workers: int, signals: "_Sig
     spec = tasks.spec(args.task)
     s = log["settings"]
     s.setdefault("precision", "float32")  # a run from before --precision
-    try:  # named as the resumed run's log says it (a run from before the canonical names: bf16)
+    try:  # named as the user wrote it, or as the resumed run's log says it (an older run's: bf16)
         s["precision"] = check_precision(s["precision"], config.dtype)
     except ValueError as err:
         raise ValueError(f"--precision {s['precision']}: {str(err).removeprefix('precision: ')}") from None
