@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 import tf_impl  # noqa: E402
 import torch_impl  # noqa: E402
-from shared import TransformerConfig  # noqa: E402
+from shared import TransformerConfig, reference  # noqa: E402
 from shared.config import POSITIONAL_TABLE_LIMIT  # noqa: E402
 from shared.loss import label_smoothed_cross_entropy  # noqa: E402
 from shared.weights import WeightsError, check_weights, random_weights  # noqa: E402
@@ -61,6 +61,23 @@ def test_import_weights_reads_each_tensor_once(impl, second):
     assert set(source.reads.values()) == {1}
     exported = model.export_weights()
     assert all(np.array_equal(exported[n], weights[n]) for n in weights)
+
+
+@pytest.mark.parametrize("writer", ["reference", "torch", "tf"])
+def test_every_reader_of_canonical_weights_reads_each_tensor_once(writer, tmp_path):
+    """Before: the float64 reference and both native writers (``.pt``, ``.weights.h5``) checked the
+    mapping, then read it again to copy: with a lazy source whose second read differs, the
+    reference held NaN weights and torch wrote a ``.pt`` of NaN, without a word."""
+    weights = random_weights(CONFIG, seed=3)
+    source = Flaky(weights, "differs")
+    if writer == "reference":
+        got = reference.Model(source, CONFIG).w
+    else:
+        impl, name = (torch_impl, "w.pt") if writer == "torch" else (tf_impl, "w.weights.h5")
+        impl.checkpoints.write_native(tmp_path / name, CONFIG, source)
+        got = impl.checkpoints.read_checkpoint(tmp_path / name, CONFIG)[1]
+    assert set(source.reads.values()) == {1}
+    assert all(np.array_equal(got[n], weights[n]) for n in weights)
 
 
 def test_an_unreadable_tensor_is_a_listed_problem_and_the_model_is_untouched():

@@ -133,9 +133,9 @@ class Model:
     def __init__(self, weights: Weights, config: TransformerConfig):
         if not isinstance(config, TransformerConfig):
             raise TypeError(f"config: expected a TransformerConfig, got {type(config).__name__}")
-        check_weights(config, weights)
+        checked = check_weights(config, weights)  # each tensor read once: use the copies
         self.config = config
-        self.w = {name: np.asarray(value, dtype=np.float64) for name, value in weights.items()}
+        self.w = {name: np.asarray(value, dtype=np.float64) for name, value in checked.items()}
         self.pe = positional_table(config) if config.positional == "sinusoidal" else None
 
     def positions(self, name: str | None) -> np.ndarray:

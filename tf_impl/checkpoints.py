@@ -182,7 +182,7 @@ def _labelled(path: str, layout) -> str:
 
 def write_native(path: str | os.PathLike, config: TransformerConfig, weights: Mapping[str, np.ndarray]) -> Path:
     """Write canonical weights as a ``.weights.h5`` (Keras layout + the config), atomically."""
-    check_weights(config, weights, source="write_native: weights")
+    weights = check_weights(config, weights, source="write_native: weights")  # read once: use the copies
     model = Transformer(config)
     model.import_weights(weights)
     return _save_model_h5(model, Path(path))

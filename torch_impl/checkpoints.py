@@ -93,7 +93,7 @@ def native_layout(config: TransformerConfig) -> dict[str, Slot]:
 def to_state_dict(config: TransformerConfig, weights: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
     """Canonical weights -> ``Transformer(config).state_dict()`` layout (CPU tensors; a tied
     parameter is one tensor under each of its keys, as ``state_dict()`` gives it)."""
-    check_weights(config, weights, source="to_state_dict: weights")
+    weights = check_weights(config, weights, source="to_state_dict: weights")  # read once: use the copies
     tensors: dict[str, torch.Tensor] = {}
     out = {}
     for key, slot in native_layout(config).items():
