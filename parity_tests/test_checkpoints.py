@@ -301,6 +301,22 @@ def test_save_writes_the_format_its_path_or_name_says(tmp_path, backend):
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
+@pytest.mark.parametrize("written", ["torch", "tf", "neutral"])
+def test_a_named_format_is_read_whatever_the_path_says(tmp_path, backend, written):
+    """``format=`` decides over the path, in saving and in loading, whichever backend does either.
+    Before, a backend's loader took the path's word for its own and the neutral format (a ``.pt``
+    file saved as ``m.weights.h5`` loaded in tf_impl, not in torch_impl), and tf_impl refused to
+    save its own format under a name without ``.weights.h5``."""
+    model = backend.model(TINY, random_weights(TINY, 1))
+    path = tmp_path / {"torch": "m.weights.h5", "tf": "m.pt", "neutral": "m.pt"}[written]
+    backend.checkpoints.save_checkpoint(model, path, format=written)
+    for reader in (side("torch"), side("tf")):
+        stored, weights = reader.checkpoints.read_checkpoint(path, format=written)
+        assert stored == TINY
+        assert_same_bytes(weights, model.export_weights())
+        assert_same_bytes(reader.checkpoints.load_checkpoint(path, format=written).export_weights(), weights)
+
+
 @pytest.mark.parametrize("kind", ["native", "neutral"])
 def test_load_into_refuses_another_config(tmp_path, backend, kind):
     path = write_native(tmp_path, backend.name) if kind == "native" else write_neutral(tmp_path)

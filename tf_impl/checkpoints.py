@@ -189,9 +189,8 @@ def write_native(path: str | os.PathLike, config: TransformerConfig, weights: Ma
 
 
 def _save_model_h5(model: "Transformer", path: Path) -> Path:
-    if not path.name.endswith(H5_SUFFIX):
-        raise ValueError(f"{str(path)!r}: expected a path ending in {H5_SUFFIX}")
-
+    """``model`` as a Keras weights file at ``path``, whatever its name (a name without the suffix
+    is written when the format is named, as torch_impl writes a ``.pt`` under any name)."""
     def write(tmp: str) -> None:
         model.save_weights(tmp)
         with h5py.File(tmp, "r+") as f:
@@ -199,7 +198,7 @@ def _save_model_h5(model: "Transformer", path: Path) -> Path:
             f.attrs[ATTR_VERSION] = H5_FORMAT_VERSION
             f.attrs[ATTR_CONFIG] = model.config.to_json()
 
-    write_atomically(path, write, suffix=H5_SUFFIX)  # Keras insists on the suffix
+    write_atomically(path, write, suffix=H5_SUFFIX)  # Keras insists on the suffix: the temporary has it
     return path
 
 
@@ -213,7 +212,7 @@ def read_checkpoint(path: str | os.PathLike, config: TransformerConfig | None = 
                     ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """``(config, canonical weights)`` of ``path`` in any format `shared.formats` reads, fully
     validated: a .weights.h5 file or a neutral directory here, any other through `shared.formats.read`
-    (``format``: its name, when the path does not say it; ``options``: that format's own, e.g.
+    (``format``: its name, which decides over the path; ``options``: that format's own, e.g.
     ``n_heads=`` for a foreign state dict). ``config`` only for a native file that holds none."""
     return formats.read_for_backend(path, FORMATS, OWNER, config, allow_nonfinite, format, **options)
 

@@ -291,7 +291,7 @@ def read_checkpoint(path: str | os.PathLike, config: TransformerConfig | None = 
                     ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """``(config, canonical weights)`` of ``path`` in any format `shared.formats` reads, fully
     validated: a .pt file or a neutral directory here, any other through `shared.formats.read`
-    (``format``: its name, when the path does not say it; ``options``: that format's own, e.g.
+    (``format``: its name, which decides over the path; ``options``: that format's own, e.g.
     ``n_heads=`` for a foreign state dict). ``config`` only for a native file that holds none."""
     return formats.read_for_backend(path, FORMATS, OWNER, config, allow_nonfinite, format, **options)
 

@@ -171,11 +171,17 @@ def read_for_backend(path: str | os.PathLike, native_formats: tuple, owner: str,
     """A backend's ``read_checkpoint`` (the generic half, written once): a native file of the
     backend or a neutral directory through its own dispatcher (``native_formats``, a
     `shared.checkpoints.CheckpointFormat` each; a path no record recognises is refused there,
-    naming ``owner``), any other format through `read`. ``format``: its name, when the path does
-    not say it; ``options``: that format's own."""
+    naming ``owner``), any other format through `read`. ``format``: its name, which then decides
+    whatever the path says (a ``.pt`` file saved under another name is read as one); ``options``:
+    that format's own."""
     check_source(path)
     fmt = get(format, "read", "format") if format else detected(path)
-    if fmt is None or (fmt.name in {f.name for f in native_formats} and not options):
+    native = {f.name: f for f in native_formats}
+    if fmt is not None and fmt.name in native and not options:
+        if format:  # named: that reader, as `twins convert --from` and every other backend read it
+            return native[fmt.name].read(path, config, allow_nonfinite)
+        return dispatch.read_checkpoint(path, native_formats, config, allow_nonfinite, owner=owner)
+    if fmt is None:
         return dispatch.read_checkpoint(path, native_formats, config, allow_nonfinite, owner=owner)
     return read(path, fmt, config, allow_nonfinite=allow_nonfinite, **options)
 
