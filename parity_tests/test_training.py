@@ -309,3 +309,46 @@ def test_every_entry_point_names_a_model_that_is_not_one(backend, tmp_path):
                                             r"got NoneType$"):
             call()
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_import_moments_refuses_values_the_models_dtype_cannot_hold(backend):
+    """Before: finiteness was checked before the cast to the model's dtype, so a float64 moment of
+    1e39 (or a long double of 1e400 for a float64 model) passed, was stored as inf, and the next
+    ``train_step`` made every weight NaN without a word. Refused now, naming the tensor, with the
+    optimizer as it was."""
+    for dtype, big in (("float32", np.float64(1e39)), ("float32", np.longdouble(1e39)),
+                       ("float64", np.longdouble("1e400"))):
+        config = CONFIG.replace(dtype=dtype)
+        model = backend.build(config, random_weights(config, 0))
+        optimizer = backend.training.make_optimizer(model)
+        before = backend.training.export_moments(model, optimizer)
+        moments = {name: value.astype(big.dtype) for name, value in before.items()}
+        moments["v.generator.bias"][3] = big
+        needle = "^" + re.escape(f"moments: v.generator.bias: expected finite values in {dtype} (at most "
+                                 f"{np.finfo(dtype).max:.4g} in magnitude), got {big}, which overflows it") + "$"
+        with pytest.raises(ValueError, match=needle):
+            backend.training.import_moments(model, optimizer, moments, 1)
+        after = backend.training.export_moments(model, optimizer)
+        for name, value in before.items():
+            np.testing.assert_array_equal(after[name], value, err_msg=name)
+        if backend.framework == "tf":
+            assert int(optimizer.iterations.numpy()) == 0
+        # values at the edge of the dtype round to its largest finite number: taken
+        moments["v.generator.bias"][3] = np.finfo(dtype).max
+        backend.training.import_moments(model, optimizer, moments, 1)
+        assert np.isfinite(backend.training.export_moments(model, optimizer)["v.generator.bias"]).all()
+
+
+def test_moment_problems_judge_the_values_as_stored():
+    """`twins train` reads a run's moments through `moment_problems` (twins/runs.py): the same rule."""
+    from shared.moments import moment_problems
+    config = CONFIG.replace(dtype="float32")
+    moments = {f"{kind}.{name}": np.zeros(value.shape) for kind in ("m", "v")
+               for name, value in random_weights(config, 0).items()}
+    assert moment_problems(config, moments) == []
+    moments["m.generator.bias"][0] = -1e39
+    assert moment_problems(config, moments) == [
+        "m.generator.bias: expected finite values in float32 (at most 3.403e+38 in magnitude), got "
+        "-1e+39, which overflows it"]
+    assert moment_problems(config.replace(dtype="float64"), moments) == []
