@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from parity_tests.checkpoint_backends import BACKENDS, TIED, TINY, assert_same_bytes, side, write_native
-from shared.weights import WeightsError, random_weights, save_checkpoint
+from shared.weights import WeightsError, load_checkpoint, random_weights, save_checkpoint, write_checkpoint_files
 
 pytestmark = [pytest.mark.torch, pytest.mark.tf]
 torch = pytest.importorskip("torch")
@@ -353,3 +353,81 @@ def test_a_config_mismatch_reads_the_same_whoever_reads_the_file(backend, tmp_pa
             backend.checkpoints.load_into(model, path)
     for name, value in model.export_weights().items():
         np.testing.assert_array_equal(value, random_weights(other, 1)[name], err_msg=name)
+
+
+# -- arguments that are not what they say ---------------------------------------------------------
+@pytest.mark.parametrize("call", ["load_checkpoint", "load_into", "read_checkpoint", "shared"])
+def test_allow_nonfinite_takes_true_or_false_only(tmp_path, backend, call):
+    """Before: any value was read for its truth, so ``allow_nonfinite="no"`` loaded NaN weights."""
+    weights = random_weights(TINY, 1)
+    weights["generator.bias"][0] = np.nan
+    path = tmp_path / "nan"
+    path.mkdir()
+    write_checkpoint_files(path, TINY, weights)  # the checked writer refuses NaN: written raw
+    model = backend.model(TINY, random_weights(TINY, 2))
+    before = model.export_weights()
+    calls = {"load_checkpoint": lambda v: backend.checkpoints.load_checkpoint(path, allow_nonfinite=v),
+             "load_into": lambda v: backend.checkpoints.load_into(model, path, allow_nonfinite=v),
+             "read_checkpoint": lambda v: backend.checkpoints.read_checkpoint(path, allow_nonfinite=v),
+             "shared": lambda v: load_checkpoint(path, allow_nonfinite=v)}
+    for value in ("no", 1, None):
+        with pytest.raises(TypeError, match=rf"allow_nonfinite: expected True or False, got {value!r}"):
+            calls[call](value)
+    assert_same_bytes(model.export_weights(), before)
+    calls[call](np.bool_(True))  # NumPy's bool is a bool
+
+
+@pytest.mark.parametrize("path, error, message", [
+    (None, TypeError, "path: expected a str or os.PathLike path, got NoneType"),
+    (7, TypeError, "path: expected a str or os.PathLike path, got int"),
+    (b"m.pt", TypeError, r"path: expected a str or os.PathLike path, got bytes b'm.pt' \(decode it"),
+    ("", ValueError, "path: expected a path, got ''"),
+])
+def test_a_path_that_is_no_path_is_refused_by_name(backend, path, error, message):
+    """Before: Python's own words ("stat: path should be string, ..."), naming no argument; an
+    empty path saved as the current directory and failed "Device or resource busy"."""
+    model = backend.model(TINY, random_weights(TINY, 1))
+    for call in (lambda: backend.checkpoints.save_checkpoint(model, path),
+                 lambda: backend.checkpoints.load_checkpoint(path),
+                 lambda: backend.checkpoints.load_into(model, path),
+                 lambda: save_checkpoint(path, TINY, random_weights(TINY, 1)),
+                 lambda: load_checkpoint(path)):
+        with pytest.raises(error, match=message):
+            call()
+
+
+def test_the_current_directory_is_not_replaced_by_a_save(tmp_path, backend, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = backend.model(TINY, random_weights(TINY, 1))
+    for path in (".", tmp_path):
+        with pytest.raises(ValueError, match="expected a directory a save can replace, got the current "
+                                             "directory; name a path inside it"):
+            backend.checkpoints.save_checkpoint(model, path, format="neutral")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_config_that_is_no_config_is_named(tmp_path, backend):
+    """Before: "given: expected a TransformerConfig", a name inside the library."""
+    path = backend.checkpoints.save_checkpoint(backend.model(TINY, random_weights(TINY, 1)), tmp_path / "m")
+    with pytest.raises(TypeError, match="^config: expected a TransformerConfig, got str$"):
+        backend.checkpoints.load_checkpoint(path, config="tiny")
+
+
+def test_weights_under_names_of_any_type_or_a_mask_are_problems_not_crashes(backend):
+    """Before: names of mixed types crashed sorting them (a bare TypeError comparing str and int);
+    a masked array was imported as its data, the masked values with it."""
+    model = backend.model(TINY, random_weights(TINY, 1))
+    before = model.export_weights()
+    weights = random_weights(TINY, 2)
+    odd = dict(weights, **{"zz": weights["generator.bias"]})
+    odd[1] = odd[None] = weights["generator.bias"]
+    with pytest.raises(WeightsError, match=r"unexpected: \[1, None, 'zz'\]"):
+        model.import_weights(odd)
+    masked = dict(weights)
+    masked["generator.bias"] = np.ma.masked_array(weights["generator.bias"], mask=np.arange(TINY.tgt_vocab) < 2)
+    with pytest.raises(WeightsError, match="generator.bias: a masked array with 2 masked entries"):
+        model.import_weights(masked)
+    assert_same_bytes(model.export_weights(), before)
+    masked["generator.bias"] = np.ma.masked_array(weights["generator.bias"])  # nothing masked: its values
+    model.import_weights(masked)
+    assert_same_bytes(model.export_weights(), weights)

@@ -29,6 +29,14 @@ def check_seed(seed, name: str = "seed") -> None:
         raise ValueError(f"{name}: expected an int >= 0, got {shown(seed, str)}")
 
 
+def check_flag(value, name: str) -> None:
+    """A flag is True or False (a NumPy bool too). Anything else is refused rather than read for
+    its truth: ``allow_nonfinite="no"`` is a true string, and would load NaN weights."""
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    if not (isinstance(value, bool) or numpy_bool):  # NumPy's bool, without importing NumPy here
+        raise TypeError(f"{name}: expected True or False, got {shown(value)} ({type(value).__name__})")
+
+
 def check_config(config, name: str = "config") -> None:
     """A `TransformerConfig`, checked before any of its fields is read (None or a dict would fail
     later as an ``AttributeError`` naming a field, not the argument)."""

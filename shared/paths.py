@@ -29,12 +29,28 @@ def _named(what: str, path) -> str:
     return f"{what} {str(path)!r}" if what else repr(str(path))
 
 
+def check_path(path, name: str = "path") -> None:
+    """A path argument is a non-empty ``str`` or ``os.PathLike`` of one; anything else is refused
+    naming the argument (Python's own errors say "stat: path should be string, ..." and name none;
+    bytes, which ``os`` takes, would fail later in ``pathlib``)."""
+    text = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if isinstance(text, bytes):
+        raise TypeError(f"{name}: expected a str or os.PathLike path, got bytes {path!r} "
+                        "(decode it: os.fsdecode)")
+    if not isinstance(text, str):
+        raise TypeError(f"{name}: expected a str or os.PathLike path, got {type(path).__name__}")
+    if not text:
+        raise ValueError(f"{name}: expected a path, got ''")
+
+
 def check_source(path: str | os.PathLike, what: str = "", directory: bool = True) -> None:
     """Refuse a source that exists and is not a regular file (nor, with ``directory``, a
     directory), before anything reads it: ``"--src-file '/dev/zero': expected a regular file,
     got a character device"`` (``what``: the argument as its user typed it, or nothing). A path
     that does not exist passes (the reader names it in its own words), as does one that cannot be
-    examined for another reason than a loop of links (its reader's ``open`` reports that)."""
+    examined for another reason than a loop of links (its reader's ``open`` reports that). Not a
+    path at all: `check_path`."""
+    check_path(path, what or "path")
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:

@@ -43,7 +43,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Collection, Sequence
 
-from .paths import replaced
+from .paths import holds_cwd, replaced
 
 # Where a save may be killed, in order (TWINS_FAULT_AT=<one of these>).
 FAULT_POINTS = ("config-written", "staging", "staged", "marked", "moved-old", "swapped", "cleaned")
@@ -358,6 +358,10 @@ def replace_directory(path: str | os.PathLike, fill: Callable[[Path], None],
     permission bits, and a file that replaces one of the same name keeps that file's. A directory
     made read-only (no write bit for its owner) is refused, not replaced."""
     path = Path(replaced(path, directory=True))
+    which = holds_cwd(path)
+    if which is not None:  # renaming it away fails ("Device or resource busy"), or strands a shell
+        raise ValueError(f"{str(path)!r}: expected a directory a save can replace, got {which}; "
+                         "name a path inside it")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         recover(path)

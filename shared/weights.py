@@ -37,10 +37,10 @@ from typing import Mapping
 import numpy as np
 
 from . import memory
-from .checks import check_config, check_seed
+from .checks import check_config, check_flag, check_seed
 from .config import TransformerConfig
 from .memory import TENSOR_OVERHEAD, check_memory
-from .paths import check_source, read_json
+from .paths import check_path, check_source, read_json
 from .saving import fault_point, recover, replace_directory, umask, write_atomically  # noqa: F401
 
 FORMAT_VERSION = 1
@@ -261,6 +261,13 @@ def snapshot_weights(weights: Mapping[str, object], source: str = "weights"
     for name in names:
         try:
             value = weights[name]
+            if isinstance(value, np.ma.MaskedArray) and np.ma.getmaskarray(value).any():
+                # a copy would keep the values under the mask, which its owner said not to use
+                masked = int(np.ma.count_masked(value))
+                problems.append(f"{name}: a masked array with {masked:,} masked "
+                                f"entr{'y' if masked == 1 else 'ies'}; fill them (.filled(value)) or pass .data")
+                snapshot[name] = None
+                continue
             snapshot[name] = (np.array(value, order="C", copy=True) if isinstance(value, np.ndarray)
                               else value)
         except Exception as err:  # noqa: BLE001
@@ -320,6 +327,7 @@ def check_weights(config: TransformerConfig, weights: Mapping[str, object], sour
     was checked. Expected dtype is ``config.dtype`` exactly (no silent casts: a cast would break
     the bit-exact round trip). ``weights`` is not modified."""
     check_config(config)
+    check_flag(allow_nonfinite, "allow_nonfinite")
     snapshot, problems = snapshot_weights(weights, source)
     arrays = [v for v in snapshot.values() if isinstance(v, np.ndarray)]
     # before a schema of the config's size is built; values counted only where every entry is an
@@ -329,7 +337,7 @@ def check_weights(config: TransformerConfig, weights: Mapping[str, object], sour
     unreadable = {p.split(":", 1)[0] for p in problems}
     schema = weight_schema(config)
     missing = [n for n in schema if n not in snapshot]
-    unexpected = sorted(n for n in snapshot if n not in schema)
+    unexpected = sorted((n for n in snapshot if n not in schema), key=str)  # names of any type
     if missing:
         problems.append(f"missing: {missing}")
     if unexpected:
@@ -379,6 +387,7 @@ def save_checkpoint(path: str | os.PathLike, config: TransformerConfig,
     the new one, never a half-written one, and an interrupted save is repaired by the next load.
     An existing checkpoint at ``path`` is replaced; any other existing file or directory is refused.
     """
+    check_path(path)
     check_config(config)
     weights = check_weights(config, weights, source="save_checkpoint: weights")
     path = Path(path)
@@ -442,11 +451,13 @@ def load_checkpoint(path: str | os.PathLike, allow_nonfinite: bool = False
     unreadable, corrupted or contradictory one (every weight problem listed at once). No pickle is
     involved anywhere. NaN/Inf weights are refused unless ``allow_nonfinite=True``.
     """
+    check_flag(allow_nonfinite, "allow_nonfinite")
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
     from .importers.safetensors_file import numpy_unloadable
 
+    check_path(path)
     path = Path(path)
     recover(path)  # an interrupted save: finish it (or say where the data is) before reading
     if not path.exists():

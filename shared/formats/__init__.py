@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from shared import checkpoints as dispatch
-from shared.paths import check_source
+from shared.checks import check_config, check_flag
+from shared.paths import check_path, check_source
 from shared.weights import config_mismatch
 
 from . import ctranslate2, hf, keras, native, onnx, saved_model, state_dicts
@@ -166,6 +167,13 @@ def detected(path: str | os.PathLike) -> Format | None:
         return None
 
 
+def _check_read_arguments(config, allow_nonfinite) -> None:
+    """A backend's readers' own arguments, named, before the path is looked at."""
+    if config is not None:
+        check_config(config)
+    check_flag(allow_nonfinite, "allow_nonfinite")
+
+
 def read_for_backend(path: str | os.PathLike, native_formats: tuple, owner: str, config=None,
                      allow_nonfinite: bool = False, format: str | None = None, **options):
     """A backend's ``read_checkpoint`` (the generic half, written once): a native file of the
@@ -174,6 +182,7 @@ def read_for_backend(path: str | os.PathLike, native_formats: tuple, owner: str,
     naming ``owner``), any other format through `read`. ``format``: its name, which then decides
     whatever the path says (a ``.pt`` file saved under another name is read as one); ``options``:
     that format's own."""
+    _check_read_arguments(config, allow_nonfinite)
     check_source(path)
     fmt = get(format, "read", "format") if format else detected(path)
     native = {f.name: f for f in native_formats}
@@ -192,6 +201,7 @@ def read_for_model(path: str | os.PathLike, config, native_formats: tuple, owner
     generic half): read and checked completely, and the file's config equal to ``config``, before
     the caller writes anything. A native file of the backend (``native_formats``) that holds no
     config is read with ``config``."""
+    _check_read_arguments(config, allow_nonfinite)
     check_source(path)
     fmt = detected(path)
     if fmt is None or fmt.name in {f.name for f in native_formats}:
@@ -208,6 +218,7 @@ def destination(path: str | os.PathLike, format: str | None = None) -> Format:
     (`detect`: ``*.pt`` torch, ``*.weights.h5`` tf, a new path without a suffix or a directory
     neutral), as `twins convert` chooses; errors name ``format``. So a path no format claims
     (``model.onnx`` without ``format="onnx"``) is refused, never written as something else."""
+    check_path(path)
     if format is not None:
         return get(format, "write", "format")
     return detect(path, "destination", flag="format=")

@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
+from ..checks import check_flag
 from ..config import DTYPES, TransformerConfig
 from ..positional import positional_encoding
 from ..weights import WeightsError, check_weights
@@ -54,6 +55,7 @@ class SourceImport:
         """``rename`` maps source key prefixes first (`apply_renames`); ``buffers`` are the keys of
         positional tables, which are checked against the config and never imported, so their dtype
         may differ from the weights' (a float32 model whose table was built in float64)."""
+        check_flag(allow_nonfinite, "allow_nonfinite")
         self.source, self.problems = source, []
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.outputs: dict[str, list[tuple[str, Callable[[np.ndarray], np.ndarray]]]] = {}
