@@ -11,6 +11,8 @@ A test takes the ``model_backend`` fixture when it holds for every backend; wher
 measured on chosen cases per backend (a TF trace costs about a second, XLA several), its cases are
 listed per backend. TF models are built once per (variant, dtype) and decodes are memoised
 (`decoding_cases.greedy`, `.beams`), so each compiled loop is traced once."""
+import re
+
 import numpy as np
 import pytest
 
@@ -176,6 +178,24 @@ def test_decode_step_checks_its_arguments(model_backend):
     with pytest.raises(ValueError, match=r"beams: expected at most tgt_vocab - 1 = 16 .*got 1000000000"):
         model.init_cache(model.encode(src), mask, 4, beams=10**9)
     assert model.init_cache(model.encode(src), mask, 4, beams=np.int64(16)).rows == 16 * 5
+    # memory of no rows or no positions: before, a cache that failed at its first step in torch's
+    # words (aminmax over an empty dimension) and gave (0, V) logits in tf_impl
+    d = config.d_model
+    for shape in [(0, 7, d), (5, 0, d)]:
+        empty = be.tensor(np.zeros(shape, np.float32))
+        with pytest.raises(ValueError, match=re.escape(f"memory: expected a non-empty (batch, src_len, {d}), "
+                                                       f"got shape {shape}")):
+            model.init_cache(empty, be.tensor(np.ones((shape[0], 1, 1, shape[1]), bool)), 4)
+    with pytest.raises(ValueError, match=re.escape(f"memory: expected a tensor of shape (batch, src_len, {d}), "
+                                                   f"got (7, {d})")):
+        model.init_cache(model.encode(src)[0], mask, 4)
+    with pytest.raises(TypeError, match=r"^tokens: expected a .*got NoneType"):
+        model.decode_step(None, cache)
+    if be.framework == "torch":  # torch takes tensors (tf_impl arrays too): named as not one
+        with pytest.raises(TypeError, match=r"^tokens: expected a torch tensor of token ids, got ndarray$"):
+            model.decode_step(np.ones(5, np.int64), cache)
+        with pytest.raises(TypeError, match=r"^memory: expected a torch tensor \(from encode\), got ndarray$"):
+            model.init_cache(np.zeros((5, 7, d), np.float32), mask, 4)
 
 
 

@@ -176,6 +176,18 @@ def check_mask(name: str, shape: Sequence[int], dtype: str, is_bool: bool,
         raise ValueError(f"{name}: expected a mask broadcastable to {expected}, got shape {shape}")
 
 
+def check_memory_shape(shape: Sequence, d_model: int) -> None:
+    """The encoder memory given to ``decode`` or ``init_cache`` is ``(batch, src_len, d_model)``, as
+    `encode` returns it, and holds a row and a position (``encode`` refuses an empty source; an
+    empty cache would fail later in a framework's own words, or not at all). ``shape``: a
+    framework's, ``None`` where unknown in a graph."""
+    shape = tuple(d if d is None else _sizes([d])[0] for d in shape)
+    if len(shape) != 3 or shape[2] != d_model:
+        raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {d_model}), got {shape}")
+    if 0 in shape[:2]:
+        raise ValueError(f"memory: expected a non-empty (batch, src_len, {d_model}), got shape {shape}")
+
+
 def check_memory_dtype(dtype: str, expected: str) -> None:
     """The encoder memory given to ``decode`` or ``init_cache`` is in the dtype ``encode`` returns
     (the model's, whatever its precision: a half precision casts inside)."""

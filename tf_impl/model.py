@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared import TransformerConfig
-from shared.checks import check_cache, check_ids_range, check_memory_dtype
+from shared.checks import check_cache, check_ids_range, check_memory_dtype, check_memory_shape
 from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
 from shared.precision import compute_dtype_name
@@ -198,11 +198,11 @@ class Transformer(keras.Model):
 
     def _check_memory(self, memory) -> tf.Tensor:
         """``memory`` as `encode` returns it: ``(B, S, d_model)`` in the model's dtype; as a tensor."""
-        d = self.config.d_model
         memory = to_tensor("memory", memory)
-        if memory.shape.rank != 3 or memory.shape[2] != d:
-            raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {d}), "
-                             f"got {tuple(memory.shape)}")
+        if memory.shape.rank is None:
+            raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {self.config.d_model}), "
+                             "got one of unknown rank")
+        check_memory_shape(memory.shape, self.config.d_model)
         check_memory_dtype(memory.dtype.name, self.config.dtype)
         return memory
 

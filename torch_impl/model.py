@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shared import TransformerConfig
-from shared.checks import check_cache, check_ids_range, check_memory_dtype
+from shared.checks import check_cache, check_ids_range, check_memory_dtype, check_memory_shape
 from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
 
@@ -257,10 +257,9 @@ class Transformer(nn.Module):
 
     def _check_memory(self, memory) -> None:
         """``memory`` as `encode` returns it: ``(B, S, d_model)`` in the parameters' dtype."""
-        d = self.config.d_model
-        if not isinstance(memory, torch.Tensor) or memory.dim() != 3 or memory.shape[2] != d:
-            got = tuple(memory.shape) if isinstance(memory, torch.Tensor) else type(memory).__name__
-            raise ValueError(f"memory: expected a tensor of shape (batch, src_len, {d}), got {got}")
+        if not isinstance(memory, torch.Tensor):
+            raise TypeError(f"memory: expected a torch tensor (from encode), got {type(memory).__name__}")
+        check_memory_shape(memory.shape, self.config.d_model)
         check_memory_dtype(str(memory.dtype)[6:], str(self.generator.bias.dtype)[6:])
 
     # -- incremental decoding (the cache of torch_impl.cache) -------------------------------------
@@ -368,10 +367,11 @@ class Transformer(nn.Module):
                             f"got {type(cache).__name__}")
         with autocast(self):  # the dtype its keys have is the one this model's step computes in
             self._check_cache(cache)
-        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or tokens.shape[0] != cache.rows:
-            got = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        if not isinstance(tokens, torch.Tensor):  # as check_ids says it of forward's ids
+            raise TypeError(f"tokens: expected a torch tensor of token ids, got {type(tokens).__name__}")
+        if tokens.dim() != 1 or tokens.shape[0] != cache.rows:
             raise ValueError(f"tokens: expected a tensor of shape ({cache.rows},) (one id per cache "
-                             f"row), got {got}")
+                             f"row), got {tuple(tokens.shape)}")
         if not _is_integer(tokens.dtype):
             raise TypeError(f"tokens: expected integer token ids, got dtype {str(tokens.dtype)[6:]}")
         check_ids_range("tokens", self.config.tgt_vocab, *_id_range(tokens))
