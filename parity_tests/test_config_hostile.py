@@ -110,3 +110,19 @@ def test_from_json_of_no_text(text, got):
 def test_from_json_still_reads_bytes():
     config = TransformerConfig.preset("tiny")
     assert TransformerConfig.from_json(config.to_json().encode()) == config
+
+
+def test_numpy_numbers_are_taken_as_the_python_numbers_they_hold():
+    """Before: ``d_model=np.int64(16)`` (a size read from an array's shape) was refused as "expected
+    an int", while ``np.float64`` passed and stayed a NumPy value; every other argument of the API
+    (steps, seeds, beams) takes NumPy ints. Now both are stored as Python numbers, so the config
+    equals, hashes and writes its JSON as one made of them; a NumPy bool, an array or a float
+    where an int belongs is still refused."""
+    config = TransformerConfig.preset("tiny", d_model=np.int64(16), n_heads=np.int32(4),
+                                      dropout=np.float64(0.25), norm_eps=np.float32(0.5))
+    plain = TransformerConfig.preset("tiny", d_model=16, n_heads=4, dropout=0.25, norm_eps=0.5)
+    assert config == plain and hash(config) == hash(plain) and config.to_json() == plain.to_json()
+    assert type(config.d_model) is int and type(config.dropout) is float and type(config.norm_eps) is float
+    for bad, shown in [(np.bool_(True), "np.True_"), (np.array([4]), r"array\(\[4\]\)"), (np.float64(4.0), "4.0")]:
+        with pytest.raises(ValueError, match=rf"^TransformerConfig.n_heads: expected an int, got {shown}$"):
+            TransformerConfig.preset("tiny", n_heads=bad)

@@ -325,6 +325,18 @@ def test_a_config_alone_that_cannot_fit_the_memory_is_refused_before_it_is_built
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("package", ["torch_impl", "tf_impl"])
+def test_a_model_no_machine_can_hold_is_refused_by_its_constructor(package):
+    """Before: ``Transformer(config)`` of such a config failed in the framework's own words
+    (torch's "DefaultCPUAllocator: can't allocate memory", TF's ResourceExhaustedError), or
+    allocated for minutes; now one ValueError naming ``config``, the same in both backends."""
+    impl = pytest.importorskip(package)
+    for config in (TINY.replace(d_ff=2**40), TINY.replace(n_encoder_layers=10**8)):
+        with pytest.raises(ValueError, match=r"^config: [\d,]+ tensors of [\d,]+ values need at least "
+                                             r"[\d.]+ GiB for inference, more than this machine's"):
+            impl.Transformer(config)
+
+
 def test_an_importers_problem_with_an_option_names_the_flag(tmp_path, capsys):
     """An importer checks the options it is given (``n_heads``, the config's ``max_len``); on the
     command line each is named as typed, ``--n-heads`` and ``--max-len``, and only when given."""

@@ -112,6 +112,11 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         if self.final_norm is None:
             object.__setattr__(self, "final_norm", self.norm_first)
+        for field in dataclasses.fields(self):  # NumPy's numbers (a size read from an array's
+            value = getattr(self, field.name)  # shape) stored as the Python numbers they hold
+            if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+                if isinstance(value.item(), (int, float)) and not isinstance(value.item(), bool):
+                    object.__setattr__(self, field.name, value.item())
         self._validate()
 
     # -- validation -------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from shared import TransformerConfig
 from shared.checks import check_cache, check_ids_range, check_memory_dtype, check_memory_shape
 from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
+from shared.weights import check_buildable
 from shared.precision import compute_dtype_name
 
 from . import weights_io
@@ -70,6 +71,8 @@ class Transformer(keras.Model):
     def __init__(self, config: TransformerConfig, **kwargs):
         if not isinstance(config, TransformerConfig):
             raise TypeError(f"config: expected a TransformerConfig, got {type(config).__name__}")
+        # a model this machine cannot hold: one line naming config, not the framework's own OOM
+        check_buildable(config, "inference", "config")
         kwargs.setdefault("dtype", config.dtype)
         super().__init__(**kwargs)
         self.config = config

@@ -12,6 +12,7 @@ from shared import TransformerConfig
 from shared.checks import check_cache, check_ids_range, check_memory_dtype, check_memory_shape
 from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
+from shared.weights import check_buildable
 
 from . import weights_io
 from .cache import (DecoderCache, _as_built, _inferring, _parameters, _plain_linear, _prepared, dense,
@@ -97,6 +98,8 @@ class Transformer(nn.Module):
         super().__init__()
         if not isinstance(config, TransformerConfig):
             raise TypeError(f"config: expected a TransformerConfig, got {type(config).__name__}")
+        # a model this machine cannot hold: one line naming config, not the framework's own OOM
+        check_buildable(config, "inference", "config")
         dtype = getattr(torch, config.dtype)
         self.config = config
         positions = config.max_len if config.positional == "learned" else None
