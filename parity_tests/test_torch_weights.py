@@ -34,6 +34,27 @@ def test_import_then_move_to_float64_and_back_keeps_weights():
     assert all(model.export_weights()[k].tobytes() == v.tobytes() for k, v in w.items())
 
 
+@pytest.mark.parametrize("convert", ["half", "bfloat16"])
+def test_a_model_converted_to_a_half_precision_exports_and_refuses_to_round_an_import(convert, tmp_path):
+    """``model.half()`` / ``.bfloat16()`` (inference in the parameters' dtype, which torch_impl
+    runs): before, import_weights rounded the weights to it without a word, and export_weights and
+    save_checkpoint of a bfloat16 model failed in NumPy's words ("Got unsupported ScalarType
+    BFloat16"). Now the export gives what the model holds in config.dtype, exactly, and an import
+    is refused naming the model, which keeps its weights."""
+    config = TransformerConfig.preset("tiny")
+    w = random_weights(config, 2)
+    model = getattr(build(config, w), convert)()
+    held = {k: v.to(getattr(torch, convert if convert != "half" else "float16")).float().numpy()
+            for k, v in {k: torch.from_numpy(v) for k, v in w.items()}.items()}
+    assert_same_bytes(model.export_weights(), held)
+    torch_impl.save_checkpoint(model, tmp_path / "m.pt")
+    assert_same_bytes(torch_impl.load_checkpoint(tmp_path / "m.pt").export_weights(), held)
+    with pytest.raises(TypeError, match=rf"^model: expected parameters that hold its config's float32, got "
+                                        rf"{'float16' if convert == 'half' else 'bfloat16'} "):
+        model.import_weights(random_weights(config, 3))
+    assert_same_bytes(model.export_weights(), held)
+
+
 # -- the .pt is what PyTorch users expect ---------------------------------------------------------
 def test_pt_is_a_plain_state_dict_file(tmp_path):
     weights = random_weights(TIED, 1)

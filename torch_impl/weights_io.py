@@ -126,18 +126,39 @@ def import_weights(model: nn.Module, weights: Mapping[str, np.ndarray],
     inspect a diverged run, say)."""
     checked = check_weights(model.config, weights, source="import_weights", allow_nonfinite=allow_nonfinite)
     table = weight_table(model, "import_weights")
+    _check_holds_config_dtype(model, table)
     with torch.no_grad():
         for name, (param, transposed) in table.items():
             value = torch.from_numpy(checked[name])
             param.copy_(value.T if transposed else value)
 
 
+def _check_holds_config_dtype(model: nn.Module, table: Table) -> None:
+    """The parameters hold every value of ``config.dtype``: a model made ``.half()`` or
+    ``.bfloat16()`` (the PyTorch idiom for inference in its parameters' dtype, which this backend
+    runs) would round what `import_weights` assigns, without a word (``.double()`` holds float32
+    exactly and passes)."""
+    want = getattr(torch, model.config.dtype)
+    narrower = sorted({str(p.dtype)[6:] for p, _ in table.values()
+                       if not p.dtype.is_floating_point or torch.finfo(p.dtype).bits < torch.finfo(want).bits
+                       or (torch.finfo(p.dtype).bits == torch.finfo(want).bits and p.dtype != want)})
+    if narrower:
+        raise TypeError(f"model: expected parameters that hold its config's {model.config.dtype}, got "
+                        f"{', '.join(narrower)} (.half(), .bfloat16() or .to()): import_weights would "
+                        f"round the weights; import them first and convert after, or convert back "
+                        f"(model.to(torch.{model.config.dtype})); torch_impl.set_precision computes in "
+                        "a half precision on float32 weights")
+
+
 def export_weights(model: nn.Module) -> dict[str, np.ndarray]:
-    """Canonical ``{name: ndarray}`` in ``config.dtype``, C-contiguous, owning its memory."""
+    """Canonical ``{name: ndarray}`` in ``config.dtype``, C-contiguous, owning its memory (from
+    parameters in another dtype, ``.half()``'s or ``.double()``'s, cast to it: NumPy has no
+    bfloat16)."""
     out: dict[str, np.ndarray] = {}
+    dtype = getattr(torch, model.config.dtype)
     for name, (param, transposed) in weight_table(model, "export_weights", values_only=True).items():
         value = param.detach()
-        value = (value.T if transposed else value).cpu().numpy()
+        value = (value.T if transposed else value).to(dtype).cpu().numpy()
         out[name] = np.array(value, dtype=model.config.dtype, order="C", copy=True)
     return out
 
