@@ -271,7 +271,8 @@ class Transformer(keras.Model):
             tokens: ``(N,)`` integer ids in ``[0, tgt_vocab)``, one per cache row: the token at
                 position ``cache.length``.
             cache: from `init_cache`; filled at position ``cache.length``.
-                It carries the weights of the moment it was made; one whose layers, heads,
+                It holds the projections of the weights of the moment it was made (make
+                a new one after the weights change: docs/design.md, section 7); one whose layers, heads,
                 dtype, capacity or vocabulary are not this model's is refused
                 (`shared.checks.check_cache`).
 
