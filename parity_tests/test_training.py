@@ -312,6 +312,30 @@ def test_every_entry_point_names_a_model_that_is_not_one(backend, tmp_path):
 
 
 @pytest.mark.parametrize("backend", CPU)
+def test_exported_moments_are_a_snapshot(backend):
+    """Before: torch's export_moments gave NumPy views of Adam's state on the CPU, which the next
+    update changed in place: a run saved in memory at step 3 and resumed later resumed from the
+    moments of the last step taken (TF's were copies already)."""
+    model = backend.build(CONFIG, random_weights(CONFIG, 0))
+    optimizer = backend.training.make_optimizer(model)
+
+    def update():  # one Adam update, in place (TF: eagerly, without tracing a step)
+        if backend.framework == "torch":
+            backend.training.train_step(model, optimizer, copy_batch())
+        else:
+            optimizer.apply_gradients([(np.ones(v.shape), v) for v in model.trainable_variables])
+
+    update()
+    exported = backend.training.export_moments(model, optimizer)
+    kept = {name: value.copy() for name, value in exported.items()}
+    update()
+    now = backend.training.export_moments(model, optimizer)
+    assert any(not np.array_equal(value, kept[name]) for name, value in now.items())
+    for name, value in exported.items():
+        np.testing.assert_array_equal(value, kept[name], err_msg=name)
+
+
+@pytest.mark.parametrize("backend", CPU)
 def test_import_moments_refuses_values_the_models_dtype_cannot_hold(backend):
     """Before: finiteness was checked before the cast to the model's dtype, so a float64 moment of
     1e39 (or a long double of 1e400 for a float64 model) passed, was stored as inf, and the next

@@ -220,8 +220,9 @@ def export_moments(model: Transformer, optimizer: torch.optim.Optimizer | None) 
         for name, (param, transposed) in table.items():
             state = optimizer.state.get(param) if optimizer is not None else None
             if state and key in state:
-                a = state[key].detach().cpu().numpy()
-                out[f"{kind}.{name}"] = np.ascontiguousarray(a.T if transposed else a)
+                a = state[key].detach().cpu().numpy()  # on the CPU, a view of the state itself
+                # a copy: the next update changes the state in place, and with it a view
+                out[f"{kind}.{name}"] = np.array(a.T if transposed else a, order="C", copy=True)
             else:
                 out[f"{kind}.{name}"] = np.zeros(tuple(reversed(param.shape)) if transposed
                                                  else tuple(param.shape), dtype=model.config.dtype)
