@@ -128,6 +128,23 @@ def test_rates_used_at_steps_1_to_n_are_noam(d_model, warmup, factor, start_step
 
 
 @pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("start_step", [0, 3, 5])
+def test_import_moments_places_the_schedule_after_its_step(start_step, backend):
+    """The step given to import_moments is where the whole optimizer resumes, its schedule
+    included: the next update takes Noam step ``step + 1`` whatever ``start_step`` the optimizer
+    was made with, and however far it had run. Before, with step 3: torch took Noam step 1
+    (start_step 0) or 6 (start_step 5), TF step 4 + start_step (tf_impl's docstring asked for 0,
+    twins passes torch the step itself)."""
+    model = backend.impl.Transformer(CONFIG)
+    optimizer = backend.training.make_optimizer(model, 16, 10, 0.1, start_step)
+    moments = backend.training.export_moments(model, optimizer)
+    backend.training.import_moments(model, optimizer, moments, 3)
+    assert _rates_used(backend, optimizer, 4) == noam_lr(np.arange(4, 8), 16, 10, 0.1).tolist()
+    backend.training.import_moments(model, optimizer, moments, 2)  # after it ran: back to step 3
+    assert _rates_used(backend, optimizer, 2) == noam_lr(np.arange(3, 5), 16, 10, 0.1).tolist()
+
+
+@pytest.mark.parametrize("backend", CPU)
 def test_optimizer_is_the_papers_adam_over_each_weight_once(backend):
     config = CONFIG.replace(share_embeddings=True, tie_output=True)
     model = backend.impl.Transformer(config)

@@ -169,3 +169,57 @@ def test_fifty_adam_noam_steps_stay_together(dtype):
     if dtype == "float64":  # each step moves them by at most lr * noise / eps, noise < 1e-15
         assert key_bias_drift <= 2 * sum(noam_lr(np.arange(1, STEPS + 1), config.d_model, WARMUP, FACTOR)) \
             * 1e-15 / torch_training.EPS
+
+
+# -- resuming -------------------------------------------------------------------------------------
+def trainable(weights: dict) -> dict:
+    """The weights a trajectory compares: key biases are gradient-free (the module docstring)."""
+    return {name: value for name, value in weights.items() if not name.endswith(".key.bias")}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_run_saved_by_either_backend_resumes_in_the_other(dtype):
+    """A run saved (weights, `export_moments`, its step) by one backend goes on in the other
+    through ``make_optimizer(start_step=S)`` and ``import_moments(..., step)``, taking Noam step
+    ``step + 1`` next and the weights of the uninterrupted run. torch runs steps 1 to 6 and is saved
+    at step 3; TF resumes that save in an optimizer made with S = 3 that has already stepped (a
+    resume without moments: its step traced with that offset), runs steps 4 to 6 and is saved at
+    step 5; torch resumes TF's save with S = 5 (as twins resumes torch) and S = 0 (as twins resumes
+    TF). Before: TF took Noam steps 7 to 9 where it should take 4 to 6, torch with S = 0 step 1 for 6."""
+    config = VARIANTS["tiny-shared-tied-post"].replace(src_vocab=tasks.COPY_VOCAB,
+                                                       tgt_vocab=tasks.COPY_VOCAB, dtype=dtype,
+                                                       dropout=0.0)
+    batches, rates = list(copy_batches(6)), noam_lr(np.arange(1, 7), config.d_model, WARMUP, FACTOR)
+    weights, weight_bound = random_weights(config, 0), bound(dtype, "train:torch:tf")
+
+    def compare(got: dict, expected: dict, label: str):
+        for name, value in trainable(expected).items():
+            assert_close(got[name], value, weight_bound, f"{name}, {label}")
+
+    torch_model = build(config, weights)
+    optimizer = torch_training.make_optimizer(torch_model, warmup=WARMUP, factor=FACTOR)
+    for step, batch in enumerate(batches, start=1):
+        assert torch_training.train_step(torch_model, optimizer, batch).lr == rates[step - 1], step
+        if step == 3:
+            torch_save = torch_model.export_weights(), torch_training.export_moments(torch_model, optimizer)
+    uninterrupted = torch_model.export_weights()
+
+    model = tf_model(config, torch_save[0])
+    optimizer = tf_training.make_optimizer(model, warmup=WARMUP, factor=FACTOR, start_step=3)
+    assert tf_training.train_step(model, optimizer, batches[3]).lr == rates[3]  # fresh Adam at step 4
+    model.import_weights(torch_save[0])
+    tf_training.import_moments(model, optimizer, torch_save[1], 3)
+    for step, batch in enumerate(batches[3:], start=4):
+        assert tf_training.train_step(model, optimizer, batch).lr == rates[step - 1], ("tf", step)
+        if step == 5:
+            tf_save = model.export_weights(), tf_training.export_moments(model, optimizer)
+    compare(model.export_weights(), uninterrupted, "tf resumed at step 3 vs torch uninterrupted")
+
+    for start_step in (5, 0):
+        model = build(config, tf_save[0])
+        optimizer = torch_training.make_optimizer(model, warmup=WARMUP, factor=FACTOR,
+                                                  start_step=start_step)
+        torch_training.import_moments(model, optimizer, tf_save[1], 5)
+        assert torch_training.train_step(model, optimizer, batches[5]).lr == rates[5], start_step
+        compare(model.export_weights(), uninterrupted,
+                f"torch resumed at TF's step 5 (start_step={start_step}) vs torch uninterrupted")

@@ -110,15 +110,32 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
     step, so ``__call__(i)`` evaluates Noam at ``start_step + i + 1``: the expression of
     `shared.schedule.noam_formula`, in float64 TF ops (it runs inside ``tf.function``).
     ``start_step``: steps already taken (to resume a run); Adam's moments still start from zero.
+    `import_moments` sets it to 0 (``iterations`` then holds the imported step).
     """
 
     def __init__(self, d_model: int, warmup: int, factor: float = 1.0, start_step: int = 0):
         start_step = check_start_step(start_step)
         noam_lr(start_step + 1, d_model, warmup, factor)  # the shared argument checks, before anything
-        self.d_model, self.warmup, self.factor, self.start_step = d_model, warmup, factor, start_step
+        self.d_model, self.warmup, self.factor = d_model, warmup, factor
+        # The offset a traced step reads when it runs, not a constant baked into the trace: a step
+        # compiled before import_moments moved it would go on at the old offset. (init_scope: made
+        # eagerly even where the schedule is built inside a tf.function.)
+        with tf.init_scope():
+            self._start = tf.Variable(float(start_step), dtype=tf.float64, trainable=False,
+                                      name="noam_start_step")
+        self.start_step = start_step
+
+    @property
+    def start_step(self) -> int:
+        return self._start_step
+
+    @start_step.setter
+    def start_step(self, value: int) -> None:
+        self._start_step = check_start_step(value)
+        self._start.assign(float(self._start_step))  # exact: at most 2**53 - 1
 
     def __call__(self, step) -> tf.Tensor:
-        noam_step = tf.cast(step, tf.float64) + float(self.start_step + 1)  # exact below 2**53
+        noam_step = tf.cast(step, tf.float64) + (self._start + 1.0)  # exact below 2**53
         return noam_formula(noam_step, self.d_model, self.warmup, self.factor, xp=tf)
 
     def get_config(self) -> dict:
@@ -195,7 +212,9 @@ def make_optimizer(model: Transformer, d_model: int | None = None, warmup: int =
         d_model: the schedule's ``d_model`` (default ``model.config.d_model``).
         warmup, factor: the Noam schedule's (docs/design.md, convention 13); the paper uses 4000
             and 1.0.
-        start_step: optimizer steps already taken, to resume the schedule where a run stopped.
+        start_step: optimizer steps already taken, to resume the schedule where a run stopped
+            without Adam's moments (they start from zero). To resume with them, `import_moments`
+            places the schedule at its own step, whatever ``start_step`` was (0, or that step).
     """
     check_model(model)
     d_model = model.config.d_model if d_model is None else d_model
@@ -335,9 +354,15 @@ def export_moments(model: Transformer, optimizer: keras.optimizers.Optimizer | N
 
 def import_moments(model: Transformer, optimizer: keras.optimizers.Optimizer, moments, step: int) -> None:
     """Set ``optimizer``'s Adam state to ``moments`` (the layout of `export_moments`) after
-    ``step`` updates, so that the next update is the one the saved run would have made. Keras'
-    optimizer keeps one step count (``iterations``), which both Adam's bias corrections and the
-    schedule read: it is set here, so the optimizer must be made with ``start_step=0``."""
+    ``step`` updates, so that the next update is the one the saved run would have made.
+
+    ``step`` places the whole optimizer, in both backends: Keras' one step count
+    (``iterations``, which Adam's bias corrections and the schedule read) and the `NoamSchedule`
+    of `make_optimizer`, whose offset is set to 0 so that the next rate is Noam step ``step + 1``
+    whatever ``start_step`` the optimizer was made with and however far it ran (a saved run holds
+    one step, which must place both). So ``make_optimizer(model)`` and ``make_optimizer(model,
+    start_step=step)`` resume alike, from a save of either backend.
+    """
     check_optimizer(model, optimizer)
     moments = check_moments(model.config, moments, step)  # all of it, before any state is set
     table = weight_table(model, "import_moments")
@@ -348,3 +373,14 @@ def import_moments(model: Transformer, optimizer: keras.optimizers.Optimizer, mo
         index = optimizer._get_variable_index(variable)
         optimizer._momentums[index].assign(moments[f"m.{name}"])
         optimizer._velocities[index].assign(moments[f"v.{name}"])
+    _resume_schedule(optimizer)
+
+
+def _resume_schedule(optimizer: keras.optimizers.Optimizer) -> None:
+    """`make_optimizer`'s `NoamSchedule` (if ``optimizer`` has one) counted from ``iterations``
+    alone, which `import_moments` has just set: torch_impl's `import_moments` places its scheduler
+    the same. A learning rate the user made otherwise is theirs to place. (Keras keeps the
+    schedule in the private ``_learning_rate``: read here and nowhere else.)"""
+    schedule = getattr(optimizer, "_learning_rate", None)
+    if isinstance(schedule, NoamSchedule):
+        schedule.start_step = 0

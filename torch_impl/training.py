@@ -98,6 +98,7 @@ def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup: int, f
     maps to Noam step ``s + 1`` and Noam's step 0 (undefined) is never asked for. Call
     ``scheduler.step()`` after each ``optimizer.step()`` (`make_optimizer` does it with a hook).
     ``start_step``: steps already taken (to resume a run); Adam's moments still start from zero.
+    The scheduler is kept on the optimizer, so that `import_moments` moves it to its step.
     """
     start_step = check_start_step(start_step)
     noam_lr(start_step + 1, d_model, warmup, factor)  # the shared argument checks, before anything
@@ -105,8 +106,39 @@ def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup: int, f
         if group["lr"] != 1.0:
             raise ValueError(f"optimizer: expected lr=1.0 in every param group (LambdaLR multiplies it "
                              f"by the Noam rate), got {group['lr']}")
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: noam_lr(start_step + s + 1, d_model, warmup, factor))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _NoamRate(d_model, warmup, factor, start_step))
+    optimizer._noam_scheduler = scheduler  # the one place it is set; read by _resume_schedule
+    return scheduler
+
+
+class _NoamRate:
+    """``LambdaLR``'s lambda: scheduler step ``s`` -> ``noam_lr(start_step + s + 1, ...)``. An
+    object, not a closure, so that `_resume_schedule` can move ``start_step`` (and
+    ``LambdaLR.state_dict`` keeps it: it saves a callable object's attributes, not a function's)."""
+
+    def __init__(self, d_model: int, warmup: int, factor: float, start_step: int):
+        self.d_model, self.warmup, self.factor, self.start_step = d_model, warmup, factor, start_step
+
+    def __call__(self, s: int) -> float:
+        return noam_lr(self.start_step + s + 1, self.d_model, self.warmup, self.factor)
+
+
+def _resume_schedule(optimizer: torch.optim.Optimizer, step: int) -> None:
+    """Put `noam_schedule`'s scheduler of ``optimizer`` (if it has one) after ``step`` updates: its
+    next rate is Noam step ``step + 1``, whatever ``start_step`` it was made with and however far
+    it ran; tf_impl's `import_moments` does the same to its schedule. A scheduler the user made
+    otherwise is theirs to place."""
+    scheduler = getattr(optimizer, "_noam_scheduler", None)
+    if scheduler is None:
+        return
+    for rate in scheduler.lr_lambdas:
+        if isinstance(rate, _NoamRate):
+            rate.start_step = 0
+    scheduler.last_epoch = step  # scheduler step ``step`` is Noam step ``step + 1``
+    scheduler._last_lr = []
+    for group, base, rate in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * rate(step)  # what LambdaLR.step() sets
+        scheduler._last_lr.append(group["lr"])
 
 
 def make_optimizer(model: Transformer, d_model: int | None = None, warmup: int = 4000,
@@ -118,7 +150,9 @@ def make_optimizer(model: Transformer, d_model: int | None = None, warmup: int =
         d_model: the schedule's ``d_model`` (default ``model.config.d_model``).
         warmup, factor: the Noam schedule's (docs/design.md, convention 13); the paper uses 4000
             and 1.0.
-        start_step: optimizer steps already taken, to resume the schedule where a run stopped.
+        start_step: optimizer steps already taken, to resume the schedule where a run stopped
+            without Adam's moments (they start from zero). To resume with them, `import_moments`
+            places the schedule at its own step, whatever ``start_step`` was (0, or that step).
     """
     check_model(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=BETAS, eps=EPS)
@@ -231,9 +265,14 @@ def export_moments(model: Transformer, optimizer: torch.optim.Optimizer | None) 
 
 def import_moments(model: Transformer, optimizer: torch.optim.Optimizer, moments, step: int) -> None:
     """Set ``optimizer``'s Adam state to ``moments`` (the layout of `export_moments`) after
-    ``step`` updates, so that the next update is the one the saved run would have made. The
-    schedule's offset is ``make_optimizer(start_step=step)``'s: torch's Adam keeps its step per
-    parameter, which is set here."""
+    ``step`` updates, so that the next update is the one the saved run would have made.
+
+    ``step`` places the whole optimizer, in both backends: Adam's step count (torch keeps one per
+    parameter, set here) and the Noam schedule of `make_optimizer` / `noam_schedule`, whose next
+    rate is Noam step ``step + 1`` whatever ``start_step`` the optimizer was made with and however
+    far it ran (a saved run holds one step, which must place both). So ``make_optimizer(model)``
+    and ``make_optimizer(model, start_step=step)`` resume alike, from a save of either backend.
+    """
     check_optimizer(model, optimizer)
     moments = check_moments(model.config, moments, step)  # all of it, before any state is set
     for name, (param, transposed) in weight_table(model, "import_moments").items():
@@ -241,6 +280,7 @@ def import_moments(model: Transformer, optimizer: torch.optim.Optimizer, moments
         optimizer.state[param] = {"step": torch.tensor(float(step)),
                                   "exp_avg": _as_param(m, param, transposed),
                                   "exp_avg_sq": _as_param(v, param, transposed)}
+    _resume_schedule(optimizer, step)
 
 
 def _as_param(array: np.ndarray, param: torch.Tensor, transposed: bool) -> torch.Tensor:
