@@ -100,6 +100,38 @@ def test_loss_bad_arguments(logits_shape, targets, smoothing, error, needle, bac
         _loss(backend, np.zeros(logits_shape, np.float32), targets, 0, smoothing)
 
 
+@pytest.mark.parametrize("backend", CPU)
+def test_loss_names_what_is_no_array_as_the_reference_does(backend):
+    """Before: None, rows of different lengths, objects and text reached TF's conversion (its
+    ``ValueError``s: "Attempt to convert a value (None)", "non-rectangular Python sequence"), torch's
+    ("expected an array of numbers, got NoneType (can't convert np.ndarray of type numpy.object_...")
+    and the reference's (a rank-0 shape; NumPy's "inhomogeneous shape"; dtype ``<U1``). One type
+    and text now, in all three."""
+    logits = np.zeros((2, 3, 5))
+    targets = np.ones((2, 3), np.int64)
+    cases = [
+        (None, targets, TypeError, "logits: expected a tensor or array, got NoneType"),
+        (logits, None, TypeError, "targets: expected a tensor or array, got NoneType"),
+        (logits, [[1, 2, 3], [1, 2]], ValueError,
+         "targets: expected token ids of shape (batch, seq), every row of one length, got rows of "
+         "lengths [3, 2]; pad the rows to one length (with pad_id)"),
+        (logits, np.array([[1, None, 2], [1, 2, 3]], dtype=object), TypeError,
+         "targets: expected a tensor or array of numbers, got an ndarray of dtype object"),
+        (logits, [[1, None, 2], [1, 2, 3]], TypeError, "targets: expected a tensor or array, got list"),
+        (logits, np.array([["a", "b", "c"]] * 2), TypeError, "targets: expected integer ids, got dtype string"),
+        (logits.astype(str), targets, TypeError, "logits: expected floating-point scores, got dtype string"),
+    ]
+    for got_logits, got_targets, error, message in cases:
+        for loss in (backend.training.label_smoothed_loss, label_smoothed_cross_entropy):
+            with pytest.raises(error, match=f"^{re.escape(message)}$"):
+                loss(got_logits, got_targets, 0)
+    # nested lists are read as NumPy reads them (TF made float32 of Python floats, torch float64)
+    listed = backend.training.label_smoothed_loss((logits + np.arange(5)).tolist(), targets.tolist(), 0)
+    assert dtype_name(listed.dtype) == "float64"
+    assert_close(float(listed), label_smoothed_cross_entropy(logits + np.arange(5), targets, 0), FLOAT64,
+                 "loss of lists")
+
+
 # -- Noam schedule and Adam -----------------------------------------------------------------------
 def _rates_used(backend, optimizer, n: int) -> list[float]:
     """The rate each of the next ``n`` updates uses, advancing the schedule without gradients."""
@@ -235,6 +267,37 @@ def test_bad_batches_are_refused_before_any_update(mutate, error, needle, backen
     model = backend.build(CONFIG, weights)
     with pytest.raises(error, match=needle):
         backend.training.train_step(model, backend.training.make_optimizer(model), mutate(copy_batch()))
+    for name, value in model.export_weights().items():
+        np.testing.assert_array_equal(value, weights[name], err_msg=name)
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("part, value, error, message", [
+    (2, None, TypeError, "tgt_out: expected a tensor or array, got NoneType"),
+    (2, lambda b: [row[:-1] if i == 0 else row for i, row in enumerate(b[2].tolist())], ValueError,
+     "tgt_out: expected token ids of shape (batch, seq), every row of one length, got rows of lengths "
+     "[10, 11, 11, 11]; pad the rows to one length (with pad_id)"),
+    (2, lambda b: b[2].astype(object), TypeError,
+     "tgt_out: expected a tensor or array of numbers, got an ndarray of dtype object"),
+    (2, lambda b: b[2][0].astype(str), ValueError,
+     "tgt_out: expected token ids of shape (batch, seq), got rank 1 shape (11,)"),
+    (0, None, TypeError, "src: expected a tensor or array, got NoneType"),
+    (1, lambda b: b[1].astype(object), TypeError,
+     "tgt: expected a tensor or array of numbers, got an ndarray of dtype object"),
+], ids=["tgt_out-None", "tgt_out-ragged", "tgt_out-objects", "tgt_out-text", "src-None", "tgt-objects"])
+def test_a_batch_part_that_is_no_array_is_named_alike(part, value, error, message, backend):
+    """Before: tf_impl passed tgt_out straight to TensorFlow (``ValueError: Attempt to convert a
+    value (None)``, "Can't convert non-rectangular Python sequence to Tensor.", "Failed to convert a
+    NumPy array"), and added TensorFlow's words to src's; torch_impl raised the shared messages.
+    The same type and text now, from train_step and gradients alike, with the weights untouched."""
+    weights = random_weights(CONFIG, 0)
+    model = backend.build(CONFIG, weights)
+    batch = list(copy_batch())
+    batch[part] = value(batch) if callable(value) else value
+    for call in (lambda: backend.training.train_step(model, backend.training.make_optimizer(model), batch),
+                 lambda: backend.training.gradients(model, batch)):
+        with pytest.raises(error, match=f"^{re.escape(message)}$"):
+            call()
     for name, value in model.export_weights().items():
         np.testing.assert_array_equal(value, weights[name], err_msg=name)
 

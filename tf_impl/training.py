@@ -26,10 +26,11 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from shared.loss import (check_loss_args, check_smoothing, check_targets_range,
+from shared.loss import (as_array, check_loss_args, check_smoothing, check_targets_range, ids_array,
                          targets_range_message)
 from shared.moments import FOREIGN_OPTIMIZER, check_moments
 from shared.schedule import check_start_step, noam_formula, noam_lr
+from shared.training import batch_ids
 
 from .inputs import check_ids, check_same_batch, in_xla_context, runtime_check
 from .model import Transformer, _traced, check_model
@@ -70,7 +71,9 @@ def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
 
     Shape: logits ``(B, T, V)``, targets ``(B, T)`` integer -> a scalar tensor.
     """
-    logits, targets = tf.convert_to_tensor(logits), tf.convert_to_tensor(targets)
+    # NumPy arrays and nested lists converted as torch_impl and the reference convert them: what
+    # holds no numbers gets the shared error, not TensorFlow's words; Python floats are float64
+    logits, targets = _as_tensor("logits", logits, as_array), _as_tensor("targets", targets, ids_array)
     if logits.dtype in (tf.bfloat16, tf.float16):
         logits = tf.cast(logits, tf.float32)
     logits_shape, targets_shape = logits.shape.as_list(), targets.shape.as_list()
@@ -101,6 +104,14 @@ def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
     total = loss(tf.one_hot(targets, vocab, dtype=logits.dtype), logits, sample_weight=keep)
     mean = total / (tf.reduce_sum(keep) if tokens is None else tf.cast(tokens, logits.dtype))
     return mean if ok is None else tf.where(ok, mean, tf.constant(np.nan, mean.dtype))
+
+
+def _as_tensor(name: str, value, convert) -> tf.Tensor:
+    """``value`` as it is if a tensor (symbolic ones too), else ``convert(name, value)`` (a NumPy
+    array, or the shared error for what holds no numbers: `shared.loss.as_array`) as a tensor."""
+    if tf.is_tensor(value) or isinstance(value, tf.Variable):
+        return tf.convert_to_tensor(value)
+    return tf.convert_to_tensor(convert(name, value))
 
 
 @keras.saving.register_keras_serializable(package="tf_impl")
@@ -231,12 +242,14 @@ def _batch(model: Transformer, batch: Batch) -> tuple[tf.Tensor, tf.Tensor, tf.T
         raise ValueError(f"batch: expected (src, tgt_in, tgt_out), got {type(batch).__name__}"
                          + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
     c = model.config
-    src = check_ids("src", batch[0], c.src_vocab, c.max_len)
-    tgt_in = check_ids("tgt", batch[1], c.tgt_vocab, c.max_len)
+    # Non-tensors through the shared conversion torch_impl's _batch makes (`shared.training.batch_ids`):
+    # None, ragged rows, objects and text named in its words, not TensorFlow's.
+    src = check_ids("src", _ids_tensor("src", batch[0]), c.src_vocab, c.max_len)
+    tgt_in = check_ids("tgt", _ids_tensor("tgt", batch[1]), c.tgt_vocab, c.max_len)
     # Here, eagerly: inside the compiled step the model's own check is a graph assertion, which
     # fails as TensorFlow's InvalidArgumentError rather than torch_impl's ValueError.
     check_same_batch(src, tgt_in)
-    tgt_out = tf.convert_to_tensor(batch[2])
+    tgt_out = _ids_tensor("tgt_out", batch[2])
     if tgt_out.shape != tgt_in.shape:
         raise ValueError(f"tgt_out: expected the shape of tgt_in {tuple(tgt_in.shape)}, "
                          f"got {tuple(tgt_out.shape)}")
@@ -244,6 +257,11 @@ def _batch(model: Transformer, batch: Batch) -> tuple[tf.Tensor, tf.Tensor, tf.T
     if not bool(tf.reduce_any(tgt_out != c.pad_id)):
         raise ValueError(f"tgt_out: expected at least one non-padding target, got only pad_id={c.pad_id}")
     return tuple(tf.cast(x, tf.int64) for x in (src, tgt_in, tgt_out))
+
+
+def _ids_tensor(name: str, value) -> tf.Tensor:
+    """A batch's ids as a tensor: tensors as they are, anything else through `shared.training.batch_ids`."""
+    return _as_tensor(name, value, batch_ids)
 
 
 def _loss(model: Transformer, src, tgt_in, tgt_out, smoothing: float, training: bool,

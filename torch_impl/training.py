@@ -20,12 +20,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from shared.loss import check_loss_args, check_targets_range
+from shared.loss import as_array, check_loss_args, check_targets_range, dtype_name, ids_array
 from shared.moments import FOREIGN_OPTIMIZER, check_moments
 from shared.schedule import check_start_step, noam_lr
+from shared.training import batch_ids
 
 from .cache import _mode
-from .inputs import _as_ids, _id_range, _is_integer, check_same_batch, _numeric_array
+from .inputs import _as_ids, _id_range, _is_integer, check_same_batch
 from .model import Transformer, check_model
 from .weights_io import weight_table
 
@@ -62,10 +63,12 @@ def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int
 
     Shape: logits ``(B, T, V)``, targets ``(B, T)`` integer -> a scalar tensor.
     """
-    logits, targets = _as_tensor("logits", logits), _as_tensor("targets", targets)  # as tf_impl takes
-    check_loss_args("label_smoothed_loss", logits.shape, targets.shape, str(targets.dtype)[6:],
-                    _is_integer(targets.dtype), smoothing, str(logits.dtype)[6:],
-                    logits.dtype.is_floating_point, pad_id)
+    # NumPy arrays and nested lists too, converted as tf_impl and the reference convert them
+    logits, targets = _as_tensor("logits", logits, as_array), _as_tensor("targets", targets, ids_array)
+    (targets_dtype, targets_integer, _), (logits_dtype, _, logits_floating) = map(_kind, (targets, logits))
+    check_loss_args("label_smoothed_loss", logits.shape, targets.shape, targets_dtype, targets_integer,
+                    smoothing, logits_dtype, logits_floating, pad_id)
+    logits, targets = torch.as_tensor(logits), torch.as_tensor(targets)  # checked: numbers
     vocab = logits.shape[-1]
     if targets.numel():  # before the lookup: cross_entropy raises a bare IndexError (CUDA: an assert)
         check_targets_range(vocab, *_id_range(targets))
@@ -77,15 +80,19 @@ def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int
     return loss if tokens is None else loss / tokens
 
 
-def _as_tensor(name: str, value) -> torch.Tensor:
-    """``value`` as a tensor (NumPy arrays and nested lists too, as tf_impl's loss takes them)."""
-    if isinstance(value, torch.Tensor):
-        return value
-    try:
-        return torch.as_tensor(np.asarray(value))
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"{name}: expected an array of numbers, got {type(value).__name__} "
-                        f"({err})") from None
+def _as_tensor(name: str, value, convert):
+    """``value`` as it is if a tensor, else ``convert(name, value)``: a NumPy array, or the shared
+    error for what holds no numbers (`shared.loss.as_array`). Converted to a tensor only after the
+    loss's checks, which name text by its dtype (torch holds none)."""
+    return value if isinstance(value, torch.Tensor) else convert(name, value)
+
+
+def _kind(x) -> tuple[str, bool, bool]:
+    """A tensor's or a NumPy array's dtype as the shared checks name it (``float32``, ``string``),
+    whether it holds integers (not bool) and whether floats."""
+    if isinstance(x, torch.Tensor):
+        return str(x.dtype)[6:], _is_integer(x.dtype), x.dtype.is_floating_point
+    return dtype_name(x), x.dtype.kind in "iu", x.dtype.kind == "f"
 
 
 def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup: int, factor: float = 1.0,
@@ -186,7 +193,7 @@ def _batch(model: Transformer, batch: Batch) -> tuple[torch.Tensor, torch.Tensor
     tgt_in = _as_ids("tgt", batch[1], c.tgt_vocab, c.max_len, device)
     check_same_batch(src, tgt_in)
     tgt_out = batch[2] if isinstance(batch[2], torch.Tensor) else torch.as_tensor(
-        _numeric_array("tgt_out", batch[2]))
+        batch_ids("tgt_out", batch[2]))
     if tgt_out.shape != tgt_in.shape:
         raise ValueError(f"tgt_out: expected the shape of tgt_in {tuple(tgt_in.shape)}, "
                          f"got {tuple(tgt_out.shape)}")
