@@ -163,6 +163,32 @@ def test_json_to_stdout_is_json_alone_and_tf_logs_are_hidden():
 
 @pytest.mark.torch
 @pytest.mark.tf
+def test_the_progress_bar_asks_what_stderr_was_before_tf_logs_are_hidden():
+    """`twins.quiet.tf_logs_hidden` makes file descriptor 2 a pipe for every command; tqdm asked
+    that pipe whether it was a terminal, so `twins train` never drew its bar, on a terminal either.
+    Here fd 2 is a pseudo-terminal (then a pipe): inside the block the answer is the one before."""
+    from twins import quiet
+    leader, follower = os.openpty()
+    saved = os.dup(2)
+    try:
+        for target, terminal in [(follower, True), (leader, True)]:
+            os.dup2(target, 2)
+            with quiet.tf_logs_hidden():
+                assert not os.isatty(2)  # the pipe
+                assert quiet.stderr_is_terminal() is terminal
+            assert quiet.stderr_is_terminal() is terminal
+        read, write = os.pipe()
+        os.dup2(write, 2)
+        with quiet.tf_logs_hidden():
+            assert quiet.stderr_is_terminal() is False
+        os.close(read)
+        os.close(write)
+    finally:
+        os.dup2(saved, 2)
+        for fd in (saved, leader, follower):
+            os.close(fd)
+
+
 def test_tf_errors_from_call_read_as_torchs():
     """Before: Keras re-raised the error as "Exception encountered when calling Transformer.call()"
     with the text in terminal bold (ESC[1m ... ESC[0m) and the arguments listed."""

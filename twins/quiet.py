@@ -19,6 +19,15 @@ _TF_LINE = re.compile(rb"^(?:[IW]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\] |W
                       rb"before absl::InitializeLog\(\)|To enable the following instructions: )")
 
 
+_terminal: list[bool] = []  # within `tf_logs_hidden`: whether stderr was a terminal before it
+
+
+def stderr_is_terminal() -> bool:
+    """Whether the command's stderr is a terminal: what it was before `tf_logs_hidden` made file
+    descriptor 2 a pipe (a progress bar asks, and would otherwise never be drawn)."""
+    return _terminal[-1] if _terminal else os.isatty(2)
+
+
 @contextlib.contextmanager
 def tf_logs_hidden():
     """Within the block, TensorFlow's C++ log lines never reach stderr; everything else does."""
@@ -30,6 +39,7 @@ def tf_logs_hidden():
     except (OSError, ValueError):  # no usable fd 2 (an embedded interpreter): nothing to filter
         yield
         return
+    _terminal.append(os.isatty(saved))
     os.dup2(write, 2)
     os.close(write)
     pump = threading.Thread(target=_pump, args=(read, saved), daemon=True)
@@ -41,6 +51,7 @@ def tf_logs_hidden():
         os.dup2(saved, 2)  # the pipe's last writer closes: the pump reads EOF and ends
         pump.join(timeout=5)
         os.close(saved)
+        _terminal.pop()
 
 
 def _pump(read: int, out: int) -> None:

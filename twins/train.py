@@ -398,8 +398,13 @@ def _train(args, started: float, engine, rank: int, workers: int, signals: "_Sig
               flush=True)
 
     from tqdm import tqdm
+
+    from .quiet import stderr_is_terminal
+    # on a terminal only; asked of what stderr was before twins.quiet piped it (tqdm's own test,
+    # disable=None, would see the pipe and never draw)
     bar = tqdm(total=args.steps, desc=f"{args.task}/{args.backend}", unit="step", dynamic_ncols=True,
-               disable=True if args.no_progress or not lead else None, file=sys.stderr, leave=False)
+               disable=args.no_progress or not lead or not stderr_is_terminal(), file=sys.stderr,
+               leave=False)
     history = log["history"]
     segment = {"backend": args.backend, "first_step": first, "last_step": first - 1,
                "settings": dict(s), "threads": args.threads, "workers": workers, "seconds": 0.0}
