@@ -286,3 +286,16 @@ def test_an_input_goes_to_the_task_it_parses_for(text, task):
     from twins.figures import input_task
     assert input_task(text, {"copy": "a", "dates": "b"}) == task
     assert input_task(text, {"dates": "b"}) == "dates"  # one task drawn: its input, whatever it is
+
+
+def test_a_model_of_no_demo_task_is_refused_with_a_remedy_figures_has(tmp_path, capsys):
+    """Before: "... : pass --task", an option figures does not have (its parser refused it)."""
+    import torch_impl
+    from shared import TransformerConfig
+    model = tmp_path / "tiny.pt"
+    torch_impl.save_checkpoint(torch_impl.Transformer(TransformerConfig.preset("tiny")), model)
+    refused(capsys, ["--out", str(tmp_path / "f"), "--checkpoint", str(model)],
+            f"--checkpoint {str(model)!r}: cannot tell the task from the checkpoint (vocabularies "
+            "13/17; copy has 14, dates 44): figures draws the attention of copy and dates models only "
+            "(twins train makes them)")
+    assert not (tmp_path / "f").exists()

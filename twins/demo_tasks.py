@@ -107,14 +107,15 @@ def task_config(task: str, preset: str | None = None, config_file: str | None = 
     return config
 
 
-def infer_task(config: TransformerConfig) -> str:
-    """The task a checkpoint was trained for, from its vocabulary (when no train log says it)."""
+def infer_task(config: TransformerConfig, remedy: str = "pass --task") -> str:
+    """The task a checkpoint was trained for, from its vocabulary (when no train log says it);
+    ``remedy``: what the command's user can do where none fits (``--task`` where it has one)."""
     for name, s in SPECS.items():
         if config.src_vocab == s.vocab and config.tgt_vocab == s.vocab:
             return name
     raise ValueError(f"cannot tell the task from the checkpoint (vocabularies {config.src_vocab}/"
                      f"{config.tgt_vocab}; copy has {SPECS['copy'].vocab}, dates {SPECS['dates'].vocab}): "
-                     "pass --task")
+                     f"{remedy}")
 
 
 def check_config(task: str, config: TransformerConfig) -> None:

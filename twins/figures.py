@@ -463,7 +463,15 @@ def run(args) -> int:
         if log is not None:
             _usable(log, repr(str(p / LOG_FILE)))
         # a model without a run: its attention only, its task told by its vocabulary
-        task = log["task"] if log else tasks.infer_task(model(ckpt)[0])
+        if log:
+            task = log["task"]
+        else:
+            config = model(ckpt)[0]
+            try:
+                task = tasks.infer_task(config, "figures draws the attention of copy and dates models "
+                                                "only (twins train makes them)")
+            except ValueError as err:
+                raise ValueError(f"--checkpoint {ckpt!r}: {err}") from None
         runs.append((p.name, ckpt, log, task))
     for file in args.log:
         log = _read_log_option(file)
