@@ -62,6 +62,26 @@ def test_compare_usage_errors(args, expected):
     one_line_error(twins("compare", *args), "compare", expected)
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["train"], "twins train: error: the following arguments are required: --task, --backend, --steps, "
+                "--checkpoint (see twins train --help)"),
+    (["compare", "--preset", "huge"], "twins compare: error: argument --preset: invalid choice: 'huge' "
+                                      "(choose from 'base', 'big', 'small', 'tiny') (see twins compare --help)"),
+    (["decode", "--checkpoint", "x", "--beam-size", "1_0"], "twins decode: error: argument --beam-size: "
+                                                          "expected an int (ASCII digits), got '1_0' (see twins decode --help)"),
+    (["convert", "a", "b", "--bogus", "1"], "twins convert: error: unrecognized arguments: --bogus 1 (see "
+                                            "twins convert --help)"),
+    (["nosuch"], "twins: error: argument command: invalid choice: 'nosuch' (choose from 'compare', "
+                 "'convert', 'train', 'decode', 'figures') (see twins --help)"),
+])
+def test_argparses_own_errors_are_one_line_naming_the_command(argv, expected, capsys):
+    """Before: argparse printed its whole usage block (8 to 14 lines) before the error, and an
+    unknown option was an error of ``twins``, not of its command; the README promises one line."""
+    from parity_tests.cli_runs import cli
+    code, out, err = cli(capsys, *argv)
+    assert (code, out, err) == (2, "", expected + "\n")
+
+
 def test_train_names_the_option_as_typed(tmp_path):
     # Before: "noam_lr: factor expected a positive float, got nan" (an internal name).
     proc = twins("train", "--task", "copy", "--backend", "torch", "--steps", "1", "--checkpoint",

@@ -35,20 +35,40 @@ COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+class Parser(argparse.ArgumentParser):
+    """argparse's usage errors as every other error of the command: one line, exit 2 (argparse
+    prints its whole usage block first), pointing at ``--help``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> Parser:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: given before or after the command name, neither parser's default overwrites it
     common.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
                         help="show TensorFlow's start-up log lines and, on an error, the traceback")
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="twins", parents=[common],
         description="The Transformer in NumPy, PyTorch and TensorFlow, proven to agree.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True)  # its parsers: Parser too
+    parser.commands = {}
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, parents=[common])
         module.add_arguments(p)
         p.set_defaults(run=module.run)
+        parser.commands[name] = p
     return parser
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line parsed; an argument no option takes is an error of its command's
+    (``twins train: error: unrecognized arguments: --bogus``), not of ``twins``."""
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
 
 
 def describe(err: BaseException) -> str:
@@ -84,7 +104,7 @@ def _main(argv: list[str] | None) -> int:
     # Before any framework is imported: idle OpenMP threads sleep, torch's large allocations take
     # huge pages (shared.threads explains why).
     set_runtime_policy()
-    args = build_parser().parse_args(argv)  # usage errors: argparse exits 2, "twins <cmd>: error:"
+    args = parse(argv)  # usage errors: argparse exits 2, "twins <cmd>: error: ..." (Parser)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # `twins train --workers` relaunches it
     args.verbose = getattr(args, "verbose", False)
     if sys.stdout is None:  # started with descriptor 1 closed (`twins ... >&-`): before any file opens
