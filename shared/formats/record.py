@@ -56,9 +56,9 @@ class Format:
     ``required``: the read options it cannot do without. ``takes_config``: ``read`` accepts a
     config (a file that may hold none); otherwise ``config_from`` says where its config comes from,
     for the message refusing one. ``runs_in``: what runs it in ``twins convert --verify``
-    ("reference", "torch", "tf", "transformers", "ctranslate2", "saved-model"; None: no model of
-    the source can be built here, its imported weights are compared in all three
-    implementations). ``notes``: said after every conversion from it. ``hints``: for an option it
+    ("reference", "torch", "tf", "transformers", "ctranslate2", "saved-model", "onnxruntime";
+    None: no model of the source can be built here, its imported weights are compared in all
+    three implementations). ``notes``: said after every conversion from it. ``hints``: for an option it
     does not take, why (``{"norm_first": "always pre-norm"}``). ``verify_full_rows``: ``--verify``
     compares unpadded target rows (a format whose padded positions differ by design).
     ``family``: the module declaring it (and the docs page, ``docs/formats/<family>.md``)."""
