@@ -50,8 +50,8 @@ MARIAN = Format(
     recognise=lambda path, role: model_type(path, role) == "marian",
     looks_like="a directory whose config.json says marian",
     read_options=(DTYPE, RENAME, ALLOW_NONFINITE), config_from=_FROM_CONFIG, runs_in="transformers",
-    notes=(UNIFORM_EMPTY_ROW.format(source="marian (in transformers' eager attention; its default "
-                                           "sdpa agrees)"),))
+    notes=(UNIFORM_EMPTY_ROW.format(source="marian in transformers' eager attention (its default, "
+                                           "sdpa, gives that row zero attention, as here)"),))
 FSMT = Format(
     "fsmt", "hf", "a transformers FSMTForConditionalGeneration directory (fairseq WMT19)",
     read=_reader(importers.from_fsmt), recognise=lambda path, role: model_type(path, role) == "fsmt",
