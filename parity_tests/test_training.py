@@ -82,9 +82,32 @@ def test_loss_ignores_what_padding_positions_predict(backend):
 
 
 @pytest.mark.parametrize("backend", CPU)
-def test_loss_of_only_padding_is_nan(backend):
+def test_a_loss_over_no_target_is_refused_as_the_reference_refuses_it(backend):
+    """The mean over no target (every target padding, no rows, no columns): before, torch and TF
+    returned NaN (0 / 0), which a backward pass spreads into every weight, while the reference
+    raised. All three raise the reference's ValueError now; a data-parallel share (``tokens``: the
+    global batch's count) of padding alone is 0. TF in a graph raises its InvalidArgumentError with
+    the text, under XLA (no assertions) the loss is NaN, as for a target out of range."""
     logits, targets = loss_case("float64")
-    assert np.isnan(float(_loss(backend, logits, np.zeros_like(targets), 0)))
+    message = "^targets: expected at least one non-padding position, got only padding$"
+    for got_logits, got_targets in [(logits, np.zeros_like(targets)), (logits[:0], targets[:0]),
+                                    (logits[:, :0], targets[:, :0])]:
+        for loss in (lambda: _loss(backend, got_logits, got_targets),
+                     lambda: label_smoothed_cross_entropy(got_logits, got_targets, 0)):
+            with pytest.raises(ValueError, match=message):
+                loss()
+    share = backend.training.label_smoothed_loss(backend.tensor(logits), backend.tensor(np.zeros_like(targets)),
+                                                 0, 0.1, tokens=5)
+    assert float(share) == 0.0
+    if backend.framework == "tf":
+        import tensorflow as tf
+        padding = tf.constant(np.zeros_like(targets))
+        graph = tf.function(lambda x, t: backend.training.label_smoothed_loss(x, t, 0))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message[1:-1]):
+            graph(tf.constant(logits), padding)
+        assert float(graph(tf.constant(logits), tf.constant(targets))) == float(_loss(backend, logits, targets))
+        xla = tf.function(lambda x, t: backend.training.label_smoothed_loss(x, t, 0), jit_compile=True)
+        assert np.isnan(float(xla(tf.constant(logits), padding)))
 
 
 @pytest.mark.parametrize("backend", CPU)

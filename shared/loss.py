@@ -32,6 +32,9 @@ def label_smoothed_cross_entropy(logits: np.ndarray, targets: np.ndarray, pad_id
         logits: (B, T, V) scores (not log-probabilities).
         targets: (B, T) integer ids; ``pad_id`` positions are ignored.
         smoothing: eps in [0, 1).
+
+    Raises ``ValueError`` when no target is left to average (all padding, ``B = 0`` or ``T = 0``:
+    `check_some_targets`), as both backends' losses do.
     """
     logits, targets = as_array("logits", logits), ids_array("targets", targets)
     check_loss_args("label_smoothed_cross_entropy", logits.shape, targets.shape, dtype_name(targets),
@@ -42,8 +45,7 @@ def label_smoothed_cross_entropy(logits: np.ndarray, targets: np.ndarray, pad_id
     if targets.size:  # before any indexing: NumPy would wrap -1 to the last class
         check_targets_range(vocab, int(targets.min()), int(targets.max()))
     keep = targets != pad_id
-    if not keep.any():
-        raise ValueError("targets: expected at least one non-padding position, got only padding")
+    check_some_targets(bool(keep.any()))
     logp = log_softmax(logits)[keep]  # (N, V)
     picked = logp[np.arange(logp.shape[0]), targets[keep]]
     per_token = -(1.0 - smoothing) * picked - smoothing / vocab * logp.sum(axis=-1)
@@ -112,6 +114,18 @@ def check_targets_range(vocab: int, lo: int, hi: int) -> None:
     reference would wrap -1 to the last class, TF's one-hot give a zero row, torch an IndexError."""
     if lo < 0 or hi >= vocab:
         raise ValueError(targets_range_message(vocab, lo, hi))
+
+
+# The loss is a mean over the non-padding targets: over none (every target padding, no rows or no
+# columns) it is 0 / 0, a NaN that a backward pass spreads into every weight without a word.
+NO_TARGETS = "targets: expected at least one non-padding position, got only padding"
+
+
+def check_some_targets(any_target: bool) -> None:
+    """At least one target is not padding (the reference and both backends' losses, unless a
+    data-parallel share divides by the global batch's count)."""
+    if not any_target:
+        raise ValueError(NO_TARGETS)
 
 
 def check_smoothing(smoothing: float) -> None:

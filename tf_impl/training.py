@@ -26,8 +26,8 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from shared.loss import (as_array, check_loss_args, check_smoothing, check_targets_range, ids_array,
-                         targets_range_message)
+from shared.loss import (NO_TARGETS, as_array, check_loss_args, check_smoothing, check_some_targets,
+                         check_targets_range, ids_array, targets_range_message)
 from shared.moments import FOREIGN_OPTIMIZER, check_moments
 from shared.schedule import check_start_step, noam_formula, noam_lr
 from shared.training import batch_ids
@@ -58,14 +58,17 @@ def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
     targets: the target distribution is ``(1 - eps) * onehot + eps / V``. Padding targets get sample
     weight 0 and the weighted sum is divided by the number of non-padding targets. (Keras'
     ``"sum_over_batch_size"`` would divide by B * T, padding included; the loss runs in the logits'
-    dtype, not Keras' float32 default.) A batch with no non-padding target gives NaN (0 / 0), as in
-    torch; `train_step` refuses one. Targets must lie in ``[0, V)`` (``tf.one_hot`` would map any
-    other id to an all-zero row): eagerly a bad one raises the reference's ``ValueError``
-    (`shared.loss.check_targets_range`), in graph mode an assertion with the same text fails, and
-    under XLA, where assertions compile to nothing, the loss is NaN.
+    dtype, not Keras' float32 default.) Targets must lie in ``[0, V)`` (``tf.one_hot`` would map any
+    other id to an all-zero row), and at least one must not be padding (the mean over none, with
+    every target padding, ``B = 0`` or ``T = 0``, is NaN: `shared.loss.check_some_targets`):
+    eagerly a batch that breaks either raises the reference's ``ValueError``
+    (`shared.loss.check_targets_range`; the flag is read back with the range, no transfer of its
+    own), in graph mode an assertion with the same text fails, and under XLA, where assertions
+    compile to nothing, the loss is NaN.
 
     ``tokens``: divide the summed loss by this count instead (a data-parallel replica's share of the
-    global batch divides by the global batch's non-padding targets, `shared.data_parallel`).
+    global batch divides by the global batch's non-padding targets, `shared.data_parallel`); a
+    share of padding alone is then 0, not refused.
     bfloat16 logits (mixed precision) are cast to float32 first: the loss is never computed in
     bfloat16.
 
@@ -86,16 +89,26 @@ def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
     vocab = logits.shape[-1]
     ok = None
     if tf.executing_eagerly():
-        if tf.size(targets) > 0:
-            lo, hi = (int(v) for v in tf.stack([tf.reduce_min(targets), tf.reduce_max(targets)]).numpy())
+        any_target = False
+        if tf.size(targets) > 0:  # the flag rides with the range: one device-to-host transfer
+            lo, hi, any_target = (int(v) for v in tf.stack([
+                tf.reduce_min(targets), tf.reduce_max(targets),
+                tf.cast(_any_target(targets, pad_id), targets.dtype)]).numpy())
             check_targets_range(vocab, lo, hi)
+        if tokens is None:  # not asked of a data-parallel share: its padding alone gives 0
+            check_some_targets(bool(any_target))
     else:
         # pad_id joins the ids so that an empty batch has a min and a max (pad is always in range)
         flat = tf.concat([tf.reshape(targets, [-1]), tf.constant([pad_id], targets.dtype)], 0)
         lo, hi = tf.reduce_min(flat), tf.reduce_max(flat)
         ok = tf.logical_and(lo >= 0, hi < vocab)
+        checks = [(ok, targets_range_message(vocab, "{}", "{}"), (lo, hi))]
+        if tokens is None:
+            any_target = _any_target(targets, pad_id)
+            checks.append((any_target, NO_TARGETS, ()))
+            ok = tf.logical_and(ok, any_target)
         if not in_xla_context():
-            targets = runtime_check(targets, [(ok, targets_range_message(vocab, "{}", "{}"), (lo, hi))])
+            targets = runtime_check(targets, checks)
             ok = None
     targets = tf.cast(targets, tf.int64)  # in range: tf.one_hot takes no (u)int16, uint32, uint64
     keep = tf.cast(targets != pad_id, logits.dtype)  # (B, T): 1 = a real target
@@ -104,6 +117,14 @@ def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
     total = loss(tf.one_hot(targets, vocab, dtype=logits.dtype), logits, sample_weight=keep)
     mean = total / (tf.reduce_sum(keep) if tokens is None else tf.cast(tokens, logits.dtype))
     return mean if ok is None else tf.where(ok, mean, tf.constant(np.nan, mean.dtype))
+
+
+def _any_target(targets: tf.Tensor, pad_id: int) -> tf.Tensor:
+    """Whether any of ``targets`` is not ``pad_id`` (a scalar bool), compared as int64: an id past
+    int64 is out of range anyway (refused first), and a pad_id past it equals no target."""
+    if not -2**63 <= pad_id < 2**63:
+        return tf.size(targets) > 0
+    return tf.reduce_any(tf.cast(targets, tf.int64) != pad_id)
 
 
 def _as_tensor(name: str, value, convert) -> tf.Tensor:
@@ -254,6 +275,8 @@ def _batch(model: Transformer, batch: Batch) -> tuple[tf.Tensor, tf.Tensor, tf.T
         raise ValueError(f"tgt_out: expected the shape of tgt_in {tuple(tgt_in.shape)}, "
                          f"got {tuple(tgt_out.shape)}")
     tgt_out = check_ids("tgt_out", tgt_out, c.tgt_vocab, c.max_len)
+    # Refused here, naming tgt_out, before any work: a mean over no target is NaN, and the update
+    # would make every weight NaN. (A read to the host, a sync on a GPU, as torch_impl's.)
     if not bool(tf.reduce_any(tgt_out != c.pad_id)):
         raise ValueError(f"tgt_out: expected at least one non-padding target, got only pad_id={c.pad_id}")
     return tuple(tf.cast(x, tf.int64) for x in (src, tgt_in, tgt_out))
@@ -342,6 +365,7 @@ def gradients(model: Transformer, batch: Batch, smoothing: float = 0.0,
     `train_step`) or off."""
     check_model(model)
     table = weight_table(model, "gradients")
+    check_smoothing(smoothing)  # before the batch and the forward pass, as torch_impl's
     src, tgt_in, tgt_out = _batch(model, batch)
     with tf.GradientTape() as tape:
         loss = _loss(model, src, tgt_in, tgt_out, smoothing, training)

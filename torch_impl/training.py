@@ -20,13 +20,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from shared.loss import as_array, check_loss_args, check_targets_range, dtype_name, ids_array
+from shared.loss import (as_array, check_loss_args, check_smoothing, check_some_targets,
+                         check_targets_range, dtype_name, ids_array)
 from shared.moments import FOREIGN_OPTIMIZER, check_moments
 from shared.schedule import check_start_step, noam_lr
 from shared.training import batch_ids
 
 from .cache import _mode
-from .inputs import _as_ids, _id_range, _is_integer, check_same_batch
+from .inputs import _as_ids, _is_integer, check_same_batch
 from .model import Transformer, check_model
 from .weights_io import weight_table
 
@@ -51,13 +52,16 @@ def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int
     ``F.cross_entropy(label_smoothing=eps, ignore_index=pad_id)``: the target distribution is
     ``(1 - eps) * onehot + eps / V``, positions whose target is ``pad_id`` carry no loss and the mean
     divides by the number of the others (`shared.loss.label_smoothed_cross_entropy` is the float64
-    reference). A batch with no non-padding target gives NaN (0 / 0); `train_step` refuses one.
+    reference).
 
     Targets must lie in ``[0, V)`` (pad included): any other id raises the reference's
-    ``ValueError`` (`shared.loss.check_targets_range`).
+    ``ValueError`` (`shared.loss.check_targets_range`). So does a batch with no target to average
+    (every one padding, ``B = 0`` or ``T = 0``: `shared.loss.check_some_targets`), whose mean would
+    be NaN (0 / 0): the check costs no transfer of its own, it rides with the range's.
 
     ``tokens``: divide the summed loss by this count instead (a data-parallel worker's share of the
-    global batch divides by the global batch's non-padding targets, `shared.data_parallel`).
+    global batch divides by the global batch's non-padding targets, `shared.data_parallel`); a
+    share of padding alone is then 0, not refused.
     bfloat16 logits (mixed precision) are cast to float32 first: the loss is never computed in
     bfloat16 (``torch.autocast`` would do the same inside its context; this loss runs outside it).
 
@@ -70,10 +74,39 @@ def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int
                     smoothing, logits_dtype, logits_floating, pad_id)
     logits, targets = torch.as_tensor(logits), torch.as_tensor(targets)  # checked: numbers
     vocab = logits.shape[-1]
-    if targets.numel():  # before the lookup: cross_entropy raises a bare IndexError (CUDA: an assert)
-        check_targets_range(vocab, *_id_range(targets))
+    # Before the lookup: cross_entropy raises a bare IndexError (CUDA: an assert). One
+    # device-to-host transfer for the range and the non-padding check together (on a GPU each read
+    # is a sync; the range needs one anyway).
+    any_target = False
+    if targets.numel():
+        lo, hi, any_target = _targets_summary(targets, pad_id)
+        check_targets_range(vocab, lo, hi)
+    if tokens is None:
+        check_some_targets(any_target)
+    return _smoothed_loss(logits, targets, pad_id, smoothing, tokens)
+
+
+def _targets_summary(targets: torch.Tensor, pad_id: int) -> tuple[int, int, bool]:
+    """The least and greatest id of a non-empty integer tensor and whether any is not ``pad_id``,
+    read to the host in one transfer (`torch_impl.inputs._id_range`'s, with the flag beside)."""
+    if targets.dtype == torch.uint64:  # .long() would wrap an id >= 2**63 to a negative number
+        values = targets.cpu().numpy()
+        return int(values.min()), int(values.max()), bool((values != pad_id).any())
+    wide = targets.long()
+    lo, hi = torch.aminmax(wide)
+    # a pad_id past int64 equals no target
+    real = (wide != pad_id).any() if -2**63 <= pad_id < 2**63 else torch.ones_like(lo, dtype=torch.bool)
+    lo, hi, real = torch.stack([lo, hi, real.long()]).tolist()
+    return lo, hi, bool(real)
+
+
+def _smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int, smoothing: float,
+                   tokens: int | None) -> torch.Tensor:
+    """`label_smoothed_loss` of arguments it has checked (or `_batch` has: ids in range, some
+    not padding; so a step reads no tensor back for the loss's checks)."""
     if logits.dtype in (torch.bfloat16, torch.float16):
         logits = logits.float()
+    vocab = logits.shape[-1]
     reduction = "mean" if tokens is None else "sum"
     loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1).long(), ignore_index=pad_id,
                            label_smoothing=float(smoothing), reduction=reduction)
@@ -198,6 +231,9 @@ def _batch(model: Transformer, batch: Batch) -> tuple[torch.Tensor, torch.Tensor
         raise ValueError(f"tgt_out: expected the shape of tgt_in {tuple(tgt_in.shape)}, "
                          f"got {tuple(tgt_out.shape)}")
     tgt_out = _as_ids("tgt_out", tgt_out, c.tgt_vocab, c.max_len, device)
+    # Refused here, naming tgt_out, before any work: a mean over no target is NaN, and the update
+    # would make every weight NaN. (A read to the host, a sync on a GPU; the step skips the loss's
+    # own read of the same facts instead, `_smoothed_loss`.)
     if not bool((tgt_out != model.config.pad_id).any()):
         raise ValueError(f"tgt_out: expected at least one non-padding target, got only pad_id="
                          f"{model.config.pad_id}")
@@ -205,10 +241,12 @@ def _batch(model: Transformer, batch: Batch) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _loss(model: Transformer, batch: Batch, smoothing: float, training: bool) -> torch.Tensor:
+    check_smoothing(smoothing)  # before the batch and the forward pass, as tf_impl's
     src, tgt_in, tgt_out = _batch(model, batch)
     with _mode(model, training):  # dropout on for the step only: each module's mode comes back
         logits = model(src, tgt_in)  # (B, T, V)
-    return label_smoothed_loss(logits, tgt_out, model.config.pad_id, smoothing)
+    # _batch has checked tgt_out as the loss would (range, not all padding): not read again
+    return _smoothed_loss(logits, tgt_out, model.config.pad_id, smoothing, None)
 
 
 def train_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: Batch,
@@ -223,6 +261,7 @@ def train_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: Batc
     Returns:
         ``StepResult(loss, lr)``: the loss before the update and the learning rate of this step.
     """
+    check_smoothing(smoothing)  # first, as tf_impl's
     check_optimizer(model, optimizer)
     loss = _loss(model, batch, smoothing, training=True)
     optimizer.zero_grad(set_to_none=True)
