@@ -373,6 +373,18 @@ def test_renamed_modules_are_named_and_mapped(nn_sd):
     assert all(np.array_equal(weights[k], expected[k]) for k in expected)
 
 
+def test_a_key_in_use_is_never_offered_as_a_renamed_one(nn_sd):
+    """One table renamed, the other as the tutorial has it: before, the hint offered the target
+    table, present and in use, for the missing source one ("--rename tgt_tok_emb.=src_tok_emb."),
+    being the most alike by name."""
+    nn_sd["src_tok_emb.weight"] = nn_sd.pop("src_tok_emb.embedding.weight")
+    err = str(refused(from_nn_transformer, nn_sd, norm_first=False, **NN))
+    assert ("hint: unexpected keys that look like missing ones: 'src_tok_emb.weight' for "
+            "'src_tok_emb.embedding.weight'; if the modules were only renamed, map the prefixes: "
+            "rename={'src_tok_emb.': 'src_tok_emb.embedding.'}") in err
+    assert "tgt_tok_emb.embedding.weight' for" not in err
+
+
 def test_rename_problems_are_reported(nn_sd):
     err = refused(from_nn_transformer, nn_sd, norm_first=False, rename={"nothing.": "x."}, **NN)
     assert "rename 'nothing.' -> 'x.': no key starts with 'nothing.'" in str(err)

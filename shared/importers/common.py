@@ -61,6 +61,7 @@ class SourceImport:
         self.outputs: dict[str, list[tuple[str, Callable[[np.ndarray], np.ndarray]]]] = {}
         self.buffers: set[str] = set()  # present keys checked elsewhere (positional tables)
         self.ignored: set[str] = set()  # present keys the source model holds but never computes with
+        self.named: set[str] = set()  # keys a size was read from, or asked of (`size`)
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"{source}: state_dict expected a dict of name -> numpy array, "
                             f"got {type(state_dict).__name__}")
@@ -109,13 +110,16 @@ class SourceImport:
 
     # -- sizes ------------------------------------------------------------------------------------
     def size(self, what: str, candidates: list[tuple[str, int]]) -> int | None:
-        """A size read from the first candidate ``(key, axis)`` present with that axis."""
+        """A size read from the first candidate ``(key, axis)`` present with that axis. Where none
+        is, the hint's look-alikes are the keys no size was to be read from: a key the format names
+        (``tgt_tok_emb...`` while ``src_tok_emb...`` is missing) is in use, not a renamed one."""
+        self.named.update(key for key, _ in candidates)
         for key, axis in candidates:
             value = self.sd.get(key)
             if isinstance(value, np.ndarray) and value.ndim > axis:
                 return int(value.shape[axis])
         self.problem(f"cannot infer {what}: none of {[k for k, _ in candidates]} is present")
-        hint = look_alike_hint([k for k, _ in candidates], list(self.sd))
+        hint = look_alike_hint([k for k, _ in candidates], [k for k in self.sd if k not in self.named])
         if hint and hint not in self.problems:
             self.problem(hint)
         return None
