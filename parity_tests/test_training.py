@@ -155,6 +155,36 @@ def test_loss_names_what_is_no_array_as_the_reference_does(backend):
                  "loss of lists")
 
 
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("smoothing, shown", [
+    ("0.5", "'0.5' (str)"), (True, "True (bool)"), (None, "None (NoneType)"), (1.0, "1.0 (float)"),
+    (np.float32(-0.5), "np.float32(-0.5) (float32)")])
+def test_a_smoothing_that_is_no_number_shows_its_type(smoothing, shown, backend):
+    """Before: ``smoothing="0.5"`` was refused as "got 0.5" (str() of the string), which reads as a
+    value in range. The value as repr writes it, and its type, from every entry point of all three."""
+    message = f"^{re.escape(f'smoothing: expected a value in [0, 1), got {shown}')}$"
+    logits, targets = loss_case("float64")
+    model = backend.build(CONFIG)
+    for call in (lambda: _loss(backend, logits, targets, 0, smoothing),
+                 lambda: label_smoothed_cross_entropy(logits, targets, 0, smoothing),
+                 lambda: backend.training.train_step(model, backend.training.make_optimizer(model),
+                                                     copy_batch(), smoothing),
+                 lambda: backend.training.gradients(model, copy_batch(), smoothing)):
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+@pytest.mark.torch
+def test_torch_noam_schedule_shows_a_base_rate_as_given():
+    """A param group's lr of "1.0" (set after the optimizer was made) was shown as 1.0."""
+    import torch
+    from torch_impl import training
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
+    optimizer.param_groups[0]["lr"] = "1.0"
+    with pytest.raises(ValueError, match=r"got '1.0' \(str\)$"):
+        training.noam_schedule(optimizer, 16, 10)
+
+
 # -- Noam schedule and Adam -----------------------------------------------------------------------
 def _rates_used(backend, optimizer, n: int) -> list[float]:
     """The rate each of the next ``n`` updates uses, advancing the schedule without gradients."""

@@ -129,6 +129,8 @@ def check_some_targets(any_target: bool) -> None:
 
 
 def check_smoothing(smoothing: float) -> None:
-    """Label smoothing eps must be a number in [0, 1)."""
+    """Label smoothing eps must be a number in [0, 1). The message shows the value as ``repr``
+    writes it, with its type: str() showed the string ``"0.5"`` as 0.5, a value in range."""
     if isinstance(smoothing, bool) or not isinstance(smoothing, numbers.Real) or not 0.0 <= smoothing < 1.0:
-        raise ValueError(f"smoothing: expected a value in [0, 1), got {shown(smoothing, str)}")
+        raise ValueError(f"smoothing: expected a value in [0, 1), got {shown(smoothing)} "
+                         f"({type(smoothing).__name__})")

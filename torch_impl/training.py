@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from shared.loss import (as_array, check_loss_args, check_smoothing, check_some_targets,
                          check_targets_range, dtype_name, ids_array)
+from shared.messages import shown
 from shared.moments import FOREIGN_OPTIMIZER, check_moments
 from shared.schedule import check_start_step, noam_lr
 from shared.training import batch_ids
@@ -145,7 +146,7 @@ def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup: int, f
     for group in optimizer.param_groups:
         if group["lr"] != 1.0:
             raise ValueError(f"optimizer: expected lr=1.0 in every param group (LambdaLR multiplies it "
-                             f"by the Noam rate), got {group['lr']}")
+                             f"by the Noam rate), got {shown(group['lr'])} ({type(group['lr']).__name__})")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _NoamRate(d_model, warmup, factor, start_step))
     optimizer._noam_scheduler = scheduler  # the one place it is set; read by _resume_schedule
     return scheduler
