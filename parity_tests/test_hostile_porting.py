@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shared import TransformerConfig
 from shared.importers.notes import ImportNote, collected
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,6 +128,22 @@ def test_other_safetensors_dtypes_are_refused_naming_file_tensor_and_dtype(half_
         from_marian(path)
     assert (f"{str(path / 'model.safetensors')!r}: tensor 'final_logits_bias': dtype I32 is not "
             "supported (supported: F32 and F64 (kept), F16 and BF16 (widened exactly to float32))") in str(err.value)
+
+
+def test_a_torch_impl_checkpoint_read_as_another_models_state_dict_says_what_it_is(tmp_path, capsys):
+    """Before: "4 problem(s) with the weights: 'format': expected a tensor, got str; ...", the
+    file's own header read as tensors (docs/formats/keras.md wrote a torch_impl file where
+    state_dicts.md reads a tutorial's)."""
+    torch_impl = pytest.importorskip("torch_impl")
+    from parity_tests.cli_runs import cli
+    path = tmp_path / "m.pt"
+    torch_impl.save_checkpoint(torch_impl.Transformer(TransformerConfig.preset("tiny")), path)
+    code, out, err = cli(capsys, "convert", path, tmp_path / "out", "--from", "nn-transformer", "--n-heads", "4",
+                         "--norm-first", "false", "--pad-id", "0", "--bos-id", "1", "--eos-id", "2")
+    assert (code, err) == (2, f"twins convert: error: {str(path)!r}: expected a state dict of another model, "
+                              "got a torch_impl checkpoint; read it as one (twins convert --from torch, "
+                              "format='torch')\n")
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_half_precision_torch_state_dict_widens_and_other_dtypes_are_refused(tmp_path):

@@ -259,6 +259,9 @@ def read_foreign_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
     obj = torch_load(path)
     if not isinstance(obj, Mapping):
         raise ValueError(f"{str(path)!r}: expected a state dict (name -> tensor), got {type(obj).__name__}")
+    if obj.get("format") == PT_FORMAT:  # this project's own file: its tensors sit under "state_dict"
+        raise ValueError(f"{str(path)!r}: expected a state dict of another model, got a torch_impl "
+                         "checkpoint; read it as one (twins convert --from torch, format='torch')")
     problems = [f"{k!r}: expected a tensor, got {type(v).__name__}"
                 for k, v in obj.items() if not isinstance(v, torch.Tensor)]
     tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
