@@ -356,6 +356,45 @@ def test_a_batch_part_that_is_no_array_is_named_alike(part, value, error, messag
 
 
 @pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("rate, error, message", [
+    (-1.0, ValueError, "optimizer: expected a learning rate that is finite and >= 0, got -1.0"),
+    (float("nan"), ValueError, "optimizer: expected a learning rate that is finite and >= 0, got nan"),
+    (float("inf"), ValueError, "optimizer: expected a learning rate that is finite and >= 0, got inf"),
+], ids=["negative", "nan", "inf"])
+def test_a_step_at_a_rate_that_is_no_rate_is_refused(rate, error, message, backend):
+    """Before: TF's train_step with a Keras optimizer of learning rate -1 trained uphill and
+    reported lr=-1.0, and a rate of NaN (TF; torch: a param group's lr set after the optimizer was
+    made, which torch's own check at construction never sees) made every weight NaN without a word.
+    Refused now in both, with the same words, before anything is computed or changed."""
+    weights = random_weights(CONFIG, 0)
+    model = backend.build(CONFIG, weights)
+    if backend.framework == "torch":
+        import torch
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        optimizer.param_groups[0]["lr"] = rate
+    else:
+        import keras
+        optimizer = keras.optimizers.SGD(learning_rate=rate)
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        backend.training.train_step(model, optimizer, copy_batch())
+    for name, value in model.export_weights().items():
+        np.testing.assert_array_equal(value, weights[name], err_msg=name)
+
+
+def test_a_rate_is_a_number_finite_and_not_negative():
+    """The shared check both steps use: a number of any kind (floats, ints, 0-d arrays), 0 included."""
+    from shared.training import check_learning_rate
+    for rate in (0, 0.0, 0.5, np.float32(0.25), np.array(2.0), 10**300):
+        assert check_learning_rate(rate) == float(rate)
+    for rate, error, got in (("0.5", TypeError, "a number, got '0.5' (str)"),
+                             (True, TypeError, "a number, got True (bool)"),
+                             (None, TypeError, "a number, got None (NoneType)"),
+                             (-1e-300, ValueError, "finite and >= 0, got -1e-300")):
+        with pytest.raises(error, match=f"^{re.escape(f'optimizer: expected a learning rate that is {got}')}$"):
+            check_learning_rate(rate)
+
+
+@pytest.mark.parametrize("backend", CPU)
 def test_an_optimizer_of_another_model_is_refused(backend):
     """torch's Adam made for model ``a`` stepped nothing of ``b`` and reported a loss; Keras' raised
     its own error; export_moments gave zeros (torch) or a KeyError (TF). One ValueError now."""

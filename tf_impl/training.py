@@ -30,7 +30,7 @@ from shared.loss import (NO_TARGETS, as_array, check_loss_args, check_smoothing,
                          check_targets_range, ids_array, targets_range_message)
 from shared.moments import FOREIGN_OPTIMIZER, check_moments
 from shared.schedule import check_start_step, noam_formula, noam_lr
-from shared.training import batch_ids
+from shared.training import batch_ids, check_learning_rate
 
 from .inputs import check_ids, check_same_batch, in_xla_context, runtime_check
 from .model import Transformer, _traced, check_model
@@ -348,13 +348,28 @@ def train_step(model: Transformer, optimizer: keras.optimizers.Optimizer, batch:
 
     Returns:
         ``StepResult(loss, lr)``: the loss before the update and the learning rate of this step.
+
+    Raises ``ValueError`` naming ``optimizer`` for a learning rate that is not finite and >= 0 (a
+    Keras optimizer made with ``learning_rate=-1.0`` or NaN: Keras takes them), before anything
+    is computed (`shared.training.check_learning_rate`).
     """
     check_smoothing(smoothing)  # before tracing: it is a Python constant of the compiled step
     check_optimizer(model, optimizer)
     if not optimizer.built:
         optimizer.build(model.trainable_variables)
+    _check_rate(optimizer)
     loss, lr = _compiled_step(model, optimizer, smoothing)(*_batch(model, batch))
     return StepResult(float(loss.numpy()), float(lr.numpy()))
+
+
+def _check_rate(optimizer: keras.optimizers.Optimizer) -> None:
+    """The rate the next update takes, refused unless finite and >= 0, as torch_impl's step
+    refuses it. `make_optimizer`'s `NoamSchedule` is not read: its arguments were checked when it
+    was made (`shared.schedule.noam_lr`), so every rate it gives is finite and > 0, and reading it
+    here would cost a read from the device each step (``iterations`` on a GPU). Any other rate (a
+    float, another schedule, a callable) is evaluated eagerly, one read of the device a step."""
+    if not isinstance(getattr(optimizer, "_learning_rate", None), NoamSchedule):
+        check_learning_rate(optimizer.learning_rate)
 
 
 def gradients(model: Transformer, batch: Batch, smoothing: float = 0.0,
@@ -422,7 +437,7 @@ def _resume_schedule(optimizer: keras.optimizers.Optimizer) -> None:
     """`make_optimizer`'s `NoamSchedule` (if ``optimizer`` has one) counted from ``iterations``
     alone, which `import_moments` has just set: torch_impl's `import_moments` places its scheduler
     the same. A learning rate the user made otherwise is theirs to place. (Keras keeps the
-    schedule in the private ``_learning_rate``: read here and nowhere else.)"""
+    schedule in the private ``_learning_rate``: read here and in `_check_rate`.)"""
     schedule = getattr(optimizer, "_learning_rate", None)
     if isinstance(schedule, NoamSchedule):
         schedule.start_step = 0

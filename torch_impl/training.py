@@ -25,7 +25,7 @@ from shared.loss import (as_array, check_loss_args, check_smoothing, check_some_
 from shared.messages import shown
 from shared.moments import FOREIGN_OPTIMIZER, check_moments
 from shared.schedule import check_start_step, noam_lr
-from shared.training import batch_ids
+from shared.training import batch_ids, check_learning_rate
 
 from .cache import _mode
 from .inputs import _as_ids, _is_integer, check_same_batch
@@ -260,14 +260,21 @@ def train_step(model: Transformer, optimizer: torch.optim.Optimizer, batch: Batc
         smoothing: label smoothing eps in [0, 1).
 
     Returns:
-        ``StepResult(loss, lr)``: the loss before the update and the learning rate of this step.
+        ``StepResult(loss, lr)``: the loss before the update and the learning rate of this step
+        (the first param group's).
+
+    Raises ``ValueError`` naming ``optimizer`` for a learning rate that is not finite and >= 0 (a
+    param group's ``lr`` set after the optimizer was made: torch's Adam refuses them only then),
+    before anything is computed (`shared.training.check_learning_rate`).
     """
     check_smoothing(smoothing)  # first, as tf_impl's
     check_optimizer(model, optimizer)
+    # Every group's rate, refused unless finite and >= 0 before anything is computed: Python floats
+    # (LambdaLR sets them), so no read from a device; a tensor rate is read once (a sync on a GPU).
+    lr = [check_learning_rate(group["lr"]) for group in optimizer.param_groups][0]
     loss = _loss(model, batch, smoothing, training=True)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    lr = float(optimizer.param_groups[0]["lr"])
     optimizer.step()
     return StepResult(float(loss.item()), lr)
 
