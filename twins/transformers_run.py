@@ -30,7 +30,16 @@ class TransformersRun:
         self.family = json.loads((self.path / "config.json").read_text(encoding="utf-8"))["model_type"]
         cls = {"marian": transformers.MarianMTModel,
                "fsmt": transformers.FSMTForConditionalGeneration}[self.family]
-        self.model = cls.from_pretrained(str(self.path)).eval()
+        # transformers' own "Loading weights: 100%|...|" bar on stderr, amid the command's table:
+        # off for this load only (a caller's setting is given back)
+        from transformers.utils import logging as hf_logging
+        shown = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            self.model = cls.from_pretrained(str(self.path)).eval()
+        finally:
+            if shown:
+                hf_logging.enable_progress_bar()
 
     def logits(self, src: np.ndarray, tgt: np.ndarray) -> np.ndarray:
         """``(B, T, tgt_vocab)``; source and target padding masked as the project masks them."""
