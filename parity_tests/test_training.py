@@ -1,7 +1,10 @@
 """Each backend's training module on its own: the built-in loss against the float64 NumPy loss, the
 Noam rates the optimizer actually uses, the paper's Adam over each weight once, train steps that
-learn, dropout in training only, gradients in the canonical layout, and bad batches refused before
-any update. (torch vs TF: test_training_parity.py; framework-only pieces: test_*_only.py.)"""
+learn, dropout in training only, gradients in the canonical layout, Adam's moments exported and
+imported (where an import puts the schedule, values as stored), and what the loss and a step cannot
+compute refused alike in all three, before any update: bad batches, a loss over no target, a
+smoothing or a learning rate that is no number for them. (torch vs TF: test_training_parity.py;
+framework-only pieces: test_*_only.py.)"""
 import re
 
 import numpy as np

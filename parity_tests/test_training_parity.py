@@ -1,6 +1,7 @@
 """Training parity, torch_impl vs tf_impl from identical weights and data, dropout 0: the gradient of
 every canonical weight and the loss (against the float64 NumPy loss of the reference logits), one
-Adam update, and 50 steps of Adam + Noam with the weights compared after every step.
+Adam update, 50 steps of Adam + Noam with the weights compared after every step, and a run saved by
+one backend resumed in the other.
 
 Attention key biases are gradient-free: softmax over the keys ignores ``q . b_k``, the same for every
 key, so their exact gradient is 0 and each backend computes rounding noise (< 1e-16 of the gradient
