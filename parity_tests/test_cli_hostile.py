@@ -34,12 +34,12 @@ SMALL = ["--src-len", "3", "--tgt-len", "2"]
 
 
 def refused(capsys, command: str, expected: str, *argv) -> str:
-    """``twins COMMAND ARGV`` fails as a usage error: exit 2, its last line (argparse prints its
-    usage lines first) ``twins COMMAND: error: ...`` containing ``expected``."""
+    """``twins COMMAND ARGV`` fails as a usage error: exit 2, one line (argparse's own errors too)
+    ``twins COMMAND: error: ...`` containing ``expected``."""
     code, out, err = cli(capsys, command, *argv)
     last = err.strip().splitlines()[-1] if err.strip() else ""
     assert code == 2, (code, out, err)
-    assert "Traceback" not in err and last.startswith(f"twins {command}: error: "), err
+    assert len(err.strip().splitlines()) == 1 and last.startswith(f"twins {command}: error: "), err
     assert expected in last, last
     return last
 

@@ -236,7 +236,8 @@ def test_an_empty_path_is_not_the_current_directory(tmp_path, capsys, monkeypatc
     argv = ["--out", ""] if option == "--out" else ["--out", tmp_path / "o", option, ""]
     code, out, err = cli(capsys, "figures", *argv, "--dpi", "20")
     assert code == 2 and out == ""
-    assert err.splitlines()[-1] == f"twins figures: error: argument {option}: expected a path, got ''"
+    assert err.splitlines() == [f"twins figures: error: argument {option}: expected a path, got '' (see twins "
+                                "figures --help)"]
     assert not list(tmp_path.iterdir())
 
 
