@@ -1,6 +1,8 @@
+import atexit
 import gc
 import importlib.util
 import os
+import sys
 
 from parity_tests import importable
 
@@ -83,6 +85,40 @@ def pytest_collection_finish(session):
     if not DEFAULT_GC:
         gc.collect()
         gc.freeze()
+
+
+# A pytest-xdist worker that has run its share of the suite holds both frameworks and every object
+# the tests left alive (5 GB). The interpreter's finalization then frees them one by one, and xdist
+# waits for every worker to exit before the run ends (a timeline of one run: 8.5 s from the last
+# test to the end). So a worker whose session finished (passed or failed) runs every exit handler
+# as usual (coverage's, tempfile's, the tests' own), then exits without finalizing: the operating
+# system takes the memory back at once. Nothing a test wrote is lost (files are closed by then;
+# results went to the controller with the session's end). The whole suite (`python -m pytest
+# parity_tests -n 2 --dist loadfile`, this 2-core machine, runs interleaved): 231.7 and 217.5 s,
+# against 241.8 and 238.7 s with the interpreter's own exit. PARITY_FULL_EXIT=1 keeps that exit.
+FULL_EXIT = bool(os.environ.get("PARITY_FULL_EXIT"))
+
+
+def _exit_without_finalizing() -> None:
+    """Registered last, so called first of the exit handlers: call the others, in their order,
+    flush, and end the process (an interpreter without ``atexit._run_exitfuncs``: its own exit)."""
+    run_others = getattr(atexit, "_run_exitfuncs", None)
+    if run_others is None:
+        return
+    atexit.unregister(_exit_without_finalizing)
+    run_others()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # None, or closed
+            pass
+    os._exit(0)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In a pytest-xdist worker whose tests ran (passed or failed): exit without finalizing."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and not FULL_EXIT and exitstatus in (0, 1):
+        atexit.register(_exit_without_finalizing)
 
 
 # Parameter values that name a backend of one framework: `backends.Backend` and the decoding

@@ -1,5 +1,6 @@
 """The dependency rule of docs/design.md: proved in fresh interpreters, and read off the source."""
 import ast
+import os
 import subprocess
 import sys
 import textwrap
@@ -351,3 +352,48 @@ def test_commands_import_no_command_and_reach_backends_through_the_adapter():
         if path.name != "backends.py":
             backends = {m for m in imported if m.split(".")[0] in ("torch_impl", "tf_impl")}
             assert not backends, (path.name, backends)
+
+
+
+def test_a_worker_that_exits_without_finalizing_still_runs_every_exit_handler(tmp_path, monkeypatch):
+    """conftest's fast exit: registered in an xdist worker whose tests ran (passed or failed),
+    never elsewhere nor under PARITY_FULL_EXIT=1; at exit it runs every other exit handler
+    (tempfile's, coverage's, interop_cases' clean-up are such) and ends the process without the
+    interpreter's finalization (an object's finalizer that only finalization calls does not run;
+    without the fast exit it does, so the check can tell)."""
+    from parity_tests import conftest
+    registered = []
+    monkeypatch.setattr(conftest.atexit, "register", registered.append)
+    for worker, full_exit, status, expected in [("gw0", False, 0, 1), ("gw0", False, 1, 1), ("gw0", False, 2, 0),
+                                                (None, False, 0, 0), ("gw0", True, 0, 0)]:
+        registered.clear()
+        if worker:
+            monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        else:
+            monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+        monkeypatch.setattr(conftest, "FULL_EXIT", full_exit)
+        conftest.pytest_sessionfinish(None, status)
+        assert registered == [conftest._exit_without_finalizing] * expected, (worker, full_exit, status)
+    monkeypatch.undo()
+
+    marks = tmp_path / "marks"
+    program = textwrap.dedent(f"""
+        import atexit, os, sys
+        FD = os.open({str(marks)!r}, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+        class Finalized:
+            def __del__(self, write=os.write, fd=FD):  # bound now: finalization clears modules
+                write(fd, b"finalized\\n")
+
+        KEPT = Finalized()  # alive until the interpreter's finalization
+        atexit.register(lambda: os.write(FD, b"handler\\n"))
+        if sys.argv[1] == "fast":
+            from parity_tests.conftest import _exit_without_finalizing
+            atexit.register(_exit_without_finalizing)  # last, as pytest_sessionfinish registers it
+        """)
+    for how, expected in (("fast", ["handler"]), ("full", ["handler", "finalized"])):
+        marks.unlink(missing_ok=True)
+        done = subprocess.run([sys.executable, "-c", program, how], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert marks.read_text().split() == expected, how
