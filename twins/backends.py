@@ -219,15 +219,13 @@ class _Framework(Adapter):
         """Adam on the Noam schedule (``warmup``, ``factor``), continuing at ``step``; with
         ``moments`` (canonical layout, `shared.moments.moment_names`) Adam resumes exactly where
         it stopped, without them it starts from zero moments."""
-        # tf_impl's schedule reads the optimizer's own step count, which imported moments set (and
-        # Adam's bias corrections with it); torch's schedule counts apart, so it is offset by hand,
-        # as it is in both when Adam starts fresh.
-        start = 0 if moments is not None and self._adam_counts_steps else step
+        # The schedule starts after ``step``; imported moments place Adam's count and the schedule
+        # at ``step`` again, in both backends (docs/design.md, convention 13).
         if self.parallel is not None:
-            self.optimizer = self.parallel.make_optimizer(warmup=warmup, factor=factor, start_step=start)
+            self.optimizer = self.parallel.make_optimizer(warmup=warmup, factor=factor, start_step=step)
         else:
             self.optimizer = self._training.make_optimizer(self.model, warmup=warmup, factor=factor,
-                                                           start_step=start)
+                                                           start_step=step)
         if moments is not None:
             self._training.import_moments(self.model, self.optimizer, moments, step)
 
@@ -259,7 +257,6 @@ def to_numpy(tensor) -> np.ndarray:
 
 class Torch(_Framework):
     name = "torch"
-    _adam_counts_steps = False
 
     @classmethod
     def _setup(cls, seed, threads):
@@ -307,7 +304,6 @@ class Torch(_Framework):
 
 class TF(_Framework):
     name = "tf"
-    _adam_counts_steps = True
 
     @classmethod
     def _setup(cls, seed, threads):
