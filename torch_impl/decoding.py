@@ -26,10 +26,11 @@ import torch
 
 from shared.decoding import BeamResult, GreedyResult, check_search_args
 from shared.masks import padding_id, start_is_pad
+from shared.training import batch_ids
 
 from . import graphs, search
 from .cache import _as_built, _mode, repeat_rows
-from .inputs import check_ids, make_tgt_mask, _numeric_array
+from .inputs import check_ids, make_tgt_mask
 from .model import Transformer, check_model
 from .precision import autocast
 
@@ -67,9 +68,9 @@ def _device(model: Transformer) -> torch.device:
 def _tensor(name: str, value, device: torch.device) -> torch.Tensor:
     """``value`` on ``device``: NumPy arrays and nested lists are accepted like tensors, as tf_impl
     and the reference take them (results are NumPy whatever the input); anything else is named
-    in their words (`torch_impl.inputs._numeric_array`)."""
+    in their words (`shared.training.batch_ids`)."""
     if not isinstance(value, torch.Tensor):
-        value = torch.as_tensor(_numeric_array(name, value))
+        value = torch.as_tensor(batch_ids(name, value))
     return value.to(device)
 
 

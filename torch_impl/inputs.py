@@ -9,11 +9,11 @@ Masks are boolean, ``True`` = may attend, broadcastable to ``(batch, heads, q_le
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from shared import checks
 from shared.masks import check_pad_id
+from shared.training import batch_ids
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -58,28 +58,10 @@ def _id_range(ids: torch.Tensor) -> tuple[int, int]:
     return lo, hi
 
 
-def _numeric_array(name: str, value) -> np.ndarray:
-    """``value`` (a list or an array, not a tensor) as a NumPy array, ragged rows and non-numbers
-    (strings, objects) named as tf_impl's conversion names them, before torch would raise its own
-    error (``can't convert np.ndarray of type numpy.object_``)."""
-    if (lengths := checks.ragged_rows(value)) is not None:
-        raise ValueError(checks.ragged_message(name, lengths))
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError):
-        array = np.empty(0, object)
-    if array.dtype.kind == "O":  # None, objects: tf_impl's `to_tensor` says the same
-        raise TypeError(checks.not_an_array_message(name, value))
-    if array.dtype.kind not in "biuf":  # text, "string" as TensorFlow names it: shape, then dtype
-        kind = "string" if array.dtype.kind in "US" else str(array.dtype)
-        checks.check_ids(name, array.shape, kind, False, max_len=2**62)
-    return array
-
-
 def _as_ids(name: str, value, vocab: int, max_len: int, device: torch.device) -> torch.Tensor:
     """`check_ids` of ``value`` as a tensor on ``device``: tensors as they are, NumPy arrays and
-    lists converted first (`_numeric_array`), as tf_impl's training converts them."""
-    ids = value if isinstance(value, torch.Tensor) else torch.as_tensor(_numeric_array(name, value))
+    lists converted first (`shared.training.batch_ids`), as tf_impl's training converts them."""
+    ids = value if isinstance(value, torch.Tensor) else torch.as_tensor(batch_ids(name, value))
     check_ids(name, ids, vocab, max_len)
     return ids.to(device)
 
