@@ -76,6 +76,14 @@ def bad_input(parallel, distributed, rank: int) -> dict[str, str]:
         parallel.train_step((src[:3], tgt_in[:3], tgt_out[:3]))
     except ValueError as err:
         seen["indivisible"] = str(err)
+    if hasattr(parallel.optimizer, "param_groups"):  # torch: a rate set after make_optimizer
+        group = parallel.optimizer.param_groups[0]
+        kept, group["lr"] = group["lr"], float("nan")
+        try:  # refused on every rank before any collective, as one process's step refuses it
+            parallel.train_step((src, tgt_in, tgt_out))
+        except ValueError as err:
+            seen["rate"] = str(err)
+        group["lr"] = kept
     try:  # rank 1 failed while preparing: rank 1 raises its error, the others name it
         distributed.agree(OSError("disk on fire") if rank == 1 else {"seed": 0})
     except (ValueError, OSError) as err:

@@ -122,6 +122,7 @@ def test_bad_input_fails_on_every_worker(runs):
     seen = [json.loads((runs / f"torch-errors-{rank}.json").read_text()) for rank in (0, 1)]
     for rank, s in enumerate(seen):
         assert "divides the global batch of 3 examples, got 2" in s["indivisible"], rank
+        assert s["rate"] == "optimizer: expected a learning rate that is finite and >= 0, got nan", rank
         assert s["mismatch"] == ("workers disagree: rank 1's settings differ from rank 0's (warmup: "
                                  "500 != 400); start every worker with the same options and run"), rank
         assert s["agreed"] == "yes"

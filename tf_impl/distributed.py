@@ -30,7 +30,7 @@ from shared.data_parallel import TIMEOUT_S, check_worker_count, check_workers, d
 from shared.loss import check_smoothing
 
 from .model import Transformer, _traced
-from .training import _IDS, StepResult, _batch, _loss, make_optimizer
+from .training import _IDS, StepResult, _batch, _check_rate, _loss, make_optimizer
 
 
 def logical_cpus(workers: int) -> list[str]:
@@ -173,6 +173,7 @@ class DataParallel:
         if self.optimizer is None:
             raise ValueError("optimizer: call make_optimizer before train_step")
         check_smoothing(smoothing)  # before tracing: a Python constant of the compiled step
+        _check_rate(self.optimizer)  # a rate set after make_optimizer: as one process's step checks it
         src, tgt_in, tgt_out = _batch(self.model, batch)  # checks the global batch, as one process does
         check_workers(int(src.shape[0]), self.workers, "workers")
         loss, lr = self._compiled_step(float(smoothing))(src, tgt_in, tgt_out)

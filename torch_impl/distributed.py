@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from shared import TransformerConfig
 from shared.data_parallel import (TIMEOUT_S, check_worker_count, check_workers, disagreement, shard_rows,
                                   target_tokens)
+from shared.training import check_learning_rate
 
 from .cache import _mode
 from .model import Transformer
@@ -164,6 +165,8 @@ class DataParallel:
         """
         if self.optimizer is None:
             raise ValueError("optimizer: call make_optimizer before train_step")
+        # a rate set after make_optimizer, refused as one process's step refuses it (Python floats)
+        lr = [check_learning_rate(group["lr"]) for group in self.optimizer.param_groups][0]
         src, tgt_in, tgt_out = _batch(self.model, batch)  # checks the global batch, as one process does
         check_workers(src.shape[0], self.workers, "workers")
         rows = shard_rows(src.shape[0], self.rank, self.workers)
@@ -173,7 +176,6 @@ class DataParallel:
         loss = label_smoothed_loss(logits, tgt_out[rows], self.model.config.pad_id, smoothing, tokens)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # DDP sums the workers' gradients (`_sum_hook`) during the backward pass
-        lr = float(self.optimizer.param_groups[0]["lr"])
         self.optimizer.step()
         total = loss.detach().clone()
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
