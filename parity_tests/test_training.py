@@ -206,8 +206,10 @@ def _rates_used(backend, optimizer, n: int) -> list[float]:
 
 
 @pytest.mark.parametrize("backend", CPU)
-@pytest.mark.parametrize("d_model, warmup, factor, start_step", [(16, 10, 0.1, 0), (512, 4000, 1.0, 0),
-                                                                 (16, 10, 2.0, 7)])
+@pytest.mark.parametrize("d_model, warmup, factor, start_step", [
+    (16, 10, 0.1, 0), (512, 4000, 1.0, 0), (16, 10, 2.0, 7),
+    # NumPy's numbers, as TransformerConfig takes them (np.float32 was refused as no float)
+    (np.int64(16), np.int32(10), np.float32(0.1), np.int64(7))])
 def test_rates_used_at_steps_1_to_n_are_noam(d_model, warmup, factor, start_step, backend):
     model = backend.impl.Transformer(CONFIG)
     optimizer = backend.training.make_optimizer(model, d_model, warmup, factor, start_step)

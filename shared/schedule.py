@@ -8,6 +8,7 @@ than silently returning 0 (the Annotated Transformer guards it with ``if step ==
 """
 from __future__ import annotations
 
+import numbers
 import sys
 
 import numpy as np
@@ -26,10 +27,14 @@ def noam_lr(step, d_model: int, warmup: int, factor: float = 1.0):
                              f"float), got {shown(value)}")
     # Compared before any arithmetic: an int past float64's range (10**400) cannot be multiplied by
     # a float (Python's OverflowError), and inf or NaN is no rate.
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
-            or not 0 < factor <= sys.float_info.max:
+    # NumPy's numbers too (np.float32(0.5)), as TransformerConfig takes them, compared and computed
+    # as Python's (a float32 compared with float64's largest would overflow in the cast)
+    value = (int(factor) if isinstance(factor, numbers.Integral) else float(factor)) \
+        if isinstance(factor, numbers.Real) and not isinstance(factor, bool) else None
+    if value is None or not 0 < value <= sys.float_info.max:
         raise ValueError(f"noam_lr: factor expected a positive float (at most "
                          f"{sys.float_info.max:.4g}, a float64's largest), got {shown(factor)}")
+    factor = float(value)
     peak = factor * d_model ** -0.5 * warmup ** -0.5  # the rate at step == warmup, the largest
     if not peak <= FLOAT32_MAX:  # a float32 update would overflow (torch raises, TF runs on inf)
         raise ValueError(f"noam_lr: factor expected a peak rate factor * d_model**-0.5 * warmup**-0.5 "

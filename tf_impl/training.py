@@ -148,7 +148,8 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
     def __init__(self, d_model: int, warmup: int, factor: float = 1.0, start_step: int = 0):
         start_step = check_start_step(start_step)
         noam_lr(start_step + 1, d_model, warmup, factor)  # the shared argument checks, before anything
-        self.d_model, self.warmup, self.factor = d_model, warmup, factor
+        # Python numbers (NumPy's are taken): the formula's constants, and what get_config writes
+        self.d_model, self.warmup, self.factor = int(d_model), int(warmup), float(factor)
         # The offset a traced step reads when it runs, not a constant baked into the trace: a step
         # compiled before import_moments moved it would go on at the old offset. (init_scope: made
         # eagerly even where the schedule is built inside a tf.function.)

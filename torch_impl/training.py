@@ -158,7 +158,9 @@ class _NoamRate:
     ``LambdaLR.state_dict`` keeps it: it saves a callable object's attributes, not a function's)."""
 
     def __init__(self, d_model: int, warmup: int, factor: float, start_step: int):
-        self.d_model, self.warmup, self.factor, self.start_step = d_model, warmup, factor, start_step
+        # Python numbers (NumPy's are taken), as tf_impl's schedule keeps them
+        self.d_model, self.warmup, self.factor = int(d_model), int(warmup), float(factor)
+        self.start_step = start_step
 
     def __call__(self, s: int) -> float:
         return noam_lr(self.start_step + s + 1, self.d_model, self.warmup, self.factor)
