@@ -181,8 +181,6 @@ def test_json_to_stdout_is_json_alone_and_tf_logs_are_hidden():
         assert "oneDNN" not in line and "absl" not in line and not line.startswith("I0000"), line
 
 
-@pytest.mark.torch
-@pytest.mark.tf
 def test_the_progress_bar_asks_what_stderr_was_before_tf_logs_are_hidden():
     """`twins.quiet.tf_logs_hidden` makes file descriptor 2 a pipe for every command; tqdm asked
     that pipe whether it was a terminal, so `twins train` never drew its bar, on a terminal either.
@@ -209,6 +207,8 @@ def test_the_progress_bar_asks_what_stderr_was_before_tf_logs_are_hidden():
             os.close(fd)
 
 
+@pytest.mark.torch
+@pytest.mark.tf
 def test_tf_errors_from_call_read_as_torchs():
     """Before: Keras re-raised the error as "Exception encountered when calling Transformer.call()"
     with the text in terminal bold (ESC[1m ... ESC[0m) and the arguments listed."""
