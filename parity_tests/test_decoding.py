@@ -19,6 +19,7 @@ import pytest
 from parity_tests.decoding_backends import MODEL_BACKENDS, ModelBackend, model_backend  # noqa: F401
 from parity_tests.decoding_cases import (ALPHAS, BEAM, MAX_LEN, beams, config64, greedy, model_for,
                                          reference_decodes, sources, targets, tiny_configs, weights_for)
+from shared import masks as shared_masks
 from shared import reference as R
 from shared.divergence import first_divergence
 from shared.loss import log_softmax
@@ -529,3 +530,40 @@ def test_model_must_be_the_backends_transformer(model_backend):
     with pytest.raises(TypeError, match=rf"model: expected a {model_backend.framework}_impl.Transformer, "
                                         r"got _?Model"):
         model_backend.greedy_decode(R.Model(W64, MODEL64), SRC, 5)
+
+
+@pytest.mark.parametrize("impl", ["reference", pytest.param("torch", marks=pytest.mark.torch),
+                                  pytest.param("tf", marks=pytest.mark.tf)])
+def test_a_flag_is_true_or_false_and_a_mask_no_list_in_every_implementation(impl):
+    """Before: the decoders' flags were read for their truth (``return_all="no"`` returned every
+    hypothesis, ``use_cache="no"`` used the cache, tf_impl's ``jit_compile="false"`` compiled with
+    XLA; `make_tgt_mask`'s ``first_is_real="no"`` made column 0 real), and torch_impl took a
+    nested list as ``src_mask`` where tf_impl and the reference refuse one."""
+    config = TINY["tiny-pre-annotated"]
+    weights = random_weights(config, 0)
+    src = sources(config, 0)
+    if impl == "reference":
+        api, model, masks, ids = R, R.Model(weights, config), shared_masks, src
+    else:
+        api = pytest.importorskip(f"{impl}_impl")
+        model, masks = api.Transformer(config), api.inputs
+        model.import_weights(weights)
+        ids = pytest.importorskip("torch").from_numpy(src) if impl == "torch" else src
+    flag = r"^{}: expected True or False, got 'no' \(str\)$"
+    with pytest.raises(TypeError, match=flag.format("return_all")):
+        api.beam_search(model, src, 3, 2, return_all="no")
+    with pytest.raises(TypeError, match=flag.format("first_is_real")):
+        masks.make_tgt_mask(ids, config.pad_id, first_is_real="no")
+    assert api.beam_search(model, src, 3, 2, return_all=np.True_).all_tokens.shape[:2] == (src.shape[0], 2)
+    with pytest.raises(TypeError, match=r"^src_mask: expected a (numpy bool array|torch bool tensor|tf bool "
+                                        r"tensor), got list$"):
+        api.greedy_decode(model, src, 3, src_mask=np.ones((src.shape[0], 1, 1, src.shape[1]), bool).tolist())
+    if impl != "reference":
+        with pytest.raises(TypeError, match=flag.format("use_cache")):
+            api.greedy_decode(model, src, 3, use_cache="no")
+    if impl == "tf":
+        with pytest.raises(TypeError, match=flag.format("compiled")):
+            api.greedy_decode(model, src, 3, compiled="no")
+        with pytest.raises(TypeError, match=r"^jit_compile: expected True, False or None \(the measured default\), "
+                                            r"got 'false' \(str\)$"):
+            api.greedy_decode(model, src, 3, jit_compile="false")

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .checks import is_int
+from .checks import check_flag, is_int
 from .config import FLOAT32_MAX, TransformerConfig  # a search runs in float32 at the narrowest
 from .messages import shown
 
@@ -77,6 +77,22 @@ def check_length_penalty(alpha, max_len: int | None = None, name: str = "length_
             raise ValueError(f"{name}: expected at most {largest} at {max_len_name}={max_len} (the "
                              f"penalty ((5 + max_len) / 6) ** alpha must stay finite in float32), "
                              f"got {shown(alpha)}")
+
+
+def check_flags(**flags) -> None:
+    """The decoders' True/False arguments (``use_cache``, ``return_all``, ``compiled``; ``jit_compile``
+    also None, "the default"), each refused by name unless a bool: ``return_all="no"`` was read for
+    its truth and returned every hypothesis. Checked after the search arguments, before the mask,
+    in all three implementations."""
+    for name, value in flags.items():
+        if name != "jit_compile":
+            check_flag(value, name)
+        elif value is not None and not isinstance(value, bool):
+            try:
+                check_flag(value, name)  # NumPy's bool passes
+            except TypeError:
+                raise TypeError(f"jit_compile: expected True, False or None (the measured default), "
+                                f"got {shown(value)} ({type(value).__name__})") from None
 
 
 def check_search_args(config: TransformerConfig, max_len, beam_size=None, length_penalty=0.0) -> None:

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from .checks import is_int, ragged_message, ragged_rows
+from .checks import check_flag, is_int, ragged_message, ragged_rows
 from .config import POSITIONAL_TABLE_LIMIT, TransformerConfig
 from .messages import shown
 
@@ -116,6 +116,7 @@ def make_tgt_mask(tgt: np.ndarray, pad_id: int | None, first_is_real: bool = Fal
     positions 1.. only. ``pad_id=None`` (`padding_id`): the subsequent mask alone, per row. An
     empty ``tgt`` (length 0) gives an empty mask, as `make_src_mask` and both backends do."""
     check_pad_id(pad_id)
+    check_flag(first_is_real, "first_is_real")  # "no" read for its truth made column 0 real
     tgt = _check_ids("tgt", tgt)
     causal = _causal(tgt.shape[1], "tgt:")  # (1, 1, T, T); checks the length before any work
     keys = padding_mask(tgt, pad_id)  # (B, 1, 1, T), all True when pad_id is None

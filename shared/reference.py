@@ -317,14 +317,16 @@ def forward(weights: Weights, config: TransformerConfig, src, tgt, src_mask=None
 # The search itself is `shared.decoding` (framework-free, one spec for every backend); here it is
 # driven by the reference model.
 
-def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0):
-    """Checks in the order `shared.decoding` fixes: model, src, search arguments, then the mask."""
+def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0, **flags):
+    """Checks in the order `shared.decoding` fixes: model, src, search arguments, flags, then the
+    mask."""
     if not isinstance(model, Model):
         raise TypeError(f"model: expected a shared.reference.Model (Model(weights, config)), "
                         f"got {type(model).__name__}")
     config = model.config
     src = _check_tokens("src", src, config.src_vocab, config)
     _decoding.check_search_args(config, max_len, beam_size, length_penalty)
+    _decoding.check_flags(**flags)
     b, s = src.shape
     src_mask = _check_or_make_mask("src_mask", src_mask, make_src_mask(src, padding_id(config)), config,
                                    b, 1, s)
@@ -383,7 +385,8 @@ def beam_search(model: Model, src, max_len: int, beam_size: int = 4, length_pena
         log-probs (0 after EOS), lengths (B,); with return_all all_tokens (B, K, max_len),
         all_scores (B, K), all_lengths (B, K).
     """
-    src, src_mask = _decode_inputs(model, src, max_len, src_mask, beam_size, length_penalty)
+    src, src_mask = _decode_inputs(model, src, max_len, src_mask, beam_size, length_penalty,
+                                   return_all=return_all)
     c = model.config
     step = _step_function(model, src, src_mask, beam_size)
     return _decoding.beam_search(step, src.shape[0], max_len, beam_size, c.start_id, c.eos_id, c.pad_id,

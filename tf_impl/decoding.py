@@ -39,7 +39,7 @@ import weakref
 
 import tensorflow as tf
 
-from shared.decoding import BeamResult, GreedyResult, check_search_args
+from shared.decoding import BeamResult, GreedyResult, check_flags, check_search_args
 from shared.masks import padding_id, start_is_pad
 
 from . import search
@@ -159,9 +159,9 @@ def _run(model, program, compiled, jit_compile, use_cache, observe, *args, **kwa
     return _compiled(model, program, bool(jit_compile))(*args, use_cache=bool(use_cache), **kwargs)
 
 
-def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0):
-    """Checks in the order `shared.decoding` fixes: model, src, search arguments, then the mask;
-    all eagerly, before anything is compiled or run."""
+def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0, **flags):
+    """Checks in the order `shared.decoding` fixes: model, src, search arguments, flags, then the
+    mask; all eagerly, before anything is compiled or run."""
     check_model(model)
     if not tf.executing_eagerly():
         raise RuntimeError("greedy_decode/beam_search: call them eagerly (they return NumPy arrays "
@@ -169,6 +169,7 @@ def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty
     c = model.config
     src = check_ids("src", src, c.src_vocab, c.max_len)  # eagerly: ids read back and range-checked
     check_search_args(c, max_len, beam_size, length_penalty)
+    check_flags(**flags)
     return tf.cast(src, tf.int64), model._src_mask(src, src_mask)
 
 
@@ -194,7 +195,8 @@ def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cach
         tokens ``(B, max_len)`` int64 without BOS, pad after EOS; log_probs ``(B, max_len)`` in the
         model's dtype, 0 after EOS; lengths ``(B,)`` generated tokens including EOS. NumPy arrays.
     """
-    src, src_mask = _decode_inputs(model, src, max_len, src_mask)
+    src, src_mask = _decode_inputs(model, src, max_len, src_mask, use_cache=use_cache, compiled=compiled,
+                                   jit_compile=jit_compile)
     outputs = _run(model, _greedy_program, compiled, jit_compile, use_cache, observe, src, src_mask,
                    max_len=int(max_len))  # a NumPy int checked as an int: a Python one for the loop
     return search.greedy_result(outputs)
@@ -218,7 +220,9 @@ def beam_search(model: Transformer, src, max_len: int, beam_size: int = 4, lengt
         ``(B, K, max_len)``, all_scores ``(B, K)``, all_lengths ``(B, K)``. NumPy arrays, scores in
         the model's dtype.
     """
-    src, src_mask = _decode_inputs(model, src, max_len, src_mask, beam_size, length_penalty)
+    src, src_mask = _decode_inputs(model, src, max_len, src_mask, beam_size, length_penalty,
+                                   return_all=return_all, use_cache=use_cache, compiled=compiled,
+                                   jit_compile=jit_compile)
     alpha = tf.constant(float(length_penalty), model.config.dtype)
     outputs = _run(model, _beam_program, compiled, jit_compile, use_cache, observe, src, src_mask,
                    alpha, max_len=int(max_len), beam_size=int(beam_size))  # NumPy ints as Python ints

@@ -242,6 +242,7 @@ def make_tgt_mask(tgt: tf.Tensor, pad_id: int | None, first_is_real: bool = Fals
     Raises:
         TypeError: ``pad_id`` neither an int nor None (the reference's message, before any work)."""
     check_pad_id(pad_id)
+    checks.check_flag(first_is_real, "first_is_real")  # "no" read for its truth made column 0 real
     positions = tf.range(dims(tgt, 2)[1])
     subsequent = positions[:, None] >= positions[None, :]  # (T, T), lower-triangular
     keys = tf.ones_like(tgt, dtype=tf.bool) if pad_id is None else tgt != pad_id  # (B, T)

@@ -24,7 +24,7 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 import torch
 
-from shared.decoding import BeamResult, GreedyResult, check_search_args
+from shared.decoding import BeamResult, GreedyResult, check_flags, check_search_args
 from shared.masks import padding_id, start_is_pad
 from shared.training import batch_ids
 
@@ -74,14 +74,25 @@ def _tensor(name: str, value, device: torch.device) -> torch.Tensor:
     return value.to(device)
 
 
-def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0):
-    """Checks in the order `shared.decoding` fixes: model, src, search arguments, then the mask."""
+def _mask(value, device: torch.device):
+    """A mask given to a decoder on ``device``: a tensor, or a NumPy array converted, as tf_impl
+    takes them; anything else (nested lists: tf_impl and the reference refuse them) is left for
+    the mask's check to name."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    return torch.as_tensor(np.asarray(value)).to(device) if hasattr(value, "__array__") else value
+
+
+def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0, **flags):
+    """Checks in the order `shared.decoding` fixes: model, src, search arguments, flags, then the
+    mask."""
     check_model(model)
     c, device = model.config, _device(model)
     src = _tensor("src", src, device)
     check_ids("src", src, c.src_vocab, c.max_len)
     check_search_args(c, max_len, beam_size, length_penalty)
-    return src, model._src_mask(src, None if src_mask is None else _tensor("src_mask", src_mask, device))
+    check_flags(**flags)
+    return src, model._src_mask(src, None if src_mask is None else _mask(src_mask, device))
 
 
 class RecomputeStep:
@@ -169,7 +180,7 @@ def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cach
         tokens ``(B, max_len)`` int64 without BOS, pad after EOS; log_probs ``(B, max_len)`` in the
         model's dtype, 0 after EOS; lengths ``(B,)`` generated tokens including EOS. NumPy arrays.
     """
-    src, src_mask = _decode_inputs(model, src, max_len, src_mask)
+    src, src_mask = _decode_inputs(model, src, max_len, src_mask, use_cache=use_cache)
     c = model.config
     with _inference(model):
         if use_cache and observe is None and _graphed(model, src.device):  # step and selection: one graph
@@ -198,7 +209,8 @@ def beam_search(model: Transformer, src, max_len: int, beam_size: int = 4, lengt
         ``(B, K, max_len)``, all_scores ``(B, K)``, all_lengths ``(B, K)``. NumPy arrays, scores in
         the model's dtype.
     """
-    src, src_mask = _decode_inputs(model, src, max_len, src_mask, beam_size, length_penalty)
+    src, src_mask = _decode_inputs(model, src, max_len, src_mask, beam_size, length_penalty,
+                                   return_all=return_all, use_cache=use_cache)
     c = model.config
     with _inference(model):
         step = _step(model, src, src_mask, beam_size, max_len, use_cache)

@@ -109,6 +109,7 @@ def make_tgt_mask(tgt: torch.Tensor, pad_id: int | None, first_is_real: bool = F
     Raises:
         TypeError: ``pad_id`` neither an int nor None (the reference's message, before any work)."""
     check_pad_id(pad_id)
+    checks.check_flag(first_is_real, "first_is_real")  # "no" read for its truth made column 0 real
     t = tgt.shape[1]
     subsequent = torch.ones(t, t, dtype=torch.bool, device=tgt.device).tril()  # (T, T)
     keys = torch.ones_like(tgt, dtype=torch.bool) if pad_id is None else tgt != pad_id  # (B, T)
