@@ -58,6 +58,29 @@ def test_options_are_checked_and_named_as_typed():
         formats.read("x", "ctranslate2")
 
 
+def test_the_registrys_own_arguments_are_checked_by_name():
+    """Before: NumPy option values crashed the filter of given options in NumPy's words ("truth
+    value of an empty array is ambiguous"), a misspelt direction or role was read as another
+    ("sideways" as "write"), a list as a format or precision name failed as "unhashable type",
+    options=None as an AttributeError, and detect("") took '' for the current directory."""
+    import numpy as np
+    from shared.precision import check_precision
+    nn = {"n_heads": np.int64(4), "norm_first": np.False_, "pad_id": np.int64(0), "bos_id": 1, "eos_id": 2}
+    assert formats.check_options("nn-transformer", "read", nn) == nn  # a name or a record
+    for call, error, message in [
+        (lambda: formats.get("onnx", "sideways"), ValueError, "direction: expected one of 'read', 'write', None, got 'sideways'"),
+        (lambda: formats.get(["onnx"]), TypeError, r"format: expected a format name \(one of neutral, .*\), got list"),
+        (lambda: formats.detect("m.pt", "bogus"), ValueError, "role: expected one of 'source', 'destination', got 'bogus'"),
+        (lambda: formats.detect(""), ValueError, "path: expected a path, got ''"),
+        (lambda: formats.check_options("onnx", "sideways", {}), ValueError, "direction: expected one of 'read', 'write', got"),
+        (lambda: formats.check_options("nn-transformer", "read", None), TypeError,
+         "options: expected a mapping of option name -> value, got NoneType"),
+        (lambda: check_precision(["fp16"], "float32"), ValueError, r"precision: expected one of .*, got \['fp16'\]"),
+    ]:
+        with pytest.raises(error, match=f"^{message}"):
+            call()
+
+
 def test_list_formats_prints_the_registry(capsys):
     assert main(["convert", "--list-formats"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -40,7 +40,7 @@ def check_precision(precision: str, dtype: str) -> str:
     """The canonical name of ``precision`` (``fp32``/``bf16``/``fp16`` accepted; not "half", which names neither); a half
     precision needs a float32 model (its float32 weights are the master copy; a float64 model has
     no mixed mode)."""
-    if precision not in ALIASES:
+    if not isinstance(precision, str) or precision not in ALIASES:  # a list is no key (unhashable)
         raise ValueError(f"precision: expected one of {sorted(ALIASES)}, got {precision!r}")
     name = ALIASES[precision]
     if name in HALF_PRECISIONS and dtype != "float32":

@@ -62,8 +62,19 @@ def _can(fmt: Format, direction: str) -> bool:
     return (fmt.read if direction == "read" else fmt.write) is not None
 
 
+def _check_word(value, name: str, allowed: tuple) -> None:
+    """An argument that takes one of a few words (``direction``, ``role``): a misspelt one would
+    otherwise be read as another ("sideways" as "write")."""
+    if value not in allowed or not (value is None or isinstance(value, str)):
+        raise ValueError(f"{name}: expected one of {', '.join(map(repr, allowed))}, got {value!r}")
+
+
 def get(name: str, direction: str | None = None, flag: str = "format") -> Format:
     """The record named ``name``; ``direction``: it must read / write. Errors name ``flag``."""
+    _check_word(direction, "direction", ("read", "write", None))
+    if not isinstance(name, str):  # a list would fail as unhashable, naming nothing
+        raise TypeError(f"{flag}: expected a format name (one of {', '.join(names(direction))}), got "
+                        f"{type(name).__name__}")
     fmt = _BY_NAME.get(name)
     if fmt is None or (direction and not _can(fmt, direction)):
         role = {"read": "readable ", "write": "writable ", None: ""}[direction]
@@ -99,6 +110,8 @@ def detect(path: str | os.PathLike, role: str = "source", flag: str | None = Non
     recognises it, else the fallback (the neutral directory); anything else is refused, naming what
     is recognised and ``flag``, what names a format instead (default the command line's ``--from``
     / ``--to``)."""
+    _check_word(role, "role", ("source", "destination"))
+    check_path(path)  # '' would be the current directory, a neutral one
     p = Path(path)
     direction = "read" if role == "source" else "write"
     candidates = [f for f in REGISTRY if _can(f, direction)]
@@ -121,7 +134,12 @@ def check_options(fmt: Format, direction: str, options: Mapping[str, Any], confi
                   spell=lambda name: name) -> dict[str, Any]:
     """The options given for ``fmt``'s ``direction``: each declared by it, the required ones
     present, a config only where it reads one. ``spell`` names an option as the caller typed it
-    (the command line: ``--n-heads``). Returns them without the ones not given."""
+    (the command line: ``--n-heads``). Returns them without the ones not given. ``fmt``: a
+    record or its name."""
+    _check_word(direction, "direction", ("read", "write"))
+    fmt = _record(fmt, direction) if not isinstance(fmt, Format) else fmt
+    if not isinstance(options, Mapping):
+        raise TypeError(f"options: expected a mapping of option name -> value, got {type(options).__name__}")
     options = given(options)
     flag = "--from" if direction == "read" else "--to"
     declared = {o.name for o in fmt.options(direction)}

@@ -130,7 +130,8 @@ ALLOW_NONFINITE = Option("allow_nonfinite", "read NaN/Inf weights instead of ref
 
 def given(options: Mapping[str, Any]) -> dict[str, Any]:
     """The options actually given: None (and an empty repeat) means "not given"."""
-    return {k: v for k, v in options.items() if v is not None and v != []}
+    # `== []` only of a list: a NumPy value compares element-wise ("truth value ... ambiguous")
+    return {k: v for k, v in options.items() if v is not None and not (isinstance(v, list) and not v)}
 
 
 def as_path(path: str | os.PathLike) -> str:
