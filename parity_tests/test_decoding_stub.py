@@ -697,6 +697,9 @@ def test_search_buffers_that_cannot_fit_are_refused(search_backend):
         search_backend.greedy_search(step, 1, 10**12, BOS, EOS, PAD)
     with pytest.raises(ValueError, match=r"the search's buffers for 20,000,000,000 rows of 3 tokens"):
         search_backend.beam_search(step, 10**10, 3, 2, BOS, EOS, PAD)
+    # NumPy's small ints: the product was computed in theirs and wrapped (int32) or overflowed (int16)
+    with pytest.raises(ValueError, match=r"the search's buffers for 1,000,000,000 rows of 1,000,000 tokens"):
+        search_backend.greedy_search(step, np.int32(10**9), np.int32(10**6), BOS, EOS, PAD)
 
 
 def test_complex_or_text_logits_are_refused_by_the_reference():

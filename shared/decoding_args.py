@@ -140,6 +140,7 @@ def _check_buffers(rows: int, max_len: int, vocab: int) -> None:
     two rows of T scores (alive and finished), and a step's V logits, 8 bytes a value (int64 and
     the oracle's float64), twice (a step's new copies). A step's own memory is the step's."""
     from .memory import exceeded
+    rows, max_len, vocab = int(rows), int(max_len), int(vocab)  # NumPy's int32 would wrap the product
     need = 16 * rows * (4 * max_len + 2 + vocab)
     limit = exceeded(need)
     if limit is not None:
