@@ -44,3 +44,20 @@ def test_odd_width_keeps_a_last_sine_column():
 def test_bad_sizes(args):
     with pytest.raises(ValueError, match="expected a positive int"):
         positional_encoding(*args)
+
+
+def test_public_helpers_check_their_arguments_by_name():
+    """Before: inverse_frequencies of -4, 0 or None gave an empty array, 3.5 and True were taken,
+    2**40 was NumPy's MemoryError of 4 TiB; positional_table(None), padding_id(None) and
+    start_is_pad(None) an AttributeError naming a field."""
+    from shared.masks import padding_id, start_is_pad
+    from shared.positional import inverse_frequencies, positional_table
+    for bad in (-4, 0, None, 3.5, True, "8"):
+        with pytest.raises(ValueError, match=r"^inverse_frequencies: d_model expected a positive int, got "):
+            inverse_frequencies(bad)
+    with pytest.raises(ValueError, match=r"^inverse_frequencies: d_model expected at most POSITIONAL_TABLE_LIMIT"):
+        inverse_frequencies(2**40)
+    assert inverse_frequencies(np.int64(8)).shape == (4,)
+    for helper in (positional_table, padding_id, start_is_pad):
+        with pytest.raises(TypeError, match=r"^config: expected a TransformerConfig, got NoneType$"):
+            helper(None)

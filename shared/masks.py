@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from .checks import check_flag, is_int, ragged_message, ragged_rows
+from .checks import check_config, check_flag, is_int, ragged_message, ragged_rows
 from .config import POSITIONAL_TABLE_LIMIT, TransformerConfig
 from .messages import shown
 
@@ -91,6 +91,7 @@ def padding_id(config: TransformerConfig) -> int | None:
     """The id the default masks hide: ``config.pad_id``, or ``None`` when ``config.mask_padding`` is
     False (padding is then an ordinary token). Pass it as ``pad_id`` to the ``make_*_mask`` helpers
     here and in both backends."""
+    check_config(config)
     return config.pad_id if config.mask_padding else None
 
 
@@ -105,6 +106,7 @@ def make_src_mask(src: np.ndarray, pad_id: int | None) -> np.ndarray:
 def start_is_pad(config: TransformerConfig) -> bool:
     """Whether decoding starts from the pad token (``config.start_id == pad_id``): the target mask
     must then not hide column 0 (``first_is_real`` of `make_tgt_mask`, here and in both backends)."""
+    check_config(config)
     return config.start_id == config.pad_id
 
 

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from .checks import check_config
 from .config import PE_LAYOUTS, PE_TIMESCALES, POSITIONAL_TABLE_LIMIT, TransformerConfig
 from .messages import shown
 
 
-def _check_int(name: str, value, low: int) -> None:
+def _check_int(name: str, value, low: int, caller: str = "positional_encoding") -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         kind = "a positive int" if low == 1 else f"an int >= {low}"
-        raise ValueError(f"positional_encoding: {name} expected {kind}, got {shown(value)}")
+        raise ValueError(f"{caller}: {name} expected {kind}, got {shown(value)}")
 
 
 def _check_choice(name: str, value, allowed: tuple[str, ...]) -> None:
@@ -42,6 +43,12 @@ def inverse_frequencies(d_model: int, timescale: str = "paper") -> np.ndarray:
     """``f_i`` for the ``ceil(d_model / 2)`` sin/cos pairs, float64 (see the module docstring).
 
     ``t2t`` needs an even ``d_model >= 4`` (`TransformerConfig` refuses others)."""
+    # asked for directly too (it is public): an int, and at most the table's bound, or NumPy's
+    # arange of 0 or -4 gave an empty array and 2**40 a MemoryError of 4 TiB
+    _check_int("d_model", d_model, 1, "inverse_frequencies")
+    if d_model > POSITIONAL_TABLE_LIMIT:
+        raise ValueError(f"inverse_frequencies: d_model expected at most POSITIONAL_TABLE_LIMIT = "
+                         f"{POSITIONAL_TABLE_LIMIT}, got {shown(d_model, str)}")
     _check_choice("timescale", timescale, PE_TIMESCALES)
     if timescale == "paper":
         two_i = np.arange(0, d_model, 2, dtype=np.float64)  # (ceil(d/2),)
@@ -99,6 +106,7 @@ def positional_encoding(max_len: int, d_model: int, layout: str = "interleaved",
 def positional_table(config: TransformerConfig) -> np.ndarray:
     """The fixed table ``(config.max_len, config.d_model)`` of a ``positional="sinusoidal"`` config,
     float64: what the reference and both backends add (cast to the model dtype by a backend)."""
+    check_config(config)
     if config.positional != "sinusoidal":
         raise ValueError(f"positional_table: expected a config with positional='sinusoidal' (a "
                          f"learned table is a weight), got positional={config.positional!r}")
