@@ -178,7 +178,9 @@ def trainable(weights: dict) -> dict:
     return {name: value for name, value in weights.items() if not name.endswith(".key.bias")}
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
+# float64 only: the rule is the same in every dtype, and float64's bound is the tight one (each
+# dtype costs a traced TF step, 2.5 s on the 2-core machine)
+@pytest.mark.parametrize("dtype", ["float64"])
 def test_a_run_saved_by_either_backend_resumes_in_the_other(dtype):
     """A run saved (weights, `export_moments`, its step) by one backend goes on in the other
     through ``make_optimizer(start_step=S)`` and ``import_moments(..., step)``, taking Noam step
