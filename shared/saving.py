@@ -43,7 +43,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Collection, Sequence
 
-from .paths import holds_cwd, replaced
+from .paths import check_source, holds_cwd, read_json, replaced
 
 # Where a save may be killed, in order (TWINS_FAULT_AT=<one of these>).
 FAULT_POINTS = ("config-written", "staging", "staged", "marked", "moved-old", "swapped", "cleaned")
@@ -205,6 +205,40 @@ def check_not_read_only(path: str | os.PathLike) -> None:
     if path.is_dir() and (not (path.stat().st_mode & stat.S_IWUSR) or not os.access(path, os.W_OK)):
         raise PermissionError(errno.EACCES, "Permission denied: the directory is read-only "
                               "(make it writable, chmod u+w, to replace it)", str(path))
+
+
+def check_replaceable(path: str | os.PathLike, files: Collection[str], what: str,
+                      belongs: Callable[[object], bool], marker: str = "config.json",
+                      read: Callable[[Path], object] = read_json) -> None:
+    """Refuse, before anything is written, to replace what a save does not own. ``path`` may be
+    written when it is absent, an empty directory, or an earlier output of the same kind: a
+    directory holding only names among ``files``, one of them ``marker`` (default
+    ``config.json``), a regular file that ``read`` parses (default: JSON) and ``belongs`` says is
+    that output's (a config that says so). Names alone never decide: a user's folder holding only
+    ``config.json`` (their settings), ``model.bin`` or ``assets/`` is not an export, and a save
+    that replaced it would delete it. An interrupted save of ``path`` is finished first
+    (`recover`), so what is judged is what the path holds. Anything else raises
+    ``FileExistsError`` naming ``path``; nothing is changed. Every export and the neutral
+    checkpoint decide with it (`shared.exporters`, `shared.weights.save_checkpoint`,
+    `tf_impl.saved_model`)."""
+    path = Path(path)
+    recover(path)
+    if not os.path.exists(path):
+        return
+    names = set(os.listdir(path)) if path.is_dir() else None
+    if names == set():
+        return
+    if names is not None and names <= set(files) and marker in names:
+        try:
+            check_source(path / marker, directory=False)  # a FIFO would block, a directory fail
+            ours = bool(belongs(read(path / marker)))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            ours = False  # unreadable, not the format, or not what belongs expects: not ours
+        if ours:
+            return
+    raise FileExistsError(f"{str(path)!r} exists and is not {what}; refusing to overwrite it "
+                          f"(expected a new path, an empty directory or {what} written earlier: "
+                          f"its {marker} beside only {', '.join(sorted(files))})")
 
 
 def _keep_modes(old: Path, new: Path) -> None:

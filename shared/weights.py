@@ -41,7 +41,8 @@ from .checks import check_config, check_flag, check_seed
 from .config import TransformerConfig
 from .memory import TENSOR_OVERHEAD, check_memory
 from .paths import check_path, check_source, read_json
-from .saving import fault_point, recover, replace_directory, umask, write_atomically  # noqa: F401
+from .saving import (check_replaceable, fault_point, recover, replace_directory,  # noqa: F401
+                     umask, write_atomically)
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -385,18 +386,26 @@ def save_checkpoint(path: str | os.PathLike, config: TransformerConfig,
     The files are written and fsynced in a temporary sibling directory that then takes the place of
     ``path`` (`shared.saving.replace_directory`): at every instant ``path`` is the old checkpoint or
     the new one, never a half-written one, and an interrupted save is repaired by the next load.
-    An existing checkpoint at ``path`` is replaced; any other existing file or directory is refused.
+    An existing checkpoint at ``path`` (only its two files, its ``config.json`` this format's:
+    `is_checkpoint_header`) is replaced; any other existing file or directory is refused
+    (``FileExistsError``, nothing changed): a user's folder holding a ``config.json`` of their own
+    is not a checkpoint, whatever its name.
     """
     check_path(path)
     check_config(config)
     weights = check_weights(config, weights, source="save_checkpoint: weights")
     path = Path(path)
-    recover(path)
-    if path.exists():
-        if not path.is_dir() or not set(os.listdir(path)) <= {CONFIG_FILE, WEIGHTS_FILE}:
-            raise FileExistsError(f"save_checkpoint: path {str(path)!r} exists and is not a checkpoint; "
-                                  "refusing to overwrite it")
+    check_replaceable(path, (CONFIG_FILE, WEIGHTS_FILE), "a checkpoint", is_checkpoint_header)
     return replace_directory(path, lambda staging: write_checkpoint_files(staging, config, weights))
+
+
+def is_checkpoint_header(header) -> bool:
+    """Whether ``header``, a parsed ``config.json``, is a neutral checkpoint's (``format_version``
+    and a ``config`` mapping; not an ONNX export's, which adds ``precision``, nor a transformers
+    one): `save_checkpoint` replaces the directory holding it (`shared.saving.check_replaceable`)."""
+    return (isinstance(header, dict) and "format_version" in header
+            and isinstance(header.get("config"), dict)
+            and "precision" not in header and "model_type" not in header)
 
 
 def write_checkpoint_files(folder: Path, config: TransformerConfig,

@@ -1,12 +1,11 @@
 """What every exporter shares: `ExportError` (every setting the target cannot express, at once) and
-the check that a destination directory may be replaced. NumPy only."""
+the check that a destination directory may be replaced (`check_replaceable`, written once in
+`shared.saving` for the exporters and the neutral checkpoint alike). NumPy only."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Callable
+from ..saving import check_replaceable
 
-from ..paths import read_json
+__all__ = ["ExportError", "check_replaceable"]
 
 
 class ExportError(ValueError):
@@ -16,26 +15,3 @@ class ExportError(ValueError):
         self.target, self.problems = target, problems
         listed = "\n  ".join(problems)
         super().__init__(f"{target}: {len(problems)} problem(s):\n  {listed}")
-
-
-def check_replaceable(path: Path, files: set[str], what: str, belongs: Callable[[dict], bool]) -> None:
-    """``path`` may be written: absent, empty, or an earlier export: a directory holding only
-    ``files``, among them a ``config.json`` that ``belongs`` says is that export's (a neutral
-    checkpoint, ``config.json`` and ``model.safetensors``, holds only names a Marian export has,
-    and was replaced by one). Anything else is refused, never overwritten (FileExistsError naming
-    it)."""
-    if not path.exists():
-        return
-    names = set(os.listdir(path)) if path.is_dir() else None
-    if names == set():
-        return
-    if names is not None and names <= files and "config.json" in names:
-        try:
-            config = read_json(path / "config.json")
-        except (OSError, ValueError):
-            config = None
-        if isinstance(config, dict) and belongs(config):
-            return
-    raise FileExistsError(f"{str(path)!r} exists and is not {what}; refusing to overwrite it "
-                          f"(expected a new path, an empty directory or an earlier export: only "
-                          f"{sorted(files)})")

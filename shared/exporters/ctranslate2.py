@@ -62,8 +62,8 @@ import numpy as np
 
 from ..config import TransformerConfig
 from ..positional import positional_table
-from ..saving import recover, replace_directory
-from .common import ExportError
+from ..saving import replace_directory
+from .common import ExportError, check_replaceable
 from ..weights import check_weights, tgt_embedding_name, tgt_positions_name
 
 ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH"}  # -> ctranslate2 Activation
@@ -192,19 +192,28 @@ def build_spec(config: TransformerConfig, weights: Mapping[str, np.ndarray]):
     return spec
 
 
+def is_model_config(header) -> bool:
+    """Whether ``header``, a parsed ``config.json``, is a CTranslate2 model's (what
+    ``ModelSpec.save`` writes: the special tokens as strings, ``decoder_start_token``), not this
+    project's (``format_version``) nor a transformers one (``model_type``): the directory holding
+    it may be replaced by a new export (`check_replaceable`)."""
+    return (isinstance(header, dict) and "decoder_start_token" in header
+            and all(isinstance(header.get(k), str) for k in ("unk_token", "bos_token", "eos_token"))
+            and "format_version" not in header and "model_type" not in header)
+
+
 def to_ctranslate2(config: TransformerConfig, weights: Mapping[str, np.ndarray],
                    path: str | os.PathLike) -> Path:
     """Write the CTranslate2 model directory ``path`` (``model.bin``, ``config.json``, the
     vocabulary files), crash-safely: ``path`` is the old directory or the complete new one, and a
     failure (a refusal, CTranslate2's own) leaves nothing behind. An existing CTranslate2 model
-    directory at ``path`` is replaced; any other existing file or directory is refused.
+    directory at ``path`` (only its files, its ``config.json`` a CTranslate2 one:
+    `is_model_config`) is replaced; any other existing file or directory is refused
+    (``FileExistsError``, nothing changed).
     Load it with ``ctranslate2.Translator(path, compute_type="float32")``; call it as `score` and
     `greedy` do (module docstring)."""
     path = Path(path)
-    recover(path)
-    if path.exists() and (not path.is_dir() or not set(os.listdir(path)) <= MODEL_FILES):
-        raise FileExistsError(f"to_ctranslate2: path {str(path)!r} exists and is not a CTranslate2 "
-                              "model directory; refusing to overwrite it")
+    check_replaceable(path, MODEL_FILES, "a CTranslate2 model directory", is_model_config)
     spec = build_spec(config, weights)  # every refusal before anything is written
     return replace_directory(path, lambda staging: spec.save(str(staging)))
 

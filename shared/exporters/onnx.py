@@ -543,8 +543,7 @@ def to_onnx(config: TransformerConfig, weights: Mapping[str, np.ndarray], path: 
     refused. Serve it with `twins.onnx_runtime` (or Optimum's ``ORTModelForSeq2SeqLM``:
     docs/formats/onnx.md)."""
     path = Path(path)
-    recover(path)
-    check_replaceable(path, set(MODEL_FILES), "an ONNX export",  # config_file's keys
+    check_replaceable(path, MODEL_FILES, "an ONNX export",  # config_file's keys
                       lambda c: "format_version" in c and "precision" in c)
     precision = check_precision(precision, config.dtype)
     models = build_models(config, weights, precision)  # every refusal and check before anything is written
