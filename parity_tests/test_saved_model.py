@@ -268,24 +268,56 @@ def test_bad_settings_are_refused_before_writing(tmp_path, settings, message):
     assert list(tmp_path.iterdir()) == []
 
 
+def _snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): (None if p.is_dir() else p.read_bytes())
+            for p in sorted(folder.rglob("*"))}
+
+
 def test_a_path_that_is_not_a_saved_model_is_not_replaced(tmp_path):
+    """Refused, nothing changed: a file, a folder of notes, and folders whose names are all a
+    SavedModel's without being one (the check was only "every name is a SavedModel's", so a
+    user's ``assets/logo.png`` was deleted): a SavedModel is a ``saved_model.pb`` TensorFlow
+    wrote."""
     model = tf_impl.Transformer(TransformerConfig.preset("tiny"))
-    (tmp_path / "mine").mkdir()
-    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    folders = {"mine": {"notes.txt": b"keep"}, "logo": {"assets/logo.png": b"\x89PNG"},
+               "vars": {"variables/mine.txt": b"keep"}, "empty-vars": {"variables/": None},
+               "fingerprint": {"fingerprint.pb": b"keep"},
+               "not-a-pb": {"saved_model.pb": b"my notes", "assets/a.txt": b"keep"},
+               "empty-pb": {"saved_model.pb": b"", "variables/": None},  # parses, as an empty message
+               "pb-folder": {"saved_model.pb/": None}}
+    for name, files in folders.items():
+        for entry, content in files.items():
+            target = tmp_path / name / entry
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.mkdir() if content is None else target.write_bytes(content)
     (tmp_path / "file").write_text("keep")
-    for target in ("mine", "file"):
+    before = _snapshot(tmp_path)
+    for target in (*folders, "file"):
         with pytest.raises(FileExistsError, match="not a SavedModel directory"):
-            export_saved_model(model, tmp_path / target)
-    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
-    assert (tmp_path / "file").read_text() == "keep"
+            export_saved_model(model, tmp_path / target, max_len=3, jit_compile=False)
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_saved_model_tensorflow_wrote_and_an_empty_folder_are_replaced(tmp_path, monkeypatch):
+    import tf_impl.saved_model as module
+    monkeypatch.setattr(module, "signatures", lambda *args: {})  # no tracing: the directory is the point
+    model = tf_impl.Transformer(TransformerConfig.preset("tiny"))
+    tf.saved_model.save(tf.Module(), str(tmp_path / "older"))
+    older = (tmp_path / "older" / "saved_model.pb").read_bytes()
+    (tmp_path / "empty").mkdir()
+    for name in ("older", "empty"):
+        export_saved_model(model, tmp_path / name, max_len=3, beam_size=2)
+    assert b"decoding_json" in (tmp_path / "older" / "saved_model.pb").read_bytes() != older
+    assert b"decoding_json" in (tmp_path / "empty" / "saved_model.pb").read_bytes()
+    assert sorted(os.listdir(tmp_path)) == ["empty", "older"]
 
 
 def test_a_failed_save_leaves_the_old_export_whole(tmp_path, monkeypatch):
     """A save that dies half-way (here: TF raises after writing part of it) leaves the previous
     SavedModel as it was and no temporary directory behind (`shared.saving.replace_directory`)."""
     old = tmp_path / "served"
-    old.mkdir()
-    (old / "saved_model.pb").write_bytes(b"old")
+    tf.saved_model.save(tf.Module(), str(old))  # an earlier export
+    before = _snapshot(old)
 
     def half_save(obj, folder, signatures=None):
         Path(folder, "saved_model.pb").write_bytes(b"half")
@@ -297,7 +329,7 @@ def test_a_failed_save_leaves_the_old_export_whole(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="No space left"):
         export_saved_model(tf_impl.Transformer(TransformerConfig.preset("tiny")), old)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["served"]
-    assert (old / "saved_model.pb").read_bytes() == b"old"
+    assert _snapshot(old) == before
 
 
 # -- the command line -----------------------------------------------------------------------------

@@ -59,7 +59,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared.decoding import check_search_args
-from shared.saving import recover, replace_directory
+from shared.saving import check_replaceable, replace_directory
 
 from .checkpoints import load_checkpoint
 from .decoding import beam_search, beam_search_tensors, greedy_decode, greedy_decode_tensors
@@ -67,8 +67,40 @@ from .model import Transformer
 
 INVALID = -1  # lengths and tokens of a row whose source was refused
 SIGNATURES = ("serving_default", "beam_search")
-# What tf.saved_model.save writes; an existing directory holding anything else is not replaced.
+# What tf.saved_model.save writes; an existing directory holding anything else is not replaced,
+# nor one holding only these names without a saved_model.pb TensorFlow wrote (`is_saved_model`).
 SAVED_MODEL_ENTRIES = {"saved_model.pb", "variables", "assets", "assets.extra", "fingerprint.pb"}
+SAVED_MODEL_PB = "saved_model.pb"
+
+
+def read_saved_model_pb(file: Path):
+    """The ``SavedModel`` protocol buffer in ``file``; ``ValueError`` when it is not one."""
+    from google.protobuf.message import DecodeError
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    try:
+        proto.ParseFromString(Path(file).read_bytes())
+    except DecodeError as err:
+        raise ValueError(f"{str(file)!r}: not a SavedModel protocol buffer ({err})") from None
+    return proto
+
+
+def is_saved_model(proto) -> bool:
+    """Whether ``proto`` (`read_saved_model_pb`) is what TensorFlow writes: schema version 1 and at
+    least one meta graph, each with its tags (``serve`` for ``tf.saved_model.save``). Protocol
+    buffers are lenient (an empty file parses, as an empty message), so parsing alone proves
+    nothing; a folder of a user's ``assets/`` or ``variables/`` has no such file at all."""
+    return (proto.saved_model_schema_version == 1 and len(proto.meta_graphs) > 0
+            and all(len(m.meta_info_def.tags) > 0 for m in proto.meta_graphs))
+
+
+def check_replaceable_export(path: str | os.PathLike) -> None:
+    """``path`` may receive an export: absent, an empty directory, or a SavedModel TensorFlow
+    wrote (its ``saved_model.pb`` beside only `SAVED_MODEL_ENTRIES`); else ``FileExistsError``
+    naming it, nothing changed (`shared.saving.check_replaceable`)."""
+    check_replaceable(path, SAVED_MODEL_ENTRIES, "a SavedModel directory", is_saved_model,
+                      marker=SAVED_MODEL_PB, read=read_saved_model_pb)
 
 
 def checked_source(src: tf.Tensor, config) -> tuple[tf.Tensor, tf.Tensor]:
@@ -134,21 +166,20 @@ def export_saved_model(model: Transformer | str | os.PathLike, path: str | os.Pa
         length_penalty: its GNMT alpha >= 0 (`tf_impl.beam_search`).
         jit_compile: XLA for the decoding loop; ``None`` = tf_impl's default (module docstring).
 
-    Returns the path. Raises ``ValueError`` for an argument out of range and ``FileExistsError``
-    for a ``path`` that exists and is not a SavedModel directory, before writing anything.
+    Returns the path. Raises ``TypeError`` / ``ValueError`` for an argument of the wrong type or
+    out of range and ``FileExistsError`` for a ``path`` that exists and is not a SavedModel directory
+    (`check_replaceable_export`: a folder holding only ``assets/`` is a user's), before writing
+    anything.
     """
+    if not isinstance(model, (Transformer, str, os.PathLike)):
+        raise TypeError(f"model: expected a tf_impl.Transformer or a checkpoint path, got "
+                        f"{type(model).__name__}")
     if not isinstance(model, Transformer):
-        if not isinstance(model, (str, os.PathLike)):
-            raise TypeError(f"model: expected a tf_impl.Transformer or a checkpoint path, got "
-                            f"{type(model).__name__}")
         model = load_checkpoint(model)
     max_len = model.config.max_len if max_len is None else max_len
     check_search_args(model.config, max_len, beam_size, length_penalty)
     path = Path(path)
-    recover(path)
-    if path.exists() and (not path.is_dir() or not set(os.listdir(path)) <= SAVED_MODEL_ENTRIES):
-        raise FileExistsError(f"export_saved_model: path {str(path)!r} exists and is not a "
-                              "SavedModel directory; refusing to overwrite it")
+    check_replaceable_export(path)
     functions = signatures(model, max_len, beam_size, float(length_penalty), jit_compile)
     root = tf.Module()
     # The weights the functions read, tracked so that the SavedModel stores them (the Keras
