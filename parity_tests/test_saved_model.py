@@ -312,6 +312,22 @@ def test_a_saved_model_tensorflow_wrote_and_an_empty_folder_are_replaced(tmp_pat
     assert sorted(os.listdir(tmp_path)) == ["empty", "older"]
 
 
+def test_jit_compile_is_a_flag_refused_before_anything_is_written(tmp_path):
+    """``jit_compile="false"`` was read for its truth (an XLA export storing "false"); through the
+    registry it raised KeyError after the export had already replaced the destination."""
+    model = tf_impl.Transformer(TransformerConfig.preset("tiny"))
+    message = r"jit_compile: expected True, False or None \(the measured default\), got 'false' \(str\)"
+    with pytest.raises(TypeError, match=message):
+        export_saved_model(model, tmp_path / "new", max_len=3, jit_compile="false")
+    tf.saved_model.save(tf.Module(), str(tmp_path / "prev"))
+    before = _snapshot(tmp_path)
+    for value in ("false", 0, "true"):
+        with pytest.raises(TypeError, match="jit_compile: expected True, False or None"):
+            tf_impl.save_checkpoint(model, tmp_path / "prev", format="saved-model", max_new=3,
+                                    jit_compile=value)
+    assert _snapshot(tmp_path) == before
+
+
 def test_a_failed_save_leaves_the_old_export_whole(tmp_path, monkeypatch):
     """A save that dies half-way (here: TF raises after writing part of it) leaves the previous
     SavedModel as it was and no temporary directory behind (`shared.saving.replace_directory`)."""

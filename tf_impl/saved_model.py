@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from shared.decoding import check_search_args
+from shared.decoding import check_flags, check_search_args
 from shared.saving import check_replaceable, replace_directory
 
 from .checkpoints import load_checkpoint
@@ -167,13 +167,16 @@ def export_saved_model(model: Transformer | str | os.PathLike, path: str | os.Pa
         jit_compile: XLA for the decoding loop; ``None`` = tf_impl's default (module docstring).
 
     Returns the path. Raises ``TypeError`` / ``ValueError`` for an argument of the wrong type or
-    out of range and ``FileExistsError`` for a ``path`` that exists and is not a SavedModel directory
+    out of range (``jit_compile`` is True, False or None, never read for its truth: "false" is
+    refused) and ``FileExistsError`` for a ``path`` that exists and is not a SavedModel directory
     (`check_replaceable_export`: a folder holding only ``assets/`` is a user's), before writing
     anything.
     """
     if not isinstance(model, (Transformer, str, os.PathLike)):
         raise TypeError(f"model: expected a tf_impl.Transformer or a checkpoint path, got "
                         f"{type(model).__name__}")
+    check_flags(jit_compile=jit_compile)  # True, False or None (tf_impl's default), as the decoders
+    jit_compile = None if jit_compile is None else bool(jit_compile)
     if not isinstance(model, Transformer):
         model = load_checkpoint(model)
     max_len = model.config.max_len if max_len is None else max_len
