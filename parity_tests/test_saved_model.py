@@ -52,10 +52,12 @@ def _weights(config: TransformerConfig, seed: int) -> dict:
 EXPORTS = {
     "tiny-xla": (TransformerConfig.preset("tiny", n_encoder_layers=1, dropout=0.0),
                  dict(max_len=9, beam_size=3, length_penalty=0.6, jit_compile=None)),
+    # NumPy's numbers, which the checks take (and the decoders): the export casts them after
+    # checking (an int64 max_len met int32 tensors in the traced loop; JSON stores no NumPy scalar)
     "variant-graph": (TransformerConfig.preset(
         "tiny", n_decoder_layers=1, dropout=0.0, pe_layout="halves", decoder_start_id=0,
         activation="swish", norm_first=False, tie_output=True, dtype="float64"),
-        dict(max_len=7, beam_size=2, length_penalty=0.0, jit_compile=False)),
+        dict(max_len=np.int64(7), beam_size=np.int64(2), length_penalty=0.0, jit_compile=np.False_)),
 }
 REFUSED_CASES = ("empty-source", "too-long", "no-rows")  # whole batches tf_impl refuses
 # export -> {case: signatures it is sent to}

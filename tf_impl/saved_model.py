@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from shared.decoding import check_flags, check_search_args
+from shared.decoding import check_beam_size, check_flags, check_search_args
 from shared.saving import check_replaceable, replace_directory
 
 from .checkpoints import load_checkpoint
@@ -181,9 +181,14 @@ def export_saved_model(model: Transformer | str | os.PathLike, path: str | os.Pa
         model = load_checkpoint(model)
     max_len = model.config.max_len if max_len is None else max_len
     check_search_args(model.config, max_len, beam_size, length_penalty)
+    if beam_size is None:  # the beam_search signature needs one (check_search_args skips None)
+        check_beam_size(beam_size, model.config.tgt_vocab)
+    # Python numbers from here, as the decoders take them: a NumPy int64 traced into the program
+    # meets int32 tensors, and JSON (decoding_json) stores no NumPy scalar.
+    max_len, beam_size, length_penalty = int(max_len), int(beam_size), float(length_penalty)
     path = Path(path)
     check_replaceable_export(path)
-    functions = signatures(model, max_len, beam_size, float(length_penalty), jit_compile)
+    functions = signatures(model, max_len, beam_size, length_penalty, jit_compile)
     root = tf.Module()
     # The weights the functions read, tracked so that the SavedModel stores them (the Keras
     # objects themselves are not saved: the signatures are the whole served API).
@@ -191,7 +196,7 @@ def export_saved_model(model: Transformer | str | os.PathLike, path: str | os.Pa
     # What the export was made of, readable in the serving process: loaded.config_json.numpy().
     root.config_json = tf.Variable(model.config.to_json(), trainable=False, name="config_json")
     root.decoding_json = tf.Variable(json.dumps({
-        "max_len": max_len, "beam_size": beam_size, "length_penalty": float(length_penalty),
+        "max_len": max_len, "beam_size": beam_size, "length_penalty": length_penalty,
         "jit_compile": jit_compile, "invalid": INVALID}), trainable=False, name="decoding_json")
 
     def fill(folder: Path) -> None:
