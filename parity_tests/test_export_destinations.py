@@ -8,6 +8,10 @@ only: every refusal here comes before an optional library is imported).
   backend's ``save_checkpoint`` to a path without a suffix) replaced any folder whose names were
   among their own: a user's ``config.json`` of notes, a folder holding only
   ``shared_vocabulary.json`` or ``model.bin``, was deleted.
+* **Arguments before anything else**: a path that is not a non-empty ``str`` / ``os.PathLike``
+  (`shared.paths.check_path`), a config that is not a `TransformerConfig`
+  (`shared.checks.check_config`), named, where Python's own errors ("expected str, bytes or
+  os.PathLike object, not NoneType"; ``""`` silently read as ``.``) or an AttributeError came out.
 """
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ import numpy as np
 import pytest
 
 from shared import TransformerConfig, formats
-from shared.exporters import to_ctranslate2
+from shared.exporters import to_ctranslate2, to_marian
+from shared.exporters.onnx import to_onnx
 from shared.weights import load_checkpoint, random_weights, save_checkpoint
 
 TINY = TransformerConfig.preset("tiny", n_encoder_layers=1, n_decoder_layers=1, dropout=0.0)
@@ -121,3 +126,29 @@ def test_a_backends_save_to_a_path_without_suffix_refuses_a_users_config_json(tm
         torch_impl.save_checkpoint(model, tmp_path / "d")
     assert (tmp_path / "d" / "config.json").read_text() == "my settings, not JSON"
     assert os.listdir(tmp_path) == ["d"]
+
+
+# -- arguments checked before the path is looked at -----------------------------------------------
+EXPORTERS = {"to_onnx": lambda c, w, p: to_onnx(c, w, p),
+             "to_marian": lambda c, w, p: to_marian(p, c, w),
+             "to_ctranslate2": lambda c, w, p: to_ctranslate2(c, w, p)}
+BAD_PATHS = [(None, TypeError, "path: expected a str or os.PathLike path, got NoneType"),
+             (3, TypeError, "path: expected a str or os.PathLike path, got int"),
+             (b"x", TypeError, r"path: expected a str or os.PathLike path, got bytes b'x' \(decode it"),
+             ("", ValueError, "path: expected a path, got ''")]
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("path, error, message", BAD_PATHS, ids=["None", "int", "bytes", "empty"])
+def test_an_exporters_path_is_checked_and_named(tmp_path, monkeypatch, exporter, path, error, message):
+    monkeypatch.chdir(tmp_path)  # "" was read as ".", the current directory
+    with pytest.raises(error, match=message):
+        EXPORTERS[exporter](CT2, random_weights(CT2, 0), path)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "ctranslate2", "marian", "neutral"])
+def test_a_writers_config_is_checked_before_any_field_is_read(tmp_path, fmt):
+    with pytest.raises(TypeError, match="config: expected a TransformerConfig, got NoneType"):
+        formats.write(fmt, None, random_weights(CT2, 0), tmp_path / "out")
+    assert os.listdir(tmp_path) == []

@@ -314,6 +314,19 @@ def test_a_saved_model_tensorflow_wrote_and_an_empty_folder_are_replaced(tmp_pat
     assert sorted(os.listdir(tmp_path)) == ["empty", "older"]
 
 
+@pytest.mark.parametrize("path, error, message", [
+    (None, TypeError, "path: expected a str or os.PathLike path, got NoneType"),
+    (3, TypeError, "path: expected a str or os.PathLike path, got int"),
+    (b"x", TypeError, r"path: expected a str or os.PathLike path, got bytes b'x' \(decode it"),
+    ("", ValueError, "path: expected a path, got ''"),  # was read as ".", the current directory
+], ids=["None", "int", "bytes", "empty"])
+def test_the_path_is_checked_and_named(tmp_path, monkeypatch, path, error, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(error, match=message):
+        export_saved_model(tf_impl.Transformer(TransformerConfig.preset("tiny")), path, max_len=3)
+    assert os.listdir(tmp_path) == []
+
+
 def test_jit_compile_is_a_flag_refused_before_anything_is_written(tmp_path):
     """``jit_compile="false"`` was read for its truth (an XLA export storing "false"); through the
     registry it raised KeyError after the export had already replaced the destination."""

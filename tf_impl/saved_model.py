@@ -59,6 +59,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared.decoding import check_beam_size, check_flags, check_search_args
+from shared.paths import check_path
 from shared.saving import check_replaceable, replace_directory
 
 from .checkpoints import load_checkpoint
@@ -175,6 +176,7 @@ def export_saved_model(model: Transformer | str | os.PathLike, path: str | os.Pa
     if not isinstance(model, (Transformer, str, os.PathLike)):
         raise TypeError(f"model: expected a tf_impl.Transformer or a checkpoint path, got "
                         f"{type(model).__name__}")
+    check_path(path)
     check_flags(jit_compile=jit_compile)  # True, False or None (tf_impl's default), as the decoders
     jit_compile = None if jit_compile is None else bool(jit_compile)
     if not isinstance(model, Transformer):

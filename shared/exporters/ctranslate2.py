@@ -60,7 +60,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..checks import check_config
 from ..config import TransformerConfig
+from ..paths import check_path
 from ..positional import positional_table
 from ..saving import replace_directory
 from .common import ExportError, check_replaceable
@@ -212,6 +214,8 @@ def to_ctranslate2(config: TransformerConfig, weights: Mapping[str, np.ndarray],
     (``FileExistsError``, nothing changed).
     Load it with ``ctranslate2.Translator(path, compute_type="float32")``; call it as `score` and
     `greedy` do (module docstring)."""
+    check_path(path)
+    check_config(config)
     path = Path(path)
     check_replaceable(path, MODEL_FILES, "a CTranslate2 model directory", is_model_config)
     spec = build_spec(config, weights)  # every refusal before anything is written

@@ -36,7 +36,9 @@ from typing import Mapping
 
 import numpy as np
 
+from ..checks import check_config
 from ..config import TransformerConfig
+from ..paths import check_path
 from ..positional import positional_table
 from ..saving import replace_directory, umask
 from ..weights import PROJECTIONS, check_weights, tgt_embedding_name
@@ -157,6 +159,8 @@ def to_marian(path, config: TransformerConfig, weights: Mapping[str, np.ndarray]
     """
     from safetensors.numpy import save_file
 
+    check_path(path)
+    check_config(config)
     problems = marian_problems(config)
     if problems:
         raise ExportError(f"to_marian({str(path)!r})", problems)

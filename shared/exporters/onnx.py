@@ -71,11 +71,12 @@ from typing import Mapping
 
 import numpy as np
 
+from ..checks import check_config
 from ..config import TransformerConfig
 from ..masks import padding_id, start_is_pad
 from ..positional import positional_table
 from ..precision import check_precision
-from ..paths import read_json
+from ..paths import check_path, read_json
 from ..saving import recover, replace_directory
 from ..weights import (FORMAT_VERSION, check_weights, read_config_file, tgt_embedding_name, tgt_positions_name,
                        weight_schema)
@@ -542,6 +543,8 @@ def to_onnx(config: TransformerConfig, weights: Mapping[str, np.ndarray], path: 
     behind. An existing ONNX export at ``path`` is replaced; any other existing file or directory is
     refused. Serve it with `twins.onnx_runtime` (or Optimum's ``ORTModelForSeq2SeqLM``:
     docs/formats/onnx.md)."""
+    check_path(path)
+    check_config(config)
     path = Path(path)
     check_replaceable(path, MODEL_FILES, "an ONNX export",  # config_file's keys
                       lambda c: "format_version" in c and "precision" in c)

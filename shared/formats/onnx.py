@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..checks import check_config
+from ..paths import check_path
 from ..precision import check_precision
 from .record import Format, Option
 
@@ -26,6 +28,8 @@ PRECISION = Option("precision", "onnx: what the graphs compute in, float32 (defa
 
 def _write(config, weights, path, precision: str = "float32"):
     from shared.exporters.onnx import to_onnx
+    check_path(path)
+    check_config(config)  # before its dtype is read
     precision = check_precision(precision, config.dtype)
     to_onnx(config, weights, path, precision=precision)
     return None if precision == "float32" else f"{precision} mixed-precision graphs (shared.precision)"

@@ -5,7 +5,9 @@ this project. Write only; tf_impl builds the model, imported by name when one is
 """
 from __future__ import annotations
 
+from shared.checks import check_config
 from shared.decoding import check_flags, check_search_args
+from shared.paths import check_path
 
 from .native import backend
 from .record import Format, Option, boolean
@@ -49,6 +51,8 @@ def settings(config, beam_size=None, length_penalty=None, max_new=None) -> dict:
 def _write(config, weights, path, beam_size=None, length_penalty=None, max_new=None,
            jit_compile=None) -> str:
     # Every argument checked before anything is built or written: a refusal leaves ``path`` as it was.
+    check_path(path)
+    check_config(config)
     check_flags(jit_compile=jit_compile)  # True, False or None (tf_impl's default); never "false"
     jit_compile = None if jit_compile is None else bool(jit_compile)
     chosen = settings(config, beam_size, length_penalty, max_new)
