@@ -152,3 +152,13 @@ def test_a_writers_config_is_checked_before_any_field_is_read(tmp_path, fmt):
     with pytest.raises(TypeError, match="config: expected a TransformerConfig, got NoneType"):
         formats.write(fmt, None, random_weights(CT2, 0), tmp_path / "out")
     assert os.listdir(tmp_path) == []
+
+
+# -- folders a failed save made are removed -------------------------------------------------------
+def test_an_export_to_a_path_through_a_new_folder_leaves_no_folder_behind(tmp_path, monkeypatch):
+    """``newparent/../X`` is ``X``: the folder ``newparent/`` made on the way (to reach
+    ``newparent/..``) is not left behind, empty, beside the export."""
+    pytest.importorskip("onnx")
+    monkeypatch.chdir(tmp_path)
+    to_onnx(TINY, random_weights(TINY, 0), "newparent/../X")
+    assert sorted(os.listdir(tmp_path)) == ["X"]

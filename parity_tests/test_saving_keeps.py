@@ -20,7 +20,7 @@ import pytest
 
 from shared import TransformerConfig
 from shared.moments import moment_names
-from shared.saving import replace_directory
+from shared.saving import replace_directory, write_all_atomically
 from shared.weights import CONFIG_FILE, WEIGHTS_FILE, init_weights
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX permissions and hard links")
@@ -94,6 +94,30 @@ def test_a_read_only_directory_is_refused_and_left_as_it_was(tmp_path):
         assert (run / "a.txt").read_text() == "old" and _siblings(run) == []
     finally:
         os.chmod(run, 0o755)
+
+
+def test_a_failed_save_removes_the_folders_it_made_and_only_those(tmp_path, monkeypatch):
+    """The parents of a new path are made before the files are written; a save that then fails
+    (its ``fill``, a writer's error) left them behind, empty. They are removed, deepest first,
+    where empty; a folder that existed before, or that now holds something, stays. A save to
+    ``new/../X`` (``X``) leaves no ``new/`` either."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kept").mkdir()
+
+    def fail(staging):
+        raise RuntimeError("the writer failed")
+    for target in ("new1/new2/out", "kept/new/out"):
+        with pytest.raises(RuntimeError, match="the writer failed"):
+            replace_directory(target, fail)
+    with pytest.raises(RuntimeError, match="the writer failed"):
+        write_all_atomically([("new3/a.txt", lambda tmp: Path(tmp).write_text("a")),
+                              ("new4/deep/b.txt", fail)])
+    assert sorted(os.listdir(tmp_path)) == ["kept"] and os.listdir(tmp_path / "kept") == []
+    replace_directory("newparent/../X", _fill(["a.txt"]))
+    write_all_atomically([("newer/../y.txt", lambda tmp: Path(tmp).write_text("y"))])
+    assert sorted(os.listdir(tmp_path)) == ["X", "kept", "y.txt"]
+    replace_directory("new5/new6/out", _fill(["a.txt"]))  # made and kept: they hold the result
+    assert os.listdir(tmp_path / "new5" / "new6" / "out") == ["a.txt"]
 
 
 _READ_ONLY_FOLDER = """

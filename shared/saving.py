@@ -179,6 +179,46 @@ def _rmtree(p: Path, ignore_errors: bool = False) -> None:
             raise
 
 
+def make_parents(folder: Path) -> list[Path]:
+    """``mkdir -p folder``; returns the directories this call created, outermost first (none that
+    existed or that another process made meanwhile), for `remove_made` to take back."""
+    missing, p = [], Path(folder)
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    made: list[Path] = []
+    try:
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except FileExistsError:  # "new/.." (the folder above, once "new" is made), or a racer's
+                if not os.path.isdir(d):
+                    raise
+                continue
+            made.append(d)
+    except BaseException:
+        remove_made(made)
+        raise
+    if not os.path.isdir(folder):  # a file (or a dangling link) where a folder goes, as mkdir -p says
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(folder))
+    return made
+
+
+def remove_made(made: Sequence[Path]) -> None:
+    """Remove the directories `make_parents` created that are empty, deepest first: a failed save
+    leaves no folder it made, and a save to ``new/../X`` no ``new/`` beside ``X``. A directory that
+    holds anything (the save's result, another process's file) is kept."""
+    for d in reversed(made):
+        try:
+            os.rmdir(d)
+        except OSError:  # not empty (holds the result, or someone's file), or already gone
+            continue
+        try:
+            fsync_path(d.parent)
+        except OSError:
+            pass
+
+
 def _link_or_copy(source: str, target: str) -> None:
     """A hard link (no bytes copied, the file's own permissions), a copy where links fail."""
     try:
@@ -318,12 +358,13 @@ def write_all_atomically(writes: Sequence[tuple[str | os.PathLike, Callable[[str
     leaves every path as it was, not some new and some old; the moves are renames within each
     directory, which no shortage of space fails. Returns the paths written, in order."""
     staged: list[tuple[str, Path]] = []
+    made: list[Path] = []  # parent folders this call created: removed again where left empty
     path = None
     try:
         for given, write in writes:
             path = Path(given)  # named by an error of `replaced` itself
             path = Path(replaced(given, directory=False))  # a link's target; a directory, FIFO, ... refused
-            path.parent.mkdir(parents=True, exist_ok=True)
+            made += make_parents(path.parent)
             recover(path)
             fd, tmp = tempfile.mkstemp(prefix=temporary_name(path), suffix=f".tmp{suffix}",
                                        dir=path.parent)
@@ -344,6 +385,7 @@ def write_all_atomically(writes: Sequence[tuple[str | os.PathLike, Callable[[str
         for tmp, _ in staged:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+        remove_made(made)
     return [path for _, path in staged]
 
 
@@ -396,13 +438,17 @@ def replace_directory(path: str | os.PathLike, fill: Callable[[Path], None],
     if which is not None:  # renaming it away fails ("Device or resource busy"), or strands a shell
         raise ValueError(f"{str(path)!r}: expected a directory a save can replace, got {which}; "
                          "name a path inside it")
+    made: list[Path] = []  # parent folders this call created: removed again where left empty
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        made = make_parents(path.parent)
         recover(path)
         check_not_read_only(path)
         staging = Path(tempfile.mkdtemp(prefix=temporary_name(path), suffix=".new", dir=path.parent))
-    except OSError as err:
-        raise naming(err, path) from err
+    except BaseException as err:
+        remove_made(made)
+        if isinstance(err, OSError):
+            raise naming(err, path) from err
+        raise
     old = None
     try:
         os.chmod(staging, 0o777 & ~umask())  # mkdtemp makes it private; a checkpoint is an ordinary dir
@@ -440,6 +486,7 @@ def replace_directory(path: str | os.PathLike, fill: Callable[[Path], None],
         for p in (staging, old):
             if p is not None and p.exists():
                 _rmtree(p, ignore_errors=True)
+        remove_made(made)  # after a failure; after success, one that holds no result (new/../X)
     fault_point("cleaned")
     return path
 
