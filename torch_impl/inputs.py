@@ -50,12 +50,22 @@ def check_ids(name: str, ids, vocab: int, max_len: int) -> None:
 
 def _id_range(ids: torch.Tensor) -> tuple[int, int]:
     """The least and greatest id of a non-empty integer tensor, read to the host."""
+    return _id_summary(ids)[:2]
+
+
+def _id_summary(ids: torch.Tensor, pad_id: int | None = None) -> tuple[int, int, bool]:
+    """`_id_range` and, with ``pad_id``, whether any id is not ``pad_id`` (the loss's "some
+    target" check), all read to the host in one transfer; without it the flag is False."""
     if ids.dtype == torch.uint64:  # .long() would wrap an id >= 2**63 to a negative number
         values = ids.cpu().numpy()
-        return int(values.min()), int(values.max())
-    # one device-to-host transfer for both ends (the only sync on the hot path, a necessary one)
-    lo, hi = torch.stack(torch.aminmax(ids.long())).tolist()
-    return lo, hi
+        return int(values.min()), int(values.max()), pad_id is not None and bool((values != pad_id).any())
+    # one device-to-host transfer for everything (the only sync on the hot path, a necessary one)
+    wide = ids.long()
+    parts = list(torch.aminmax(wide))
+    if pad_id is not None:  # a pad_id past int64 equals no id
+        parts.append((wide != pad_id).any().long() if -2**63 <= pad_id < 2**63 else torch.ones_like(parts[0]))
+    values = torch.stack(parts).tolist()
+    return values[0], values[1], pad_id is not None and bool(values[2])
 
 
 def _as_ids(name: str, value, vocab: int, max_len: int, device: torch.device) -> torch.Tensor:

@@ -28,7 +28,7 @@ from shared.schedule import check_start_step, noam_lr
 from shared.training import batch_ids, check_learning_rate
 
 from .cache import _mode
-from .inputs import _as_ids, _is_integer, check_same_batch
+from .inputs import _as_ids, _id_summary, _is_integer, check_same_batch
 from .model import Transformer, check_model
 from .weights_io import weight_table
 
@@ -80,25 +80,11 @@ def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int
     # is a sync; the range needs one anyway).
     any_target = False
     if targets.numel():
-        lo, hi, any_target = _targets_summary(targets, pad_id)
+        lo, hi, any_target = _id_summary(targets, pad_id)
         check_targets_range(vocab, lo, hi)
     if tokens is None:
         check_some_targets(any_target)
     return _smoothed_loss(logits, targets, pad_id, smoothing, tokens)
-
-
-def _targets_summary(targets: torch.Tensor, pad_id: int) -> tuple[int, int, bool]:
-    """The least and greatest id of a non-empty integer tensor and whether any is not ``pad_id``,
-    read to the host in one transfer (`torch_impl.inputs._id_range`'s, with the flag beside)."""
-    if targets.dtype == torch.uint64:  # .long() would wrap an id >= 2**63 to a negative number
-        values = targets.cpu().numpy()
-        return int(values.min()), int(values.max()), bool((values != pad_id).any())
-    wide = targets.long()
-    lo, hi = torch.aminmax(wide)
-    # a pad_id past int64 equals no target
-    real = (wide != pad_id).any() if -2**63 <= pad_id < 2**63 else torch.ones_like(lo, dtype=torch.bool)
-    lo, hi, real = torch.stack([lo, hi, real.long()]).tolist()
-    return lo, hi, bool(real)
 
 
 def _smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int, smoothing: float,
