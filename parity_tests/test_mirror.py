@@ -121,6 +121,10 @@ FRAMEWORK_ARGS: dict[str, dict[str, dict[str, str]]] = {
                                 "and step; XLA fuses TF's itself"},
         "training:noam_schedule": {"optimizer": "a LambdaLR wraps an optimizer; a Keras schedule is "
                                                 "handed to the optimizer instead"},
+        "cache:LayerCache": {"norms": "eager torch's step reads the norms' parameters from its cache "
+                                      "and calls no module between two products, whose streamed "
+                                      "kernels evict the interpreter's objects (docs/performance.md, "
+                                      "\"A step's Python\"); TF's step is traced once"},
     },
     "tf": {
         "*": {"training": "Keras passes dropout's mode as an argument; torch reads module.training"},

@@ -72,6 +72,54 @@ def _zero_keyless(context: torch.Tensor, keep: torch.Tensor | None) -> torch.Ten
     return context if keep is None else context * keep
 
 
+def _attend_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
+                  value_cache: torch.Tensor, position, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """A cached step's self-attention, after its projections: the new key and value written at
+    ``position`` of the preallocated buffers, in place, and the query attending to positions
+    ``0 .. position`` (see `MultiHeadAttention.extend`, which is this with the projections).
+
+    ``position`` an int: ``select`` and ``copy_`` write, ``narrow`` cuts the filled positions
+    (indexing, ``key_cache[:, :, position] = k``, makes a view per index: more operations a step,
+    docs/performance.md, "A step's Python"). ``position`` a 0-d int64 tensor on the buffers'
+    device (a CUDA graph's step): ``index_copy_`` writes and the query attends to the whole buffer
+    under ``mask``, its `torch_impl.cache.filled_mask` (made here when None).
+
+    Shape: q, k, v ``(N, H, d_k)``, buffers ``(N, H, capacity, d_k)`` -> ``(N, H, 1, d_k)``
+    (CUDA's half-precision kernels may return other strides: reshape it)."""
+    if isinstance(position, torch.Tensor):
+        key_cache.index_copy_(2, position.view(1), k[:, :, None])
+        value_cache.index_copy_(2, position.view(1), v[:, :, None])
+        if mask is None:
+            mask = filled_mask(key_cache.shape[2], position, key_cache.dtype)
+        return _attend_buffer(q, key_cache, value_cache, mask)
+    key_cache.select(2, position).copy_(k)
+    value_cache.select(2, position).copy_(v)
+    end = position + 1
+    return F.scaled_dot_product_attention(q.unsqueeze(2), key_cache.narrow(2, 0, end),
+                                          value_cache.narrow(2, 0, end))
+
+
+def _attend_source(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                  keep: torch.Tensor | None) -> torch.Tensor:
+    """A step's cross-attention after its query projection: one query a row over the source keys
+    and values of its item, the mask made ready once (`torch_impl.cache.prepare_mask`).
+
+    ``N = items * beams`` rows attend the keys of their item, kept once per item, not per beam
+    (`torch_impl.cache.DecoderCache`): each item's rows are its queries, ``(items, H, beams,
+    d_k)``. A step reads the keys once per item, not once per beam (a beam step at batch 8 was 4%
+    faster on the CPU: docs/performance.md, "Beam search on the CPU"); and SDPA's CPU flash kernel
+    has no batch broadcast (its math fallback took three times as long for one item). Same values
+    to rounding.
+
+    Shape: q ``(N, H, d_k)``, k/v ``(items, H, S, d_k)``, mask broadcastable to ``(items, H, 1,
+    S)``, keep to ``(items, H, 1, 1)`` or None -> ``(N, H * d_k)``, rows in q's order."""
+    n, heads, d_k = q.shape
+    items = k.shape[0]
+    q = q.view(items, n // items, heads, d_k).transpose(1, 2)  # (items, H, beams, d_k)
+    context = _zero_keyless(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)
+    return context.transpose(1, 2).reshape(n, heads * d_k)  # the same order of rows
+
+
 class MultiHeadAttention(nn.Module):
     """Attention of ``query_in`` over ``memory`` with ``n_heads`` heads of width ``d_k`` (``head_dim``,
     or ``d_model // n_heads`` when that is None), scores scaled by ``1 / sqrt(d_k)``.
@@ -212,20 +260,13 @@ class MultiHeadAttention(nn.Module):
         the modules, called."""
         n, q_len, _ = query_in.shape
         q = self.query(query_in) if query is None else dense(query_in, *query)
-        items = k.shape[0]
-        if q_len == 1 and items < n:
-            # A beam search's step: its N = items * beams rows attend their item's keys, kept once
-            # per item, not per beam (`torch_impl.cache.DecoderCache`); each item's rows are its
-            # queries, (items, H, beams, d_k). A step reads the keys once per item, not once per
-            # beam (a beam step at batch 8 was 4% faster on the CPU: docs/performance.md, "Beam
-            # search on the CPU"); and SDPA's CPU flash kernel has no batch broadcast (its math
-            # fallback took three times as long for one item). Same values to rounding.
-            q = q.view(items, n // items, self.n_heads, self.d_k).transpose(1, 2)  # (items, H, beams, d_k)
+        if q_len == 1:  # a step (greedy or a beam search's): `_attend_source`
+            context = _attend_source(q.view(n, self.n_heads, self.d_k), k, v, mask, keep)
         else:
             q = q.view(n, q_len, self.n_heads, self.d_k).transpose(1, 2)  # (N, H, Q, d_k)
-        context = _zero_keyless(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)
-        # (N, H, Q, d_k) or (items, H, beams, d_k) -> (N, Q, H * d_k): the same order of rows
-        context = context.transpose(1, 2).reshape(n, q_len, self.n_heads * self.d_k)
+            context = _zero_keyless(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)
+            context = context.transpose(1, 2)  # (N, Q, H, d_k)
+        context = context.reshape(n, q_len, self.n_heads * self.d_k)
         return self.output(context) if output is None else dense(context, *output)
 
     def self_attend_prepared(self, x: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor,
@@ -278,17 +319,5 @@ class MultiHeadAttention(nn.Module):
             return output, key_cache, value_cache
         n = query_in.shape[0]
         q, k, v = dense(query_in, *qkv).view(n, 3, self.n_heads, self.d_k).unbind(1)  # (N, H, d_k)
-        if isinstance(position, torch.Tensor):  # a CUDA graph's step: one program for every position
-            key_cache.index_copy_(2, position.view(1), k[:, :, None])
-            value_cache.index_copy_(2, position.view(1), v[:, :, None])
-            if mask is None:
-                mask = filled_mask(key_cache.shape[2], position, key_cache.dtype)
-            context = _attend_buffer(q, key_cache, value_cache, mask)
-            return dense(context.reshape(n, 1, self.n_heads * self.d_k), *output), key_cache, value_cache
-        key_cache[:, :, position] = k
-        value_cache[:, :, position] = v
-        end = position + 1
-        # (N, H, 1, d_k); CUDA's half-precision kernels may return it with other strides: reshape
-        context = F.scaled_dot_product_attention(q[:, :, None], key_cache[:, :, :end],
-                                                 value_cache[:, :, :end])
+        context = _attend_cached(q, k, v, key_cache, value_cache, position, mask)  # (N, H, 1, d_k)
         return dense(context.reshape(n, 1, self.n_heads * self.d_k), *output), key_cache, value_cache

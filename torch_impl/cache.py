@@ -244,22 +244,22 @@ def dense(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor, relu: bool 
     rounding (the summation order differs); the rectifier itself is exact. A `WIDENED` kernel
     (float32, packed) comes with its float16 bias, and the product is float16's: ``x`` rounded to
     float16, the sum in float32, the result rounded to float16."""
-    rows = x.reshape(-1, x.shape[-1])
-    if kernel.is_mkldnn and kernel.dtype == torch.float32 and bias.dtype == torch.float16:  # WIDENED
-        rows = rows.to(torch.float16).float()  # rounded as autocast rounds a product's input
-        out = torch.ops.mkldnn._linear_pointwise(rows, kernel, bias.float(), "relu" if relu else "none",
-                                                 [], "")
-        return out.to(torch.float16).view(*x.shape[:-1], kernel.shape[0])
-    if kernel.is_mkldnn:  # PACKED: (out, in); a bfloat16 kernel takes bfloat16 rows (autocast's cast)
-        out = torch.ops.mkldnn._linear_pointwise(rows.to(kernel.dtype), kernel, bias,
-                                                 "relu" if relu else "none", [], "")
-        return out.view(*x.shape[:-1], kernel.shape[0])
-    if relu and rows.is_cuda:  # not on CUDA autocast's list (addmm is): cast as it would
+    flat = x.dim() == 2  # rows already: a step's (no reshape and view a product)
+    rows = x if flat else x.reshape(-1, x.shape[-1])
+    if kernel.is_mkldnn:
+        if kernel.dtype == torch.float32 and bias.dtype == torch.float16:  # WIDENED
+            rows = rows.to(torch.float16).float()  # rounded as autocast rounds a product's input
+            out = torch.ops.mkldnn._linear_pointwise(rows, kernel, bias.float(), "relu" if relu else "none",
+                                                     [], "").to(torch.float16)
+        else:  # PACKED: (out, in); a bfloat16 kernel takes bfloat16 rows (autocast's cast)
+            out = torch.ops.mkldnn._linear_pointwise(rows.to(kernel.dtype), kernel, bias,
+                                                     "relu" if relu else "none", [], "")
+    elif relu and rows.is_cuda:  # not on CUDA autocast's list (addmm is): cast as it would
         out = torch._addmm_activation(bias, rows.to(kernel.dtype), kernel)
     else:
         out = torch.addmm(bias, rows, kernel)
         out = out.relu_() if relu else out
-    return out.view(*x.shape[:-1], kernel.shape[1])
+    return out if flat else out.view(*x.shape[:-1], out.shape[1])
 
 
 def _inferring(module: torch.nn.Module, *inputs: torch.Tensor) -> bool:
@@ -418,12 +418,17 @@ class LayerCache:
         weights: the layer's weights as a step reads them (`StepWeights`), taken when the cache
             is made: a cache is valid for the weights of that moment. `NO_WEIGHTS` for a model
             not as built (`_as_built`): its steps call the modules.
+        norms: ``((gamma, beta) of the self-attention's norm, the cross-attention's, the
+            feed-forward's)``, the layer's own parameters (detached), which its steps read
+            instead of calling the norm modules (`torch_impl.layers.DecoderLayer.step`);
+            `NO_WEIGHTS` where ``weights`` is.
     """
     self_key: torch.Tensor
     self_value: torch.Tensor
     cross_key: torch.Tensor
     cross_value: torch.Tensor
     weights: "StepWeights | tuple[()]"
+    norms: "tuple[tuple[torch.Tensor, torch.Tensor], ...]" = NO_WEIGHTS
 
     def updated(self, self_key: torch.Tensor, self_value: torch.Tensor) -> "LayerCache":
         """This layer's cache holding the self-attention buffers of a step (those

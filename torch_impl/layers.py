@@ -18,8 +18,10 @@ from torch import nn
 
 from shared import TransformerConfig
 
-from .attention import MultiHeadAttention
-from .cache import EncoderWeights, LayerCache, StepWeights, projection
+from .attention import MultiHeadAttention, _attend_cached, _attend_source
+from .cache import EncoderWeights, LayerCache, StepWeights, dense, projection
+from .feed_forward import _relu
+from .norm import _normalize
 from .feed_forward import FeedForward
 from .norm import LayerNorm
 
@@ -134,6 +136,10 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout, dtype, config.activation)
         self.ffn_norm = norm_layer(config)
         self.dropout = nn.Dropout(config.dropout)
+        # What `step` reads besides the cache, in one tuple (see there): pre-norm, the standard
+        # norm style, eps, and the activation (None: the rectifier, inside the inner product).
+        self._step_settings = (config.norm_first, config.norm_style == "standard", float(config.norm_eps),
+                               None if self.ffn.activation is _relu else self.ffn.activation)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                 tgt_mask: torch.Tensor, trace: Trace | None = None,
@@ -194,28 +200,52 @@ class DecoderLayer(nn.Module):
         `torch_impl.cache.filled_mask`, made once for every layer. A cache without weights
         (`torch_impl.cache.NO_WEIGHTS`, a model not as built) has the step call the modules.
         """
-        kept, w = {}, cache.weights
+        if not cache.weights:  # a model not as built: the modules are called, as in `forward`
+            return self._step_modules(x, cache, position, src_mask, src_keep)
+        # Where the cache keeps the weights, the step reads them and the norms' from the cache and
+        # its settings from one tuple, and calls no module: at a few rows a step streams its
+        # kernels from memory, which evicts the interpreter's own objects, so every attribute a
+        # step reads between two products costs a cache miss (a module call over a dozen; docs/
+        # performance.md, "A step's Python").
+        w, ((g1, b1), (g2, b2), (g3, b3)) = cache.weights, cache.norms
+        pre, standard, eps, activation = self._step_settings
+        n, heads, _, d_k = cache.self_key.shape
+        width, d = heads * d_k, x.shape[-1]
+        x = x.view(n, d)  # rows: `dense` then reshapes nothing
+        h = _normalize(x, g1, b1, standard, eps) if pre else x
+        q, k, v = dense(h, w.qkv_kernel, w.qkv_bias).view(n, 3, heads, d_k).unbind(1)  # (N, H, d_k)
+        context = _attend_cached(q, k, v, cache.self_key, cache.self_value, position, self_mask)
+        out = dense(context.reshape(n, width), w.self_output_kernel, w.self_output_bias)
+        x = x + out if pre else _normalize(x + out, g1, b1, standard, eps)
+        h = _normalize(x, g2, b2, standard, eps) if pre else x
+        q = dense(h, w.cross_query_kernel, w.cross_query_bias).view(n, heads, d_k)
+        context = _attend_source(q, cache.cross_key, cache.cross_value, src_mask, src_keep)
+        out = dense(context, w.cross_output_kernel, w.cross_output_bias)
+        x = x + out if pre else _normalize(x + out, g2, b2, standard, eps)
+        h = _normalize(x, g3, b3, standard, eps) if pre else x
+        if activation is None:  # the rectifier inside the product's kernel (`dense`)
+            inner = dense(h, w.inner_kernel, w.inner_bias, relu=True)
+        else:
+            inner = activation(dense(h, w.inner_kernel, w.inner_bias))
+        out = dense(inner, w.outer_kernel, w.outer_bias)
+        x = x + out if pre else _normalize(x + out, g3, b3, standard, eps)
+        return x.view(n, 1, d), cache
 
-        def self_attn(h: torch.Tensor):
-            out, kept["key"], kept["value"] = self.self_attn.extend(
-                h, cache.self_key, cache.self_value, position, projection(w, "qkv"),
-                projection(w, "self_output"), self_mask)
-            return out, None
-
-        def cross_attn(h: torch.Tensor):
-            return self.cross_attn.attend_prepared(h, cache.cross_key, cache.cross_value, src_mask,
-                                                   src_keep, projection(w, "cross_query"),
-                                                   projection(w, "cross_output")), None
-
-        def ffn(h: torch.Tensor):
-            return self.ffn.step(h, projection(w, "inner"), projection(w, "outer")), None
-
-        x = sublayer_connection(x, self_attn, self.self_attn_norm, None, self.norm_first, None,
-                                "self_attn")
-        x = sublayer_connection(x, cross_attn, self.cross_attn_norm, None, self.norm_first, None,
-                                "cross_attn")
-        x = sublayer_connection(x, ffn, self.ffn_norm, None, self.norm_first, None, "ffn")
-        return x, cache.updated(kept["key"], kept["value"])
+    def _step_modules(self, x: torch.Tensor, cache: LayerCache, position: int, src_mask: torch.Tensor,
+                      src_keep: torch.Tensor | None) -> tuple[torch.Tensor, LayerCache]:
+        """`step` of a model not as built (`torch_impl.cache.NO_WEIGHTS`): every projection and
+        norm is its module, called (hooks, replaced or wrapped modules run)."""
+        pre, self_norm, cross_norm, ffn_norm = (self.norm_first, self.self_attn_norm, self.cross_attn_norm,
+                                                self.ffn_norm)
+        out, key, value = self.self_attn.extend(self_norm(x) if pre else x, cache.self_key,
+                                                cache.self_value, position)
+        x = x + out if pre else self_norm(x + out)
+        out = self.cross_attn.attend_prepared(cross_norm(x) if pre else x, cache.cross_key,
+                                              cache.cross_value, src_mask, src_keep, None, None)
+        x = x + out if pre else cross_norm(x + out)
+        out = self.ffn.step(ffn_norm(x) if pre else x, None, None)
+        x = x + out if pre else ffn_norm(x + out)
+        return x, cache.updated(key, value)
 
     def step_weights(self) -> StepWeights:
         """This layer's weights as `step` and `infer` read them (`torch_impl.cache.StepWeights`)."""
@@ -223,3 +253,9 @@ class DecoderLayer(nn.Module):
         _, _, query, query_bias, kv, kv_bias, cross_out, cross_out_bias = self.cross_attn.step_kernels()
         return StepWeights(qkv, qkv_bias, out, out_bias, query, query_bias, kv, kv_bias, cross_out,
                            cross_out_bias, *self.ffn.step_kernels())
+
+    def _step_norms(self) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """``((gamma, beta) of the self-attention's norm, the cross-attention's, the
+        feed-forward's)``, detached, as `step` reads them from its cache (`LayerCache.norms`)."""
+        return tuple((norm.gamma.detach(), norm.beta.detach())
+                     for norm in (self.self_attn_norm, self.cross_attn_norm, self.ffn_norm))

@@ -30,11 +30,20 @@ class LayerNorm(nn.Module):
         self.beta = nn.Parameter(torch.zeros(d_model, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.style == "standard":
-            return F.layer_norm(x, self.gamma.shape, self.gamma, self.beta, self.eps)
-        mean = x.mean(dim=-1, keepdim=True)
-        std = x.std(dim=-1, keepdim=True)  # unbiased (divides by d - 1)
-        return (x - mean) / (std + self.eps) * self.gamma + self.beta
+        return _normalize(x, self.gamma, self.beta, self.style == "standard", self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.gamma.shape[0]}, style={self.style!r}, eps={self.eps:g}"
+
+
+
+def _normalize(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, standard: bool,
+               eps: float) -> torch.Tensor:
+    """`LayerNorm` of ``x`` with these parameters, in the standard style (``standard``) or the
+    annotated one; also what a decoding step calls with the norms its cache keeps
+    (`torch_impl.layers.DecoderLayer.step`)."""
+    if standard:
+        return F.layer_norm(x, gamma.shape, gamma, beta, eps)
+    mean = x.mean(dim=-1, keepdim=True)
+    std = x.std(dim=-1, keepdim=True)  # unbiased (divides by d - 1)
+    return (x - mean) / (std + eps) * gamma + beta
