@@ -136,7 +136,7 @@ def test_a_beam_search_of_one_source_matches_the_oracle(device):
             assert_close(getattr(got, field), getattr(want, field), tol, f"row {i} {field}")
 
 
-# 8 rows: packed on every vendor (`PACKED_MIN_ROWS`); at 2, an Intel CPU takes the dense layout, and
+# 8 rows: packed on every vendor (`PACKED_MIN_ROWS`); at 1, an Intel CPU takes the dense layout, and
 # these tests were skipped there as if torch had no packed kernel.
 PACKABLE = torch_impl.cache.step_layout(8, torch.device("cpu"), torch.float32) == torch_impl.cache.PACKED
 
@@ -167,7 +167,7 @@ def test_step_weights_follow_the_parameters(dtype, rows):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_a_steps_dense_kernels_share_one_buffer_in_reading_order(monkeypatch, dtype):
     """On the CPU the kept step weights in a layout of plain tensors (float32 at one row with
-    `PACKED_MIN_ROWS` at 3, as on an Intel CPU; float16's `DENSE_OUT_IN` at one row) are views
+    `PACKED_MIN_ROWS` at 2, as on an Intel CPU; float16's `DENSE_OUT_IN` at one row) are views
     of one buffer (`torch_impl.cache.in_one_buffer`): in the order a step reads them, apart and
     64-byte aligned, each with the shape, strides and values `lay_out_weights` gives alone; the
     cross-attention's key/value kernel, applied once per source, is not among them. A decode on
@@ -175,7 +175,7 @@ def test_a_steps_dense_kernels_share_one_buffer_in_reading_order(monkeypatch, dt
     from torch_impl import cache
     from torch_impl.cache import StepWeights, lay_out_weights, step_layout
     from torch_impl.precision import set_precision
-    monkeypatch.setattr(cache, "PACKED_MIN_ROWS", 3)
+    monkeypatch.setattr(cache, "PACKED_MIN_ROWS", 2)
     config = tiny_configs()["tiny-post-standard"]
     model = build(config, weights_for(config, 0)).eval()
     set_precision(model, dtype)
@@ -210,7 +210,7 @@ def test_a_steps_dense_kernels_share_one_buffer_in_reading_order(monkeypatch, dt
 
 @pytest.mark.skipif(not PACKABLE, reason="this torch build has no oneDNN packed-weight linear")
 def test_step_layouts_by_rows(monkeypatch):
-    """float32 on the CPU multiplies the oneDNN-packed kernels from `PACKED_MIN_ROWS` rows (3 on an
+    """float32 on the CPU multiplies the oneDNN-packed kernels from `PACKED_MIN_ROWS` rows (2 on an
     Intel CPU, 1 elsewhere: `torch_impl.cache.step_layout`, measured: benchmarks/step_layouts.py),
     the dense ``(in, out)`` ones (addmm) below it; float64, CUDA and an unknown row count the dense
     ones. Both products, the feed-forward's fused rectifier included, are within the worst-case
@@ -220,9 +220,9 @@ def test_step_layouts_by_rows(monkeypatch):
     from torch_impl.cache import DENSE, PACKED, dense, lay_out, step_layout
     cpu = torch.device("cpu")
     assert (cache._packed_min_rows("GenuineIntel"), cache._packed_min_rows("AuthenticAMD"),
-            cache._packed_min_rows("")) == (3, 1, 1)
+            cache._packed_min_rows("")) == (2, 1, 1)
     assert cache.PACKED_MIN_ROWS == cache._packed_min_rows(cache._cpu_vendor())
-    for vendor, want in [("GenuineIntel", [DENSE, DENSE, PACKED, PACKED, DENSE]),
+    for vendor, want in [("GenuineIntel", [DENSE, PACKED, PACKED, PACKED, DENSE]),
                          ("AuthenticAMD", [PACKED, PACKED, PACKED, PACKED, DENSE])]:
         monkeypatch.setattr(cache, "PACKED_MIN_ROWS", cache._packed_min_rows(vendor))
         assert [step_layout(n, cpu, torch.float32) for n in (1, 2, 3, 8, None)] == want, vendor

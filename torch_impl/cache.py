@@ -96,11 +96,12 @@ class EncoderWeights(NamedTuple):
 # (for 8 rows) serves every row count. `python3 dev.py bench step_layouts` times both on `base`'s
 # step products (its 36 decoder kernels and the 37000 x 512 output projection, from memory as in a
 # step); docs/performance.md ("The CPU contenders on two CPUs") has the figures of two CPUs. On the
-# Intel CPU MKL's matrix-vector path (addmm on one or two rows) was the faster; on AMD, where MKL
-# does not run its Intel-tuned kernels, oneDNN's packed kernel won from one row. CTranslate2 decides
-# the same way, by the vendor (MKL on "GenuineIntel", oneDNN elsewhere: src/cpu/backend.cc). So the
-# switch is per vendor: packed from 3 rows on Intel (dense measured faster at 1 and 2, packed at 8),
-# from 1 row elsewhere. `PACKED_MIN_ROWS` is the one setting to change (``torch_impl.cache.
+# Intel CPUs MKL's matrix-vector path (addmm on one row) was the faster; on AMD, where MKL does not
+# run its Intel-tuned kernels, oneDNN's packed kernel won from one row. CTranslate2 decides the same
+# way, by the vendor (MKL on "GenuineIntel", oneDNN elsewhere: src/cpu/backend.cc). So the switch is
+# per vendor: packed from 2 rows on Intel (dense measured faster at 1; at 2 as fast as packed on two
+# Intel machines and 1.3 times slower on a third), from 1 row elsewhere.
+# `PACKED_MIN_ROWS` is the one setting to change (``torch_impl.cache.
 # PACKED_MIN_ROWS = n``, read at every decode) where a machine says otherwise (an earlier AMD EPYC
 # did, at one row). Both layouts give the same values to float32 rounding.
 DENSE, PACKED = "dense (in, out)", "packed for oneDNN"
@@ -125,8 +126,8 @@ def _cpu_vendor() -> str:
 
 def _packed_min_rows(vendor: str) -> int:
     """From how many rows a step's products take the packed layout on a CPU of ``vendor``
-    (`_cpu_vendor`): 3 on Intel, 1 elsewhere (measured; the table above)."""
-    return 3 if vendor == "GenuineIntel" else 1
+    (`_cpu_vendor`): 2 on Intel, 1 elsewhere (measured; the table above)."""
+    return 2 if vendor == "GenuineIntel" else 1
 
 
 PACKED_MIN_ROWS = _packed_min_rows(_cpu_vendor())  # from this many rows up, packed; fewer: addmm
