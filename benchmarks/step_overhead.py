@@ -1,0 +1,132 @@
+"""A cached decoding step's time, of two checkouts of this project side by side in one process.
+
+torch_impl's step at a few rows streams its kernels from memory (164 MB a step of ``base``), and
+everything else it does, Python and about a thousand small operations, runs between two products
+on an interpreter whose objects the stream has evicted: docs/performance.md ("A step's Python").
+This benchmark measures that part. Each ``--roots`` checkout is imported in turn under its own
+module objects (its ``torch_impl`` and ``shared``), builds the same model, and the checkouts' steps
+run interleaved, round after round, in one process: the same machine state for both, which runs of
+two processes on a shared machine do not give. Printed: each checkout's median ms a step, the
+median of the per-round ratios to the first, and whether their logits are bit for bit equal.
+
+``--preset base`` times the whole step (`benchmarks/_decoding_contenders.contender_config`,
+float32); ``--preset tiny`` the same six layers at ``d_model`` 64 and a vocabulary of 64, whose
+products take next to nothing: what is left is the step's own overhead. Batch 1, ``--beams`` rows
+of one source (``Transformer.init_cache`` / ``decode_step`` without the search loop's work), one
+thread by default.
+
+    python3 dev.py bench step_overhead --roots OLD_CHECKOUT . [--preset base|tiny] [--rounds 15]
+                                       [--steps 40] [--beams 1] [--threads 1]
+
+(``git worktree add /tmp/old <commit>`` makes an old checkout.) Measured: docs/performance.md.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))  # this checkout's shared.threads, before torch starts
+
+from shared.threads import apply_thread_policy, thread_count  # noqa: E402
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return value
+
+
+def _checkout(text: str) -> Path:
+    root = Path(text).resolve()
+    if not (root / "torch_impl" / "__init__.py").is_file() or not (root / "shared" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(f"expected a checkout of this project (torch_impl/ and shared/), got {text}")
+    return root
+
+
+def _import_from(root: Path):
+    """``(torch_impl, shared.config, shared.weights, shared.masks)`` of the checkout at ``root``,
+    as new module objects: every ``torch_impl`` and ``shared`` module imported before is dropped
+    from ``sys.modules`` first (the objects made from them keep their own)."""
+    import importlib
+    for name in [m for m in sys.modules if m.split(".")[0] in ("torch_impl", "shared")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(root))
+    try:
+        modules = [importlib.import_module(m) for m in ("torch_impl", "shared.config", "shared.weights",
+                                                        "shared.masks")]
+    finally:
+        sys.path.remove(str(root))
+    if not Path(modules[0].__file__).resolve().is_relative_to(root):
+        raise RuntimeError(f"torch_impl came from {modules[0].__file__}, not from {root}")
+    return modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--roots", nargs="+", type=_checkout, required=True,
+                        help="checkouts to compare (the first is the ratios' reference)")
+    parser.add_argument("--preset", choices=["base", "tiny"], default="base")
+    parser.add_argument("--rounds", type=_positive, default=15, help="interleaved rounds")
+    parser.add_argument("--steps", type=_positive, default=40, help="timed steps a round and checkout")
+    parser.add_argument("--beams", type=_positive, default=1, help="rows of the one source")
+    parser.add_argument("--threads", type=thread_count, default=1, help="torch.set_num_threads (default 1)")
+    args = parser.parse_args(argv)
+    apply_thread_policy(args.threads)  # before torch starts its thread pool
+
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(args.threads)
+    runs, labels = [], []
+    for root in args.roots:
+        torch_impl, config_module, weights_module, masks = _import_from(root)
+        extra = {} if args.preset == "base" else dict(d_model=64, d_ff=64, src_vocab=64, tgt_vocab=64)
+        # benchmarks/_decoding_contenders.contender_config's settings, spelled out: an old
+        # checkout's benchmarks may differ
+        config = config_module.TransformerConfig.preset("base", norm_eps=1e-5, pe_layout="halves", **extra)
+        if args.steps + 1 > config.max_len:
+            parser.error(f"--steps: expected at most {config.max_len - 1}, got {args.steps}")
+        model = torch_impl.Transformer(config)
+        model.import_weights(weights_module.init_weights(config, 0))
+        model.eval()
+        src = np.random.default_rng(0).integers(3, config.src_vocab, size=(1, 32))
+        with torch.inference_mode():
+            src_t, mask = torch.as_tensor(src), torch.as_tensor(masks.make_src_mask(src, config.pad_id))
+            memory = model.encode(src_t, mask)
+
+        def run(model=model, memory=memory, mask=mask):
+            with torch.inference_mode():
+                cache = model.init_cache(memory, mask, args.steps + 1, args.beams)
+                tokens = torch.full((args.beams,), 5, dtype=torch.long)
+                logits = []
+                start = time.perf_counter()
+                for _ in range(args.steps):
+                    out, cache = model.decode_step(tokens, cache)
+                    tokens = out.argmax(-1)
+                    logits.append(out)
+                return (time.perf_counter() - start) / args.steps * 1e3, torch.stack(logits)
+
+        runs.append(run)
+        labels.append(str(root))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, preset {args.preset} "
+          f"(6 decoder layers), batch 1, {args.beams} rows, {args.steps} steps a round, "
+          f"{args.rounds} interleaved rounds")
+    first = [run()[1] for run in runs]  # warm: the kept weights, the allocator
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(args.rounds):
+        for i, run in enumerate(runs):
+            times[i].append(run()[0])
+    for i, label in enumerate(labels):
+        ratio = np.median(np.array(times[i]) / np.array(times[0]))
+        same = "" if i == 0 else f"; logits {'bit for bit equal' if torch.equal(first[i], first[0]) else 'differ'}"
+        print(f"{label}: {np.median(times[i]):.3f} ms a step (fastest round {min(times[i]):.3f}), "
+              f"{ratio:.3f}x the first{same}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
