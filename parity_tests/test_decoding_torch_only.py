@@ -141,6 +141,49 @@ def test_a_beam_search_of_one_source_matches_the_oracle(device):
 PACKABLE = torch_impl.cache.step_layout(8, torch.device("cpu"), torch.float32) == torch_impl.cache.PACKED
 
 
+@pytest.mark.parametrize("name", ["tiny-pre-annotated", "tiny-post-final-norm"])
+def test_a_cached_step_calls_no_module_of_its_layers(name):
+    """A cached step of a model as built runs its decoder layers on the weights and norms its
+    cache keeps (`torch_impl.layers.DecoderLayer.step`): no module of a layer is called, since a
+    module call between two streamed products costs cache misses (docs/performance.md, "A step's
+    Python"). A model not as built (a hook on a layer's norm) calls its modules, the hook sees every
+    step, and its logits are those of the model as built to float64's bound, step for step."""
+    from torch.nn.modules.module import register_module_forward_pre_hook
+    config = tiny_configs()[name].replace(dtype="float64")
+    model = build(config, weights_for(config, 0))
+    src = torch.from_numpy(sources(config, 0)[:2])
+    layers = {id(m) for m in model.decoder.layers.modules()}
+    called = []
+
+    def steps():
+        with torch.inference_mode():
+            memory, mask = model.encode(src), model._src_mask(src, None)
+            cache = model.init_cache(memory, mask, 4)
+            handle = register_module_forward_pre_hook(
+                lambda module, args: called.append(type(module).__name__) if id(module) in layers else None)
+            try:
+                tokens, out = torch.full((2,), config.bos_id), []
+                for _ in range(4):
+                    logits, cache = model.decode_step(tokens, cache)
+                    tokens = logits.argmax(-1)
+                    out.append(logits)
+            finally:
+                handle.remove()
+            return torch.stack(out).numpy()
+
+    as_built = steps()
+    assert called == []
+    seen = []
+    norm = model.decoder.layers[0].self_attn_norm
+    hook = norm.register_forward_hook(lambda module, args, out: seen.append(out))
+    try:
+        hooked = steps()
+    finally:
+        hook.remove()
+    assert len(seen) == 4 and "LayerNorm" in called and "Linear" in called
+    assert_close(hooked, as_built, bound_for("float64", "torch:reference"), "logits, modules' steps")
+
+
 @pytest.mark.parametrize("dtype, rows", [("float64", 5), ("float32", 1), ("float32", 5)])
 def test_step_weights_follow_the_parameters(dtype, rows):
     """The cached step's prepared weights (`torch_impl.cache.StepWeights`, in each layout) are

@@ -205,8 +205,8 @@ class DecoderLayer(nn.Module):
         # Where the cache keeps the weights, the step reads them and the norms' from the cache and
         # its settings from one tuple, and calls no module: at a few rows a step streams its
         # kernels from memory, which evicts the interpreter's own objects, so every attribute a
-        # step reads between two products costs a cache miss (a module call over a dozen; docs/
-        # performance.md, "A step's Python").
+        # step reads between two products costs a cache miss, and a module call reads over a dozen
+        # (docs/performance.md, "A step's Python").
         w, ((g1, b1), (g2, b2), (g3, b3)) = cache.weights, cache.norms
         pre, standard, eps, activation = self._step_settings
         n, heads, _, d_k = cache.self_key.shape
