@@ -36,7 +36,6 @@ class LayerNorm(nn.Module):
         return f"{self.gamma.shape[0]}, style={self.style!r}, eps={self.eps:g}"
 
 
-
 def _normalize(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, standard: bool,
                eps: float) -> torch.Tensor:
     """`LayerNorm` of ``x`` with these parameters, in the standard style (``standard``) or the
