@@ -71,6 +71,10 @@ def test_compare_usage_errors(args, expected):
                                                           "expected an int (ASCII digits), got '1_0' (see twins decode --help)"),
     (["convert", "a", "b", "--bogus", "1"], "twins convert: error: unrecognized arguments: --bogus 1 (see "
                                             "twins convert --help)"),
+    # Before: "the following arguments are required: command", the option unmentioned.
+    (["--bogus"], "twins: error: unrecognized arguments: --bogus; expected a command (compare, "
+                  "convert, train, decode, figures) (see twins --help)"),
+    ([], "twins: error: expected a command (compare, convert, train, decode, figures) (see twins --help)"),
     (["nosuch"], "twins: error: argument command: invalid choice: 'nosuch' (choose from 'compare', "
                  "'convert', 'train', 'decode', 'figures') (see twins --help)"),
 ])

@@ -51,7 +51,9 @@ def build_parser() -> Parser:
     parser = Parser(
         prog="twins", parents=[common],
         description="The Transformer in NumPy, PyTorch and TensorFlow, proven to agree.")
-    sub = parser.add_subparsers(dest="command", required=True)  # its parsers: Parser too
+    # Not required here: `parse` names what was given instead of a command (argparse would report
+    # the missing command before an unknown option, as "the following arguments are required").
+    sub = parser.add_subparsers(dest="command")  # its parsers: Parser too
     parser.commands = {}
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, parents=[common])
@@ -63,9 +65,13 @@ def build_parser() -> Parser:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     """The command line parsed; an argument no option takes is an error of its command's
-    (``twins train: error: unrecognized arguments: --bogus``), not of ``twins``."""
+    (``twins train: error: unrecognized arguments: --bogus``), not of ``twins``; with no command,
+    an error of ``twins`` naming the commands and what was given instead."""
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
+    if args.command is None:
+        got = f"unrecognized arguments: {' '.join(extras)}; " if extras else ""
+        parser.error(f"{got}expected a command ({', '.join(COMMANDS)})")
     if extras:
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extras)}")
     return args
