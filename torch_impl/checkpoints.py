@@ -267,14 +267,15 @@ def read_foreign_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
     tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
     problems += [f"{k!r}: expected a dense tensor, got {v.layout}{' quantized' if v.is_quantized else ''}"
                  for k, v in tensors.items() if v.layout != torch.strided or v.is_quantized]
+    dense = {k: v for k, v in tensors.items() if v.layout == torch.strided and not v.is_quantized}
     problems += [f"{k!r}: expected a tensor with values, got one on the meta device"
-                 for k, v in tensors.items() if v.is_meta]
+                 for k, v in dense.items() if v.is_meta]
+    # Only a dense tensor has a storage to measure (a sparse one's raises NotImplementedError).
     problems += [f"{k!r}: expected a tensor that stores each of its values, got {v.numel():,} values "
                  f"over {_stored_values(v):,} stored (an expanded view)"
-                 for k, v in tensors.items() if not v.is_meta and _stored_values(v) < v.numel()]
+                 for k, v in dense.items() if not v.is_meta and _stored_values(v) < v.numel()]
     problems += [f"{k!r}: dtype {str(v.dtype).removeprefix('torch.')} is not supported (supported: "
-                 f"{_FOREIGN_DTYPES})" for k, v in tensors.items()
-                 if v.layout == torch.strided and not v.is_quantized and v.dtype not in _FLOATS]
+                 f"{_FOREIGN_DTYPES})" for k, v in dense.items() if v.dtype not in _FLOATS]
     if problems:
         raise WeightsError(str(path), problems)
     widened = Counter(str(v.dtype).removeprefix("torch.") for v in tensors.values() if v.dtype in _HALVES)
