@@ -185,14 +185,19 @@ def test_a_source_that_is_no_array_is_named_alike_by_every_decoder():
         model = impl.Transformer(config)
         model.import_weights(weights)
         decoders.append((name, lambda src, impl=impl, model=model: impl.greedy_decode(model, src, 3)))
-    cases = [(None, TypeError, r"^src: expected a tensor or array, got NoneType"),
+    # Whole messages ($): tf_impl added TensorFlow's reason to the first and last, named a list
+    # mixing numbers and text "got list" and Python floats "dtype float32" (found by a differential
+    # fuzz of the two backends' decoders).
+    cases = [(None, TypeError, r"^src: expected a tensor or array, got NoneType$"),
+             ([[1, "a"]], TypeError, r"^src: expected integer token ids, got dtype string$"),
+             ([[1.5, 2.0]], TypeError, r"^src: expected integer token ids, got dtype float64$"),
              ("abc", ValueError, r"^src: expected token ids of shape \(batch, seq\), got rank 0 shape \(\)$"),
              (np.array([["a", "b"]]), TypeError, r"^src: expected integer token ids, got dtype string$"),
              (np.array([[1, None]], dtype=object), TypeError,
               r"^src: expected a tensor or array of numbers, got an ndarray of dtype object$"),
              (np.array([[1, 2]], dtype=object), TypeError,  # numbers as objects: none converts them
               r"^src: expected a tensor or array of numbers, got an ndarray of dtype object$"),
-             ([[1, None]], TypeError, r"^src: expected a tensor or array, got list")]
+             ([[1, None]], TypeError, r"^src: expected a tensor or array, got list$")]
     for name, decode in decoders:
         for src, error, needle in cases:
             with pytest.raises(error, match=needle):

@@ -40,6 +40,7 @@ import tensorflow as tf
 
 from shared import checks
 from shared.masks import check_pad_id
+from shared.training import batch_ids
 
 
 def in_xla_context() -> bool:
@@ -142,7 +143,9 @@ def check_ids(name: str, ids, vocab: int, max_len: int) -> tf.Tensor:
         tf.errors.InvalidArgumentError: in graph mode, an id outside ``[0, vocab)`` or a run-time
             length over ``max_len``, with the same message text.
     """
-    ids = to_tensor(name, ids)
+    # Arrays and lists through the conversion torch_impl's `_as_ids` makes (`shared.training.batch_ids`):
+    # None, objects, text and Python floats named as there, not in TensorFlow's words or dtypes.
+    ids = ids if isinstance(ids, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(batch_ids(name, ids))
     if ids.shape.rank is None:
         raise ValueError(f"{name}: expected token ids of shape (batch, seq), got unknown rank")
     checks.check_ids(name, _static_shape(ids, (1, 1)), ids.dtype.name, ids.dtype.is_integer, max_len)
