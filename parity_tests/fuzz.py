@@ -1,0 +1,377 @@
+"""Random hostile input for both backends, checked against the project's rules: the same call in
+torch_impl and tf_impl succeeds in both or raises the same type with the same message; a refused
+call changes nothing; a damaged file given to ``twins`` ends in one line and exit status 2, never a
+traceback or an error of an unexpected kind. Every finding is printed with what produced it.
+
+    python -m parity_tests.fuzz [--surfaces decoders weights train files] [--cases 200] [--seed 0]
+
+Exit status 1 when anything was found. Surfaces:
+
+* ``decoders``: `greedy_decode` / `beam_search` with sources, lengths, masks and settings that are
+  wrong in every way (None, text, floats, ragged lists, bad shapes and ids, NaN, bools), and some
+  that are right;
+* ``weights``: `import_weights` of the canonical weights with keys removed, added or renamed, values
+  reshaped, recast, made non-finite, non-arrays or strided views;
+* ``train``: `training.train_step` with batches so damaged;
+* ``files``: ``twins convert`` / ``twins decode`` of damaged checkpoints: a neutral directory (its
+  JSON's values replaced, its safetensors header or bytes changed), a torch_impl ``.pt`` and a
+  foreign state dict (tensors removed, reshaped, recast, sparse, replaced by non-tensors), a
+  tf_impl ``.weights.h5`` (datasets removed, reshaped, recast, replaced by groups).
+
+`parity_tests/test_fuzz.py` runs a fixed slice of each in the suite. Two defects this found are
+tests now (a sparse tensor in a foreign state dict; tf_impl naming non-tensor ids in TensorFlow's
+words, test_hostile_porting.py and test_hostile_inputs.py).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import io
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from shared.config import TransformerConfig
+from shared.weights import random_weights, save_checkpoint
+
+CONFIG = TransformerConfig.preset("tiny", n_encoder_layers=1, n_decoder_layers=1, src_vocab=20,
+                                  tgt_vocab=20, max_len=16, dropout=0.0)
+HOSTILE_SCALARS = [0, 1, 3, 16, 17, -1, 2**40, 1.5, 2.0, float("nan"), float("inf"), None, "3", True,
+                   np.int64(3), np.float32(2), [3]]
+
+
+@functools.lru_cache(maxsize=None)
+def _backends():
+    """``{"torch": (package, model, training, optimizer), "tf": ...}``: the tiny model in both, the
+    same weights."""
+    import tf_impl
+    import torch_impl
+    from tf_impl import training as tf_training
+    from torch_impl import training as torch_training
+    weights = random_weights(CONFIG, 0)
+    out = {}
+    for name, package, training in (("torch", torch_impl, torch_training), ("tf", tf_impl, tf_training)):
+        model = package.Transformer(CONFIG)
+        model.import_weights(weights)
+        if name == "torch":
+            model.eval()
+        out[name] = (package, model, training, training.make_optimizer(model, warmup=10))
+    return out
+
+
+def _outcome(call) -> str:
+    try:
+        call()
+        return "ok"
+    except Exception as err:  # noqa: BLE001  (what was raised is the finding)
+        return f"{type(err).__name__}: {err}"
+
+
+def _differential(what: str, calls: dict) -> str | None:
+    """Run the same call in both backends; a finding where the outcomes differ, or where a refused
+    call changed the model's weights."""
+    results, changed = {}, []
+    for name, call in calls.items():
+        model = _backends()[name][1]
+        before = model.export_weights()
+        results[name] = _outcome(call)
+        if results[name] != "ok":
+            after = model.export_weights()
+            if any(not np.array_equal(before[k], after[k], equal_nan=True) for k in before):
+                changed.append(name)
+    problems = []
+    if results["torch"] != results["tf"]:
+        problems.append(f"torch: {results['torch'][:400]}\n    tf:    {results['tf'][:400]}")
+    problems += [f"{name}: refused, but its weights changed" for name in changed]
+    return f"{what}\n    " + "\n    ".join(problems) if problems else None
+
+
+# -- decoders ---------------------------------------------------------------------------------------
+def _ids(rng: random.Random):
+    shape = rng.choice([(2, 4), (1, 1), (0, 3), (2, 0), (4,), (), (1, 2, 3), (1, 17), (1, 16)])
+    return rng.choice([
+        lambda: None, lambda: [[1, 2], [3]], lambda: "1 2 3", lambda: 3.5, lambda: [[1, "a"]],
+        lambda: [[1.5, 2.0]], lambda: [[True, False]], lambda: [[3, 4, 5]], lambda: np.array([["a", "b"]]),
+        lambda: np.array([[1, None]], dtype=object),
+        lambda: np.full(shape, rng.choice([-1, 20, 2**40, 0, 1]), np.int64),
+        lambda: np.ones(shape, rng.choice([np.float32, np.bool_, np.uint8, np.int16, np.uint64])),
+        lambda: np.ones(shape, np.int32) * 5, lambda: np.ones((2, 4), np.int64) * 7,
+    ])()
+
+
+def _mask(rng: random.Random, src):
+    shape = np.shape(src) if isinstance(src, np.ndarray) else (1, 1)
+    return rng.choice([None, np.ones(shape, np.bool_), np.ones(shape, np.int64),
+                       np.ones((1, *shape), np.bool_), np.zeros(shape, np.float32)])
+
+
+def decoders(rng: random.Random) -> str | None:
+    name = rng.choice(["greedy_decode", "beam_search"])
+    src, max_len, kwargs = _ids(rng), rng.choice(HOSTILE_SCALARS), {}
+    if rng.random() < 0.4:
+        kwargs["src_mask"] = _mask(rng, src)
+    if name == "beam_search":
+        if rng.random() < 0.6:
+            kwargs["beam_size"] = rng.choice(HOSTILE_SCALARS)
+        if rng.random() < 0.4:
+            kwargs["length_penalty"] = rng.choice(HOSTILE_SCALARS)
+    if rng.random() < 0.2:
+        kwargs["use_cache"] = rng.choice([False, 0, "yes", None])
+    calls = {b: functools.partial(getattr(pkg, name), model, src, max_len, **kwargs)
+             for b, (pkg, model, _, _) in _backends().items()}
+    return _differential(f"{name}(src={_shown(src)}, {max_len!r}, {_shown(kwargs)})", calls)
+
+
+# -- weights and training ---------------------------------------------------------------------------
+def _damaged_weights(rng: random.Random) -> tuple[dict, str]:
+    weights = dict(random_weights(CONFIG, 1))
+    key = rng.choice(sorted(weights))
+    value = weights[key]
+    damage = {
+        "removed": lambda: weights.pop(key),
+        "extra key": lambda: weights.__setitem__(key + ".x", value),
+        "key not a str": lambda: weights.__setitem__(rng.choice([1, None, ("a",), b"k"]), value),
+        "flattened": lambda: weights.__setitem__(key, value.ravel()),
+        "transposed": lambda: weights.__setitem__(key, value.T if value.ndim == 2 else value[None]),
+        "recast": lambda: weights.__setitem__(key, value.astype(rng.choice(
+            [np.int64, np.bool_, np.complex64, np.float16, np.uint8, np.float64, object]))),
+        "non-finite or past float32": lambda: weights.__setitem__(key, np.full(value.shape, rng.choice(
+            [np.nan, np.inf, 1e39]))),
+        "not an array": lambda: weights.__setitem__(key, rng.choice([None, 3, "x", [1.0, 2.0], value.tolist()])),
+        "empty": lambda: weights.__setitem__(key, np.zeros((0, *value.shape), value.dtype)),
+        "strided view": lambda: weights.__setitem__(key, np.broadcast_to(value, (2, *value.shape))[0]),
+        "reversed": lambda: weights.__setitem__(key, value[::-1].copy()),
+    }
+    what = rng.choice(sorted(damage))
+    damage[what]()
+    return weights, f"{key}: {what}"
+
+
+def weights(rng: random.Random) -> str | None:
+    damaged, what = _damaged_weights(rng)
+    calls = {b: functools.partial(model.import_weights, damaged) for b, (_, model, _, _) in _backends().items()}
+    finding = _differential(f"import_weights({what})", calls)
+    for _, model, _, _ in _backends().values():  # the next case starts from the same weights
+        model.import_weights(random_weights(CONFIG, 0))
+    return finding
+
+
+def _damaged_ids(rng: random.Random, v: np.ndarray):
+    return rng.choice([
+        lambda: None, lambda: v.tolist(), lambda: v[:1], lambda: v[:, :0], lambda: v[..., None],
+        lambda: v.ravel(), lambda: np.zeros_like(v), lambda: np.concatenate([v, v], 1),
+        lambda: v.tolist()[:1] + [v.tolist()[1][:-1]], lambda: v,
+        lambda: v.astype(rng.choice([np.float32, np.bool_, np.uint8, np.int32, "U3", object])),
+        lambda: np.full_like(v, rng.choice([-1, 20, 2**40])),
+    ])()
+
+
+def train(rng: random.Random) -> str | None:
+    ids = np.random.default_rng(rng.randrange(2**32))
+    batch = [ids.integers(3, 20, (2, 5)), ids.integers(3, 20, (2, 4)), ids.integers(3, 20, (2, 4))]
+    for i in rng.sample(range(3), rng.choice([1, 1, 2])):
+        batch[i] = _damaged_ids(rng, batch[i])
+    batch = tuple(batch[:2]) if rng.random() < 0.05 else tuple(batch)
+    calls = {b: functools.partial(training.train_step, model, optimizer, batch)
+             for b, (_, model, training, optimizer) in _backends().items()}
+    finding = _differential(f"train_step({_shown(batch)})", calls)
+    for _, model, _, _ in _backends().values():
+        model.import_weights(random_weights(CONFIG, 0))
+    return finding
+
+
+# -- files ------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _sources() -> dict[str, tuple[Path, list[str]]]:
+    """Valid files of each kind, written once: ``{kind: (path, twins convert options)}``."""
+    import torch
+
+    from parity_tests import source_models
+    from twins.cli import main
+    root = Path(tempfile.mkdtemp(prefix="twins-fuzz-"))
+    save_checkpoint(root / "neutral", CONFIG, random_weights(CONFIG, 0))
+    for fmt, name in (("torch", "m.pt"), ("tf", "m.weights.h5")):
+        assert _twins(main, ["convert", root / "neutral", root / name, "--to", fmt])[0] == 0
+    annotated = source_models.randomize_(source_models.make_annotated(
+        src_vocab=11, tgt_vocab=13, n=1, d_model=16, d_ff=24, h=4, max_len=32), seed=3)
+    torch.save(annotated.state_dict(), root / "annotated.pt")
+    return {"neutral": (root / "neutral", []), "torch": (root / "m.pt", []), "tf": (root / "m.weights.h5", []),
+            "annotated": (root / "annotated.pt", ["--from", "annotated", "--n-heads", "4", "--pad-id", "0",
+                                                  "--bos-id", "1", "--eos-id", "2"])}
+
+
+def _twins(main, argv) -> tuple[object, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exit_:
+            code = exit_.code
+    return code, err.getvalue()
+
+
+def _damage_json(rng: random.Random, path: Path) -> str:
+    data = json.loads(path.read_text())
+    key = rng.choice(sorted(data))
+    if rng.random() < 0.15:
+        del data[key]
+        return f"{path.name}: {key} removed"
+    data[key] = rng.choice([*HOSTILE_SCALARS, "", {}, 10**30, "float16", -0.0])
+    path.write_text(json.dumps(data, default=str))
+    return f"{path.name}: {key}={data[key]!r}"
+
+
+def _damage_bytes(rng: random.Random, path: Path) -> str:
+    data = bytearray(path.read_bytes())
+    if rng.random() < 0.3:
+        n = rng.randrange(len(data))
+        path.write_bytes(bytes(data[:n]))
+        return f"{path.name}: truncated to {n} of {len(data)} bytes"
+    if path.suffix == ".safetensors" and rng.random() < 0.5:
+        size = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + size])
+        key = rng.choice(sorted(k for k in header if k != "__metadata__"))
+        field, value = rng.choice([("dtype", rng.choice(["F16", "BF16", "I64", "BOOL", "U8", "F64", "XX"])),
+                                   ("shape", rng.choice([[], [0], [-1], [2**40, 2**40], [3, 3]])),
+                                   ("data_offsets", rng.choice([[0, 0], [0, 2**62], [-1, 4], [5, 1]]))])
+        header[key][field] = value
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        path.write_bytes(len(text).to_bytes(8, "little") + text + bytes(data[8 + size:]))
+        return f"{path.name}: header {key}.{field}={value}"
+    for _ in range(rng.randint(1, 8)):
+        data[rng.randrange(len(data))] = rng.randrange(256)
+    path.write_bytes(bytes(data))
+    return f"{path.name}: bytes changed"
+
+
+def _damage_state_dict(rng: random.Random, path: Path) -> str:
+    import torch
+    obj = torch.load(path, weights_only=True)
+    state = obj["state_dict"] if "state_dict" in obj else obj
+    key = rng.choice(sorted(k for k, v in state.items() if isinstance(v, torch.Tensor)))
+    v = state[key]
+    damage = {
+        "removed": lambda: state.pop(key), "extra key": lambda: state.__setitem__(key + "_x", v),
+        "flattened": lambda: state.__setitem__(key, v.flatten()),
+        "recast": lambda: state.__setitem__(key, v.to(rng.choice([torch.int64, torch.bool, torch.complex64,
+                                                                   torch.float16, torch.uint8]))),
+        "non-finite": lambda: state.__setitem__(key, torch.full_like(v, float("nan"))),
+        "not a tensor": lambda: state.__setitem__(key, rng.choice([None, 3, "x", [1, 2], {"a": 1}])),
+        "empty": lambda: state.__setitem__(key, torch.empty(0)),
+        "sparse": lambda: state.__setitem__(key, v.to_sparse()),
+        "scalar": lambda: state.__setitem__(key, torch.tensor(1.0)),
+        "expanded": lambda: state.__setitem__(key, torch.zeros(1).expand(10**6)),
+    }
+    what = rng.choice(sorted(damage))
+    damage[what]()
+    torch.save(obj, path)
+    return f"{path.name}: {key} {what}"
+
+
+def _damage_h5(rng: random.Random, path: Path) -> str:
+    import h5py
+    with h5py.File(path, "r+") as f:
+        names = []
+        f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+        name = rng.choice(sorted(names))
+        value = f[name][()]
+        del f[name]
+        what = rng.choice(["removed", "recast", "flattened", "scalar", "huge", "non-finite", "group", "cut"])
+        if what == "recast":
+            f[name] = np.asarray(value).astype(rng.choice([np.int64, np.bool_, np.complex64, np.float16, "S3"]))
+        elif what == "flattened":
+            f[name] = np.asarray(value).ravel()
+        elif what == "scalar":
+            f[name] = np.float32(1.0)
+        elif what == "huge":  # declared, never written: nothing allocated on disk
+            f.create_dataset(name, shape=(2**20, 2**20), dtype="f4", chunks=(1, 16))
+        elif what == "non-finite":
+            f[name] = np.full(np.shape(value), np.nan, np.float32)
+        elif what == "group":
+            f.create_group(name)
+        elif what == "cut":
+            f[name] = np.asarray(value)[..., :-1] if np.ndim(value) else np.zeros(2, np.float32)
+    return f"{path.name}: {name} {what}"
+
+
+def files(rng: random.Random) -> str | None:
+    from twins.cli import main
+    kind = rng.choice(sorted(_sources()))
+    source, options = _sources()[kind]
+    work = Path(tempfile.mkdtemp(prefix="twins-fuzz-case-"))
+    try:
+        copy = work / source.name
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, copy)
+        if kind == "neutral":
+            target = rng.choice(sorted(copy.iterdir()))
+            what = _damage_json(rng, target) if target.suffix == ".json" else _damage_bytes(rng, target)
+        elif copy.suffix == ".pt":
+            what = _damage_state_dict(rng, copy) if rng.random() < 0.8 else _damage_bytes(rng, copy)
+        else:
+            what = _damage_h5(rng, copy) if rng.random() < 0.8 else _damage_bytes(rng, copy)
+        if rng.random() < 0.3 and not options:
+            argv = ["decode", "--checkpoint", copy, "--backend", rng.choice(["torch", "tf"]), "4 5 6"]
+        else:
+            to = rng.choice(["neutral", "torch", "tf"])
+            argv = ["convert", copy, work / {"neutral": "out", "torch": "out.pt", "tf": "out.weights.h5"}[to],
+                    "--to", to, *options]
+        code, err = _twins(main, argv)
+        lines = err.strip().splitlines()
+        if code not in (0, 2) or "--verbose shows the traceback" in err or (code == 2 and len(lines) != 1):
+            return f"twins {argv[0]} of {kind} ({what}): exit {code}\n    {err.strip()[-600:]}"
+        return None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+SURFACES = {"decoders": decoders, "weights": weights, "train": train, "files": files}
+
+
+def _shown(value) -> str:
+    if isinstance(value, np.ndarray):
+        return f"ndarray{value.shape}:{value.dtype}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_shown(v)}" for k, v in value.items())
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_shown(v) for v in value) + ")"
+    return repr(value)[:60]
+
+
+def run(surface: str, cases: int, seed: int) -> list[str]:
+    """The findings of ``cases`` random cases of ``surface`` (reproducible from ``seed``)."""
+    rng = random.Random(f"{surface}:{seed}")
+    findings = []
+    for case in range(cases):
+        finding = SURFACES[surface](rng)
+        if finding is not None:
+            findings.append(f"{surface} case {case} (seed {seed}): {finding}")
+    return findings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--surfaces", nargs="+", choices=sorted(SURFACES), default=list(SURFACES))
+    parser.add_argument("--cases", type=int, default=200, help="cases per surface (default 200)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    found = 0
+    for surface in args.surfaces:
+        findings = run(surface, args.cases, args.seed)
+        for finding in findings:
+            print(finding, flush=True)
+        print(f"{surface}: {args.cases} cases, {len(findings)} findings", flush=True)
+        found += len(findings)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
