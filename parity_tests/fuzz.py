@@ -25,6 +25,7 @@ words, test_hostile_porting.py and test_hostile_inputs.py).
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import functools
 import io
@@ -196,6 +197,7 @@ def _sources() -> dict[str, tuple[Path, list[str]]]:
     from parity_tests import source_models
     from twins.cli import main
     root = Path(tempfile.mkdtemp(prefix="twins-fuzz-"))
+    atexit.register(shutil.rmtree, root, True)  # pytest's workers run exit handlers too (conftest.py)
     save_checkpoint(root / "neutral", CONFIG, random_weights(CONFIG, 0))
     for fmt, name in (("torch", "m.pt"), ("tf", "m.weights.h5")):
         assert _twins(main, ["convert", root / "neutral", root / name, "--to", fmt])[0] == 0
