@@ -75,22 +75,32 @@ def _outcome(call) -> str:
         return f"{type(err).__name__}: {err}"
 
 
+def _optimizer_steps(name: str) -> float:
+    """The steps the backend's optimizer has counted (torch: its parameters' ``step``; Keras:
+    ``iterations``)."""
+    optimizer = _backends()[name][3]
+    if name == "torch":
+        return max((float(state["step"]) for state in optimizer.state.values()), default=0.0)
+    return float(optimizer.iterations.numpy())
+
+
 def _differential(what: str, calls: dict) -> str | None:
     """Run the same call in both backends; a finding where the outcomes differ, or where a refused
-    call changed the model's weights."""
+    call changed the model's weights or its optimizer's step count."""
     results, changed = {}, []
     for name, call in calls.items():
         model = _backends()[name][1]
-        before = model.export_weights()
+        before, steps = model.export_weights(), _optimizer_steps(name)
         results[name] = _outcome(call)
         if results[name] != "ok":
             after = model.export_weights()
-            if any(not np.array_equal(before[k], after[k], equal_nan=True) for k in before):
+            if (any(not np.array_equal(before[k], after[k], equal_nan=True) for k in before)
+                    or _optimizer_steps(name) != steps):
                 changed.append(name)
     problems = []
     if results["torch"] != results["tf"]:
         problems.append(f"torch: {results['torch'][:400]}\n    tf:    {results['tf'][:400]}")
-    problems += [f"{name}: refused, but its weights changed" for name in changed]
+    problems += [f"{name}: refused, but its weights or its optimizer's step count changed" for name in changed]
     return f"{what}\n    " + "\n    ".join(problems) if problems else None
 
 
