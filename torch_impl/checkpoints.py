@@ -265,9 +265,9 @@ def read_foreign_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
     problems = [f"{k!r}: expected a tensor, got {type(v).__name__}"
                 for k, v in obj.items() if not isinstance(v, torch.Tensor)]
     tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
-    problems += [f"{k!r}: expected a dense tensor, got {v.layout}{' quantized' if v.is_quantized else ''}"
-                 for k, v in tensors.items() if v.layout != torch.strided or v.is_quantized]
     dense = {k: v for k, v in tensors.items() if v.layout == torch.strided and not v.is_quantized}
+    problems += [f"{k!r}: expected a dense tensor, got {v.layout}{' quantized' if v.is_quantized else ''}"
+                 for k, v in tensors.items() if k not in dense]
     problems += [f"{k!r}: expected a tensor with values, got one on the meta device"
                  for k, v in dense.items() if v.is_meta]
     # Only a dense tensor has a storage to measure (a sparse one's raises NotImplementedError).

@@ -20,10 +20,8 @@ from shared import TransformerConfig
 
 from .attention import MultiHeadAttention, _attend_cached, _attend_source
 from .cache import EncoderWeights, LayerCache, StepWeights, dense, projection
-from .feed_forward import _relu
-from .norm import _normalize
-from .feed_forward import FeedForward
-from .norm import LayerNorm
+from .feed_forward import FeedForward, _relu
+from .norm import LayerNorm, _normalize
 
 Trace = dict[str, torch.Tensor]
 Sublayer = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
