@@ -143,10 +143,10 @@ def attention() -> None:
     print("  dtype      keys    SDPA   products")
     for dtype in (torch.float32, torch.bfloat16):
         for keys in (32, 128):
-            q = torch.randn(1, 8, 64, device="cuda", dtype=dtype)
+            q = torch.randn(1, 8, 1, 64, device="cuda", dtype=dtype)
             k, v = (torch.randn(1, 8, keys, 64, device="cuda", dtype=dtype) for _ in range(2))
             bias = torch.zeros(1, 1, 1, keys, device="cuda", dtype=dtype)
-            sdpa = _replayed(lambda: [F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=bias)
+            sdpa = _replayed(lambda: [F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
                                       for _ in range(12)])
             products = _replayed(lambda: [_attend_by_products(q, k, v, bias) for _ in range(12)])
             print(f"  {str(dtype)[6:]:9s} {keys:5d} {sdpa / 12:7.2f} {products / 12:9.2f}")

@@ -47,10 +47,10 @@ def _attend_buffer(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.
     (docs/performance.md, "GPU"). Half precisions keep SDPA, whose half kernels are the faster
     there. Same values to rounding (the softmax is exact here, not SDPA's running one).
 
-    Shape: q ``(N, H, d_k)``, buffers ``(N, H, C, d_k)``, bias broadcastable to ``(N, H, 1, C)``
-    -> ``(N, H, 1, d_k)``."""
+    Shape: q ``(N, H, 1, d_k)``, buffers ``(N, H, C, d_k)``, bias broadcastable to ``(N, H, 1,
+    C)`` -> ``(N, H, 1, d_k)``."""
     if q.dtype in (torch.float16, torch.bfloat16):
-        return F.scaled_dot_product_attention(q[:, :, None], key_cache, value_cache, attn_mask=bias)
+        return F.scaled_dot_product_attention(q, key_cache, value_cache, attn_mask=bias)
     return _attend_by_products(q, key_cache, value_cache, bias)
 
 
@@ -58,7 +58,7 @@ def _attend_by_products(q: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                         bias: torch.Tensor) -> torch.Tensor:
     """`_attend_buffer`'s float32 and float64 path, in any dtype (`benchmarks/gpu_profile.py` times
     it against SDPA): ``baddbmm`` (scores plus bias), softmax, ``bmm``. Shapes as there."""
-    n, heads, d_k = q.shape
+    n, heads, _, d_k = q.shape
     keys = key_cache.shape[2]
     scores = torch.baddbmm(bias.expand(n, heads, 1, keys).reshape(n * heads, 1, keys),
                            q.reshape(n * heads, 1, d_k), key_cache.reshape(n * heads, keys, d_k).transpose(1, 2),
@@ -78,25 +78,25 @@ def _attend_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache:
     ``position`` of the preallocated buffers, in place, and the query attending to positions
     ``0 .. position`` (see `MultiHeadAttention.extend`, which is this with the projections).
 
-    ``position`` an int: ``select`` and ``copy_`` write, ``narrow`` cuts the filled positions
+    ``position`` an int: ``narrow`` and ``copy_`` write, ``narrow`` cuts the filled positions
     (indexing, ``key_cache[:, :, position] = k``, makes a view per index: more operations a step,
     docs/performance.md, "A step's Python"). ``position`` a 0-d int64 tensor on the buffers'
     device (a CUDA graph's step): ``index_copy_`` writes and the query attends to the whole buffer
     under ``mask``, its `torch_impl.cache.filled_mask` (made here when None).
 
-    Shape: q, k, v ``(N, H, d_k)``, buffers ``(N, H, capacity, d_k)`` -> ``(N, H, 1, d_k)``
-    (CUDA's half-precision kernels may return other strides: reshape it)."""
+    Shape: q, k, v ``(N, H, 1, d_k)`` (the views of one product's columns, as the step makes
+    them: no axis to add), buffers ``(N, H, capacity, d_k)`` -> ``(N, H, 1, d_k)`` (CUDA's
+    half-precision kernels may return other strides: reshape it)."""
     if isinstance(position, torch.Tensor):
-        key_cache.index_copy_(2, position.view(1), k[:, :, None])
-        value_cache.index_copy_(2, position.view(1), v[:, :, None])
+        key_cache.index_copy_(2, position.view(1), k)
+        value_cache.index_copy_(2, position.view(1), v)
         if mask is None:
             mask = filled_mask(key_cache.shape[2], position, key_cache.dtype)
         return _attend_buffer(q, key_cache, value_cache, mask)
-    key_cache.select(2, position).copy_(k)
-    value_cache.select(2, position).copy_(v)
+    key_cache.narrow(2, position, 1).copy_(k)
+    value_cache.narrow(2, position, 1).copy_(v)
     end = position + 1
-    return F.scaled_dot_product_attention(q.unsqueeze(2), key_cache.narrow(2, 0, end),
-                                          value_cache.narrow(2, 0, end))
+    return F.scaled_dot_product_attention(q, key_cache.narrow(2, 0, end), value_cache.narrow(2, 0, end))
 
 
 def _attend_source(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -111,13 +111,21 @@ def _attend_source(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     has no batch broadcast (its math fallback took three times as long for one item). Same values
     to rounding.
 
-    Shape: q ``(N, H, d_k)``, k/v ``(items, H, S, d_k)``, mask broadcastable to ``(items, H, 1,
-    S)``, keep to ``(items, H, 1, 1)`` or None -> ``(N, H * d_k)``, rows in q's order."""
-    n, heads, d_k = q.shape
-    items = k.shape[0]
+    One row an item (greedy, or a beam search's first step) takes no transposes: an axis of one
+    moves no element, and each is an operation a step (docs/performance.md, "A step's Python").
+
+    Shape: q ``(N, H * d_k)`` (a product's rows), k/v ``(items, H, S, d_k)``, mask broadcastable
+    to ``(items, H, 1, S)``, keep to ``(items, H, 1, 1)`` or None -> ``(N, H * d_k)``, rows in
+    q's order."""
+    n, width = q.shape
+    items, heads, _, d_k = k.shape
+    if n == items:
+        context = _zero_keyless(F.scaled_dot_product_attention(q.view(n, heads, 1, d_k), k, v, attn_mask=mask),
+                                keep)
+        return context.reshape(n, width)
     q = q.view(items, n // items, heads, d_k).transpose(1, 2)  # (items, H, beams, d_k)
     context = _zero_keyless(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)
-    return context.transpose(1, 2).reshape(n, heads * d_k)  # the same order of rows
+    return context.transpose(1, 2).reshape(n, width)  # the same order of rows
 
 
 class MultiHeadAttention(nn.Module):
@@ -261,7 +269,7 @@ class MultiHeadAttention(nn.Module):
         n, q_len, _ = query_in.shape
         q = self.query(query_in) if query is None else dense(query_in, *query)
         if q_len == 1:  # a step (greedy or a beam search's): `_attend_source`
-            context = _attend_source(q.view(n, self.n_heads, self.d_k), k, v, mask, keep)
+            context = _attend_source(q.view(n, self.n_heads * self.d_k), k, v, mask, keep)
         else:
             q = q.view(n, q_len, self.n_heads, self.d_k).transpose(1, 2)  # (N, H, Q, d_k)
             context = _zero_keyless(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)
@@ -318,6 +326,6 @@ class MultiHeadAttention(nn.Module):
             output, _ = self.attend(query_in, key_cache[:, :, :end], value_cache[:, :, :end], None)
             return output, key_cache, value_cache
         n = query_in.shape[0]
-        q, k, v = dense(query_in, *qkv).view(n, 3, self.n_heads, self.d_k).unbind(1)  # (N, H, d_k)
+        q, k, v = dense(query_in, *qkv).view(n, 3, self.n_heads, 1, self.d_k).unbind(1)  # (N, H, 1, d_k)
         context = _attend_cached(q, k, v, key_cache, value_cache, position, mask)  # (N, H, 1, d_k)
         return dense(context.reshape(n, 1, self.n_heads * self.d_k), *output), key_cache, value_cache

@@ -191,9 +191,11 @@ class DecoderLayer(nn.Module):
         ``0 .. position`` (see `MultiHeadAttention.extend`, with the cache's fused projection);
         cross-attention uses the cached source keys/values and the prepared mask.
 
-        Shape: x ``(N, 1, d)``; the cache's cross keys, src_mask and src_keep
-        (`torch_impl.cache.prepare_mask`) of ``B`` items, ``N = B * beams`` -> ``((N, 1, d), the
-        layer's cache with its self-attention keys/values updated)`` (in place, and returned).
+        Shape: x ``(N, d)``, the new position's rows (the step's products read rows: a ``(N, 1,
+        d)`` axis would be a view a layer to make and undo); the cache's cross keys, src_mask and
+        src_keep (`torch_impl.cache.prepare_mask`) of ``B`` items, ``N = B * beams`` -> ``((N,
+        d), the layer's cache with its self-attention keys/values updated)`` (in place, and
+        returned).
         With ``position`` a 0-d tensor (a CUDA graph's step), ``self_mask`` is its
         `torch_impl.cache.filled_mask`, made once for every layer. A cache without weights
         (`torch_impl.cache.NO_WEIGHTS`, a model not as built) has the step call the modules.
@@ -208,15 +210,14 @@ class DecoderLayer(nn.Module):
         w, ((g1, b1), (g2, b2), (g3, b3)) = cache.weights, cache.norms
         pre, standard, eps, activation = self._step_settings
         n, heads, _, d_k = cache.self_key.shape
-        width, d = heads * d_k, x.shape[-1]
-        x = x.view(n, d)  # rows: `dense` then reshapes nothing
+        width = heads * d_k
         h = _normalize(x, g1, b1, standard, eps) if pre else x
-        q, k, v = dense(h, w.qkv_kernel, w.qkv_bias).view(n, 3, heads, d_k).unbind(1)  # (N, H, d_k)
+        q, k, v = dense(h, w.qkv_kernel, w.qkv_bias).view(n, 3, heads, 1, d_k).unbind(1)  # (N, H, 1, d_k)
         context = _attend_cached(q, k, v, cache.self_key, cache.self_value, position, self_mask)
         out = dense(context.reshape(n, width), w.self_output_kernel, w.self_output_bias)
         x = x + out if pre else _normalize(x + out, g1, b1, standard, eps)
         h = _normalize(x, g2, b2, standard, eps) if pre else x
-        q = dense(h, w.cross_query_kernel, w.cross_query_bias).view(n, heads, d_k)
+        q = dense(h, w.cross_query_kernel, w.cross_query_bias)  # (N, H * d_k)
         context = _attend_source(q, cache.cross_key, cache.cross_value, src_mask, src_keep)
         out = dense(context, w.cross_output_kernel, w.cross_output_bias)
         x = x + out if pre else _normalize(x + out, g2, b2, standard, eps)
@@ -227,14 +228,16 @@ class DecoderLayer(nn.Module):
             inner = activation(dense(h, w.inner_kernel, w.inner_bias))
         out = dense(inner, w.outer_kernel, w.outer_bias)
         x = x + out if pre else _normalize(x + out, g3, b3, standard, eps)
-        return x.view(n, 1, d), cache
+        return x, cache
 
     def _step_modules(self, x: torch.Tensor, cache: LayerCache, position: int, src_mask: torch.Tensor,
                       src_keep: torch.Tensor | None) -> tuple[torch.Tensor, LayerCache]:
         """`step` of a model not as built (`torch_impl.cache.NO_WEIGHTS`): every projection and
-        norm is its module, called (hooks, replaced or wrapped modules run)."""
+        norm is its module, called (hooks, replaced or wrapped modules run) on ``(N, 1, d)``, as
+        `forward` calls them. Shape: x ``(N, d)`` -> ``(N, d)``, as `step`."""
         pre, self_norm, cross_norm, ffn_norm = (self.norm_first, self.self_attn_norm, self.cross_attn_norm,
                                                 self.ffn_norm)
+        x = x[:, None]  # (N, 1, d)
         out, key, value = self.self_attn.extend(self_norm(x) if pre else x, cache.self_key,
                                                 cache.self_value, position)
         x = x + out if pre else self_norm(x + out)
@@ -243,7 +246,7 @@ class DecoderLayer(nn.Module):
         x = x + out if pre else cross_norm(x + out)
         out = self.ffn.step(ffn_norm(x) if pre else x, None, None)
         x = x + out if pre else ffn_norm(x + out)
-        return x, cache.updated(key, value)
+        return x[:, 0], cache.updated(key, value)
 
     def step_weights(self) -> StepWeights:
         """This layer's weights as `step` and `infer` read them (`torch_impl.cache.StepWeights`)."""

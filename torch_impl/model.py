@@ -400,12 +400,17 @@ class Transformer(nn.Module):
         under the model's, `torch_impl.decoding`): ``(N,)`` -> ``(logits (N, V), cache)``, the
         cache updated in place; logits in the model's compute dtype (half in a half precision)."""
         t = cache.length
-        x = self.tgt_embed(tokens[:, None])  # (N, 1, d)
+        x = self._step_embedding(tokens)  # (N, d)
         # Position t gets PE row t: the same addition the full pass makes for column t of its input.
         table = self.positional.select(self.tgt_embed.positions)  # fixed or learned (max_len, d)
         x = x + table[t: t + 1]  # inference: no dropout (nor a call of the inactive module)
-        hidden, cache = self.decoder.step(x, cache)  # (N, 1, d); cache.length is now t + 1
-        return self._step_generator(hidden[:, 0], cache), cache  # (N, V)
+        hidden, cache = self.decoder.step(x, cache)  # (N, d); cache.length is now t + 1
+        return self._step_generator(hidden, cache), cache  # (N, V)
+
+    def _step_embedding(self, tokens: torch.Tensor) -> torch.Tensor:
+        """A step's embedded tokens as rows, ``(N,)`` -> ``(N, d)``, the layers' steps' shape: the
+        embedding module called on ``(N, 1)`` ids, as `forward` calls it on ``(B, T)``."""
+        return self.tgt_embed(tokens[:, None]).reshape(tokens.shape[0], self.config.d_model)
 
     def _step_generator(self, hidden: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
         """A step's logits ``(N, V)`` from its hidden states ``(N, d)``: the cache's kernel, or the
@@ -416,7 +421,7 @@ class Transformer(nn.Module):
         """The logits of one cached step at ``position`` (an int, or a 0-d int64 tensor on the
         cache's device, as a CUDA graph replays it: `torch_impl.graphs`), writing every layer's
         key/value at that position and leaving ``cache.length`` as it is. ``(N,)`` -> ``(N, V)``."""
-        x = self.tgt_embed(tokens[:, None])  # (N, 1, d)
+        x = self._step_embedding(tokens)  # (N, d)
         table = self.positional.select(self.tgt_embed.positions)  # fixed or learned (max_len, d)
         row = (table[position: position + 1] if isinstance(position, int)
                else table.index_select(0, position.view(1)))
@@ -427,7 +432,7 @@ class Transformer(nn.Module):
             x, _ = layer.step(x, layer_cache, position, cache.src_mask, cache.src_keep, self_mask)
         if self.decoder.final_norm is not None:
             x = self.decoder.final_norm(x)
-        return self._step_generator(x[:, 0], cache)  # (N, V)
+        return self._step_generator(x, cache)  # (N, V)
 
     # -- canonical weights ------------------------------------------------------------------------
     def import_weights(self, weights: Mapping[str, np.ndarray]) -> None:

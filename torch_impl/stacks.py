@@ -120,8 +120,9 @@ class Decoder(nn.Module):
 
     def step(self, x: torch.Tensor, cache: DecoderCache) -> tuple[torch.Tensor, DecoderCache]:
         """`forward` for the target position ``cache.length`` only, reading and filling ``cache``.
-        Shape: x ``(N, 1, d)`` embedded token -> ``((N, 1, d), the cache with every layer's
-        self-attention keys/values written and ``length`` advanced)`` (in place, and returned)."""
+        Shape: x ``(N, d)`` embedded tokens, one row each (`DecoderLayer.step`) -> ``((N, d), the
+        cache with every layer's self-attention keys/values written and ``length`` advanced)``
+        (in place, and returned)."""
         layers = []
         for layer, layer_cache in zip(self.layers, cache.layers):
             x, layer_cache = layer.step(x, layer_cache, cache.length, cache.src_mask, cache.src_keep)
