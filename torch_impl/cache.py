@@ -239,9 +239,10 @@ def _dense_strides(t: torch.Tensor) -> tuple[int, ...]:
 
 def dense(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor, relu: bool = False) -> torch.Tensor:
     """``x @ kernel + bias`` in one product, with ``kernel`` in any layout of `lay_out`, and with
-    ``relu`` the rectifier applied in the same kernel (oneDNN's post-op on a packed kernel,
-    cuBLASLt's epilogue through ``torch._addmm_activation`` on CUDA): the feed-forward network's
-    inner layer, one launch fewer a layer and step. ``(..., in) -> (..., out)``. Same values to
+    ``relu`` the rectifier applied in the same call (oneDNN's post-op on a packed kernel,
+    ``torch._addmm_activation`` otherwise: cuBLASLt's epilogue on CUDA, addmm then the rectifier
+    in place on the CPU): the feed-forward network's inner layer, one launch, or one operation,
+    fewer a layer and step. ``(..., in) -> (..., out)``. Same values to
     rounding (the summation order differs); the rectifier itself is exact. A `WIDENED` kernel
     (float32, packed) comes with its float16 bias, and the product is float16's: ``x`` rounded to
     float16, the sum in float32, the result rounded to float16."""
@@ -255,11 +256,11 @@ def dense(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor, relu: bool 
         else:  # PACKED: (out, in); a bfloat16 kernel takes bfloat16 rows (autocast's cast)
             out = torch.ops.mkldnn._linear_pointwise(rows.to(kernel.dtype), kernel, bias,
                                                      "relu" if relu else "none", [], "")
-    elif relu and rows.is_cuda:  # not on CUDA autocast's list (addmm is): cast as it would
-        out = torch._addmm_activation(bias, rows.to(kernel.dtype), kernel)
+    elif relu:  # not on autocast's lists (addmm is): the rows cast as it would cast them
+        out = torch._addmm_activation(bias, rows if rows.dtype == kernel.dtype else rows.to(kernel.dtype),
+                                      kernel)
     else:
         out = torch.addmm(bias, rows, kernel)
-        out = out.relu_() if relu else out
     return out if flat else out.view(*x.shape[:-1], out.shape[1])
 
 
