@@ -138,7 +138,9 @@ class CachedStep:
         if t != cache.length:  # the search and the cache must stay in step (a Python int: no sync)
             raise AssertionError(f"CachedStep: step {t}, cache of {cache.length} positions")
         logits, cache = self.model._decode_step(prefixes[:, t], cache)  # (N, V)
-        return logits.to(self.dtype), cache  # a half precision's widened for the search
+        if logits.dtype != self.dtype:  # a half precision's widened for the search
+            logits = logits.to(self.dtype)
+        return logits, cache
 
     def reorder(self, cache, rows: torch.Tensor):
         return cache._reorder_beams(rows)  # the search's rows: each within its item

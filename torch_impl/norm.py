@@ -3,7 +3,6 @@ explicit."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
@@ -41,8 +40,8 @@ def _normalize(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, standar
     """`LayerNorm` of ``x`` with these parameters, in the standard style (``standard``) or the
     annotated one; also what a decoding step calls with the norms its cache keeps
     (`torch_impl.layers.DecoderLayer.step`)."""
-    if standard:
-        return F.layer_norm(x, gamma.shape, gamma, beta, eps)
+    if standard:  # F.layer_norm's operation, called without its Python wrapper (a step calls 18)
+        return torch.layer_norm(x, gamma.shape, gamma, beta, eps)
     mean = x.mean(dim=-1, keepdim=True)
     std = x.std(dim=-1, keepdim=True)  # unbiased (divides by d - 1)
     return (x - mean) / (std + eps) * gamma + beta

@@ -228,12 +228,13 @@ def _greedy_update(logits: torch.Tensor, prefixes: torch.Tensor, log_probs: torc
     values reach no output (torch.where replaces them)."""
     lse = torch.logsumexp(logits, dim=-1)  # pad included: the model's own log-softmax
     best, tok = _best_but(logits, pad_id)  # on the logits, pad left out, lowest id on a tie
+    live = ~finished
     # unreadable: NaN or +inf (lse), or no token but pad possible (best: nothing to choose)
-    invalid = ((~torch.isfinite(lse) | (best == float("-inf"))) & ~finished).any()
+    invalid = ((~torch.isfinite(lse) | (best == float("-inf"))) & live).any()
     chosen = torch.where(finished, pad_id, tok)  # a finished row takes pad, at log-prob 0
     _put(prefixes, t + 1, chosen)
     _put(log_probs, t, torch.where(finished, 0.0, best - lse))  # the log-prob, afterwards
-    lengths += (~finished).long()
+    lengths += live  # True counts 1
     finished |= chosen == eos_id
     return invalid, lse
 
