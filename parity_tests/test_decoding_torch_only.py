@@ -115,6 +115,47 @@ def test_beam_selection_is_the_first_k_of_the_stable_descending_sort(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_greedy_best_token_is_the_first_maximum_but_pad(device):
+    """Greedy's choice (`torch_impl.search._best_but`; float32 and float64 on the CPU through
+    NumPy's argmax, `_best_but_numpy`) is each row's lowest id holding its largest value among
+    the tokens but pad, and that value, exactly, with pad first, inside or last, on tie-heavy rows
+    (pad often the row's first maximum, +-inf, +-0, rows all alike) and on vocabulary-wide ones.
+    A row with NaN may answer any token but pad (its log-sum-exp is NaN: unreadable or unread)."""
+    from torch_impl.search import _best_but
+
+    rng = np.random.default_rng(5)
+    cases = []
+    for i in range(300):
+        x, _ = _tie_heavy_rows(rng, "float64" if i % 3 == 1 else "float32")
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[1] < 2:
+            continue
+        pad = int(rng.choice([0, rows.shape[1] - 1, int(rng.integers(0, rows.shape[1]))]))
+        lift = rng.random(len(rows)) < 0.5  # pad the row's maximum, often tied with others
+        rows[lift, pad] = np.where(np.isnan(rows[lift]), -np.inf, rows[lift]).max(axis=1)
+        cases.append((rows, pad, i % 3 == 2))
+    wide = rng.standard_normal((3, 37000)).astype(np.float32)
+    wide[1] = 0.0  # every entry tied
+    wide[2, 7] = wide[2].max() + 1  # pad above every other token
+    cases += [(wide, pad, False) for pad in (0, 7, 36999)]
+    for rows, pad, half in cases:
+        x = torch.from_numpy(rows).to(device)
+        x = x.to(torch.bfloat16) if half else x  # the search's torch path on every device
+        values = x.float().cpu().numpy() if half else rows
+        best, tok = _best_but(x, pad)
+        assert best.dtype == x.dtype and tok.dtype == torch.int64 and tok.shape == (len(rows),)
+        best, tok = best.float().cpu().numpy(), tok.cpu().numpy()
+        for r, row in enumerate(values):
+            assert tok[r] != pad and 0 <= tok[r] < len(row), (row, pad)
+            if np.isnan(row).any():
+                continue
+            others = np.delete(np.arange(len(row)), pad)
+            top = row[others].max()
+            want = others[row[others] == top][0]
+            assert tok[r] == want and best[r] == top and np.signbit(best[r]) == np.signbit(row[want]), (row, pad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_beam_search_of_one_source_matches_the_oracle(device):
     """One source a call: its cross-attention keys are kept once for every beam, and the beams
     attend them as one item's queries (`MultiHeadAttention.attend_prepared`); tokens and lengths of

@@ -83,8 +83,11 @@ def _call_step(step: Step, prefixes: torch.Tensor, t: int, state, read: torch.Te
 def _best_but(logits: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's largest logit and its token, pad left out (never generated), ties to the lowest
     id, without writing or copying the logits: the maxima left and right of pad (``torch.max``
-    returns the first maximal index), the left one unless the right one is larger.
+    returns the first maximal index), the left one unless the right one is larger. Float32 and
+    float64 logits on the CPU go through `_best_but_numpy`, the same choice.
     Shape: ``(N, V) -> ((N,), (N,) int64)``."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
+        return _best_but_numpy(logits.detach().numpy(), pad_id)
     if pad_id == 0:
         best, tok = logits[:, 1:].max(dim=-1)
         return best, tok + 1
@@ -94,6 +97,30 @@ def _best_but(logits: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Te
     right, right_tok = logits[:, pad_id + 1:].max(dim=-1)
     take_right = right > left
     return torch.where(take_right, right, left), torch.where(take_right, right_tok + pad_id + 1, left_tok)
+
+
+def _best_but_numpy(logits: np.ndarray, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_best_but` by NumPy's ``argmax``, whose CPU loop is vectorised where ``torch.max`` with
+    indices runs a scalar one (3.6 against 67 microseconds a 37000-wide row on an Intel Xeon:
+    docs/performance.md, "A step's Python"). A row's first maximum (``argmax`` returns the first)
+    is its best token unless it is pad: no lower id holds that value, pad included. The rows whose
+    first maximum is pad take the maxima left and right of it, as `_best_but`. A row holding NaN
+    may answer any token: its log-sum-exp is NaN too, which makes a live row unreadable (the
+    search raises) and a finished one unread.
+    Shape: ``(N, V)`` float32 or float64 -> ``((N,) tensors of its dtype, (N,) int64)``."""
+    tok = logits.argmax(axis=1)
+    on_pad = np.flatnonzero(tok == pad_id)
+    if len(on_pad):
+        rows = logits[on_pad]
+        left = rows[:, :pad_id].argmax(axis=1) if pad_id > 0 else None
+        right = rows[:, pad_id + 1:].argmax(axis=1) + pad_id + 1 if pad_id + 1 < rows.shape[1] else None
+        if left is None or right is None:
+            tok[on_pad] = right if left is None else left
+        else:
+            at = np.arange(len(on_pad))
+            tok[on_pad] = np.where(rows[at, right] > rows[at, left], right, left)
+    tok = tok.astype(np.int64, copy=False)
+    return torch.from_numpy(logits[np.arange(len(tok)), tok]), torch.from_numpy(tok)
 
 
 def _over(invalid: torch.Tensor, over: torch.Tensor, t: int) -> bool:
