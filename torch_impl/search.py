@@ -101,10 +101,11 @@ def _best_but(logits: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 def _best_but_numpy(logits: np.ndarray, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`_best_but` by NumPy's ``argmax``, whose CPU loop is vectorised where ``torch.max`` with
-    indices runs a scalar one (3.6 against 67 microseconds a 37000-wide row on an Intel Xeon:
-    docs/performance.md, "A step's Python"). A row's first maximum (``argmax`` returns the first)
+    indices runs a scalar one, many times slower on a vocabulary-wide row (docs/performance.md,
+    "A step's Python"). A row's first maximum (``argmax`` returns the first)
     is its best token unless it is pad: no lower id holds that value, pad included. The rows whose
-    first maximum is pad take the maxima left and right of it, as `_best_but`. A row holding NaN
+    first maximum is pad (those rows copied) take the maxima left and right of it, as
+    `_best_but`. A row holding NaN
     may answer any token: its log-sum-exp is NaN too, which makes a live row unreadable (the
     search raises) and a finished one unread.
     Shape: ``(N, V)`` float32 or float64 -> ``((N,) tensors of its dtype, (N,) int64)``."""
