@@ -117,9 +117,10 @@ def test_beam_selection_is_the_first_k_of_the_stable_descending_sort(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_greedy_best_token_is_the_first_maximum_but_pad(device):
     """Greedy's choice (`torch_impl.search._best_but`; float32 and float64 on the CPU through
-    NumPy's argmax, `_best_but_numpy`) is each row's lowest id holding its largest value among
-    the tokens but pad, and that value, exactly, with pad first, inside or last, on tie-heavy rows
-    (pad often the row's first maximum, +-inf, +-0, rows all alike) and on vocabulary-wide ones.
+    NumPy's argmax, `shared.decoding.best_but_pad`) is each row's lowest id holding its largest
+    value among the tokens but pad, and that value, exactly, with pad first, inside or last, on
+    tie-heavy rows (pad often the row's first maximum, +-inf, +-0, rows all alike) and on
+    vocabulary-wide ones.
     A row with NaN may answer any token but pad (its log-sum-exp is NaN: unreadable or unread)."""
     from torch_impl.search import _best_but
 

@@ -218,6 +218,31 @@ def _top_lowest(x: np.ndarray, k: int) -> np.ndarray:
     return out.reshape(x.shape[:-1] + (k,))
 
 
+def best_but_pad(logits: np.ndarray, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy's choice on the logits themselves, without writing them: each row's largest value
+    among the tokens but pad and the lowest id holding it (convention 11). A row's first maximum
+    (``np.argmax`` returns the first) is its best token unless it is pad: no lower id holds that
+    value, pad included. The rows whose first maximum is pad (those rows copied) take the maxima
+    left and right of it, the left one unless the right one is larger. A row holding NaN may
+    answer any token but pad: its log-sum-exp is NaN too, so a search reads no token from it.
+    What torch_impl's greedy takes on the CPU, where ``torch.max`` with indices runs a scalar loop
+    and NumPy's ``argmax`` a vectorised one (docs/performance.md, "A step's Python").
+    Shape: ``(N, V)``, V >= 2 -> ``(best (N,) in the logits' dtype, tok (N,) int64)``."""
+    tok = logits.argmax(axis=1)
+    on_pad = np.flatnonzero(tok == pad_id)
+    if len(on_pad):
+        rows = logits[on_pad]
+        left = rows[:, :pad_id].argmax(axis=1) if pad_id > 0 else None
+        right = rows[:, pad_id + 1:].argmax(axis=1) + pad_id + 1 if pad_id + 1 < rows.shape[1] else None
+        if left is None or right is None:
+            tok[on_pad] = right if left is None else left
+        else:
+            at = np.arange(len(on_pad))
+            tok[on_pad] = np.where(rows[at, right] > rows[at, left], right, left)
+    tok = tok.astype(np.int64, copy=False)
+    return logits[np.arange(len(tok)), tok], tok
+
+
 def _call_step(step: Step, prefixes: np.ndarray, t: int, state, read: np.ndarray, pad_id: int):
     """Run ``step`` on a copy of the buffer (a step cannot change the loop's prefixes); check its
     output: ``(step(...) -> (logits, state))``, logits ``(N, step.vocab)`` of a real dtype, and in

@@ -40,8 +40,8 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from shared.decoding import (BeamResult, GreedyResult, Step, bad_step_message, candidates_per_beam,
-                             check_beam_args, check_greedy_args, step_output)
+from shared.decoding import (BeamResult, GreedyResult, Step, bad_step_message, best_but_pad,
+                             candidates_per_beam, check_beam_args, check_greedy_args, step_output)
 
 Observe = Callable[[int, torch.Tensor], object]
 
@@ -84,10 +84,12 @@ def _best_but(logits: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Te
     """Each row's largest logit and its token, pad left out (never generated), ties to the lowest
     id, without writing or copying the logits: the maxima left and right of pad (``torch.max``
     returns the first maximal index), the left one unless the right one is larger. Float32 and
-    float64 logits on the CPU go through `_best_but_numpy`, the same choice.
+    float64 logits on the CPU go through `shared.decoding.best_but_pad` on their own memory, the
+    same choice (NumPy's argmax is vectorised where torch's max with indices is not).
     Shape: ``(N, V) -> ((N,), (N,) int64)``."""
     if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
-        return _best_but_numpy(logits.detach().numpy(), pad_id)
+        best, tok = best_but_pad(logits.detach().numpy(), pad_id)
+        return torch.from_numpy(best), torch.from_numpy(tok)
     if pad_id == 0:
         best, tok = logits[:, 1:].max(dim=-1)
         return best, tok + 1
@@ -97,31 +99,6 @@ def _best_but(logits: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Te
     right, right_tok = logits[:, pad_id + 1:].max(dim=-1)
     take_right = right > left
     return torch.where(take_right, right, left), torch.where(take_right, right_tok + pad_id + 1, left_tok)
-
-
-def _best_but_numpy(logits: np.ndarray, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_best_but` by NumPy's ``argmax``, whose CPU loop is vectorised where ``torch.max`` with
-    indices runs a scalar one, many times slower on a vocabulary-wide row (docs/performance.md,
-    "A step's Python"). A row's first maximum (``argmax`` returns the first)
-    is its best token unless it is pad: no lower id holds that value, pad included. The rows whose
-    first maximum is pad (those rows copied) take the maxima left and right of it, as
-    `_best_but`. A row holding NaN
-    may answer any token: its log-sum-exp is NaN too, which makes a live row unreadable (the
-    search raises) and a finished one unread.
-    Shape: ``(N, V)`` float32 or float64 -> ``((N,) tensors of its dtype, (N,) int64)``."""
-    tok = logits.argmax(axis=1)
-    on_pad = np.flatnonzero(tok == pad_id)
-    if len(on_pad):
-        rows = logits[on_pad]
-        left = rows[:, :pad_id].argmax(axis=1) if pad_id > 0 else None
-        right = rows[:, pad_id + 1:].argmax(axis=1) + pad_id + 1 if pad_id + 1 < rows.shape[1] else None
-        if left is None or right is None:
-            tok[on_pad] = right if left is None else left
-        else:
-            at = np.arange(len(on_pad))
-            tok[on_pad] = np.where(rows[at, right] > rows[at, left], right, left)
-    tok = tok.astype(np.int64, copy=False)
-    return torch.from_numpy(logits[np.arange(len(tok)), tok]), torch.from_numpy(tok)
 
 
 def _over(invalid: torch.Tensor, over: torch.Tensor, t: int) -> bool:
