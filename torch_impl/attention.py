@@ -119,13 +119,10 @@ def _attend_source(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     q's order."""
     n, width = q.shape
     items, heads, _, d_k = k.shape
-    if n == items:
-        context = _zero_keyless(F.scaled_dot_product_attention(q.view(n, heads, 1, d_k), k, v, attn_mask=mask),
-                                keep)
-        return context.reshape(n, width)
-    q = q.view(items, n // items, heads, d_k).transpose(1, 2)  # (items, H, beams, d_k)
-    context = _zero_keyless(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)
-    return context.transpose(1, 2).reshape(n, width)  # the same order of rows
+    one = n == items
+    q = q.view(n, heads, 1, d_k) if one else q.view(items, n // items, heads, d_k).transpose(1, 2)
+    context = _zero_keyless(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), keep)  # (items, H, beams, d_k)
+    return (context if one else context.transpose(1, 2)).reshape(n, width)  # the same order of rows
 
 
 class MultiHeadAttention(nn.Module):
