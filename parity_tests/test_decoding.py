@@ -501,7 +501,7 @@ SRC = sources(MODEL64, 0, lengths=(7, 5, 2, 1))
 BAD_INPUTS = [
     ("greedy", dict(max_len=0)), ("beam", dict(max_len=-3)), ("greedy", dict(max_len=2.5)),
     ("greedy", dict(max_len=65)), ("beam", dict(beam_size=0)), ("beam", dict(beam_size=17)),
-    ("beam", dict(beam_size=100)), ("beam", dict(length_penalty=-1.0)),
+    ("beam", dict(beam_size=100)), ("beam", dict(beam_size=None)), ("beam", dict(length_penalty=-1.0)),
     ("greedy", dict(src=SRC[0])), ("beam", dict(src=SRC[None])),
     ("greedy", dict(src=SRC.astype(np.float64))), ("beam", dict(src=SRC + 13)),
     ("greedy", dict(src=SRC[:, :0])),

@@ -337,6 +337,8 @@ def test_bad_input_in_process(demo, tmp_path):
         model.greedy(src, 4, src_mask=np.ones((1, config.n_heads, 1, 4), bool))
     with pytest.raises(ValueError, match="max_len"):
         model.greedy(src, config.max_len + 1)
+    with pytest.raises(ValueError, match="beam_size: expected an int >= 1, got None"):
+        model.beam(src, 4, None)
     with pytest.raises(ValueError, match="tgt: expected batch size 1"):
         model.logits(src, np.ones((2, 3), np.int64))
     # a config.json that is not its graphs' (it may claim 10**9 layers): refused naming the field

@@ -261,6 +261,7 @@ def test_nan_logits_flag_every_row_where_tf_impl_raises():
     (dict(max_len=65), "max_len: expected at most config.max_len=64"),
     (dict(max_len=0), "max_len: expected an int >= 1"),
     (dict(beam_size=17), "beam_size: expected at most tgt_vocab - 1 = 16"),
+    (dict(beam_size=None), "beam_size: expected an int >= 1, got None"),
     (dict(length_penalty=-0.5), "length_penalty: expected a finite float >= 0"),
 ])
 def test_bad_settings_are_refused_before_writing(tmp_path, settings, message):

@@ -121,7 +121,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from .decoding_args import (BeamResult, GreedyResult, bad_step_message, candidates_per_beam,  # noqa: F401
+from .decoding_args import (GREEDY, BeamResult, GreedyResult, bad_step_message, candidates_per_beam,  # noqa: F401
                             check_beam_args, check_beam_size, check_flags, check_greedy_args, check_length_penalty,
                             check_max_len, check_search_args, step_output)
 

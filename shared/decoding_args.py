@@ -95,10 +95,24 @@ def check_flags(**flags) -> None:
                                 f"got {shown(value)} ({type(value).__name__})") from None
 
 
-def check_search_args(config: TransformerConfig, max_len, beam_size=None, length_penalty=0.0) -> None:
-    """All decoding arguments of a model-level API, in the fixed order (after the source checks)."""
+class _Greedy:
+    """The type of `GREEDY`."""
+
+    def __repr__(self) -> str:
+        return "GREEDY"
+
+
+# The ``beam_size`` a greedy decoder passes to `check_search_args`: no beam to check. A value of
+# its own, not None, so that a beam search given ``beam_size=None`` is refused as any other
+# non-int is (``beam_size: expected an int >= 1, got None``), the same in every implementation.
+GREEDY = _Greedy()
+
+
+def check_search_args(config: TransformerConfig, max_len, beam_size=GREEDY, length_penalty=0.0) -> None:
+    """All decoding arguments of a model-level API, in the fixed order (after the source checks):
+    ``beam_size`` `GREEDY` for a greedy decoder, the beam search's argument as given otherwise."""
     check_max_len(max_len, config.max_len)
-    if beam_size is not None:
+    if beam_size is not GREEDY:
         check_beam_size(beam_size, config.tgt_vocab)
     check_length_penalty(length_penalty, max_len)
 

@@ -317,7 +317,7 @@ def forward(weights: Weights, config: TransformerConfig, src, tgt, src_mask=None
 # The search itself is `shared.decoding` (framework-free, one spec for every backend); here it is
 # driven by the reference model.
 
-def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0, **flags):
+def _decode_inputs(model, src, max_len, src_mask, beam_size=_decoding.GREEDY, length_penalty=0.0, **flags):
     """Checks in the order `shared.decoding` fixes: model, src, search arguments, flags, then the
     mask."""
     if not isinstance(model, Model):

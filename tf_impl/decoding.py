@@ -39,7 +39,7 @@ import weakref
 
 import tensorflow as tf
 
-from shared.decoding import BeamResult, GreedyResult, check_flags, check_search_args
+from shared.decoding import GREEDY, BeamResult, GreedyResult, check_flags, check_search_args
 from shared.masks import padding_id, start_is_pad
 
 from . import search
@@ -159,7 +159,7 @@ def _run(model, program, compiled, jit_compile, use_cache, observe, *args, **kwa
     return _compiled(model, program, bool(jit_compile))(*args, use_cache=bool(use_cache), **kwargs)
 
 
-def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0, **flags):
+def _decode_inputs(model, src, max_len, src_mask, beam_size=GREEDY, length_penalty=0.0, **flags):
     """Checks in the order `shared.decoding` fixes: model, src, search arguments, flags, then the
     mask; all eagerly, before anything is compiled or run."""
     check_model(model)

@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from shared.decoding import check_beam_size, check_flags, check_search_args
+from shared.decoding import check_flags, check_search_args
 from shared.paths import check_path
 from shared.saving import check_replaceable, replace_directory
 
@@ -183,8 +183,6 @@ def export_saved_model(model: Transformer | str | os.PathLike, path: str | os.Pa
         model = load_checkpoint(model)
     max_len = model.config.max_len if max_len is None else max_len
     check_search_args(model.config, max_len, beam_size, length_penalty)
-    if beam_size is None:  # the beam_search signature needs one (check_search_args skips None)
-        check_beam_size(beam_size, model.config.tgt_vocab)
     # Python numbers from here, as the decoders take them: a NumPy int64 traced into the program
     # meets int32 tensors, and JSON (decoding_json) stores no NumPy scalar.
     max_len, beam_size, length_penalty = int(max_len), int(beam_size), float(length_penalty)

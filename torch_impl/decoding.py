@@ -24,7 +24,7 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 import torch
 
-from shared.decoding import BeamResult, GreedyResult, check_flags, check_search_args
+from shared.decoding import GREEDY, BeamResult, GreedyResult, check_flags, check_search_args
 from shared.masks import padding_id, start_is_pad
 from shared.training import batch_ids
 
@@ -83,7 +83,7 @@ def _mask(value, device: torch.device):
     return torch.as_tensor(np.asarray(value)).to(device) if hasattr(value, "__array__") else value
 
 
-def _decode_inputs(model, src, max_len, src_mask, beam_size=None, length_penalty=0.0, **flags):
+def _decode_inputs(model, src, max_len, src_mask, beam_size=GREEDY, length_penalty=0.0, **flags):
     """Checks in the order `shared.decoding` fixes: model, src, search arguments, flags, then the
     mask."""
     check_model(model)
