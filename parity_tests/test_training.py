@@ -312,7 +312,7 @@ def test_gradients_use_the_canonical_layout(backend):
     (lambda b: (b[0], b[1], b[2] + 100), ValueError, r"tgt_out: expected token ids in \[0, 14\)"),
     (lambda b: (b[0].astype(np.float32), b[1], b[2]), TypeError, "src: expected integer token ids"),
     # TF's compiled step would raise its own InvalidArgumentError from the graph's assertion
-    (lambda b: (b[0], b[1][:1], b[2][:1]), ValueError, r"tgt: expected batch size \d+ \(as src\), got 1"),
+    (lambda b: (b[0], b[1][:1], b[2][:1]), ValueError, r"tgt_in: expected batch size \d+ \(as src\), got 1"),
     # torch_impl converted before checking: NumPy's or torch's own words, and tgt_out named first
     (lambda b: ([b[0][0].tolist(), b[0][1][:-1].tolist()], b[1], b[2]), ValueError,
      r"src: expected token ids of shape \(batch, seq\), every row of one length"),
@@ -341,8 +341,8 @@ def test_bad_batches_are_refused_before_any_update(mutate, error, needle, backen
      "tgt_out: expected token ids of shape (batch, seq), got rank 1 shape (11,)"),
     (0, None, TypeError, "src: expected a tensor or array, got NoneType"),
     (1, lambda b: b[1].astype(object), TypeError,
-     "tgt: expected a tensor or array of numbers, got an ndarray of dtype object"),
-], ids=["tgt_out-None", "tgt_out-ragged", "tgt_out-objects", "tgt_out-text", "src-None", "tgt-objects"])
+     "tgt_in: expected a tensor or array of numbers, got an ndarray of dtype object"),
+], ids=["tgt_out-None", "tgt_out-ragged", "tgt_out-objects", "tgt_out-text", "src-None", "tgt_in-objects"])
 def test_a_batch_part_that_is_no_array_is_named_alike(part, value, error, message, backend):
     """Before: tf_impl passed tgt_out straight to TensorFlow (``ValueError: Attempt to convert a
     value (None)``, "Can't convert non-rectangular Python sequence to Tensor.", "Failed to convert a

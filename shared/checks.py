@@ -146,10 +146,12 @@ def check_ids_range(name: str, vocab: int, lo: int, hi: int) -> None:
         raise ValueError(ids_range_message(name, vocab, lo, hi))
 
 
-def check_same_batch(src_shape: Sequence[int], tgt_shape: Sequence[int]) -> None:
+def check_same_batch(src_shape: Sequence[int], tgt_shape: Sequence[int], name: str = "tgt") -> None:
+    """The first size of ``tgt_shape`` is ``src_shape``'s; ``name``: the argument as its caller's
+    user passed it (``tgt_in`` of a training batch)."""
     (batch,), (got,) = _sizes(src_shape[:1]), _sizes(tgt_shape[:1])
     if batch != got:
-        raise ValueError(same_batch_message("tgt", batch, got))
+        raise ValueError(same_batch_message(name, batch, got))
 
 
 def mask_expectation(batch, n_heads, q_len, k_len) -> str:

@@ -212,15 +212,16 @@ def check_mask(name: str, mask, batch, n_heads: int, q_len, k_len) -> tf.Tensor:
     return runtime_check(mask, [(ok, message, tuple(as_tensor))])
 
 
-def check_same_batch(src: tf.Tensor, tgt: tf.Tensor) -> tf.Tensor:
-    """``tgt`` (ids or memory) must have the batch size of ``src``; returns ``tgt`` (in graph mode
-    carrying the run-time check when a batch size is unknown at trace time)."""
+def check_same_batch(src: tf.Tensor, tgt: tf.Tensor, name: str = "tgt") -> tf.Tensor:
+    """``tgt`` (ids or memory) must have the batch size of ``src``, the error naming ``name``;
+    returns ``tgt`` (in graph mode carrying the run-time check when a batch size is unknown at
+    trace time)."""
     a, b = src.shape[0], tgt.shape[0]
     if a is not None and b is not None:
-        checks.check_same_batch(src.shape, tgt.shape)
+        checks.check_same_batch(src.shape, tgt.shape, name)
         return tgt
     a, b = tf.shape(src)[0], tf.shape(tgt)[0]
-    return runtime_check(tgt, [(tf.equal(a, b), checks.same_batch_message("tgt", "{}", "{}"), (a, b))])
+    return runtime_check(tgt, [(tf.equal(a, b), checks.same_batch_message(name, "{}", "{}"), (a, b))])
 
 
 def make_src_mask(src: tf.Tensor, pad_id: int | None) -> tf.Tensor:

@@ -267,10 +267,10 @@ def _batch(model: Transformer, batch: Batch) -> tuple[tf.Tensor, tf.Tensor, tf.T
     # Non-tensors through the shared conversion torch_impl's _batch makes (`shared.training.batch_ids`):
     # None, ragged rows, objects and text named in its words, not TensorFlow's.
     src = check_ids("src", _ids_tensor("src", batch[0]), c.src_vocab, c.max_len)
-    tgt_in = check_ids("tgt", _ids_tensor("tgt", batch[1]), c.tgt_vocab, c.max_len)
+    tgt_in = check_ids("tgt_in", _ids_tensor("tgt_in", batch[1]), c.tgt_vocab, c.max_len)
     # Here, eagerly: inside the compiled step the model's own check is a graph assertion, which
     # fails as TensorFlow's InvalidArgumentError rather than torch_impl's ValueError.
-    check_same_batch(src, tgt_in)
+    check_same_batch(src, tgt_in, "tgt_in")
     tgt_out = _ids_tensor("tgt_out", batch[2])
     if tgt_out.shape != tgt_in.shape:
         raise ValueError(f"tgt_out: expected the shape of tgt_in {tuple(tgt_in.shape)}, "

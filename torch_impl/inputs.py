@@ -90,10 +90,11 @@ def check_mask(name: str, mask, batch: int, n_heads: int, q_len: int, k_len: int
                       batch, n_heads, q_len, k_len)
 
 
-def check_same_batch(src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-    """``tgt`` (ids or memory) must have the batch size of ``src``; returns ``tgt`` (the mirror of
-    tf_impl's, which may have to check at run time; here every size is known)."""
-    checks.check_same_batch(src.shape, tgt.shape)
+def check_same_batch(src: torch.Tensor, tgt: torch.Tensor, name: str = "tgt") -> torch.Tensor:
+    """``tgt`` (ids or memory) must have the batch size of ``src``, the error naming ``name``;
+    returns ``tgt`` (the mirror of tf_impl's, which may have to check at run time; here every size
+    is known)."""
+    checks.check_same_batch(src.shape, tgt.shape, name)
     return tgt
 
 

@@ -210,10 +210,11 @@ def _batch(model: Transformer, batch: Batch) -> tuple[torch.Tensor, torch.Tensor
         raise ValueError(f"batch: expected (src, tgt_in, tgt_out), got {type(batch).__name__}"
                          + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
     c, device = model.config, next(model.parameters()).device
-    # in tf_impl's order: src, tgt, their batches, then tgt_out
+    # in tf_impl's order: src, tgt_in, their batches, then tgt_out; each named as the batch's
+    # documentation names it (tgt_in is the model's tgt)
     src = _as_ids("src", batch[0], c.src_vocab, c.max_len, device)
-    tgt_in = _as_ids("tgt", batch[1], c.tgt_vocab, c.max_len, device)
-    check_same_batch(src, tgt_in)
+    tgt_in = _as_ids("tgt_in", batch[1], c.tgt_vocab, c.max_len, device)
+    check_same_batch(src, tgt_in, "tgt_in")
     tgt_out = batch[2] if isinstance(batch[2], torch.Tensor) else torch.as_tensor(
         batch_ids("tgt_out", batch[2]))
     if tgt_out.shape != tgt_in.shape:
