@@ -235,14 +235,22 @@ class _Builder:
     def norm(self, x: str, prefix: str) -> str:
         g, c = self.g, self.c
         gamma, beta = self.stored(f"{prefix}.gamma"), self.stored(f"{prefix}.beta")
-        if c.norm_style == "standard":  # (x - mean) / sqrt(biased var + eps) * gamma + beta
+        if c.norm_style == "standard" and g.dtype != np.float64:
+            # (x - mean) / sqrt(biased var + eps) * gamma + beta, one operator
             return g.op("LayerNormalization", x, gamma, beta, axis=-1, epsilon=float(c.norm_eps))
-        # annotated: (x - mean) / (unbiased std + eps) * gamma + beta
+        # Written out: the annotated norm, and the standard one in float64, where eps must be a
+        # float64 constant: LayerNormalization's epsilon is an attribute, a 32-bit float, and an eps
+        # float32 cannot hold (1e-5, 1e-3, 0.1) put the logits up to 1.8e-9 of their scale off the
+        # oracle (test_onnx.py, variant norm-eps-0.1).
         centered = g.op("Sub", x, g.op("ReduceMean", x, axes=[-1], keepdims=1))
-        squares = g.op("ReduceSum", g.op("Mul", centered, centered), g.const([-1], np.int64), keepdims=1)
-        std = g.op("Sqrt", g.op("Div", squares, g.const(c.d_model - 1)))
-        normed = g.op("Div", centered, g.op("Add", std, g.const(c.norm_eps)))
-        return g.op("Add", g.op("Mul", normed, gamma), beta)
+        squares = g.op("Mul", centered, centered)
+        if c.norm_style == "standard":  # the biased variance, eps inside the root
+            variance = g.op("ReduceMean", squares, axes=[-1], keepdims=1)
+            scale = g.op("Sqrt", g.op("Add", variance, g.const(c.norm_eps)))
+        else:  # annotated: the unbiased std, eps added to it
+            total = g.op("ReduceSum", squares, g.const([-1], np.int64), keepdims=1)
+            scale = g.op("Add", g.op("Sqrt", g.op("Div", total, g.const(c.d_model - 1))), g.const(c.norm_eps))
+        return g.op("Add", g.op("Mul", g.op("Div", centered, scale), gamma), beta)
 
     def activation(self, x: str) -> str:
         """The nonlinearity on the inner product's output (its dtype). In float16, gelu and swish
