@@ -191,7 +191,7 @@ SRC = sources(TINY, 0)
     (lambda: R.beam_search(MODEL, SRC, 5, beam_size=17), ValueError,
      r"beam_size: expected at most tgt_vocab - 1 = 16 \(pad is never generated\), got 17"),
     (lambda: R.beam_search(MODEL, SRC, 5, beam_size=100), ValueError, r"beam_size: expected at most"),
-    # None is no beam size (greedy's own checks skip the beam: it was taken for greedy, and failed later)
+    # None is not a beam size (the shared check once took it for greedy's, and the search failed later)
     (lambda: R.beam_search(MODEL, SRC, 5, beam_size=None), ValueError, r"beam_size: expected an int >= 1, got None"),
     (lambda: R.beam_search(MODEL, SRC, 5, length_penalty=-1.0), ValueError,
      r"length_penalty: expected a finite float >= 0"),
