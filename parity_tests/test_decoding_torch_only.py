@@ -236,6 +236,13 @@ def test_step_weights_follow_the_parameters(dtype, rows):
     src = sources(config, 0)[:rows]
     first = torch_impl.greedy_decode(model, src, MAX_LEN)
     assert model._step_weights(rows) is model._step_weights(rows)  # kept while nothing changes
+    kept = model._step_weights(rows)
+    with torch.no_grad():  # the encoder alone (its fine-tuning): nothing the step reads
+        model.encoder.layers[0].ffn.inner.weight.add_(1.0)
+    assert model._step_weights(rows) is kept
+    with torch.no_grad():  # the generator's bias, in place (its version counter moves): made again
+        model.generator.bias.add_(0.0)
+    assert model._step_weights(rows) is not kept
     model.import_weights(weights_for(config, 1))
     np.testing.assert_array_equal(torch_impl.greedy_decode(model, src, MAX_LEN).tokens,
                                   torch_impl.greedy_decode(build(config, weights_for(config, 1)), src,

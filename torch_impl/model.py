@@ -309,7 +309,11 @@ class Transformer(nn.Module):
         (`torch_impl.cache.step_layout`) and, in a half precision, kernels and biases cast to it
         (`torch_impl.precision`), kept as `torch_impl.cache._prepared` says (one set per layout and
         dtype, each the size of the decoder and generator weights in that dtype); on the CPU the
-        layers' in one buffer where they are plain tensors (`torch_impl.cache.in_one_buffer`)."""
+        layers' in one buffer where they are plain tensors (`torch_impl.cache.in_one_buffer`).
+        Keyed on what they are made from, the decoder's parameters and the generator's table and
+        bias, as `_encoder_weights` on the encoder's: an update of the encoder alone (its
+        fine-tuning) keeps them, and a decode checks the decoder's half of the model, not all of
+        it."""
         dtype = self._products_dtype()
         layout = step_layout(rows, self.generator.bias.device, dtype)
         cast = None if dtype == self.generator.bias.dtype else dtype
@@ -319,7 +323,8 @@ class Transformer(nn.Module):
             device = self.generator.bias.device
             return in_one_buffer(weights, device), self.generator._laid_out(layout, dtype)
 
-        return _prepared(self, f"{layout}, {str(dtype)[6:]}", _parameters(self), make)
+        made_from = (*_parameters(self.decoder), self.generator._table(), self.generator.bias)
+        return _prepared(self, f"{layout}, {str(dtype)[6:]}", made_from, make)
 
     def _products_dtype(self) -> torch.dtype:
         """The dtype of an inference pass's products in the autocast it runs in: the model's
