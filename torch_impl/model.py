@@ -404,18 +404,20 @@ class Transformer(nn.Module):
         """`decode_step` without the checks, in the caller's autocast (the search loops call it
         under the model's, `torch_impl.decoding`): ``(N,)`` -> ``(logits (N, V), cache)``, the
         cache updated in place; logits in the model's compute dtype (half in a half precision)."""
-        t = cache.length
-        x = self._step_embedding(tokens)  # (N, d)
-        # Position t gets PE row t: the same addition the full pass makes for column t of its input.
-        table = self.positional.select(self.tgt_embed.positions)  # fixed or learned (max_len, d)
-        x = x + table[t: t + 1]  # inference: no dropout (nor a call of the inactive module)
-        hidden, cache = self.decoder.step(x, cache)  # (N, d); cache.length is now t + 1
+        x = self._step_input(tokens, cache.length)  # (N, d)
+        hidden, cache = self.decoder.step(x, cache)  # (N, d); cache.length advanced by one
         return self._step_generator(hidden, cache), cache  # (N, V)
 
-    def _step_embedding(self, tokens: torch.Tensor) -> torch.Tensor:
-        """A step's embedded tokens as rows, ``(N,)`` -> ``(N, d)``, the layers' steps' shape: the
-        embedding module called on ``(N, 1)`` ids, as `forward` calls it on ``(B, T)``."""
-        return self.tgt_embed(tokens[:, None]).reshape(tokens.shape[0], self.config.d_model)
+    def _step_input(self, tokens: torch.Tensor, position) -> torch.Tensor:
+        """A step's input rows, ``(N,)`` -> ``(N, d)``, the layers' steps' shape: the embedding
+        module called on ``(N, 1)`` ids, as `forward` calls it on ``(B, T)``, plus the positional
+        row of ``position`` (an int, or a 0-d int64 tensor: a CUDA graph's step), the addition the
+        full pass makes for that column. Inference: no dropout (nor a call of the inactive module)."""
+        x = self.tgt_embed(tokens[:, None]).reshape(tokens.shape[0], self.config.d_model)
+        table = self.positional.select(self.tgt_embed.positions)  # fixed or learned (max_len, d)
+        row = (table[position: position + 1] if isinstance(position, int)
+               else table.index_select(0, position.view(1)))
+        return x + row
 
     def _step_generator(self, hidden: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
         """A step's logits ``(N, V)`` from its hidden states ``(N, d)``: the cache's kernel, or the
@@ -426,11 +428,7 @@ class Transformer(nn.Module):
         """The logits of one cached step at ``position`` (an int, or a 0-d int64 tensor on the
         cache's device, as a CUDA graph replays it: `torch_impl.graphs`), writing every layer's
         key/value at that position and leaving ``cache.length`` as it is. ``(N,)`` -> ``(N, V)``."""
-        x = self._step_embedding(tokens)  # (N, d)
-        table = self.positional.select(self.tgt_embed.positions)  # fixed or learned (max_len, d)
-        row = (table[position: position + 1] if isinstance(position, int)
-               else table.index_select(0, position.view(1)))
-        x = x + row  # inference: no dropout
+        x = self._step_input(tokens, position)  # (N, d)
         self_mask = (None if isinstance(position, int) or not cache.layers else  # once for every layer
                      filled_mask(cache.capacity, position, cache.layers[0].self_key.dtype))
         for layer, layer_cache in zip(self.decoder.layers, cache.layers):
