@@ -177,6 +177,16 @@ def test_refuses_settings_and_tables_it_cannot_map(fsmt_dir):
     assert "model.encoder.embed_positions.weight: not fairseq's sinusoidal table" in refused(fsmt_dir)
 
 
+def test_refuses_a_pad_start_token(fsmt_dir):
+    """fairseq's positions count non-pad tokens: a pad start token would shift every target
+    position by one (and be masked as a key), which index positions cannot express."""
+    data = json.loads((fsmt_dir / "config.json").read_text())
+    data.update(decoder_start_token_id=data["pad_token_id"])
+    (fsmt_dir / "config.json").write_text(json.dumps(data))
+    assert ("decoder_start_token_id: expected an id different from pad_token_id=1, got 1"
+            in refused(fsmt_dir))
+
+
 def test_refuses_a_marian_directory():
     from parity_tests.test_interop_marian import case as marian_case
     _, path, _, _ = marian_case("shared-swish", "float32")

@@ -206,11 +206,13 @@ def random_weights(config: TransformerConfig, seed: int = 0) -> dict[str, np.nda
 class WeightsError(ValueError):
     """Weights that do not fit a config: every problem at once, in ``problems`` and the message."""
 
+    subject = "the weights"  # what the problems are with, in the message
+
     def __init__(self, source: str, problems: list[str]):
         self.source = source
         self.problems = problems
         listed = "\n  ".join(problems)
-        super().__init__(f"{source}: {len(problems)} problem(s) with the weights:\n  {listed}")
+        super().__init__(f"{source}: {len(problems)} problem(s) with {self.subject}:\n  {listed}")
 
 
 def changed_layer(name: str, got: str, values_only: bool) -> str:

@@ -27,7 +27,10 @@ _BIASES = (".bias", ".in_proj_bias")
 
 
 class ImporterError(WeightsError):
-    """A state dict an importer refuses: every problem at once, in ``problems`` and the message."""
+    """A source an importer refuses: every problem at once, in ``problems`` and the message; its
+    settings' problems (``config.json: pad_token_id: ...``) as well as its tensors'."""
+
+    subject = "the source"
 
 
 def layer_indices(keys, prefix: str) -> list[int]:

@@ -19,7 +19,8 @@ frequencies, first position pad+1
                                    table; needs equal vocabularies)
 ``decoder.output_projection``      ``generator.kernel``; ``generator.bias`` is zero (FSMT has
 (no bias)                          no output bias)
-``decoder_start_token_id`` (eos)   ``decoder_start_id`` (None when it equals ``bos_token_id``)
+``decoder_start_token_id`` (eos)   ``decoder_start_id`` (None when it equals ``bos_token_id``;
+                                   refused when it is pad: see below)
 ``pad/bos/eos_token_id``           ``pad_id``, ``bos_id``, ``eos_id``
 ``scale_embedding``                ``embed_scale``
 ``activation_function``            ``activation`` (relu, gelu, swish/silu)
@@ -40,6 +41,9 @@ the source and what a decoder sees; they differ
   (the loss ignores them);
 * for every token after a **left or inner** pad, which fairseq shifts and the project does not.
   The project cannot express that (its positions are indices): such batches are not supported.
+  A target that starts with pad is one of them, so ``decoder_start_token_id == pad_token_id`` is
+  refused (found by random configurations against transformers: logits 0.2 to 1.4 of their scale
+  off).
 
 Inputs: transformers masks the source only when given ``attention_mask`` (pass ``src != pad``),
 and the decoder's padding keys by default; call the forward with ``use_cache=False`` for a full
@@ -124,6 +128,13 @@ def from_fsmt(path, *, dtype=None, rename: Renames = None, allow_nonfinite: bool
     bos_id = token_id(s, "bos_token_id", tgt_vocab)
     eos_id = token_id(s, "eos_token_id", tgt_vocab)
     start = token_id(s, "decoder_start_token_id", tgt_vocab)
+    if start is not None and start == pad_id:
+        # fairseq counts non-pad tokens for positions: a pad start token would take the zero
+        # table row and be masked as a key, and every later target token would sit one position
+        # earlier than its index, which the project's index positions cannot express.
+        s.problem("decoder_start_token_id", f"expected an id different from pad_token_id={pad_id}, "
+                  f"got {start} (fairseq positions skip pad tokens: a pad start token would shift "
+                  "every target position by one)")
     act, scale, dropout = activation(s), s.flag("scale_embedding"), s.get("dropout")
     s.leftovers()
     if None in (d, n_enc, n_dec, d_ff, src_vocab, tgt_vocab, tie, max_len, pad_id):
