@@ -126,6 +126,8 @@ def from_keras_hub(weights: Mapping[str, np.ndarray], *, bos_id: int, eos_id: in
     tgt_vocab = imp.size("tgt_vocab", [(f"{generator}/vars/0", 1)])
     heads, key_dim = attention_sizes(imp, f"{first_enc}/_self_attention_layer/query_dense/vars/0")
     src_embed, tgt_embed = _sides(imp, embeddings, first_dec, tgt_vocab)
+    if src_embed is None:  # refused (the sizes read from it would only repeat that, as 'None/...')
+        raise ImporterError(imp.source, imp.problems)
     src_vocab = imp.size("src_vocab", [(f"{src_embed}/token_embedding/vars/0", 0)])
     max_len = imp.size("max_len", [(f"{src_embed}/position_embedding/vars/0", 0)])
     if None in (d, d_ff, tgt_vocab, heads, src_vocab, max_len) or imp.problems:
