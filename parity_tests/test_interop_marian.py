@@ -268,6 +268,16 @@ def test_refuses_settings_it_cannot_map(marian_dir):
         assert part in text, text
 
 
+def test_an_eos_that_is_pad_is_named_as_eos(marian_dir):
+    """Marian has no BOS: without one the start id defaults to EOS, so an EOS equal to pad was
+    refused as 'bos_token_id', a setting the file may not even hold."""
+    data = json.loads((marian_dir / "config.json").read_text())
+    edit_config(marian_dir, eos_token_id=data["pad_token_id"], bos_token_id=None)
+    text = refused(marian_dir)
+    assert (f"eos_token_id: expected an id different from pad_token_id={data['pad_token_id']}, "
+            f"got {data['pad_token_id']}") in text and "bos_token_id" not in text, text
+
+
 def test_refuses_a_positional_table_of_another_layout(marian_dir):
     from safetensors.numpy import load_file, save_file
     from shared.positional import positional_encoding

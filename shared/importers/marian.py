@@ -119,6 +119,8 @@ def from_marian(path, *, dtype=None, rename: Renames = None, allow_nonfinite: bo
     pad_id = token_id(s, "pad_token_id", min(src_vocab or 0, tgt_vocab or 0) or None)
     eos_id = token_id(s, "eos_token_id", tgt_vocab)
     start = token_id(s, "decoder_start_token_id", tgt_vocab)
+    if eos_id is not None and eos_id == pad_id:  # here, not as bos_id below, which copies it
+        s.problem("eos_token_id", f"expected an id different from pad_token_id={pad_id}, got {eos_id}")
     bos = s.get("bos_token_id")
     bos_id = bos if isinstance(bos, int) and not isinstance(bos, bool) and bos != pad_id else eos_id
     act, scale, dropout = activation(s), s.flag("scale_embedding"), s.get("dropout")
