@@ -156,6 +156,39 @@ def test_decode_reads_ids_from_a_file_and_names_a_bad_line(native_files, tmp_pat
     assert "--src '5 99': expected ids in [0, 13)" in capsys.readouterr().err
 
 
+def test_decode_reads_ids_from_standard_input(native_files, tmp_path, capsys, monkeypatch):
+    """``--src-file -`` is standard input (as ``--json -`` is standard output): the same rows as
+    the file gives; its bad bytes and lines are named as standard input's; closed, it holds none."""
+    import io
+    folder, _ = native_files
+    rows = tmp_path / "rows.txt"
+    rows.write_text("5 6 7 8\n\n3 4\n", encoding="utf-8")
+    decode = ["decode", "--checkpoint", str(folder / "m.pt"), "--max-new", "5"]
+    assert main([*decode, "--src-file", str(rows)]) == 0
+    from_file = capsys.readouterr().out
+
+    def stdin(data: bytes):
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+    stdin(rows.read_bytes())
+    assert main([*decode, "--src-file", "-", "--json", "-"]) == 0
+    import json
+    report = json.loads(capsys.readouterr().out)
+    assert [r["src"] for r in report["results"]] == [[5, 6, 7, 8], [3, 4]]
+    stdin(rows.read_bytes())
+    assert main([*decode, "--src-file", "-"]) == 0
+    assert capsys.readouterr().out == from_file
+    for data, error in ((b"3 4 \xe9", "--src-file '-' (standard input): expected UTF-8 text, got byte 0xe9 at offset 4"),
+                        (b"5 6\n3 x\n", "--src-file '-' line 2: expected token ids"),
+                        (b"", "--src-file '-': expected lines of token ids, got none")):
+        stdin(data)
+        assert main([*decode, "--src-file", "-"]) == 2
+        assert error in capsys.readouterr().err
+    monkeypatch.setattr("sys.stdin", None)  # no standard input at all (a daemon's)
+    assert main([*decode, "--src-file", "-"]) == 2
+    assert "--src-file '-': expected lines of token ids, got none" in capsys.readouterr().err
+
+
 def test_rename_takes_one_mapping_with_one_equals_sign():
     """``--rename ==`` mapped the empty prefix to "=", and the hint printed after it suggested a
     --rename that cannot be typed; an OLD=NEW has exactly one "=" (OLD may be empty)."""

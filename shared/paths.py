@@ -108,11 +108,16 @@ def read_text(path: str | os.PathLike, what: str = "") -> str:
     first with its offset. A missing file raises FileNotFoundError, naming it."""
     check_source(path, what, directory=False)
     with open(path, "rb") as f:
-        data = f.read()
+        return utf8_text(f.read(), _named(what, path))
+
+
+def utf8_text(data: bytes, named: str) -> str:
+    """``data`` as UTF-8 text; otherwise a ValueError starting with ``named`` (where the bytes
+    came from, as the user gave it) and naming the first bad byte with its offset."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{_named(what, path)}: expected UTF-8 text, got byte {data[err.start]:#04x} "
+        raise ValueError(f"{named}: expected UTF-8 text, got byte {data[err.start]:#04x} "
                          f"at offset {err.start}") from None
 
 

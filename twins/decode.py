@@ -3,7 +3,7 @@
 Two ways in:
 
 * **token ids, any model**: ``--src "5 6 7 8"`` (repeatable) or ``--src-file FILE`` (one row of
-  space-separated ids per line). Output: one line per row, the decoded ids up to (not including)
+  space-separated ids per line; ``-``: standard input, as ``--json -`` is standard output). Output: one line per row, the decoded ids up to (not including)
   EOS; with ``--json FILE`` (``-``: stdout alone) every row's ids, length, whether it ended with
   EOS, and its score.
 * **the demos' text** (``--task copy|dates``, else from the run's log or the vocabulary): INPUT
@@ -28,7 +28,7 @@ from shared.checks import int_argument
 from shared.decoding_args import check_beam_size, check_length_penalty
 from shared.exporters.onnx import export_precision, read_onnx
 from shared.formats import onnx as onnx_formats
-from shared.paths import read_text
+from shared.paths import read_text, utf8_text
 from shared.saving import write_atomically
 from shared.precision import PRECISIONS, check_precision
 from shared.threads import check_threads
@@ -55,7 +55,8 @@ def add_arguments(parser) -> None:
                         help="source token ids separated by spaces, quoted as one argument "
                              "(repeatable: one row each)")
     parser.add_argument("--src-file", metavar="FILE", type=arguments.path,
-                        help="source token ids, one row of space-separated ids per line")
+                        help="source token ids, one row of space-separated ids per line ('-': "
+                             "standard input)")
     parser.add_argument("--task", choices=tasks.TASKS,
                         help="copy or dates, for INPUT / --heldout (default: from the run's log, "
                              "else from the vocabulary)")
@@ -93,7 +94,7 @@ def _id_rows(args) -> list[tuple[str, list[int]]]:
     if args.src_file:
         # lines end at "\n" alone (splitlines also breaks at \f, \v, U+0085, U+2028, ...: one line
         # would become two rows, and every later line number shift); a UTF-8 BOM is not an id
-        lines = read_text(args.src_file, "--src-file").removeprefix("\ufeff").split("\n")
+        lines = _src_text(args.src_file).removeprefix("\ufeff").split("\n")
         rows += [(f"--src-file {args.src_file!r} line {i}", line) for i, line in enumerate(lines, 1)
                  if line.strip()]
         if not any(where.startswith("--src-file") for where, _ in rows):
@@ -106,6 +107,18 @@ def _id_rows(args) -> list[tuple[str, list[int]]]:
             raise ValueError(f"{where}: expected token ids separated by spaces (ASCII digits), got {shown}")
         parsed.append((where, [int(t) for t in ids]))
     return parsed
+
+
+def _src_text(path: str) -> str:
+    """The text of ``--src-file``: the file, or standard input read to its end for ``-`` (closed
+    or absent, it holds no rows)."""
+    if path != "-":
+        return read_text(path, "--src-file")
+    stdin = sys.stdin
+    if stdin is None:
+        return ""
+    buffer = getattr(stdin, "buffer", None)  # the bytes, so that the UTF-8 check is read_text's
+    return utf8_text(buffer.read(), "--src-file '-' (standard input)") if buffer else stdin.read()
 
 
 def _check_ids(rows, config) -> None:
@@ -180,8 +193,8 @@ def run(args) -> int:
     if args.task is not None and ids_mode:  # it was ignored: ids are decoded whatever the task
         raise ValueError("--task: only with INPUT arguments or --heldout, not --src / --src-file")
     if args.json is not None and args.json != "-":  # before the work, not after it
-        loading.check_output("--json", args.json, {"--checkpoint": args.checkpoint,
-                                                   "--src-file": args.src_file})
+        loading.check_output("--json", args.json, {"--checkpoint": args.checkpoint, "--src-file":
+                                                   None if args.src_file == "-" else args.src_file})
     if onnx_formats.is_export(args.checkpoint):  # served as it is: ONNX Runtime alone
         if args.backend != "onnx":
             raise ValueError(f"--checkpoint {args.checkpoint!r} is an ONNX export: decode it with "
