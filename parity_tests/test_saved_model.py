@@ -271,6 +271,21 @@ def test_bad_settings_are_refused_before_writing(tmp_path, settings, message):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_conversion_s_defaults_fit_the_model():
+    """``twins convert --to saved-model`` without --beam-size or --max-new: 4 beams and 256 tokens,
+    or what the model can take where that is less (a beam has tgt_vocab - 1 children; 4 beams
+    refused a vocabulary of 4 for a flag the user had not given); given values are checked."""
+    from shared.formats.saved_model import settings as export_settings
+    tiny = TransformerConfig.preset("tiny")
+    assert export_settings(tiny) == {"max_len": min(256, tiny.max_len), "beam_size": 4, "length_penalty": 0.0}
+    small = tiny.replace(src_vocab=4, tgt_vocab=4, max_len=9)
+    assert export_settings(small) == {"max_len": 9, "beam_size": 3, "length_penalty": 0.0}
+    with pytest.raises(ValueError, match=r"^beam_size: expected at most tgt_vocab - 1 = 3"):
+        export_settings(small, beam_size=4)
+    with pytest.raises(ValueError, match=r"^max_new: expected at most config.max_len=9"):
+        export_settings(small, max_new=10)
+
+
 def _snapshot(folder: Path) -> dict:
     return {str(p.relative_to(folder)): (None if p.is_dir() else p.read_bytes())
             for p in sorted(folder.rglob("*"))}

@@ -15,7 +15,9 @@ from .record import Format, Option, boolean
 # The decode limit when --max-new is not given: the signatures return this many columns and
 # decode this many steps, so the model's max_len (up to thousands of positions) is no default.
 DEFAULT_MAX_NEW = 256
-BEAM_SIZE = Option("beam_size", "beams of the beam_search signature (default 4)", int)
+DEFAULT_BEAM_SIZE = 4  # or tgt_vocab - 1 where that is smaller (pad is never generated)
+BEAM_SIZE = Option("beam_size", f"beams of the beam_search signature (default {DEFAULT_BEAM_SIZE}, or "
+                   "the model's tgt_vocab - 1 if smaller)", int)
 LENGTH_PENALTY = Option("length_penalty", "GNMT alpha >= 0 of the beam_search signature (default 0: "
                         "none)", float)
 MAX_NEW = Option("max_new", f"decode limit of both signatures: new tokens at most, EOS included "
@@ -36,9 +38,11 @@ def exported_model(path):
 
 
 def settings(config, beam_size=None, length_penalty=None, max_new=None) -> dict:
-    """The export's decoding settings, checked against the model; an error names the option."""
+    """The export's decoding settings, checked against the model; an error names the option. A
+    default the model cannot take is the largest it can, as the conversion's output says: a beam
+    has at most ``tgt_vocab - 1`` children, ``max_new`` at most ``max_len`` tokens."""
     chosen = {"max_len": min(DEFAULT_MAX_NEW, config.max_len) if max_new is None else max_new,
-              "beam_size": 4 if beam_size is None else beam_size,
+              "beam_size": min(DEFAULT_BEAM_SIZE, config.tgt_vocab - 1) if beam_size is None else beam_size,
               "length_penalty": 0.0 if length_penalty is None else length_penalty}
     try:
         check_search_args(config, **chosen)
