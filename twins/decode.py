@@ -3,9 +3,9 @@
 Two ways in:
 
 * **token ids, any model**: ``--src "5 6 7 8"`` (repeatable) or ``--src-file FILE`` (one row of
-  space-separated ids per line; ``-``: standard input, as ``--json -`` is standard output). Output: one line per row, the decoded ids up to (not including)
-  EOS; with ``--json FILE`` (``-``: stdout alone) every row's ids, length, whether it ended with
-  EOS, and its score.
+  space-separated ids per line; ``-``: standard input, as ``--json -`` is standard output).
+  Output: one line per row, the decoded ids up to (not including) EOS; with ``--json FILE``
+  (``-``: stdout alone) every row's ids, length, whether it ended with EOS, and its score.
 * **the demos' text** (``--task copy|dates``, else from the run's log or the vocabulary): INPUT
   arguments (a date as text, or copy ids), or ``--heldout N``: one line per held-out example,
   ``source<TAB>output<TAB>ok`` or ``source<TAB>output<TAB>expected TARGET``, then
