@@ -7,9 +7,11 @@ fairseq numbers positions by counting non-pad tokens, the project by index: the 
 right-padded rows at every real position (`shared.importers.fsmt`), which is what these tests
 compare; the last tests show where they part (padded target positions, left padding)."""
 import json
+import tempfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -17,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 from parity_tests import hf_models as H  # noqa: E402
 from parity_tests import interop_cases as C  # noqa: E402
 from shared import reference as R  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
 from shared.importers import ImporterError, from_fsmt  # noqa: E402
 from shared.tolerances import FLOAT64, assert_close, max_rel_diff  # noqa: E402
 
@@ -141,6 +144,44 @@ def test_transformers_float32_table_is_accepted_in_float64(tmp_path):
     model.save_pretrained(path)
     config, _ = from_fsmt(path)
     assert config.dtype == "float64"
+
+
+@settings(max_examples=12)
+@given(data=st.data())
+def test_random_settings_import_exactly_or_are_refused(data):
+    """FSMT models of random settings (sizes, vocabularies and tying, the special ids, activation,
+    scaling), saved by transformers: the import's logits equal the model's own forward pass within
+    the float32 bound, and it refuses exactly what the project cannot express, a bos, eos or start
+    token equal to pad. The fixed cases above missed the pad start token, which was imported and
+    computed something else (`test_refuses_a_pad_start_token`)."""
+    draw = data.draw
+    heads = draw(st.sampled_from([1, 2, 4]))
+    d_model = heads * draw(st.sampled_from([4, 8] if heads == 1 else [2, 4]))  # even: the table's halves
+    tie = draw(st.booleans())
+    src_vocab = draw(st.integers(5, 20))
+    tgt_vocab = src_vocab if tie else draw(st.integers(5, 20))
+    pad, bos, eos, start = (draw(st.integers(0, 4)) for _ in range(4))
+    ffn = draw(st.integers(1, 16))
+    fsmt = dict(langs=("en", "de"), d_model=d_model, encoder_layers=draw(st.integers(1, 2)),
+                decoder_layers=draw(st.integers(1, 2)), encoder_attention_heads=heads,
+                decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
+                max_position_embeddings=draw(st.integers(8, 20)), src_vocab_size=src_vocab,
+                tgt_vocab_size=tgt_vocab, tie_word_embeddings=tie, pad_token_id=pad, bos_token_id=bos,
+                eos_token_id=eos, decoder_start_token_id=start,
+                activation_function=draw(st.sampled_from(["relu", "gelu", "swish"])),
+                scale_embedding=draw(st.booleans()))
+    model = H.make_fsmt(draw(st.integers(0, 99)), "float32", **fsmt)
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        if pad in (bos, eos, start):
+            with pytest.raises(ImporterError, match="expected an id different from pad"):
+                from_fsmt(folder)
+            return
+        config, weights = from_fsmt(folder)
+    length = min(7, config.max_len)
+    src, tgt = src_tgt(config, 3, length, length, seed=1, tgt_lengths=[length] * 3)  # right-padded
+    assert_close(R.forward(weights, config, src, tgt), H.hf_logits(model, src, tgt, pad, False),
+                 C.bound("float32", "reference"), f"logits of {fsmt}")
 
 
 # -- refusals --------------------------------------------------------------------------------------
