@@ -5,9 +5,11 @@ bound), greedy tokens against ``generate``; exported back and loaded by ``from_p
 no missing or unused weight; project -> Marian -> project byte for byte."""
 import importlib.util
 import json
+import tempfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -16,6 +18,7 @@ from parity_tests import hf_models as H  # noqa: E402
 from parity_tests import interop_cases as C  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
 from shared import reference as R  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
 from shared.exporters import ExportError, to_marian  # noqa: E402
 from shared.importers import ImporterError, from_marian  # noqa: E402
 from shared.importers.hf import IGNORED  # noqa: E402
@@ -227,6 +230,52 @@ def marian_dir(tmp_path):
     _, path, _, _ = case("separate-relu", "float32")
     shutil.copytree(path, tmp_path / "m")
     return tmp_path / "m"
+
+
+@settings(max_examples=12)
+@given(data=st.data())
+def test_random_settings_import_exactly_or_are_refused(data):
+    """Marian models of random settings (sizes, both vocabularies, sharing and tying, the special
+    ids with or without a BOS, activation, scaling), float64, saved by transformers: the import's
+    logits equal the model's own forward pass within the float64 bound at every position the
+    project's masks agree on, and it refuses exactly what transformers builds inconsistently (a
+    shared table of two vocabulary sizes) or the project cannot express (EOS equal to pad, named
+    as eos_token_id: `test_an_eos_that_is_pad_is_named_as_eos`)."""
+    draw = data.draw
+    heads = draw(st.sampled_from([1, 2, 4]))
+    d_model = heads * draw(st.sampled_from([4, 8] if heads == 1 else [2, 4]))
+    share = draw(st.booleans())
+    vocab, decoder_vocab = draw(st.integers(5, 20)), draw(st.none() | st.integers(5, 20))
+    pad, eos, start = (draw(st.integers(0, 4)) for _ in range(3))
+    ffn = draw(st.integers(1, 16))
+    marian = dict(vocab_size=vocab, decoder_vocab_size=decoder_vocab, d_model=d_model,
+                  encoder_layers=draw(st.integers(1, 2)), decoder_layers=draw(st.integers(1, 2)),
+                  encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+                  decoder_ffn_dim=ffn, max_position_embeddings=draw(st.integers(8, 20)),
+                  tie_word_embeddings=draw(st.booleans()), share_encoder_decoder_embeddings=share,
+                  pad_token_id=pad, eos_token_id=eos, decoder_start_token_id=start,
+                  activation_function=draw(st.sampled_from(["relu", "gelu", "swish"])),
+                  scale_embedding=draw(st.booleans()))
+    if draw(st.booleans()):
+        marian["bos_token_id"] = draw(st.integers(0, 4))
+    model = H.make_marian(draw(st.integers(0, 99)), "float64", **marian)
+    two_sizes = share and decoder_vocab not in (None, vocab)
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        if two_sizes or eos == pad:
+            why = ("decoder_vocab_size: expected vocab_size" if two_sizes
+                   else "eos_token_id: expected an id different from pad")
+            with pytest.raises(ImporterError, match=why):
+                from_marian(folder)
+            return
+        config, weights = from_marian(folder)
+    length = min(7, config.max_len)
+    src, tgt = src_tgt(config, 3, length, length, seed=1)
+    start_is_pad = config.start_id == pad
+    real = (tgt != pad) | (np.arange(length) == 0) & start_is_pad  # positions both masks keep
+    expected = H.hf_logits(model, src, tgt, pad, start_is_pad)
+    assert_close(R.forward(weights, config, src, tgt)[real], expected[real], FLOAT64,
+                 f"logits of {marian}")
 
 
 def edit_config(path, **changes):
