@@ -70,7 +70,7 @@ import numpy as np
 
 from ..config import TransformerConfig
 from .common import ExpectedTable, ImporterError, Renames, SourceImport, n_heads_problem
-from .hf import Settings, activation, bart_layers, read_pretrained, tied_copy, token_id
+from .hf import Settings, activation, bart_layers, not_pad, read_pretrained, tied_copy, token_id
 
 # FSMTConfig's defaults (transformers 5): what from_pretrained uses for an absent key.
 DEFAULTS = {
@@ -128,13 +128,11 @@ def from_fsmt(path, *, dtype=None, rename: Renames = None, allow_nonfinite: bool
     bos_id = token_id(s, "bos_token_id", tgt_vocab)
     eos_id = token_id(s, "eos_token_id", tgt_vocab)
     start = token_id(s, "decoder_start_token_id", tgt_vocab)
-    if start is not None and start == pad_id:
-        # fairseq counts non-pad tokens for positions: a pad start token would take the zero
-        # table row and be masked as a key, and every later target token would sit one position
-        # earlier than its index, which the project's index positions cannot express.
-        s.problem("decoder_start_token_id", f"expected an id different from pad_token_id={pad_id}, "
-                  f"got {start} (fairseq positions skip pad tokens: a pad start token would shift "
-                  "every target position by one)")
+    # fairseq counts non-pad tokens for positions: a pad start token would take the zero table
+    # row and be masked as a key, and every later target token would sit one position earlier
+    # than its index, which the project's index positions cannot express.
+    not_pad(s, "decoder_start_token_id", start, pad_id, "fairseq positions skip pad tokens: a pad "
+            "start token would shift every target position by one")
     act, scale, dropout = activation(s), s.flag("scale_embedding"), s.get("dropout")
     s.leftovers()
     if None in (d, n_enc, n_dec, d_ff, src_vocab, tgt_vocab, tie, max_len, pad_id):

@@ -212,6 +212,14 @@ def activation(settings: Settings) -> str | None:
     return names[value]
 
 
+def not_pad(settings: Settings, key: str, value: int | None, pad_id: int | None, why: str = "") -> None:
+    """A problem under ``key`` when the id ``value`` is the pad id (``why``: the family's reason, in
+    parentheses); nothing when either is unknown (`token_id` named it already)."""
+    if value is not None and value == pad_id:
+        settings.problem(key, f"expected an id different from pad_token_id={pad_id}, got {value}"
+                         + (f" ({why})" if why else ""))
+
+
 def token_id(settings: Settings, key: str, vocab: int | None) -> int | None:
     value = settings.get(key)
     if isinstance(value, list) and len(value) == 1:

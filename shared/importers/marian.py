@@ -53,7 +53,7 @@ import numpy as np
 
 from ..config import TransformerConfig
 from .common import ExpectedTable, ImporterError, Renames, SourceImport, n_heads_problem
-from .hf import Settings, activation, bart_layers, read_pretrained, tied_copy, token_id
+from .hf import Settings, activation, bart_layers, not_pad, read_pretrained, tied_copy, token_id
 
 # MarianConfig's defaults (transformers 5): what from_pretrained uses for an absent key.
 DEFAULTS = {
@@ -119,8 +119,7 @@ def from_marian(path, *, dtype=None, rename: Renames = None, allow_nonfinite: bo
     pad_id = token_id(s, "pad_token_id", min(src_vocab or 0, tgt_vocab or 0) or None)
     eos_id = token_id(s, "eos_token_id", tgt_vocab)
     start = token_id(s, "decoder_start_token_id", tgt_vocab)
-    if eos_id is not None and eos_id == pad_id:  # here, not as bos_id below, which copies it
-        s.problem("eos_token_id", f"expected an id different from pad_token_id={pad_id}, got {eos_id}")
+    not_pad(s, "eos_token_id", eos_id, pad_id)  # here, not as bos_id below, which copies it
     bos = s.get("bos_token_id")
     bos_id = bos if isinstance(bos, int) and not isinstance(bos, bool) and bos != pad_id else eos_id
     act, scale, dropout = activation(s), s.flag("scale_embedding"), s.get("dropout")
