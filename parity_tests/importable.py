@@ -99,6 +99,15 @@ def environ(extra: Iterable[str] = (), base: Mapping[str, str] = os.environ) -> 
     return env
 
 
+def project_environ(root: Path | str, base: Mapping[str, str] = os.environ, **overrides: str) -> dict[str, str]:
+    """The environment for a Python subprocess that imports the project from ``root``: ``base``
+    with ``overrides``, ``root`` first on ``PYTHONPATH`` and what ``base`` had there after it (the
+    blocker's `SITE`, a machine's own extra packages), so that what ``base`` blocks stays blocked
+    (`environ`). Setting ``PYTHONPATH`` to ``root`` alone dropped `SITE`: the subprocess imported
+    what the suite had blocked (CI's torch-only leg ran TensorFlow in ``python -m twins``)."""
+    paths = [str(root)] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(root)]
+    return environ(base={**base, **overrides, "PYTHONPATH": os.pathsep.join(paths)})
+
 def present(framework: str) -> bool:
     """Whether every package of ``framework`` (a key of `FRAMEWORKS`) can be imported here."""
     return all(importlib.util.find_spec(name) is not None for name in FRAMEWORKS[framework])

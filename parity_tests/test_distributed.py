@@ -32,10 +32,8 @@ EPS = 1e-9  # Adam's (both backends)
 
 
 def _env() -> dict:
-    env = importable.environ(base=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
-                                       TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1",
-                                       TF_CPP_MIN_LOG_LEVEL="2"))
-    return env
+    return importable.project_environ(ROOT, OMP_NUM_THREADS="1", TF_NUM_INTRAOP_THREADS="1",
+                                      TF_NUM_INTEROP_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
 
 
 @pytest.fixture(scope="module")

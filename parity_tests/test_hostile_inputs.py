@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parity_tests import importable
 from shared.threads import check_threads, check_worker_count, machine_cpus, max_threads, max_workers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +28,7 @@ TRAIN = ["train", "--task", "copy", "--backend", "torch", "--steps", "1"]
 def _run_in_fresh_python(code: str, tmp_path: Path) -> tuple[list[dict], list[str]]:
     """Run ``code`` in a new interpreter (so "no framework imported" means something); it prints one
     JSON line per case. TMPDIR is ``tmp_path``: a launcher would leave its entries there."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    env = importable.project_environ(ROOT, TMPDIR=str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -86,7 +87,7 @@ def test_the_bounds_come_from_the_machine_and_the_batch():
 
 def test_a_benchmark_refuses_huge_threads_as_a_usage_error():
     proc = subprocess.run([sys.executable, "benchmarks/step_layouts.py", "--threads", HUGE], cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          env=importable.project_environ(ROOT), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2
     assert f"argument --threads: expected at most {max_threads()}, the logical CPUs" in proc.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parity_tests import importable
 from shared import TransformerConfig
 from shared.importers.notes import ImportNote, collected
 
@@ -20,9 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def twins(*args: str) -> subprocess.CompletedProcess:
-    import os
     return subprocess.run([sys.executable, "-m", "twins", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          text=True, timeout=300, env=importable.project_environ(ROOT))
 
 
 # -- half precision -------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The dependency rule of docs/design.md: proved in fresh interpreters, and read off the source."""
 import ast
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -222,6 +223,25 @@ def test_the_blocker_blocks():
     """, blocked={"csv"})
     assert result.returncode == 1 and "ModuleNotFoundError: No module named 'csv'" in result.stderr, result.stderr
 
+
+def test_a_subprocess_that_imports_the_project_stays_blocked():
+    """`importable.project_environ` puts the project first on ``PYTHONPATH`` and keeps what was
+    there (the blocker's site, a machine's extra packages). Before it, seven test modules set
+    ``PYTHONPATH`` to the project alone: their ``python -m twins`` imported what TWINS_BLOCK hid,
+    and a test that needed TensorFlow passed in CI's torch-only leg and failed on a machine
+    without TensorFlow. No test module builds that environment by hand any more."""
+    base = {**os.environ, importable.ENV: "csv", "PYTHONPATH": "/elsewhere"}
+    env = importable.project_environ(ROOT, base=base, EXTRA="1")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(importable.SITE), str(ROOT), "/elsewhere"]
+    assert env["EXTRA"] == "1" and env[importable.ENV] == "csv"
+    child = "import shared, importlib.util; assert importlib.util.find_spec('csv') is None; import csv"
+    child = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env,
+                           cwd="/", timeout=120)
+    assert child.returncode == 1 and "No module named 'csv'" in child.stderr, child.stderr
+    by_hand = [f"{path.name}:{n}" for path in sorted(Path(__file__).parent.glob("*.py"))
+               for n, line in enumerate(path.read_text().splitlines(), 1)
+               if re.search(r'PYTHONPATH"?\s*[:=]\s*str\(ROOT\)', line)]
+    assert by_hand == [], by_hand
 
 def test_the_blocker_refuses_a_package_already_imported():
     """Blocking what is already loaded would be a lie: the suite would test what it claims not to."""

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parity_tests import importable
 from shared.weights import init_weights, save_checkpoint
 from twins import cli
 from twins.demo_tasks import task_config
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def twins(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full = importable.project_environ(ROOT, **(env or {}))
     full.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the command line must hide TF's logs by itself
     return subprocess.run([sys.executable, "-m", "twins", *args], env=full, cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
@@ -172,6 +173,7 @@ def test_an_unexpected_error_is_one_line_and_verbose_shows_the_traceback(monkeyp
 
 
 # -- output: --json - pipes, TF's logs hidden, TF's errors as torch's --------------------------------
+@pytest.mark.tf
 def test_json_to_stdout_is_json_alone_and_tf_logs_are_hidden():
     """Before: the table and the JSON shared stdout (not parseable), and TensorFlow's start-up
     lines ("oneDNN custom operations are on", "All log messages before absl::InitializeLog()")
@@ -236,7 +238,7 @@ def test_a_reader_that_closes_stdout_early_ends_the_command_silently(copy_checkp
     failed. Now: no message and 141 (128 + SIGPIPE, what a shell reports for a C tool there). The
     output (2500 held-out lines of at least 40 bytes) is larger than a pipe's buffer (64 KiB) plus
     Python's (8 KiB), so the command is still writing when the reader goes."""
-    full = {**os.environ, "PYTHONPATH": str(ROOT)}
+    full = importable.project_environ(ROOT)
     proc = subprocess.Popen([sys.executable, "-m", "twins", "decode", "--checkpoint", str(copy_checkpoint),
                              "--task", "copy", "--heldout", "2500"], env=full, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

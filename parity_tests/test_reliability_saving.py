@@ -49,7 +49,7 @@ MARKER = {"config-written": "old", "staging": "old", "staged": "old", "marked": 
 
 
 def _env(**extra) -> dict:
-    env = importable.environ(base={**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"})
+    env = importable.project_environ(ROOT, TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("TWINS_FAULT_AT", None)
     env.pop("TWINS_NO_EXCHANGE", None)
     env.update(extra)

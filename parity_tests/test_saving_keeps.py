@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parity_tests import importable
 from shared import TransformerConfig
 from shared.moments import moment_names
 from shared.saving import replace_directory, write_all_atomically
@@ -148,7 +149,7 @@ def test_read_only_folders_inside_the_old_copy_are_removed_with_it():
                 os.setuid(65534)
         try:
             done = subprocess.run([sys.executable, "-c", _READ_ONLY_FOLDER, str(root)], cwd=root,
-                                  env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=demote,
+                                  env=importable.project_environ(ROOT), preexec_fn=demote,
                                   capture_output=True, text=True, timeout=120)
         except PermissionError as err:  # an interpreter under /root (a pyenv build's libpython)
             if demote is None:

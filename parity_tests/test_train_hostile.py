@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parity_tests import importable
 from twins import cli, train
 from twins.demo_tasks import task_config
 
@@ -192,7 +193,7 @@ def test_workers_signalled_as_a_group_save_the_run(tmp_path, tiny, backend, numb
     step every worker reached, and the command exits 128 + the signal, silently but for rank 0's
     line."""
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = importable.project_environ(ROOT, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "twins", "train", "--task", "copy", "--backend", backend,
                              "--steps", "100000", "--checkpoint", str(run), "--workers", "2",
                              "--config", str(tiny), *QUICK, "--eval-every", "1"],
@@ -252,7 +253,7 @@ def test_a_signal_to_one_worker_alone_stops_every_worker_and_saves(tmp_path, tin
     from shared.weights import load_checkpoint
     run = tmp_path / "run"
     rates = ["--warmup", "10", "--factor", "0.1"]  # after QUICK's: the last one given counts
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = importable.project_environ(ROOT, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "twins", "train", "--task", "copy", "--backend", "torch",
                              "--steps", "100000", "--checkpoint", str(run), "--workers", "2",
                              "--config", str(tiny), *QUICK, *rates, "--eval-every", "1"],
@@ -422,7 +423,7 @@ def test_a_closed_stdout_is_one_line_naming_stdout(tmp_path, capsys, monkeypatch
 
 def test_a_closed_stdout_in_a_real_process():
     """The interpreter itself started with descriptor 1 closed (sys.stdout is None)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = importable.project_environ(ROOT)
     proc = subprocess.run(["/bin/sh", "-c", 'exec "$0" -m twins decode --checkpoint missing "4 5" >&-',
                            sys.executable], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
@@ -433,7 +434,7 @@ def test_a_closed_stdout_in_a_real_process():
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_full_stdout_names_stdout(tmp_path):
     """Before: "twins decode: error: [Errno 28] No space left on device", no path named."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = importable.project_environ(ROOT)
     with open("/dev/full", "w") as full:
         proc = subprocess.run([sys.executable, "-m", "twins", "compare", "--preset", "tiny", "--backends", "",
                                "--src-len", "3", "--tgt-len", "2"], env=env, cwd=tmp_path, stdout=full,
