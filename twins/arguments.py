@@ -4,9 +4,11 @@ the command line is parsed, so before anything is read, written or started
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from shared.checks import int_argument
 from shared.config import PRESETS
+from shared.devices import parse_device
 from shared.precision import ALIASES
 
 
@@ -43,6 +45,31 @@ def preset(text: str) -> str:
     if text not in PRESETS:
         raise argparse.ArgumentTypeError(f"expected one of {', '.join(sorted(PRESETS))}, got {text!r}")
     return text
+
+
+def device(text: str) -> str:
+    """A device's name as `shared.devices` spells it (``cpu``, ``cuda``, ``cuda:N``), refused
+    while the command line is parsed (``argument --device: expected cpu, cuda or cuda:N, got
+    'gpu'``); whether the framework sees that GPU is asked when the model is built."""
+    try:
+        parse_device(text, "")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix(": ")) from None
+    return text
+
+
+@contextlib.contextmanager
+def flags(*names: str):
+    """A ValueError raised inside whose message begins with one of the library's argument
+    ``names`` (``device: ...``) is raised again naming the flag the user typed (``--device:
+    ...``), as every other usage error of a command does."""
+    try:
+        yield
+    except ValueError as err:
+        name = str(err).partition(":")[0]
+        if name not in names:
+            raise
+        raise ValueError(f"--{name.replace('_', '-')}{str(err)[len(name):]}") from None
 
 
 def choices(names) -> str:

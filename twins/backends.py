@@ -12,7 +12,9 @@ Every adapter takes and returns NumPy: token ids ``(B, S)`` / ``(B, T)`` integer
 arrays. One interface (`Adapter`): ``trace``, ``logits``, ``time_forward``, ``greedy``, ``beam``,
 ``export_weights``; the two frameworks add training (``make_optimizer``, ``train_step``,
 ``export_moments``). Build one with `make_adapter` (a config and canonical weights) or
-`load_adapter` (a checkpoint path). A framework is imported only when its adapter is built, so
+`load_adapter` (a checkpoint path); ``device`` (`shared.devices`: ``"cpu"``, the default, or
+``"cuda[:N]"``) is where torch and tf compute, the reference being NumPy on the CPU and ONNX
+Runtime served by its CPU provider. A framework is imported only when its adapter is built, so
 ``twins train --backend torch`` never imports TensorFlow; a framework that is not installed raises
 `Unavailable` (an ``ImportError``, which the command line reports as an error). `to_numpy` brings
 either framework's tensor back to NumPy.
@@ -24,6 +26,7 @@ corrections, so a run saved from one backend resumes in the other.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Mapping
 
@@ -31,6 +34,7 @@ import numpy as np
 
 from shared import TransformerConfig
 from shared.decoding import BeamResult, GreedyResult
+from shared.devices import DEFAULT as CPU, parse_device, unavailable
 from shared.precision import check_precision
 
 IMPLEMENTATIONS = ("reference", "torch", "tf")
@@ -153,27 +157,48 @@ class _Framework(Adapter):
         """``impl``: the backend package; ``model``: its Transformer; ``training``: its training
         module (make_optimizer, train_step)."""
         self._impl, self._training, self.model, self.config = impl, training, model, model.config
-        self.optimizer, self.parallel = None, None
+        self.optimizer, self.parallel, self.device = None, None, CPU
+        self._scope = contextlib.nullcontext  # what every call of the model runs in (`_place`)
 
     @classmethod
-    def _setup(cls, seed: int | None, threads: int | None):
-        """Import the framework (`Unavailable` if missing), size its thread pool and seed its
-        dropout; returns the backend package. Runs before any model is built: TensorFlow fixes its
-        thread pools when its runtime starts."""
+    def _setup(cls, seed: int | None, threads: int | None, device: str = CPU):
+        """Import the framework (`Unavailable` if missing), size its thread pool, seed its dropout
+        and make ``device`` the one it computes on (a ValueError naming ``device`` if it sees no
+        such device), TF32 off on a GPU (`shared.devices`); returns the backend package. Runs
+        before any model is built: TensorFlow fixes its thread pools and devices when its runtime
+        starts."""
         raise NotImplementedError
 
     @classmethod
+    def _device_scope(cls, device: str):
+        """The context a model on ``device`` is built and called in (torch: none, the model is
+        moved; TF: ``tf.device``)."""
+        return contextlib.nullcontext()
+
+    def _place(self, device: str) -> None:
+        """Put the model on ``device`` (`_setup` has checked it); every later call runs there."""
+        self.device = device
+        self._scope = lambda: self._device_scope(device)
+
+    @classmethod
     def from_weights(cls, config: TransformerConfig, weights: Weights, seed: int | None = None,
-                     threads: int | None = None, workers: int | None = None):
-        """A model of ``config`` holding the canonical ``weights``. ``seed`` seeds dropout (None:
-        leave the framework's generator as it is); ``threads`` sizes the CPU thread pool;
-        ``workers`` (None: one process, no engine) trains data-parallel on the backend's
-        ``distributed.DataParallel`` (torch: this process is one of torchrun's workers)."""
-        impl = cls._setup(seed, threads)
+                     threads: int | None = None, workers: int | None = None, device: str = CPU):
+        """A model of ``config`` holding the canonical ``weights``, on ``device``. ``seed`` seeds
+        dropout (None: leave the framework's generator as it is); ``threads`` sizes the CPU thread
+        pool; ``workers`` (None: one process, no engine) trains data-parallel on the backend's
+        ``distributed.DataParallel`` (torch: this process is one of torchrun's workers; CPU
+        processes only)."""
+        if workers is not None and device != CPU:
+            raise ValueError(f"device: data-parallel training (workers={workers}) runs on CPU "
+                             f"processes, got {device!r}")
+        impl = cls._setup(seed, threads, device)
         if workers is None:
-            model = impl.Transformer(config)
-            model.import_weights(weights)
-            return cls(impl, model)
+            with cls._device_scope(device):
+                model = impl.Transformer(config)
+                model.import_weights(weights)
+            adapter = cls(impl, model)
+            adapter._place(device)
+            return adapter
         parallel = cls._distributed().DataParallel(config, weights, workers)
         adapter = cls(impl, parallel.model)
         adapter.parallel = parallel
@@ -186,26 +211,32 @@ class _Framework(Adapter):
 
     @classmethod
     def from_checkpoint(cls, path, config: TransformerConfig | None = None, seed: int | None = None,
-                        threads: int | None = None):
+                        threads: int | None = None, device: str = CPU):
         """A model loaded by the backend's own `load_checkpoint` (a neutral directory or its native
-        file); ``config`` only for a native file that holds none."""
-        impl = cls._setup(seed, threads)
-        return cls(impl, impl.load_checkpoint(path, config))
+        file), on ``device``; ``config`` only for a native file that holds none."""
+        impl = cls._setup(seed, threads, device)
+        with cls._device_scope(device):
+            adapter = cls(impl, impl.load_checkpoint(path, config))
+        adapter._place(device)
+        return adapter
 
     def set_precision(self, precision: str) -> str:
         """Forward passes, training and decoding in ``precision`` ("float32", or "bfloat16" /
         "float16" mixed precision: `shared.precision`); returns the previous one."""
-        return self._precision().set_precision(self.model, precision)
+        with self._scope():
+            return self._precision().set_precision(self.model, precision)
 
     def _precision(self):
         raise NotImplementedError
 
     def greedy(self, src, max_len):
-        return self._impl.greedy_decode(self.model, self._ids(src), max_len)
+        with self._scope():
+            return self._impl.greedy_decode(self.model, self._ids(src), max_len)
 
     def beam(self, src, max_len, beam_size, length_penalty=0.0):
-        return self._impl.beam_search(self.model, self._ids(src), max_len, beam_size=beam_size,
-                                      length_penalty=length_penalty)
+        with self._scope():
+            return self._impl.beam_search(self.model, self._ids(src), max_len, beam_size=beam_size,
+                                          length_penalty=length_penalty)
 
     def export_weights(self):
         return self.model.export_weights()
@@ -224,10 +255,12 @@ class _Framework(Adapter):
         if self.parallel is not None:
             self.optimizer = self.parallel.make_optimizer(warmup=warmup, factor=factor, start_step=step)
         else:
-            self.optimizer = self._training.make_optimizer(self.model, warmup=warmup, factor=factor,
-                                                           start_step=step)
+            with self._scope():
+                self.optimizer = self._training.make_optimizer(self.model, warmup=warmup, factor=factor,
+                                                               start_step=step)
         if moments is not None:
-            self._training.import_moments(self.model, self.optimizer, moments, step)
+            with self._scope():
+                self._training.import_moments(self.model, self.optimizer, moments, step)
 
     def train_step(self, batch, smoothing: float) -> tuple[float, float]:
         """One update on ``batch = (src, tgt_in, tgt_out)``: ``(loss before it, learning rate)``.
@@ -235,7 +268,8 @@ class _Framework(Adapter):
         if self.parallel is not None:
             result = self.parallel.train_step(batch, smoothing)
         else:
-            result = self._training.train_step(self.model, self.optimizer, batch, smoothing)
+            with self._scope():
+                result = self._training.train_step(self.model, self.optimizer, batch, smoothing)
         return result.loss, result.lr
 
     def export_moments(self) -> dict[str, np.ndarray]:
@@ -259,17 +293,28 @@ class Torch(_Framework):
     name = "torch"
 
     @classmethod
-    def _setup(cls, seed, threads):
+    def _setup(cls, seed, threads, device=CPU):
+        kind, index = parse_device(device)
         try:
             import torch
             import torch_impl
         except ImportError as err:
             raise Unavailable("torch", err) from None
+        if kind == "cuda":
+            gpus = torch.cuda.device_count()
+            if index >= gpus:
+                raise ValueError(unavailable("device", device, f"torch {torch.__version__}", gpus))
+            torch.backends.cuda.matmul.allow_tf32 = False  # (torch's default; a caller's may differ)
+            torch.backends.cudnn.allow_tf32 = False
         if threads:
             torch.set_num_threads(threads)
         if seed is not None:
             torch.manual_seed(seed)  # dropout
         return torch_impl
+
+    def _place(self, device):
+        super()._place(device)
+        self.model.to(device)
 
     @classmethod
     def _distributed(cls):
@@ -288,7 +333,7 @@ class Torch(_Framework):
         model.eval()
 
     def _ids(self, ids):
-        return self._torch.from_numpy(ids)
+        return self._torch.from_numpy(ids).to(self.device)
 
     def trace(self, src, tgt):
         self.model.eval()  # training leaves the model in train mode
@@ -306,8 +351,9 @@ class TF(_Framework):
     name = "tf"
 
     @classmethod
-    def _setup(cls, seed, threads):
+    def _setup(cls, seed, threads, device=CPU):
         import os
+        kind, index = parse_device(device)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         try:
             import tf_impl  # first: it loads triton before TensorFlow (shared/load_order.py)
@@ -321,6 +367,7 @@ class TF(_Framework):
                 tf.config.threading.set_inter_op_parallelism_threads(threads)
             except RuntimeError:
                 pass
+        cls._check_device(tf, device, kind, index)
         if seed is not None:
             keras.utils.set_random_seed(seed)  # dropout
         # Keras re-raises an error from inside `call` as a new one, its text wrapped in "Exception
@@ -328,6 +375,26 @@ class TF(_Framework):
         # own error (the text torch_impl and the reference raise) reaches the caller unchanged.
         keras.config.disable_traceback_filtering()
         return tf_impl
+
+    @staticmethod
+    def _check_device(tf, device: str, kind: str, index: int | None) -> None:
+        """A GPU that TensorFlow sees, or the CPU; TF32 off wherever it sees a GPU."""
+        gpus = tf.config.list_physical_devices("GPU")
+        if kind == "cuda" and index >= len(gpus):
+            raise ValueError(unavailable("device", device, f"TensorFlow {tf.__version__}", len(gpus)))
+        if gpus:
+            tf.config.experimental.enable_tensor_float_32_execution(False)
+
+    @classmethod
+    def _device_scope(cls, device):
+        """``tf.device`` of ``device`` (TensorFlow puts an operation with no device on the first
+        GPU it sees, so the CPU is named too where there is one): the variables are made and every
+        call runs in it, as the TF tests choose a device; no scope on a machine without a GPU."""
+        import tensorflow as tf
+        kind, index = parse_device(device)
+        if kind == "cpu" and not tf.config.list_physical_devices("GPU"):
+            return contextlib.nullcontext()
+        return tf.device("/CPU:0" if kind == "cpu" else f"/GPU:{index}")
 
     @classmethod
     def _distributed(cls):
@@ -345,11 +412,13 @@ class TF(_Framework):
         self._tf, self._compiled = tf, None
 
     def trace(self, src, tgt):
-        _, out = self.model(src, tgt, return_trace=True, training=False)
+        with self._scope():
+            _, out = self.model(src, tgt, return_trace=True, training=False)
         return {k: to_numpy(v) for k, v in out.items()}
 
     def logits(self, src, tgt):
-        return to_numpy(self.model(src, tgt, training=False))
+        with self._scope():
+            return to_numpy(self.model(src, tgt, training=False))
 
     def _timed_forward(self, src, tgt):
         # Timed under tf.function, as TF users run a model: eager Keras pays a per-layer Python
@@ -357,7 +426,8 @@ class TF(_Framework):
         tf = self._tf
         if self._compiled is None:
             self._compiled = tf.function(lambda s, t: self.model(s, t, training=False))
-        self._compiled(tf.constant(src), tf.constant(tgt)).numpy()
+        with self._scope():
+            self._compiled(tf.constant(src), tf.constant(tgt)).numpy()
 
 
 
@@ -380,14 +450,21 @@ class OnnxRuntime:
             raise Unavailable("onnx", err) from None
         return onnx_runtime
 
+    @staticmethod
+    def _check_device(device: str) -> None:
+        if parse_device(device)[0] != "cpu":
+            raise ValueError(f"device: the onnx backend runs on ONNX Runtime's CPU provider, got {device!r}")
+
     @classmethod
     def from_weights(cls, config: TransformerConfig, weights: Weights, seed: int | None = None,
-                     threads: int | None = None) -> "OnnxRuntime":
+                     threads: int | None = None, device: str = CPU) -> "OnnxRuntime":
+        cls._check_device(device)
         return cls(cls._runtime().OnnxRuntimeModel.from_weights(config, weights, threads=threads), weights)
 
     @classmethod
-    def load(cls, path, threads: int | None = None) -> "OnnxRuntime":
+    def load(cls, path, threads: int | None = None, device: str = CPU) -> "OnnxRuntime":
         """An ONNX export directory (`shared.formats.onnx.is_export`)."""
+        cls._check_device(device)
         return cls(cls._runtime().OnnxRuntimeModel.load(path, threads=threads))
 
     @property
@@ -441,14 +518,17 @@ def _adapter_class(name: str):
 
 
 def make_adapter(name: str, config: TransformerConfig, weights: Weights, seed: int | None = None,
-                 threads: int | None = None, workers: int | None = None) -> Adapter:
+                 threads: int | None = None, workers: int | None = None, device: str = CPU) -> Adapter:
     """The adapter of implementation ``name`` (one of `IMPLEMENTATIONS`) holding ``weights``;
-    ``workers``: train data-parallel (torch and tf only; see `_Framework.from_weights`)."""
+    ``workers``: train data-parallel (torch and tf only; see `_Framework.from_weights`);
+    ``device``: where torch and tf compute (the reference computes on the CPU whatever it is)."""
+    if workers is None and name == "reference":
+        return Reference.from_weights(config, weights)
     if workers is None:
-        return _adapter_class(name).from_weights(config, weights, seed, threads)
+        return _adapter_class(name).from_weights(config, weights, seed, threads, device=device)
     if name not in BACKENDS:
         raise ValueError(f"workers: only {BACKENDS} train, got implementation {name!r}")
-    return _adapter_class(name).from_weights(config, weights, seed, threads, workers)
+    return _adapter_class(name).from_weights(config, weights, seed, threads, workers, device=device)
 
 
 def prepare(name: str, seed: int | None = None, threads: int | None = None):
@@ -476,7 +556,9 @@ def saved_model_report(model, path, src: np.ndarray) -> dict[str, dict[str, bool
 
 
 def load_adapter(name: str, path, config: TransformerConfig | None = None, seed: int | None = None,
-                 threads: int | None = None) -> Adapter:
+                 threads: int | None = None, device: str = CPU) -> Adapter:
     """The adapter of implementation ``name`` loaded from the checkpoint at ``path`` by that
-    implementation itself (any format `shared.formats` reads)."""
-    return _adapter_class(name).from_checkpoint(path, config, seed, threads)
+    implementation itself (any format `shared.formats` reads), on ``device`` (torch and tf)."""
+    if name == "reference":
+        return Reference.from_checkpoint(path, config)
+    return _adapter_class(name).from_checkpoint(path, config, seed, threads, device=device)

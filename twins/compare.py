@@ -14,6 +14,7 @@ from shared.threads import check_threads
 from shared.tolerances import bound_for, max_abs_diff, max_rel_diff
 from shared import TransformerConfig
 from shared.config import PRESETS
+from shared.devices import DEFAULT as DEFAULT_DEVICE
 from shared.memory import total_memory
 from shared.precision import HALF_PRECISIONS
 from shared.saving import write_atomically
@@ -62,6 +63,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=arguments.integer, metavar="N",
                         help="CPU threads of each framework (default: its own, one per core; idle "
                              "threads sleep, OMP_WAIT_POLICY=PASSIVE, see shared/threads.py)")
+    parser.add_argument("--device", type=arguments.device, default=DEFAULT_DEVICE,
+                        help="where torch and tf compute: cpu (default), cuda or cuda:N (float32 "
+                             "products in float32 there: TF32 off; shared/devices.py), against the "
+                             "same bounds; the reference is NumPy on the CPU; not with onnx")
     loading.add_arguments(parser, config=False, skip=("dtype",))  # --dtype: compare's own
 
 
@@ -146,6 +151,9 @@ def run(args) -> int:
         raise ValueError("--backends onnx with --dtype bfloat16: the ONNX export computes in float32, "
                          "float64 or float16, not bfloat16; drop onnx from --backends or choose "
                          "another --dtype")
+    if "onnx" in backends and args.device != DEFAULT_DEVICE:  # before any work, not after the others
+        raise ValueError(f"--backends onnx with --device {args.device}: ONNX Runtime runs here on its "
+                         "CPU provider; drop onnx from --backends or use --device cpu")
     if args.preset is not None and args.config is not None:
         raise ValueError(f"--config {args.config!r} with --preset {args.preset}: give one of them "
                          "(--config goes with --checkpoint only for a file that holds no config)")
@@ -167,7 +175,9 @@ def run(args) -> int:
     adapters, skipped = {"reference": make_adapter("reference", config, weights)}, {}
     for name in backends:
         try:
-            adapters[name] = make_adapter(name, config, weights, threads=args.threads)
+            with arguments.flags("device"):
+                adapters[name] = make_adapter(name, config, weights, threads=args.threads,
+                                              device=args.device)
         except Unavailable as err:
             skipped[name] = str(err)
         else:

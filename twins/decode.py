@@ -26,6 +26,7 @@ import numpy as np
 
 from shared.checks import int_argument
 from shared.decoding_args import check_beam_size, check_length_penalty
+from shared.devices import DEFAULT as DEFAULT_DEVICE
 from shared.exporters.onnx import export_precision, read_onnx
 from shared.formats import onnx as onnx_formats
 from shared.paths import read_text, utf8_text
@@ -82,6 +83,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=arguments.integer, metavar="N",
                         help="CPU threads of the framework (default: its own, one per core; idle "
                              "threads sleep, OMP_WAIT_POLICY=PASSIVE, see shared/threads.py)")
+    parser.add_argument("--device", type=arguments.device, default=DEFAULT_DEVICE,
+                        help="where torch or tf decodes: cpu (default), cuda or cuda:N (float32 "
+                             "products in float32 there: TF32 off; shared/devices.py); onnx runs "
+                             "on the CPU")
     loading.add_arguments(parser)
 
 
@@ -134,15 +139,13 @@ def _check_ids(rows, config) -> None:
 
 
 def _backend(args, config, weights):
-    """The ``--backend`` adapter holding ``weights``, in ``--precision``."""
-    if weights is None:  # an ONNX export directory (run)
-        backend = OnnxRuntime.load(args.checkpoint, threads=args.threads)
-    else:
-        backend = make_adapter(args.backend, config, weights, threads=args.threads)
-    try:
+    """The ``--backend`` adapter holding ``weights``, on ``--device``, in ``--precision``."""
+    with arguments.flags("device", "precision"):  # named as the user wrote them
+        if weights is None:  # an ONNX export directory (run)
+            backend = OnnxRuntime.load(args.checkpoint, threads=args.threads, device=args.device)
+        else:
+            backend = make_adapter(args.backend, config, weights, threads=args.threads, device=args.device)
         backend.set_precision(args.precision)
-    except ValueError as err:  # named as the user wrote it
-        raise ValueError(f"--{err}") from None
     return backend
 
 
@@ -237,7 +240,7 @@ def _decode_ids(args, config, weights) -> int:
     for item in out:
         print(" ".join(map(str, item["tokens"])), file=text)
     if args.json:
-        report = {"checkpoint": str(args.checkpoint), "backend": args.backend,
+        report = {"checkpoint": str(args.checkpoint), "backend": args.backend, "device": args.device,
                   "precision": args.precision,
                   "search": {"beam_size": args.beam_size, "length_penalty": args.length_penalty,
                              "max_new": max_new}, "results": out}

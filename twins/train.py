@@ -38,6 +38,7 @@ import numpy as np
 
 from shared import TransformerConfig
 from shared import weights as neutral
+from shared.devices import DEFAULT as DEFAULT_DEVICE
 from shared.paths import holds_cwd
 from shared.saving import check_not_read_only, naming, recover, temporary_name
 
@@ -90,6 +91,9 @@ def add_arguments(parser) -> None:
                         "reaches this exact-match accuracy (0..1)")
     parser.add_argument("--threads", type=arguments.integer,
                         help="CPU threads of the framework (default: its own)")
+    parser.add_argument("--device", type=arguments.device, default=DEFAULT_DEVICE,
+                        help="where the model trains: cpu (default), cuda or cuda:N (float32 "
+                        "products in float32 there: TF32 off; shared/devices.py); not with --workers")
     parser.add_argument("--workers", "--nproc", type=arguments.integer, metavar="N",
                         help="data-parallel workers, each on --batch / N rows of every global batch "
                         "(torch: N gloo processes launched with torchrun; tf: MirroredStrategy over "
@@ -135,6 +139,9 @@ def _check_args(args) -> None:
     for name in ("batch", "warmup", "factor", "heldout"):
         _positive(name, getattr(args, name))
     check_threads(args.threads)
+    if args.workers is not None and args.device != DEFAULT_DEVICE:  # before any worker starts
+        raise ValueError(f"--device {args.device} with --workers {args.workers}: data-parallel training "
+                         "runs on CPU processes (torch: gloo; tf: logical CPU devices); drop one")
     _positive("eval-every", args.eval_every, allow_zero=True)
     if args.smoothing is not None and not 0.0 <= args.smoothing < 1.0:
         raise ValueError(f"--smoothing: expected a value in [0, 1), got {args.smoothing}")
@@ -378,8 +385,10 @@ def _train(args, started: float, engine, rank: int, workers: int, signals: "_Sig
     last = log["step"] + args.steps
 
     # Dropout differs between workers (each its own stream), as in any data-parallel run.
-    backend = make_adapter(args.backend, config, weights, seed=log["seed"] + log["step"] + 1_000_003 * rank,
-                           threads=args.threads, workers=None if engine is None else workers)
+    with arguments.flags("device"):
+        backend = make_adapter(args.backend, config, weights, seed=log["seed"] + log["step"] + 1_000_003 * rank,
+                               threads=args.threads, workers=None if engine is None else workers,
+                               device=args.device)
     backend.set_precision(s["precision"])  # before the first (TF: traced) step
     backend.make_optimizer(s["warmup"], s["factor"], log["step"], moments)
     data = tasks.TrainingData(args.task, log["seed"], s["batch"], config.start_id)
@@ -407,7 +416,8 @@ def _train(args, started: float, engine, rank: int, workers: int, signals: "_Sig
                leave=False)
     history = log["history"]
     segment = {"backend": args.backend, "first_step": first, "last_step": first - 1,
-               "settings": dict(s), "threads": args.threads, "workers": workers, "seconds": 0.0}
+               "settings": dict(s), "threads": args.threads, "workers": workers, "device": args.device,
+               "seconds": 0.0}
     log["segments"].append(segment)
     train_start = time.perf_counter()
     step, status, loss = log["step"], 0, float("nan")
