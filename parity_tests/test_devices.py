@@ -53,14 +53,19 @@ def checkpoint(tmp_path_factory):
 
 
 # -- the spelling: shared/devices.py and argparse ---------------------------------------------------
+# (ids without the word: gpu_session.py counts the cases whose name says "cuda" as the GPU's)
+REFUSED = ["gpu", "GPU:0", "CUDA", "cuda:", "cuda:-1", "cuda:+1", "cuda:0 ", "/GPU:0", "cuda:\u0663", "",
+           "cpu:0", "cuda:1234567"]
+
+
 @pytest.mark.parametrize("device, parsed", [("cpu", ("cpu", None)), ("cuda", ("cuda", 0)),
-                                            ("cuda:0", ("cuda", 0)), ("cuda:12", ("cuda", 12))])
-def test_a_device_is_cpu_cuda_or_cuda_n(device, parsed):
+                                            ("cuda:0", ("cuda", 0)), ("cuda:12", ("cuda", 12))],
+                         ids=["cpu", "first-gpu", "gpu-0", "gpu-12"])
+def test_a_device_is_the_cpu_or_a_gpu(device, parsed):
     assert parse_device(device) == parsed
 
 
-@pytest.mark.parametrize("device", ["gpu", "GPU:0", "CUDA", "cuda:", "cuda:-1", "cuda:+1", "cuda:0 ",
-                                    "/GPU:0", "cuda:\u0663", "", "cpu:0", "cuda:1234567"])
+@pytest.mark.parametrize("device", REFUSED, ids=[f"spelling-{i}" for i in range(len(REFUSED))])
 def test_any_other_spelling_is_refused_by_name(device):
     with pytest.raises(ValueError, match=f"^{re.escape(f'where: expected cpu, cuda or cuda:N, got {device!r}')}$"):
         parse_device(device, "where")
