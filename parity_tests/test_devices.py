@@ -163,7 +163,7 @@ def test_compare_on_a_device_passes_against_the_same_bounds(capsys, backend, dev
 
 
 @pytest.mark.parametrize("backend, device", TRAIN_CASES)
-def test_train_on_a_device_saves_a_run_that_records_it(capsys, tmp_path, backend, device):
+def test_train_on_a_device_saves_a_run_that_records_it_and_resumes_on_the_cpu(capsys, tmp_path, backend, device):
     run = tmp_path / "run"
     code, out, err = cli(capsys, "train", "--task", "copy", "--backend", backend, "--device", device,
                          "--preset", "tiny", "--steps", "2", "--batch", "8", "--eval-every", "0",
@@ -173,3 +173,10 @@ def test_train_on_a_device_saves_a_run_that_records_it(capsys, tmp_path, backend
     assert log["step"] == 2 and log["segments"][-1]["device"] == device
     _, weights = load_checkpoint(run)
     assert all(np.isfinite(w).all() for w in weights.values())
+    # and it resumes on the CPU, Adam's moments and all (from the GPU's: moved to the CPU)
+    code, out, err = cli(capsys, "train", "--task", "copy", "--backend", backend, "--steps", "1",
+                         "--eval-every", "0", "--heldout", "2", "--checkpoint", run, "--no-progress")
+    assert code == 0, err
+    assert "Adam's moments restored" in out
+    log = json.loads((run / "train_log.json").read_text())
+    assert log["step"] == 3 and [g["device"] for g in log["segments"]] == [device, "cpu"]
