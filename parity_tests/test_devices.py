@@ -169,6 +169,7 @@ def test_train_on_a_device_saves_a_run_that_records_it_and_resumes_on_the_cpu(ca
                          "--preset", "tiny", "--steps", "2", "--batch", "8", "--eval-every", "0",
                          "--heldout", "2", "--checkpoint", run, "--no-progress")
     assert code == 0, err
+    assert out.startswith(f"twins train: copy on {backend}{f' ({device})' if device != 'cpu' else ''}, ")
     log = json.loads((run / "train_log.json").read_text())
     assert log["step"] == 2 and log["segments"][-1]["device"] == device
     _, weights = load_checkpoint(run)

@@ -396,7 +396,8 @@ def _train(args, started: float, engine, rank: int, workers: int, signals: "_Sig
     resumed = f"resuming at step {log['step']}, " if log["step"] else ""
     adam = "" if not log["step"] else ("Adam's moments restored; " if moments is not None
                                        else "Adam's moments restart from zero; ")
-    on = f"{args.backend}" + (f" x {workers} workers" if engine is not None else "")
+    on = (f"{args.backend}" + (f" x {workers} workers" if engine is not None else "")
+          + (f" ({args.device})" if args.device != DEFAULT_DEVICE else ""))
     if lead:
         print(f"twins train: {args.task} on {on}, {resumed}{adam}steps {first}..{last}; "
               f"d_model={config.d_model} heads={config.n_heads} d_ff={config.d_ff} layers="
