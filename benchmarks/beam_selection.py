@@ -50,15 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import torch_impl
+    from _cuda import cuda_missing
     from _decoding_contenders import bench_weights
     from decoding import sources
     from torch_impl import search
 
     torch.set_num_threads(args.threads)
     if args.device == "cuda":
-        if not torch.cuda.is_available():
-            print(f"beam_selection.py: --device cuda: no CUDA device (torch {torch.__version__})",
-                  file=sys.stderr)
+        if why := cuda_missing():
+            print(f"beam_selection.py: --device cuda: {why}", file=sys.stderr)
             return 2
         torch.backends.cuda.matmul.allow_tf32 = False
     config = TransformerConfig.preset("base")

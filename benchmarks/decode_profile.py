@@ -81,13 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     import torch_impl
+    from _cuda import cuda_missing
     from _decoding_contenders import bench_weights, contender_config
     from decoding import sources
 
     torch.set_num_threads(args.threads)
     cuda = args.device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        parser.error(f"--device cuda: no CUDA device (torch {torch.__version__})")
+    if cuda and (why := cuda_missing()):
+        parser.error(f"--device cuda: {why}")
     torch.backends.cuda.matmul.allow_tf32 = False  # as the parity tests
     config = contender_config()
     if max(args.tokens) > config.max_len:

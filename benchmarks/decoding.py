@@ -124,6 +124,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _decoding_contenders
 from shared import TransformerConfig  # noqa: E402
 from shared.threads import apply_thread_policy, available_cores, thread_count  # noqa: E402
 from shared.decoding import GreedyResult  # noqa: E402
+from _cuda import cuda_missing  # noqa: E402
 from _decoding_contenders import CONTENDERS, bench_weights  # noqa: E402
 
 LENGTHS = (16, 64, 128)
@@ -446,17 +447,6 @@ def run_contenders(args) -> None:
                 print(f"{name:12s} {batch:6d} {n:7d} {ms:8.2f}   {ratio:6.2f}x", flush=True)
     for contender in made.values():
         contender.close()
-
-
-def cuda_missing() -> str | None:
-    """Why ``--device cuda`` cannot run here, or None: torch is how the benchmark sees a GPU."""
-    try:
-        import torch
-    except ImportError as err:
-        return f"torch is not installed ({err}), and the benchmark finds CUDA devices through it"
-    if not torch.cuda.is_available():
-        return f"no CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)"
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:

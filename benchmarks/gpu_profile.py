@@ -32,6 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _cuda import cuda_missing  # noqa: E402
+
 PARTS = ("kernels", "fixed", "attention")
 
 
@@ -173,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     args = parser.parse_args(argv)
+    if why := cuda_missing():
+        parser.error(why)
     import torch
-    if not torch.cuda.is_available():
-        parser.error(f"no CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)")
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, TF32 off, one CPU thread")
     for part in args.parts:
         print(f"\n== {part}")

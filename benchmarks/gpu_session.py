@@ -49,6 +49,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _cuda, when imported rather than run
+from _cuda import cuda_missing  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 BENCH = ROOT / "benchmarks"
@@ -129,11 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                         choices=list(_parts(Path("."), Path("."))))
     args = parser.parse_args(argv)
     on_gpu = [part for part in args.parts if part != "cpu"]
-    if on_gpu:
-        import torch
-        if not torch.cuda.is_available():
-            parser.error(f"--parts {' '.join(on_gpu)}: no CUDA device (torch {torch.__version__}: "
-                         f"torch.cuda.is_available() is False); only --parts cpu runs here")
+    if on_gpu and (why := cuda_missing()):
+        parser.error(f"--parts {' '.join(on_gpu)}: {why}; only --parts cpu runs here")
     args.out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     failed = []

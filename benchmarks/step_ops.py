@@ -29,8 +29,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _torch_passes
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _torch_passes, _cuda
 
+from _cuda import cuda_missing  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
 from shared.config import PRESETS  # noqa: E402
 
@@ -141,11 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--forward", type=int, metavar="LENGTH", default=None,
                         help="count one forward pass of LENGTH-token sources and targets instead")
     args = parser.parse_args(argv)
-    if args.device.startswith("cuda"):
-        import torch
-        if not torch.cuda.is_available():
-            parser.error(f"--device {args.device}: no CUDA device (torch {torch.__version__}: "
-                         f"torch.cuda.is_available() is False)")
+    if args.device.startswith("cuda") and (why := cuda_missing()):
+        parser.error(f"--device {args.device}: {why}")
     if args.forward:
         print(f"preset {args.preset}, batch {args.batch} x {args.forward} tokens, {args.precision}, "
               f"{args.device}: one forward pass in eval without gradients")

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _torch_passes
 import torch_impl  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
 from shared.threads import thread_count  # noqa: E402
+from _cuda import cuda_missing  # noqa: E402
 from _torch_passes import modules_pass  # noqa: E402
 
 BATCH, SRC_LEN, TGT_LEN = 8, 64, 64  # --batch, --length change them
@@ -213,9 +214,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train", action="store_true", help="time training steps, not forward passes")
     args = parser.parse_args(argv)
     BATCH, SRC_LEN, TGT_LEN = args.batch, args.length, args.length
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device cuda: no CUDA device (torch {torch.__version__}: "
-                     f"torch.cuda.is_available() is False)")
+    if args.device == "cuda" and (why := cuda_missing()):
+        parser.error(f"--device cuda: {why}")
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
