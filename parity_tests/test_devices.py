@@ -181,3 +181,24 @@ def test_train_on_a_device_saves_a_run_that_records_it_and_resumes_on_the_cpu(ca
     assert "Adam's moments restored" in out
     log = json.loads((run / "train_log.json").read_text())
     assert log["step"] == 3 and [g["device"] for g in log["segments"]] == [device, "cpu"]
+
+
+@pytest.mark.tf
+def test_tf_names_the_cpu_where_it_sees_a_gpu(capsys, monkeypatch, checkpoint):
+    """Where TensorFlow sees a GPU it would put every operation there: `--device cpu` then builds
+    and calls the model inside ``tf.device("/CPU:0")``. Run here with a GPU TensorFlow is made to
+    report (the scope's code path on any machine): the same tokens as the oracle, compare passes,
+    and every scope entered named the CPU."""
+    import tensorflow as tf
+
+    fake = [tf.config.PhysicalDevice(name="/physical_device:GPU:0", device_type="GPU")]
+    real = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: fake if kind == "GPU" else real(kind))
+    monkeypatch.setattr(tf.config.experimental, "enable_tensor_float_32_execution", lambda on: None)
+    scopes = []
+    device = tf.device
+    monkeypatch.setattr(tf, "device", lambda name: scopes.append(name) or device(name))
+    test_decode_on_a_device_gives_the_oracle_s_tokens(capsys, checkpoint, "tf", "cpu")
+    test_compare_on_a_device_passes_against_the_same_bounds(capsys, "tf", "cpu")
+    assert len(scopes) > 5 and set(scopes) == {"/CPU:0"}
