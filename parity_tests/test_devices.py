@@ -184,11 +184,13 @@ def test_train_on_a_device_saves_a_run_that_records_it_and_resumes_on_the_cpu(ca
 
 
 @pytest.mark.tf
-def test_tf_names_the_cpu_where_it_sees_a_gpu(capsys, monkeypatch, checkpoint):
+def test_tf_builds_and_calls_in_the_device_s_scope_where_it_sees_a_gpu(capsys, monkeypatch, checkpoint):
     """Where TensorFlow sees a GPU it would put every operation there: `--device cpu` then builds
-    and calls the model inside ``tf.device("/CPU:0")``. Run here with a GPU TensorFlow is made to
-    report (the scope's code path on any machine): the same tokens as the oracle, compare passes,
-    and every scope entered named the CPU."""
+    and calls the model inside ``tf.device("/CPU:0")``, and `--device cuda:0` inside
+    ``tf.device("/GPU:0")``. Run here with a GPU TensorFlow is made to report (the scopes' code
+    path on any machine; where no GPU is there, TensorFlow's soft placement runs the second on the
+    CPU, so this checks the wiring, not a GPU's arithmetic): the same tokens as the oracle, compare
+    passes, and every scope entered named the device asked for."""
     import tensorflow as tf
 
     fake = [tf.config.PhysicalDevice(name="/physical_device:GPU:0", device_type="GPU")]
@@ -202,3 +204,7 @@ def test_tf_names_the_cpu_where_it_sees_a_gpu(capsys, monkeypatch, checkpoint):
     test_decode_on_a_device_gives_the_oracle_s_tokens(capsys, checkpoint, "tf", "cpu")
     test_compare_on_a_device_passes_against_the_same_bounds(capsys, "tf", "cpu")
     assert len(scopes) > 5 and set(scopes) == {"/CPU:0"}
+    if not real("GPU"):  # (a real GPU's cases are the parametrized ones above)
+        scopes.clear()
+        test_decode_on_a_device_gives_the_oracle_s_tokens(capsys, checkpoint, "tf", "cuda:0")
+        assert len(scopes) > 1 and set(scopes) == {"/GPU:0"}
