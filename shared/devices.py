@@ -2,9 +2,9 @@
 
 A device is ``"cpu"`` (the default everywhere), ``"cuda"`` (the first GPU) or ``"cuda:N"``, as
 PyTorch spells them; TensorFlow's ``/GPU:N`` is the same GPU. The adapters of `twins.backends`
-place a model there: torch_impl with ``model.to(device)``, tf_impl by making that GPU alone
-visible to TensorFlow (none for ``"cpu"``: TensorFlow otherwise puts every operation on the first
-GPU it sees), before any model exists.
+place a model there: torch_impl with ``model.to(device)``; tf_impl is built and called inside
+``tf.device`` (``/CPU:0`` too where TensorFlow sees a GPU: it otherwise puts every operation on
+the first GPU it sees), as the TF tests choose a device.
 
 On a GPU both frameworks keep float32 products in float32: TF32 off. TensorFlow turns TF32 on by
 default on Ampere and later GPUs (torch turns it off for matrix products); its products keep 10
