@@ -214,9 +214,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train", action="store_true", help="time training steps, not forward passes")
     args = parser.parse_args(argv)
     BATCH, SRC_LEN, TGT_LEN = args.batch, args.length, args.length
-    if args.device == "cuda" and (why := cuda_missing()):
-        parser.error(f"--device cuda: {why}")
     if args.device == "cuda":
+        if why := cuda_missing():
+            parser.error(f"--device cuda: {why}")
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     if args.threads:

@@ -108,6 +108,7 @@ def project_environ(root: Path | str, base: Mapping[str, str] = os.environ, **ov
     paths = [str(root)] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(root)]
     return environ(base={**base, **overrides, "PYTHONPATH": os.pathsep.join(paths)})
 
+
 def present(framework: str) -> bool:
     """Whether every package of ``framework`` (a key of `FRAMEWORKS`) can be imported here."""
     return all(importlib.util.find_spec(name) is not None for name in FRAMEWORKS[framework])

@@ -11,7 +11,6 @@ about ``lr * noise / eps``, so they are compared apart, as there.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

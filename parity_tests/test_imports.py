@@ -243,6 +243,7 @@ def test_a_subprocess_that_imports_the_project_stays_blocked():
                if re.search(r'PYTHONPATH"?\s*[:=]\s*str\(ROOT\)', line)]
     assert by_hand == [], by_hand
 
+
 def test_the_blocker_refuses_a_package_already_imported():
     """Blocking what is already loaded would be a lie: the suite would test what it claims not to."""
     result = run("""
