@@ -3,11 +3,13 @@
 torch_impl's step at a few rows streams its kernels from memory (164 MB a step of ``base``), and
 everything else it does, Python and about a thousand small operations, runs between two products
 on an interpreter whose objects the stream has evicted: docs/performance.md ("A step's Python").
-This benchmark measures that part. Each ``--roots`` checkout is imported in turn under its own
-module objects (its ``torch_impl`` and ``shared``), builds the same model, and the checkouts' steps
-run interleaved, round after round, in one process: the same machine state for both, which runs of
-two processes on a shared machine do not give. Printed: each checkout's median ms a step, the
-median of the per-round ratios to the first, and whether their logits are bit for bit equal.
+This benchmark measures that part. Each ``--roots`` checkout is imported under its own module
+objects (its ``torch_impl`` and ``shared``) and builds the same model twice (in the order given,
+then in reverse: where a model's memory lies moves its time by 1-3%), and the checkouts' steps run
+interleaved, round after round (every other round in reverse), in one process: the same machine
+state for both, which runs of two processes on a shared machine do not give. Printed: each
+checkout's median ms a step, the median of the per-round ratios to the first, and whether their
+logits are bit for bit equal.
 
 ``--preset base`` times the whole step (`benchmarks/_decoding_contenders.contender_config`,
 float32); ``--preset tiny`` the same six layers at ``d_model`` 64 and a vocabulary of 64, whose
@@ -15,8 +17,14 @@ products take next to nothing: what is left is the step's own overhead. Batch 1,
 of one source (``Transformer.init_cache`` / ``decode_step`` without the search loop's work), one
 thread by default.
 
+``--decode`` times whole greedy decodes instead (`torch_impl.greedy_decode` of ``--steps`` tokens,
+EOS suppressed as `benchmarks/_decoding_contenders.bench_weights` does, so every decode runs to the
+limit): the encoder pass, the cache's making and the search loop's own work (greedy's update, its
+host read) included, in ms a token; a change to the search shows here and not in the step alone.
+Compared: the tokens and the log-probs, bit for bit.
+
     python3 dev.py bench step_overhead --roots OLD_CHECKOUT . [--preset base|tiny] [--rounds 15]
-                                       [--steps 40] [--beams 1] [--threads 1]
+                                       [--steps 40] [--beams 1] [--threads 1] [--decode]
 
 (``git worktree add /tmp/old <commit>`` makes an old checkout.) Measured: docs/performance.md.
 """
@@ -65,6 +73,55 @@ def _import_from(root: Path):
     return modules
 
 
+def _contender(root: Path, args, parser):
+    """One model of the checkout at ``root`` (`_import_from`) and the function that times it:
+    ``run() -> (ms a step or a token, its outputs as one tensor)``."""
+    import numpy as np
+    import torch
+
+    torch_impl, config_module, weights_module, masks = _import_from(root)
+    extra = {} if args.preset == "base" else dict(d_model=64, d_ff=64, src_vocab=64, tgt_vocab=64)
+    # benchmarks/_decoding_contenders.contender_config's settings, spelled out: an old
+    # checkout's benchmarks may differ
+    config = config_module.TransformerConfig.preset("base", norm_eps=1e-5, pe_layout="halves", **extra)
+    if args.steps + 1 > config.max_len:
+        parser.error(f"--steps: expected at most {config.max_len - 1}, got {args.steps}")
+    weights = weights_module.init_weights(config, 0)
+    if args.decode:  # EOS never chosen: every decode runs to the limit (bench_weights)
+        weights["generator.bias"] = weights["generator.bias"].copy()
+        weights["generator.bias"][config.eos_id] = -3e4
+    model = torch_impl.Transformer(config)
+    model.import_weights(weights)
+    model.eval()
+    src = np.random.default_rng(0).integers(3, config.src_vocab, size=(1, 32))
+
+    if args.decode:
+        def decode():
+            start = time.perf_counter()
+            result = torch_impl.greedy_decode(model, src, args.steps)
+            elapsed = (time.perf_counter() - start) / args.steps * 1e3
+            return elapsed, torch.as_tensor(np.concatenate([result.tokens.astype(np.float64),
+                                                            result.log_probs.astype(np.float64)]))
+        return decode
+
+    with torch.inference_mode():
+        src_t, mask = torch.as_tensor(src), torch.as_tensor(masks.make_src_mask(src, config.pad_id))
+        memory = model.encode(src_t, mask)
+
+    def run():
+        with torch.inference_mode():
+            cache = model.init_cache(memory, mask, args.steps + 1, args.beams)
+            tokens = torch.full((args.beams,), 5, dtype=torch.long)
+            logits = []
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                out, cache = model.decode_step(tokens, cache)
+                tokens = out.argmax(-1)
+                logits.append(out)
+            return (time.perf_counter() - start) / args.steps * 1e3, torch.stack(logits)
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--roots", nargs="+", type=_checkout, required=True,
@@ -74,57 +131,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=_positive, default=40, help="timed steps a round and checkout")
     parser.add_argument("--beams", type=_positive, default=1, help="rows of the one source")
     parser.add_argument("--threads", type=thread_count, default=1, help="torch.set_num_threads (default 1)")
+    parser.add_argument("--decode", action="store_true",
+                        help="time whole greedy decodes of --steps tokens (batch 1) instead of steps")
     args = parser.parse_args(argv)
+    if args.decode and args.beams != 1:
+        parser.error(f"--beams: --decode times greedy decodes of one row, got --beams {args.beams}")
     apply_thread_policy(args.threads)  # before torch starts its thread pool
 
     import numpy as np
     import torch
 
     torch.set_num_threads(args.threads)
-    runs, labels = [], []
-    for root in args.roots:
-        torch_impl, config_module, weights_module, masks = _import_from(root)
-        extra = {} if args.preset == "base" else dict(d_model=64, d_ff=64, src_vocab=64, tgt_vocab=64)
-        # benchmarks/_decoding_contenders.contender_config's settings, spelled out: an old
-        # checkout's benchmarks may differ
-        config = config_module.TransformerConfig.preset("base", norm_eps=1e-5, pe_layout="halves", **extra)
-        if args.steps + 1 > config.max_len:
-            parser.error(f"--steps: expected at most {config.max_len - 1}, got {args.steps}")
-        model = torch_impl.Transformer(config)
-        model.import_weights(weights_module.init_weights(config, 0))
-        model.eval()
-        src = np.random.default_rng(0).integers(3, config.src_vocab, size=(1, 32))
-        with torch.inference_mode():
-            src_t, mask = torch.as_tensor(src), torch.as_tensor(masks.make_src_mask(src, config.pad_id))
-            memory = model.encode(src_t, mask)
-
-        def run(model=model, memory=memory, mask=mask):
-            with torch.inference_mode():
-                cache = model.init_cache(memory, mask, args.steps + 1, args.beams)
-                tokens = torch.full((args.beams,), 5, dtype=torch.long)
-                logits = []
-                start = time.perf_counter()
-                for _ in range(args.steps):
-                    out, cache = model.decode_step(tokens, cache)
-                    tokens = out.argmax(-1)
-                    logits.append(out)
-                return (time.perf_counter() - start) / args.steps * 1e3, torch.stack(logits)
-
-        runs.append(run)
-        labels.append(str(root))
+    # Each checkout built twice, in the order given and then in reverse (A B B A), and a checkout's
+    # time a round the mean of its two models': two models of the same code in one process differ
+    # by 1-3% a token, as their memory lies (two copies of one commit as `--roots`, one model
+    # each: the second 0.944x to 0.986x the first; docs/performance.md, "A step's Python").
+    order = list(range(len(args.roots))) + list(reversed(range(len(args.roots))))
+    runs = [(i, _contender(args.roots[i], args, parser)) for i in order]
+    what = (f"greedy decodes of {args.steps} tokens (ms a token)" if args.decode
+            else f"{args.beams} rows, {args.steps} steps a round")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, preset {args.preset} "
-          f"(6 decoder layers), batch 1, {args.beams} rows, {args.steps} steps a round, "
-          f"{args.rounds} interleaved rounds")
-    first = [run()[1] for run in runs]  # warm: the kept weights, the allocator
-    times: list[list[float]] = [[] for _ in runs]
-    for _ in range(args.rounds):
-        for i, run in enumerate(runs):
-            times[i].append(run()[0])
-    for i, label in enumerate(labels):
-        ratio = np.median(np.array(times[i]) / np.array(times[0]))
-        same = "" if i == 0 else f"; logits {'bit for bit equal' if torch.equal(first[i], first[0]) else 'differ'}"
-        print(f"{label}: {np.median(times[i]):.3f} ms a step (fastest round {min(times[i]):.3f}), "
-              f"{ratio:.3f}x the first{same}", flush=True)
+          f"(6 decoder layers), batch 1, {what}, {args.rounds} interleaved rounds, each checkout's "
+          f"model built twice (in the order given, then in reverse)")
+    first = [run()[1] for _, run in runs]  # warm: the kept weights, the allocator
+    times = np.zeros((args.rounds, len(args.roots)))
+    for r in range(args.rounds):  # every other round in reverse: neither goes first always
+        for i, run in runs if r % 2 == 0 else reversed(runs):
+            times[r, i] += run()[0] / 2
+    outputs = "tokens and log-probs" if args.decode else "logits"
+    unit = "a token" if args.decode else "a step"
+    for i, root in enumerate(args.roots):
+        ratio = np.median(times[:, i] / times[:, 0])
+        mine = [out for (j, _), out in zip(runs, first) if j == i]
+        same = all(torch.equal(out, first[0]) for out in mine)
+        print(f"{root}: {np.median(times[:, i]):.3f} ms {unit} (fastest round {times[:, i].min():.3f}), "
+              f"{ratio:.3f}x the first; {outputs} {'bit for bit equal' if same else 'differ'} to the "
+              "first's", flush=True)
     return 0
 
 
