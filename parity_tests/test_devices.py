@@ -38,7 +38,7 @@ def gpus(backend: str) -> int:
 
 
 # TensorFlow's cases run where it sees a GPU (its CPU's scope included): where it sees none,
-# `--device cpu` takes no scope (`twins.backends.TF._device_scope`), the path of every other TF test
+# `--device cpu` takes no scope (`twins.backends.TF._scope_of`), the path of every other TF test
 # of the commands (test_cli_compare, test_formats, test_train, test_demos), at 4 to 13 s a case here;
 # the scopes' wiring is checked on any machine by the last test below.
 CASES = [(backend, device) for backend in ("torch", "tf") if backend == "torch" or gpus("tf")

@@ -115,12 +115,14 @@ class Reference(Adapter):
 
     @classmethod
     def from_weights(cls, config: TransformerConfig, weights: Weights, seed: int | None = None,
-                     threads: int | None = None) -> "Reference":
-        return cls(config, weights)  # NumPy: nothing random to seed, no thread pool to size
+                     threads: int | None = None, device: str = CPU) -> "Reference":
+        # NumPy on the CPU, whatever device the backends compute on: nothing random to seed, no
+        # thread pool to size
+        return cls(config, weights)
 
     @classmethod
     def from_checkpoint(cls, path, config: TransformerConfig | None = None, seed: int | None = None,
-                        threads: int | None = None) -> "Reference":
+                        threads: int | None = None, device: str = CPU) -> "Reference":
         """From a checkpoint in any format `shared.formats` reads (a framework's file needs that
         framework to be read); a ``config``, when given, must be the one the file holds."""
         from shared import formats
@@ -170,15 +172,15 @@ class _Framework(Adapter):
         raise NotImplementedError
 
     @classmethod
-    def _device_scope(cls, device: str):
-        """The context a model on ``device`` is built and called in (torch: none, the model is
-        moved; TF: ``tf.device``)."""
-        return contextlib.nullcontext()
+    def _scope_of(cls, device: str):
+        """What makes the context a model on ``device`` is built and called in, decided once
+        (torch: none, the model is moved; TF: ``tf.device``): a function of no argument."""
+        return contextlib.nullcontext
 
     def _place(self, device: str) -> None:
         """Put the model on ``device`` (`_setup` has checked it); every later call runs there."""
         self.device = device
-        self._scope = lambda: self._device_scope(device)
+        self._scope = self._scope_of(device)
 
     @classmethod
     def from_weights(cls, config: TransformerConfig, weights: Weights, seed: int | None = None,
@@ -193,7 +195,7 @@ class _Framework(Adapter):
                              f"processes, got {device!r}")
         impl = cls._setup(seed, threads, device)
         if workers is None:
-            with cls._device_scope(device):
+            with cls._scope_of(device)():
                 model = impl.Transformer(config)
                 model.import_weights(weights)
             adapter = cls(impl, model)
@@ -215,7 +217,7 @@ class _Framework(Adapter):
         """A model loaded by the backend's own `load_checkpoint` (a neutral directory or its native
         file), on ``device``; ``config`` only for a native file that holds none."""
         impl = cls._setup(seed, threads, device)
-        with cls._device_scope(device):
+        with cls._scope_of(device)():
             adapter = cls(impl, impl.load_checkpoint(path, config))
         adapter._place(device)
         return adapter
@@ -386,15 +388,16 @@ class TF(_Framework):
             tf.config.experimental.enable_tensor_float_32_execution(False)
 
     @classmethod
-    def _device_scope(cls, device):
+    def _scope_of(cls, device):
         """``tf.device`` of ``device`` (TensorFlow puts an operation with no device on the first
         GPU it sees, so the CPU is named too where there is one): the variables are made and every
         call runs in it, as the TF tests choose a device; no scope on a machine without a GPU."""
         import tensorflow as tf
         kind, index = parse_device(device)
         if kind == "cpu" and not tf.config.list_physical_devices("GPU"):
-            return contextlib.nullcontext()
-        return tf.device("/CPU:0" if kind == "cpu" else f"/GPU:{index}")
+            return contextlib.nullcontext
+        name = "/CPU:0" if kind == "cpu" else f"/GPU:{index}"
+        return lambda: tf.device(name)
 
     @classmethod
     def _distributed(cls):
@@ -522,8 +525,6 @@ def make_adapter(name: str, config: TransformerConfig, weights: Weights, seed: i
     """The adapter of implementation ``name`` (one of `IMPLEMENTATIONS`) holding ``weights``;
     ``workers``: train data-parallel (torch and tf only; see `_Framework.from_weights`);
     ``device``: where torch and tf compute (the reference computes on the CPU whatever it is)."""
-    if workers is None and name == "reference":
-        return Reference.from_weights(config, weights)
     if workers is None:
         return _adapter_class(name).from_weights(config, weights, seed, threads, device=device)
     if name not in BACKENDS:
@@ -559,6 +560,4 @@ def load_adapter(name: str, path, config: TransformerConfig | None = None, seed:
                  threads: int | None = None, device: str = CPU) -> Adapter:
     """The adapter of implementation ``name`` loaded from the checkpoint at ``path`` by that
     implementation itself (any format `shared.formats` reads), on ``device`` (torch and tf)."""
-    if name == "reference":
-        return Reference.from_checkpoint(path, config)
     return _adapter_class(name).from_checkpoint(path, config, seed, threads, device=device)
