@@ -10,22 +10,11 @@ import numpy as np
 import pytest
 
 from parity_tests.backends import backends
-from shared import TransformerConfig
+from parity_tests.input_cases import BAD_IDS, BAD_MASKS, CONFIG, SRC, TGT, W, with_id
 from shared import reference as R
-from shared.batches import src_tgt
 from shared.tolerances import assert_close, bound_for
-from shared.weights import random_weights
 
-CONFIG = TransformerConfig.preset("tiny")
-W = random_weights(CONFIG, 0)
-SRC, TGT = src_tgt(CONFIG, batch=2, src_len=5, tgt_len=4)
 EAGER = backends()
-
-
-def _with(ids, value, row=0):
-    out = ids.copy()
-    out[row, 1] = value
-    return out
 
 
 def _same_message(backend, ours, theirs):
@@ -33,20 +22,6 @@ def _same_message(backend, ours, theirs):
         assert str(ours.value) == str(theirs.value)
     else:
         assert str(theirs.value) in str(ours.value)
-
-
-BAD_IDS = [
-    (SRC[0], TGT, ValueError, r"src: expected token ids of shape \(batch, seq\), got rank 1"),
-    (SRC, TGT[None], ValueError, "tgt: expected token ids of shape"),
-    (SRC.astype(np.float32), TGT, TypeError, "src: expected integer token ids, got dtype float32"),
-    (SRC.astype(np.float64), TGT, TypeError, "src: expected integer token ids, got dtype float64"),
-    (SRC, TGT.astype(bool), TypeError, "tgt: expected integer token ids, got dtype bool"),
-    (_with(SRC, 13), TGT, ValueError, r"src: expected token ids in \[0, 13\), got values in \[0, 13\]"),
-    (SRC, _with(TGT, -1), ValueError, r"tgt: expected token ids in \[0, 17\), got values in \[-1,"),
-    (np.ones((2, 65), np.int64), TGT, ValueError, "src: expected at most max_len=64 tokens, got 65"),
-    (SRC[:, :0], TGT, ValueError, r"src: expected a non-empty \(batch, seq\), got shape \(2, 0\)"),
-    (SRC, TGT[:1], ValueError, "tgt: expected batch size 2 \\(as src\\), got 1"),
-]
 
 
 @pytest.mark.parametrize("backend", EAGER)
@@ -64,20 +39,8 @@ def test_bad_ids_fail_like_the_reference(src, tgt, error, needle, backend):
         _same_message(backend, ours, theirs)
 
 
-MASKS = [
-    (dict(src_mask=np.ones((2, 1, 1, 5), np.int64)), TypeError,
-     "src_mask: expected a bool mask .*got dtype int64"),
-    (dict(src_mask=np.ones((2, 5), bool)), ValueError, r"src_mask: expected a rank-4 mask"),
-    (dict(src_mask=np.ones((2, 1, 5, 5), bool)), ValueError, r"src_mask: expected a mask broadcastable"),
-    (dict(tgt_mask=np.ones((2, 1, 4, 5), bool)), ValueError,
-     r"tgt_mask: expected a mask broadcastable to \(batch\|1"),
-    (dict(tgt_mask=np.ones((3, 1, 4, 4), bool)), ValueError, "tgt_mask: expected a mask broadcastable"),
-    (dict(tgt_mask=np.ones((2, 1, 4, 4), np.float32)), TypeError, "tgt_mask: expected a bool mask"),
-]
-
-
 @pytest.mark.parametrize("backend", EAGER)
-@pytest.mark.parametrize("kwargs, error, needle", MASKS)
+@pytest.mark.parametrize("kwargs, error, needle", BAD_MASKS)
 def test_bad_masks_fail_like_the_reference(kwargs, error, needle, backend):
     model = backend.cached(CONFIG)
     with pytest.raises(error, match=needle) as ours:
@@ -102,7 +65,7 @@ def test_ids_are_checked_before_any_lookup(backend):
     """An id out of range must not reach the embedding (torch CPU: IndexError, CUDA: a device
     assert; TF: zeros on GPU, clamped under XLA)."""
     with pytest.raises(ValueError, match="src: expected token ids in"):
-        backend.cached(CONFIG).encode(backend.tensor(_with(SRC, 100)))
+        backend.cached(CONFIG).encode(backend.tensor(with_id(SRC, 100)))
 
 
 @pytest.mark.parametrize("backend", EAGER)

@@ -2,46 +2,19 @@
 import numpy as np
 import pytest
 
-from shared.batches import src_tgt
-from shared import TransformerConfig
+from parity_tests.input_cases import BAD_IDS, BAD_MASKS, CONFIG, SRC, TGT, W
 from shared import reference as R
-from shared.weights import WeightsError, random_weights
-
-CONFIG = TransformerConfig.preset("tiny")
-W = random_weights(CONFIG, 0)
-SRC, TGT = src_tgt(CONFIG, batch=2, src_len=5, tgt_len=4)
+from shared.weights import WeightsError
 
 
-def _with(ids, value):
-    out = ids.copy()
-    out[0, 1] = value
-    return out
-
-
-@pytest.mark.parametrize("src, tgt, error, needle", [
-    (SRC[0], TGT, ValueError, r"src: expected token ids of shape \(batch, seq\), got rank 1"),
-    (SRC, TGT[None], ValueError, "tgt: expected token ids of shape"),
-    (SRC.astype(np.float32), TGT, TypeError, "src: expected integer token ids, got dtype float32"),
-    (SRC, TGT.astype(bool), TypeError, "tgt: expected integer token ids, got dtype bool"),
-    (_with(SRC, 13), TGT, ValueError, r"src: expected token ids in \[0, 13\), got values in \[0, 13\]"),
-    (SRC, _with(TGT, -1), ValueError, r"tgt: expected token ids in \[0, 17\), got values in \[-1,"),
-    (np.ones((2, 65), np.int64), TGT, ValueError, "src: expected at most max_len=64 tokens, got 65"),
-    (SRC[:, :0], TGT, ValueError, r"src: expected a non-empty \(batch, seq\), got shape \(2, 0\)"),
-    (SRC, TGT[:1], ValueError, "tgt: expected batch size 2 \\(as src\\), got 1"),
-])
+@pytest.mark.parametrize("src, tgt, error, needle", BAD_IDS)
 def test_bad_ids(src, tgt, error, needle):
     with pytest.raises(error, match=needle):
         R.forward(W, CONFIG, src, tgt)
 
 
 @pytest.mark.parametrize("kwargs, error, needle", [
-    (dict(src_mask=np.ones((2, 1, 1, 5), np.int64)), TypeError, "src_mask: expected a bool mask .*got dtype int64"),
-    (dict(src_mask=np.ones((2, 5), bool)), ValueError, r"src_mask: expected a rank-4 mask"),
-    (dict(src_mask=np.ones((2, 1, 5, 5), bool)), ValueError, r"src_mask: expected a mask broadcastable"),
-    (dict(tgt_mask=np.ones((2, 1, 4, 5), bool)), ValueError, r"tgt_mask: expected a mask broadcastable to \(batch\|1"),
-    (dict(tgt_mask=np.ones((3, 1, 4, 4), bool)), ValueError, "tgt_mask: expected a mask broadcastable"),
-    (dict(tgt_mask=[[True]]), TypeError, "tgt_mask: expected a numpy bool array, got list"),
-])
+    *BAD_MASKS, (dict(tgt_mask=[[True]]), TypeError, "tgt_mask: expected a numpy bool array, got list")])
 def test_bad_masks(kwargs, error, needle):
     with pytest.raises(error, match=needle):
         R.forward(W, CONFIG, SRC, TGT, **kwargs)
