@@ -40,6 +40,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from parity_tests import variant_configs as VC  # noqa: E402
 from parity_tests.decoding_cases import BEAM, MAX_LEN, config64, sources, weights_for  # noqa: E402
+from parity_tests.importable import ISOLATED_BLOCK  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
 from shared import reference as R  # noqa: E402
 from shared.batches import src_tgt  # noqa: E402
@@ -261,14 +262,8 @@ def test_decodes_equal_torch_and_tf_demo(frameworks, demo, capsys):
 
 
 # -- served where neither framework can be imported -----------------------------------------------
-SERVER = textwrap.dedent("""
-    import json, sys
-    BLOCKED = set(sys.argv[2].split(","))
-    class Block:
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ImportError(f"blocked import of {name}")
-    sys.meta_path.insert(0, Block())
+SERVER = ISOLATED_BLOCK + textwrap.dedent("""
+    import json
     sys.path.insert(0, sys.argv[3])
     import numpy as np
     from twins.onnx_runtime import OnnxRuntimeModel

@@ -26,6 +26,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import tf_impl  # noqa: E402
+from parity_tests.importable import ISOLATED_BLOCK  # noqa: E402
 from shared import TransformerConfig  # noqa: E402
 from shared.batches import token_batch  # noqa: E402
 from shared.weights import random_weights, save_checkpoint  # noqa: E402
@@ -87,14 +88,8 @@ def _cases(export: str, config: TransformerConfig) -> dict[str, tuple[np.ndarray
 
 
 # What runs in the fresh process: plain TensorFlow, nothing of this project.
-SERVER = textwrap.dedent("""
-    import importlib, json, sys
-    BLOCKED = set(sys.argv[2].split(","))
-    class Block:
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ImportError(f"blocked import of {name}")
-    sys.meta_path.insert(0, Block())
+SERVER = ISOLATED_BLOCK + textwrap.dedent("""
+    import importlib, json
     import numpy as np
     import tensorflow as tf
     work = sys.argv[1]
