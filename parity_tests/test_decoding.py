@@ -34,21 +34,6 @@ MARGIN = bound_for("float32", "decode-margin").rtol  # absolute log-prob margin
 TORCH_BACKENDS = [name for name in MODEL_BACKENDS if name.startswith("torch")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny models: one thread is faster than two, and immune to sharing loaded CI cores (measured:
-    a 16x16 addmm took ~1 ms with 2 threads on 2 busy cores, 0.02 ms with 1)."""
-    try:
-        import torch
-    except ImportError:
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def backend_params(cases: dict[str, list[tuple]]) -> list:
     """``{backend: [case, ...]}`` as ``(backend, *case)`` params, backends not present dropped."""
     return [pytest.param(name, *case, id=f"{name}-" + "-".join(map(str, case)))

@@ -32,15 +32,6 @@ GRAD_VARIANTS = ["tiny-pre-annotated", "tiny-post-standard", "tiny-tied", "tiny-
 STEPS, WARMUP, FACTOR = 50, 10, 0.1  # peak rate 0.0079 at step 10, then decay: a realistic Adam run
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared 2-core machine: one torch thread is ~20x faster than two spinning."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def bound(dtype: str, pair: str):
     return FLOAT64 if dtype == "float64" else bound_for(dtype, pair)
 
