@@ -21,7 +21,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import textwrap
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -33,15 +32,15 @@ SITE = Path(__file__).resolve().parent / "blocked_site"  # holds the subprocesse
 # top-level packages NAMES (``sys.argv[2]``, comma-separated) raises ImportError, however the
 # importer guards it. The servers of test_saved_model.py and test_onnx.py start so; it defines
 # ``BLOCKED``, the set of those names, for their checks of ``sys.modules``.
-ISOLATED_BLOCK = textwrap.dedent("""\
-    import sys
-    BLOCKED = set(sys.argv[2].split(","))
-    class Block:
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ImportError(f"blocked import of {name}")
-    sys.meta_path.insert(0, Block())
-""")
+ISOLATED_BLOCK = """\
+import sys
+BLOCKED = set(sys.argv[2].split(","))
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"blocked import of {name}")
+sys.meta_path.insert(0, Block())
+"""
 
 # The suite's frameworks (the `torch` and `tf` markers of pyproject.toml) and the top-level packages
 # each needs: tf_impl is TensorFlow and Keras 3.
