@@ -178,6 +178,62 @@ def test_a_beam_search_of_one_source_matches_the_oracle(device):
             assert_close(getattr(got, field), getattr(want, field), tol, f"row {i} {field}")
 
 
+def test_the_cross_attention_folds_for_one_item_of_a_short_source_on_the_cpu():
+    """`torch_impl.cache.folds_source`: where the folded kernels hold fewer numbers than the two
+    kernels and the keys and values they replace (``S * (d - d_k) < d * d_k``: ``S`` up to 73 for
+    base), one item, on the CPU, products in the model's dtype."""
+    from torch_impl.cache import folds_source
+    cpu, f32 = torch.device("cpu"), torch.float32
+    assert folds_source(1, 73, 512, 64, cpu, f32, f32) and not folds_source(1, 74, 512, 64, cpu, f32, f32)
+    assert folds_source(1, 1000, 64, 64, cpu, f32, f32)  # one head as wide as the model: always fewer
+    assert not folds_source(2, 8, 512, 64, cpu, f32, f32)  # an item's kernels each: not for a batch
+    assert not folds_source(1, 8, 512, 64, torch.device("cuda"), f32, f32)  # launch-bound, graphed
+    assert not folds_source(1, 8, 512, 64, cpu, torch.bfloat16, f32)  # a half precision's products
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("variant", ["tiny-pre-annotated", "tiny-post-standard"])
+def test_a_folded_cross_attention_decodes_as_the_unfolded_one_and_the_oracle(variant, dtype, monkeypatch):
+    """Each row of the parity sources alone (full, padded, one token, all padding: a source with
+    no key, whose cross-attention output is the output bias alone), at two heads of 8 (so that
+    these 7-position sources fold, `torch_impl.cache.CrossFold`): the folded cache's logits are the
+    unfolded cache's, step by step, and greedy's and a beam search's tokens the oracle's, scores
+    within the dtype's bound of the oracle's."""
+    config = tiny_configs()[variant].replace(dtype=dtype, n_heads=2)
+    weights = weights_for(config, 5)
+    model, oracle = build(config, weights), R.Model(weights, config)
+    bound = bound_for(dtype, "torch:reference")
+    batch = sources(config, 5)
+    tokens = torch.from_numpy(np.random.default_rng(5).integers(3, config.tgt_vocab, 6))
+
+    def logits_of_steps(src):
+        with torch.inference_mode():
+            mask = torch_impl.inputs.make_src_mask(src, config.pad_id)
+            cache, out = model.init_cache(model.encode(src, mask), mask, 6), []
+            for t in range(6):
+                logits, cache = model.decode_step(tokens[t:t + 1], cache)
+                out.append(logits.numpy())
+        return [layer.cross_fold is not None for layer in cache.layers], np.stack(out)
+
+    for i in range(len(batch)):
+        src = torch.from_numpy(batch[i:i + 1])
+        folded, logits = logits_of_steps(src)
+        assert all(folded), f"row {i}"
+        greedy = torch_impl.greedy_decode(model, src, MAX_LEN)
+        beam = torch_impl.beam_search(model, src, MAX_LEN, 3, 0.6)
+        want_greedy = R.greedy_decode(oracle, batch[i:i + 1], MAX_LEN)
+        want_beam = R.beam_search(oracle, batch[i:i + 1], MAX_LEN, 3, 0.6)
+        np.testing.assert_array_equal(greedy.tokens, want_greedy.tokens, err_msg=f"row {i} greedy")
+        np.testing.assert_array_equal(beam.tokens, want_beam.tokens, err_msg=f"row {i} beam")
+        assert_close(greedy.log_probs, want_greedy.log_probs, bound, f"row {i} greedy log-probs")
+        assert_close(beam.scores, want_beam.scores, bound, f"row {i} beam scores")
+        with monkeypatch.context() as m:
+            m.setattr(torch_impl.stacks, "folds_source", lambda *args: False)
+            unfolded, want = logits_of_steps(src)
+        assert not any(unfolded)
+        assert_close(logits, want, bound, f"row {i} logits, folded against unfolded")
+
+
 # 8 rows: packed on every vendor (`PACKED_MIN_ROWS`); at 1, an Intel CPU takes the dense layout, and
 # these tests were skipped there as if torch had no packed kernel.
 PACKABLE = torch_impl.cache.step_layout(8, torch.device("cpu"), torch.float32) == torch_impl.cache.PACKED

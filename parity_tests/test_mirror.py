@@ -58,6 +58,13 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
         "layers:DecoderLayer.infer": "one layer of Decoder.infer",
         "layers:EncoderLayer.infer": "one layer of the encoder pass of EncoderWeights",
         "layers:EncoderLayer.infer_weights": "one layer's EncoderWeights",
+        "cache:CrossFold": "a CPU decode of one item's short source folds eager torch's cross-attention "
+                           "into two products over the source (fewer numbers streamed a step, no SDPA "
+                           "call); TF's step runs inside the compiled decode, where XLA plans its own "
+                           "products",
+        "cache:folds_source": "when a cache makes a CrossFold",
+        "cache:folds_in_one_buffer": "a decode's CrossFolds in one allocation, as in_one_buffer",
+        "attention:MultiHeadAttention.fold_source": "one layer's CrossFold",
         "attention:MultiHeadAttention.self_attend_prepared": "the self-attention of the encoder pass "
                                                             "of EncoderWeights (query, key and value "
                                                             "from one packed product)",
@@ -124,7 +131,9 @@ FRAMEWORK_ARGS: dict[str, dict[str, dict[str, str]]] = {
         "cache:LayerCache": {"norms": "eager torch's step reads the norms' parameters from its cache "
                                       "and calls no module between two products, whose streamed "
                                       "kernels evict the interpreter's objects (docs/performance.md, "
-                                      "\"A step's Python\"); TF's step is traced once"},
+                                      "\"A step's Python\"); TF's step is traced once",
+                             "cross_fold": "a CPU decode of one item's short source reads eager torch's "
+                                           "cross-attention folded into two products (CrossFold)"},
     },
     "tf": {
         "*": {"training": "Keras passes dropout's mode as an argument; torch reads module.training"},

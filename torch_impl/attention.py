@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import _plain_linear, dense, filled_mask
+from .cache import CrossFold, _plain_linear, dense, filled_mask
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -125,6 +125,16 @@ def _attend_source(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     return (context if one else context.transpose(1, 2)).reshape(n, width)  # the same order of rows
 
 
+def _attend_folded(x: torch.Tensor, fold: CrossFold) -> torch.Tensor:
+    """A step's cross-attention of one item's rows from the folded source (`CrossFold`): the
+    query projection, attention and output projection as two products and a softmax.
+
+    Shape: x ``(N, d)``, the rows of one item (its beams) -> ``(N, d)``."""
+    n = x.shape[0]
+    scores = torch.addmm(fold.scores_bias, x, fold.scores_kernel).view(n, fold.heads, -1)  # (N, H, S)
+    return torch.addmm(fold.output_bias, torch.softmax(scores, dim=-1).view(n, -1), fold.values_kernel)
+
+
 class MultiHeadAttention(nn.Module):
     """Attention of ``query_in`` over ``memory`` with ``n_heads`` heads of width ``d_k`` (``head_dim``,
     or ``d_model // n_heads`` when that is None), scores scaled by ``1 / sqrt(d_k)``.
@@ -203,6 +213,35 @@ class MultiHeadAttention(nn.Module):
         b, length, _ = memory.shape
         k, v = dense(memory, *kv).view(b, length, 2, self.n_heads, self.d_k).permute(2, 0, 3, 1, 4)
         return k, v
+
+    def fold_source(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                    keep: torch.Tensor | None) -> CrossFold:
+        """This cross-attention over one item's source keys and values folded into two products
+        (`torch_impl.cache.CrossFold`, when: `torch_impl.cache.folds_source`), from the query and
+        output projections' parameters. The folded kernels are summed in float64 from the float32
+        (or float64) parameters, keys and values, then rounded once to their dtype.
+
+        Shape: k, v ``(1, H, S, d_k)`` (`keys_values`); mask and keep of
+        `torch_impl.cache.prepare_mask`: mask ``(1, 1|H, 1, S)`` additive, keep ``(1, 1|H, 1, 1)``
+        or None."""
+        _, heads, length, d_k = k.shape
+        wide, scale = torch.float64, 1.0 / math.sqrt(d_k)
+        keys, values = k[0].to(wide), v[0].to(wide)  # (H, S, d_k)
+        query = self.query.weight.detach().to(wide).view(heads, d_k, -1)  # (H, d_k, d): (out, in)
+        kernel = torch.matmul(query.transpose(1, 2), keys.transpose(1, 2)) * scale  # (H, d, S)
+        kernel = kernel.permute(1, 0, 2).reshape(-1, heads * length)  # (d, H * S)
+        bias = torch.matmul(keys, self.query.bias.detach().to(wide).view(heads, d_k, 1))[..., 0] * scale
+        bias = (bias + mask[0, :, 0, :].to(wide)).reshape(heads * length)  # -inf where forbidden
+        output = self.output.weight.detach().to(wide).t().reshape(heads, d_k, -1)  # (H, d_k, d)
+        folded = torch.matmul(values, output)  # (H, S, d)
+        if keep is not None:  # a head with no key: its output is the bias alone (module docstring)
+            folded = folded * keep[0].to(wide).expand(heads, 1, 1)
+        dtype = k.dtype
+        # (in, out)-contiguous, both: the scores kernel seen as (out, in) in memory (`lay_out`'s
+        # narrowing form) took base's step 19% longer (docs/performance.md)
+        return CrossFold(kernel.to(dtype).contiguous(), bias.to(dtype),
+                         folded.reshape(heads * length, -1).to(dtype).contiguous(),
+                         self.output.bias.detach(), heads)
 
     def attend(self, query_in: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                return_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -213,19 +213,38 @@ def in_one_buffer(layers: list[StepWeights], device: torch.device) -> list[StepW
     if device.type != "cpu" or not layers:
         return layers
     names = [name for name in StepWeights._fields if not name.startswith("cross_kv")]
-    tensors = [getattr(layer, name) for layer in layers for name in names]
+    copies = _in_one_allocation([getattr(layer, name) for layer in layers for name in names])
+    if copies is None:
+        return layers
+    copies = iter(copies)
+    return [layer._replace(**{name: next(copies) for name in names}) for layer in layers]
+
+
+def folds_in_one_buffer(folds: list[CrossFold]) -> list[CrossFold]:
+    """``folds`` (`CrossFold`, one a layer, on the CPU) with their tensors copied into one new
+    buffer in the order a step reads them, as `in_one_buffer` does the step's kernels, and for the
+    same reason: a layer's two folded kernels are smaller than a huge page (2 MB), every layer's
+    together are not."""
+    names = CrossFold._fields[:-1]  # the tensors; heads is an int
+    copies = iter(_in_one_allocation([getattr(fold, name) for fold in folds for name in names]))
+    return [fold._replace(**{name: next(copies) for name in names}) for fold in folds]
+
+
+def _in_one_allocation(tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """Copies of plain strided CPU ``tensors`` of one dtype in one new allocation, in the order
+    given, each at an offset aligned as every torch allocation is (`_ALIGNMENT`), with its own
+    shape, strides and values; None where one is oneDNN's packed tensor or of another dtype."""
     dtype = tensors[0].dtype
     if any(t.is_mkldnn or t.dtype != dtype for t in tensors):  # packed, or kernels and biases apart
-        return layers
+        return None
     step = _ALIGNMENT // tensors[0].element_size()
     offsets, end = [], 0
     for t in tensors:
         offsets.append(end)
         end += -(-t.numel() // step) * step
-    buffer = torch.empty(end, dtype=dtype, device=device)
-    copies = iter([buffer[at:at + t.numel()].as_strided(t.shape, _dense_strides(t)).copy_(t)
-                   for t, at in zip(tensors, offsets)])
-    return [layer._replace(**{name: next(copies) for name in names}) for layer in layers]
+    buffer = torch.empty(end, dtype=dtype, device=tensors[0].device)
+    return [buffer[at:at + t.numel()].as_strided(t.shape, _dense_strides(t)).copy_(t)
+            for t, at in zip(tensors, offsets)]
 
 
 def _dense_strides(t: torch.Tensor) -> tuple[int, ...]:
@@ -407,6 +426,44 @@ def projection(weights, name: str) -> tuple | None:
     return (getattr(weights, f"{name}_kernel"), getattr(weights, f"{name}_bias")) if weights else None
 
 
+class CrossFold(NamedTuple):
+    """A decode's cross-attention over one item's source folded into two products
+    (`folds_source`, made by `torch_impl.attention.MultiHeadAttention.fold_source`): per head ``h``
+    the query and output projections multiplied into the source's keys and values,
+
+        scores = h Wq_h K_h^T / sqrt(d_k) + bq_h K_h^T / sqrt(d_k) + mask    (the scores kernel, bias)
+        out    = sum_h softmax(scores_h) (V_h Wo_h) + bo                      (the values kernel)
+
+    the same sums as the query product, attention and output product, in another order (the same
+    values to rounding). Why: at one item a step reads these ``2 * d * H * S`` numbers instead of
+    the ``2 * d * H * d_k`` of the two kernels and the ``2 * H * S * d_k`` of the keys and values,
+    fewer where the source is short, and runs two products and a softmax instead of two products
+    and SDPA (docs/performance.md, "Cross-attention folded into the source").
+
+    Shape: scores_kernel ``(d, H * S)`` and values_kernel ``(H * S, d)``, contiguous, columns and
+    rows ``h * S + s``; scores_bias ``(H * S,)``, -inf at a position the mask forbids (an item with
+    no source key: 0 everywhere, and its values kernel 0, so that its output is the output bias,
+    as attention's zeroed context gives); output_bias ``(d,)``; all in the keys' dtype."""
+    scores_kernel: torch.Tensor
+    scores_bias: torch.Tensor
+    values_kernel: torch.Tensor
+    output_bias: torch.Tensor
+    heads: int
+
+
+def folds_source(items: int, src_len: int, d_model: int, d_k: int, device: torch.device,
+                 keys_dtype: torch.dtype, model_dtype: torch.dtype) -> bool:
+    """Whether a decode's cache folds its cross-attention (`CrossFold`): on the CPU, one item (a
+    batch of one: greedy, or a beam search's beams of one source), keys in the model's own dtype
+    (not a half precision's, whose products autocast casts), and a source short enough that the
+    folded kernels hold fewer numbers than what they replace: ``d * H * S < d * H * d_k + H * S *
+    d_k``, that is ``S * (d - d_k) < d * d_k`` (``S`` < 74 for ``base``). On CUDA a step is bound
+    by launches, not by what it reads, and its graph (`torch_impl.graphs`) replays the step as
+    measured there."""
+    return (items == 1 and device.type == "cpu" and keys_dtype == model_dtype
+            and src_len * (d_model - d_k) < d_model * d_k)
+
+
 @dataclass
 class LayerCache:
     """One decoder layer's cached keys and values, per head.
@@ -424,6 +481,9 @@ class LayerCache:
             feed-forward's)``, the layer's own parameters (detached), which its steps read
             instead of calling the norm modules (`torch_impl.layers.DecoderLayer.step`);
             `NO_WEIGHTS` where ``weights`` is.
+        cross_fold: the cross-attention folded into the source (`CrossFold`) where
+            `folds_source` says so, which the steps then read instead of the cross-attention's
+            query and output kernels and the keys and values; else None.
     """
     self_key: torch.Tensor
     self_value: torch.Tensor
@@ -431,6 +491,7 @@ class LayerCache:
     cross_value: torch.Tensor
     weights: "StepWeights | tuple[()]"
     norms: "tuple[tuple[torch.Tensor, torch.Tensor], ...]" = NO_WEIGHTS
+    cross_fold: CrossFold | None = None
 
     def updated(self, self_key: torch.Tensor, self_value: torch.Tensor) -> "LayerCache":
         """This layer's cache holding the self-attention buffers of a step (those

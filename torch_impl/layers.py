@@ -18,7 +18,7 @@ from torch import nn
 
 from shared import TransformerConfig
 
-from .attention import MultiHeadAttention, _attend_cached, _attend_source
+from .attention import MultiHeadAttention, _attend_cached, _attend_folded, _attend_source
 from .cache import EncoderWeights, LayerCache, StepWeights, dense, projection
 from .feed_forward import FeedForward, _relu
 from .norm import LayerNorm, _normalize
@@ -189,7 +189,8 @@ class DecoderLayer(nn.Module):
         """`forward` for one new target position, with cached keys and values (inference only: no
         dropout): self-attention writes its key/value at ``position`` and attends to positions
         ``0 .. position`` (see `MultiHeadAttention.extend`, with the cache's fused projection);
-        cross-attention uses the cached source keys/values and the prepared mask.
+        cross-attention uses the cached source keys/values and the prepared mask, or where the
+        cache folded it into the source (`torch_impl.cache.CrossFold`), two products over it.
 
         Shape: x ``(N, d)``, the new position's rows (the step's products read rows: a ``(N, 1,
         d)`` axis would be a view a layer to make and undo); the cache's cross keys, src_mask and
@@ -217,9 +218,12 @@ class DecoderLayer(nn.Module):
         out = dense(context.reshape(n, width), w.self_output_kernel, w.self_output_bias)
         x = x + out if pre else _normalize(x + out, g1, b1, standard, eps)
         h = _normalize(x, g2, b2, standard, eps) if pre else x
-        q = dense(h, w.cross_query_kernel, w.cross_query_bias)  # (N, H * d_k)
-        context = _attend_source(q, cache.cross_key, cache.cross_value, src_mask, src_keep)
-        out = dense(context, w.cross_output_kernel, w.cross_output_bias)
+        if cache.cross_fold is not None:  # one item's short source, folded (`torch_impl.cache.CrossFold`)
+            out = _attend_folded(h, cache.cross_fold)
+        else:
+            q = dense(h, w.cross_query_kernel, w.cross_query_bias)  # (N, H * d_k)
+            context = _attend_source(q, cache.cross_key, cache.cross_value, src_mask, src_keep)
+            out = dense(context, w.cross_output_kernel, w.cross_output_bias)
         x = x + out if pre else _normalize(x + out, g2, b2, standard, eps)
         h = _normalize(x, g3, b3, standard, eps) if pre else x
         if activation is None:  # the rectifier inside the product's kernel (`dense`)

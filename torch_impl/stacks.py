@@ -6,8 +6,8 @@ from torch import nn
 
 from shared import TransformerConfig
 
-from .cache import (NO_WEIGHTS, DecoderCache, EncoderWeights, LayerCache, StepWeights, prepare_mask,
-                    projection)
+from .cache import (NO_WEIGHTS, DecoderCache, EncoderWeights, LayerCache, StepWeights, folds_in_one_buffer,
+                    folds_source, prepare_mask, projection)
 from .layers import DecoderLayer, EncoderLayer, Trace, record
 from .norm import LayerNorm
 
@@ -80,8 +80,9 @@ class Decoder(nn.Module):
                    weights: list[StepWeights] | None,
                    generator: tuple[torch.Tensor, torch.Tensor] | None) -> DecoderCache:
         """An empty cache for ``capacity`` positions: cross-attention keys/values of ``memory``
-        computed once and kept once per item, not per beam (`DecoderCache`); the source mask
-        prepared once; ``weights`` (`step_weights`) and ``generator`` (kernel (d, V), bias) kept
+        computed once and kept once per item, not per beam (`DecoderCache`), and for one item's
+        short source on the CPU each layer's cross-attention folded into it (`folds_source`,
+        `torch_impl.cache.CrossFold`); the source mask prepared once; ``weights`` (`step_weights`) and ``generator`` (kernel (d, V), bias) kept
         for the steps (None: a model not as built, whose steps call the modules:
         `torch_impl.cache._as_built`; the cache then holds `torch_impl.cache.NO_WEIGHTS`).
 
@@ -99,6 +100,12 @@ class Decoder(nn.Module):
                                      layer._step_norms() if layer_weights else NO_WEIGHTS))
         # once per source, not per layer and step; src_keep in the dtype of the context it scales
         mask, keep = prepare_mask(src_mask, layers[0].cross_key.dtype if layers else memory.dtype)
+        if weights and folds_source(*memory.shape, layers[0].cross_key.shape[3], memory.device,
+                                    layers[0].cross_key.dtype, self.layers[0].cross_attn.query.weight.dtype):
+            folds = folds_in_one_buffer([layer.cross_attn.fold_source(c.cross_key, c.cross_value, mask, keep)
+                                         for layer, c in zip(self.layers, layers)])
+            for layer_cache, fold in zip(layers, folds):  # one item's short source (`CrossFold`)
+                layer_cache.cross_fold = fold
         return DecoderCache(layers, mask, keep, generator or NO_WEIGHTS, 0)
 
     def infer(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
