@@ -218,30 +218,25 @@ class MultiHeadAttention(nn.Module):
                     keep: torch.Tensor | None) -> CrossFold:
         """This cross-attention over one item's source keys and values folded into two products
         (`torch_impl.cache.CrossFold`, when: `torch_impl.cache.folds_source`), from the query and
-        output projections' parameters. The folded kernels are summed in float64 from the float32
-        (or float64) parameters, keys and values, then rounded once to their dtype.
+        output projections' parameters, in the keys' dtype (the model's: float64 sums took a
+        decode of base 18 ms to make, float32 ones 4 ms, docs/performance.md).
 
         Shape: k, v ``(1, H, S, d_k)`` (`keys_values`); mask and keep of
         `torch_impl.cache.prepare_mask`: mask ``(1, 1|H, 1, S)`` additive, keep ``(1, 1|H, 1, 1)``
         or None."""
         _, heads, length, d_k = k.shape
-        wide, scale = torch.float64, 1.0 / math.sqrt(d_k)
-        keys, values = k[0].to(wide), v[0].to(wide)  # (H, S, d_k)
-        query = self.query.weight.detach().to(wide).view(heads, d_k, -1)  # (H, d_k, d): (out, in)
-        kernel = torch.matmul(query.transpose(1, 2), keys.transpose(1, 2)) * scale  # (H, d, S)
-        kernel = kernel.permute(1, 0, 2).reshape(-1, heads * length)  # (d, H * S)
-        bias = torch.matmul(keys, self.query.bias.detach().to(wide).view(heads, d_k, 1))[..., 0] * scale
-        bias = (bias + mask[0, :, 0, :].to(wide)).reshape(heads * length)  # -inf where forbidden
-        output = self.output.weight.detach().to(wide).t().reshape(heads, d_k, -1)  # (H, d_k, d)
-        folded = torch.matmul(values, output)  # (H, S, d)
-        if keep is not None:  # a head with no key: its output is the bias alone (module docstring)
-            folded = folded * keep[0].to(wide).expand(heads, 1, 1)
-        dtype = k.dtype
-        # (in, out)-contiguous, both: the scores kernel seen as (out, in) in memory (`lay_out`'s
-        # narrowing form) took base's step 19% longer (docs/performance.md)
-        return CrossFold(kernel.to(dtype).contiguous(), bias.to(dtype),
-                         folded.reshape(heads * length, -1).to(dtype).contiguous(),
-                         self.output.bias.detach(), heads)
+        keys, values, scale = k[0], v[0], 1.0 / math.sqrt(d_k)  # (H, S, d_k)
+        query, output = self.query.weight.detach(), self.output.weight.detach()  # (out, in)
+        # (H, S, d) per head, K_h Wq_h, then (d, H * S) contiguous: the (in, out) memory order, as
+        # (out, in) it took base's step 19% longer (docs/performance.md)
+        kernel = torch.bmm(keys, query.view(heads, d_k, -1)).view(heads * length, -1).t().contiguous()
+        kernel.mul_(scale)
+        bias = torch.bmm(keys, self.query.bias.detach().view(heads, d_k, 1))[..., 0].mul_(scale)
+        bias = (bias + mask[0, :, 0, :]).reshape(heads * length)  # -inf where the mask forbids
+        folded = torch.bmm(values, output.view(-1, heads, d_k).permute(1, 2, 0))  # (H, S, d): V_h Wo_h
+        if keep is not None:  # a head with no key: its output is the bias alone (CrossFold)
+            folded = folded * keep[0].expand(heads, 1, 1)
+        return CrossFold(kernel, bias, folded.view(heads * length, -1), self.output.bias.detach(), heads)
 
     def attend(self, query_in: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                return_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
