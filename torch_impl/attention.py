@@ -218,8 +218,8 @@ class MultiHeadAttention(nn.Module):
                     keep: torch.Tensor | None) -> CrossFold:
         """This cross-attention over one item's source keys and values folded into two products
         (`torch_impl.cache.CrossFold`, when: `torch_impl.cache.folds_source`), from the query and
-        output projections' parameters, in the keys' dtype (the model's: float64 sums took a
-        decode of base 18 ms to make, float32 ones 4 ms, docs/performance.md).
+        output projections' parameters, in the keys' dtype: the model's, as the unfolded step's
+        products (float64 sums cost several times as much to make: docs/performance.md).
 
         Shape: k, v ``(1, H, S, d_k)`` (`keys_values`); mask and keep of
         `torch_impl.cache.prepare_mask`: mask ``(1, 1|H, 1, S)`` additive, keep ``(1, 1|H, 1, 1)``
@@ -227,13 +227,13 @@ class MultiHeadAttention(nn.Module):
         _, heads, length, d_k = k.shape
         keys, values, scale = k[0], v[0], 1.0 / math.sqrt(d_k)  # (H, S, d_k)
         query, output = self.query.weight.detach(), self.output.weight.detach()  # (out, in)
-        # (H, S, d) per head, K_h Wq_h, then (d, H * S) contiguous: the (in, out) memory order, as
-        # (out, in) it took base's step 19% longer (docs/performance.md)
-        kernel = torch.bmm(keys, query.view(heads, d_k, -1)).view(heads * length, -1).t().contiguous()
+        # (H, S, d) per head, K_h Wq_h, then (d, H * S) contiguous: the (in, out) memory order, the
+        # faster of the two for the step's one-row product here (docs/performance.md)
+        kernel = torch.bmm(keys, query.reshape(heads, d_k, -1)).view(heads * length, -1).t().contiguous()
         kernel.mul_(scale)
-        bias = torch.bmm(keys, self.query.bias.detach().view(heads, d_k, 1))[..., 0].mul_(scale)
+        bias = torch.bmm(keys, self.query.bias.detach().reshape(heads, d_k, 1))[..., 0].mul_(scale)
         bias = (bias + mask[0, :, 0, :]).reshape(heads * length)  # -inf where the mask forbids
-        folded = torch.bmm(values, output.view(-1, heads, d_k).permute(1, 2, 0))  # (H, S, d): V_h Wo_h
+        folded = torch.bmm(values, output.reshape(-1, heads, d_k).permute(1, 2, 0))  # (H, S, d): V_h Wo_h
         if keep is not None:  # a head with no key: its output is the bias alone (CrossFold)
             folded = folded * keep[0].expand(heads, 1, 1)
         return CrossFold(kernel, bias, folded.view(heads * length, -1), self.output.bias.detach(), heads)
