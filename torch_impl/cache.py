@@ -226,7 +226,10 @@ def folds_in_one_buffer(folds: list[CrossFold]) -> list[CrossFold]:
     same reason: a layer's two folded kernels are smaller than a huge page (2 MB), every layer's
     together are not."""
     names = CrossFold._fields[:-1]  # the tensors; heads is an int
-    copies = iter(_in_one_allocation([getattr(fold, name) for fold in folds for name in names]))
+    copies = _in_one_allocation([getattr(fold, name) for fold in folds for name in names])
+    if copies is None:  # parameters of mixed dtypes: left apart
+        return folds
+    copies = iter(copies)
     return [fold._replace(**{name: next(copies) for name in names}) for fold in folds]
 
 

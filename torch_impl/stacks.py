@@ -82,9 +82,10 @@ class Decoder(nn.Module):
         """An empty cache for ``capacity`` positions: cross-attention keys/values of ``memory``
         computed once and kept once per item, not per beam (`DecoderCache`), and for one item's
         short source on the CPU each layer's cross-attention folded into it (`folds_source`,
-        `torch_impl.cache.CrossFold`); the source mask prepared once; ``weights`` (`step_weights`) and ``generator`` (kernel (d, V), bias) kept
-        for the steps (None: a model not as built, whose steps call the modules:
-        `torch_impl.cache._as_built`; the cache then holds `torch_impl.cache.NO_WEIGHTS`).
+        `torch_impl.cache.CrossFold`); the source mask prepared once; ``weights``
+        (`step_weights`) and ``generator`` (kernel (d, V), bias) kept for the steps (None: a model
+        not as built, whose steps call the modules: `torch_impl.cache._as_built`; the cache then
+        holds `torch_impl.cache.NO_WEIGHTS`).
 
         Shape: memory ``(B, S, d)``, src_mask ``(B|1, 1|H, 1, S)`` -> a cache of ``N = B * beams`` rows.
         """
