@@ -1,6 +1,6 @@
 """Where a cached greedy decode's time goes on a CUDA device: the figures of docs/performance.md, "GPU".
 
-Three parts, each on the decoding benchmark's model (`benchmarks/_decoding_contenders.py`: preset
+Four parts, the first three on the decoding benchmark's model (`benchmarks/_decoding_contenders.py`: preset
 ``base`` in the form every contender computes, EOS never chosen, 32-token padded sources) and its
 torch_impl contender (a CUDA graph a step, float32 products without TF32):
 
@@ -12,9 +12,15 @@ torch_impl contender (a CUDA graph a step, float32 products without TF32):
   synchronisations (the encoder pass, the cache's set-up, the weights' checks, ...);
 * ``attention``: one query's attention, twelve calls replayed from one CUDA graph as a step makes
   them, SDPA against two batched products around a softmax, float32 and bfloat16, over 32 and 128
-  keys (why `torch_impl.attention._attend_buffer` takes the products in float32).
+  keys (why `torch_impl.attention._attend_buffer` takes the products in float32);
+* ``residual``: a bfloat16 sublayer's output into the float32 residual stream (the precision rule,
+  `shared/precision.py`), eighteen calls replayed from one graph as a step of base makes them: the
+  step's product then a mixed-dtype add, against a cast then a float32 add, and against cuBLAS
+  writing the product in float32 straight into the stream (``addmm``'s ``out_dtype``, CUDA only;
+  rounded once, not twice, so not the step's rounding), with float32's product and add beside
+  them; and a layer norm of the stream with and without its cast to bfloat16.
 
-    python3 dev.py bench gpu_profile [--parts kernels fixed attention]
+    python3 dev.py bench gpu_profile [--parts kernels fixed attention residual]
 
 Timings only; nothing is compared with a target. The figures vary by a few percent between runs
 and machines of one kind: compare within one run.
@@ -34,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _cuda import cuda_missing  # noqa: E402
 
-PARTS = ("kernels", "fixed", "attention")
+PARTS = ("kernels", "fixed", "attention", "residual")
 
 
 def _contender(precision: str):
@@ -152,6 +158,36 @@ def attention() -> None:
                                       for _ in range(12)])
             products = _replayed(lambda: [_attend_by_products(q, k, v, bias) for _ in range(12)])
             print(f"  {str(dtype)[6:]:9s} {keys:5d} {sdpa / 12:7.2f} {products / 12:9.2f}")
+
+
+def residual() -> None:
+    import torch
+    import torch.nn.functional as F
+    torch.backends.cuda.matmul.allow_tf32 = False
+    half, full = torch.bfloat16, torch.float32
+    stream = torch.randn(1, 512, device="cuda")
+    x = torch.randn(1, 512, device="cuda")
+    w = torch.randn(512, 512, device="cuda") / 512 ** 0.5
+    b = torch.randn(512, device="cuda")
+    x16, w16, b16 = x.to(half), w.to(half), b.to(half)
+    gamma, beta = torch.ones(512, device="cuda"), torch.zeros(512, device="cuda")
+    variants = {
+        "bfloat16 product, mixed-dtype add (the step's)": lambda: stream.add_(torch.addmm(b16, x16, w16)),
+        "bfloat16 product, cast, float32 add": lambda: stream.add_(torch.addmm(b16, x16, w16).float()),
+        "float32 product, float32 add (float32's step)": lambda: stream.add_(torch.addmm(b, x, w)),
+        "layer norm, float32": lambda: F.layer_norm(stream, (512,), gamma, beta),
+        "layer norm, cast to bfloat16": lambda: F.layer_norm(stream, (512,), gamma, beta).to(half),
+        # last: where a capture fails, the ones after it might not capture
+        "product written in float32 into the stream, bias added":
+            lambda: (torch.addmm(stream, x16, w16, out_dtype=full, out=stream), stream.add_(b)),
+    }
+    print("one sublayer's output into the float32 residual stream, 1 x 512 from 512, microseconds a call"
+          " (18 calls replayed from one graph)")
+    for name, call in variants.items():
+        try:
+            print(f"  {name:58s} {_replayed(lambda: [call() for _ in range(18)]) / 18:7.2f}")
+        except (RuntimeError, TypeError, NotImplementedError) as error:
+            print(f"  {name:58s} fails: {str(error).splitlines()[0][:120]}")
 
 
 def _replayed(work, replays: int = 500) -> float:
