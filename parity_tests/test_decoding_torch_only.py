@@ -187,7 +187,7 @@ def test_the_cross_attention_folds_for_one_item_of_a_short_source_on_the_cpu():
     assert folds_source(1, 73, 512, 64, cpu, f32, f32) and not folds_source(1, 74, 512, 64, cpu, f32, f32)
     assert folds_source(1, 1000, 64, 64, cpu, f32, f32)  # one head as wide as the model: always fewer
     assert not folds_source(2, 8, 512, 64, cpu, f32, f32)  # an item's kernels each: not for a batch
-    assert not folds_source(1, 8, 512, 64, torch.device("cuda"), f32, f32)  # launch-bound, graphed
+    assert not folds_source(1, 8, 512, 64, torch.device("cuda"), f32, f32)  # its making outweighs it
     assert not folds_source(1, 8, 512, 64, cpu, torch.bfloat16, f32)  # a half precision's products
 
 
@@ -579,6 +579,39 @@ def test_a_decode_of_the_same_shape_replays_the_kept_graph(monkeypatch):
     same(decodes(a, MAX_LEN - 1), eager(a, MAX_LEN - 1))
     assert len(captures) == 6
     assert copy.deepcopy(model).__dict__.get("_graphs") is None
+
+
+def test_a_kept_graph_refills_the_folded_source(monkeypatch):
+    """A kept graph (`torch_impl.graphs._kept`) reads the cross-attention fold of the decode that
+    recorded it (`torch_impl.cache.CrossFold`: one item's short source), so a later decode of the
+    same shape refills it, as it does the keys and values; each result the eager step's. A CUDA
+    cache does not fold (`folds_source`), but the graphs hold for any cache: tested with the
+    stand-in graphs of `_Replayed` on the CPU, where the cache folds."""
+    from torch_impl import graphs
+    captures = []
+    monkeypatch.setattr(graphs, "_capture", lambda work, where: captures.append(where) or
+                        _capture_on_cpu(work, where))
+    monkeypatch.setattr(graphs, "usable", lambda where: graphs.ENABLED)
+    config = tiny_configs()["tiny-post-standard"].replace(n_heads=2)  # 7 positions fold at 2 heads
+    model = build(config, weights_for(config, 2))
+    a, b = (torch.from_numpy(sources(config, seed)[:1]) for seed in (2, 3))  # one item each
+    assert a.shape == b.shape and not torch.equal(a, b)
+    bound = bound_for(config.dtype, "torch:reference").rtol
+
+    def decodes(src):
+        return torch_impl.greedy_decode(model, src, MAX_LEN), torch_impl.beam_search(model, src, MAX_LEN, 3)
+
+    monkeypatch.setattr(graphs, "ENABLED", False)
+    want = {id(src): decodes(src) for src in (a, b)}
+    monkeypatch.setattr(graphs, "ENABLED", True)
+    for src in (a, b, a):
+        for got, expected in zip(decodes(src), want[id(src)]):
+            for x, y in zip(got, expected):
+                if y is not None:  # beam search's all_* without return_all
+                    np.testing.assert_allclose(x, y, atol=bound)
+    assert len(captures) == 2  # greedy's and beam search's, once each for three decodes
+    assert all(layer.cross_fold is not None for kind in ("greedy", "step")
+               for layer in model._graphs[kind].cache.layers)
 
 
 class _NaNAt:

@@ -460,9 +460,11 @@ def folds_source(items: int, src_len: int, d_model: int, d_k: int, device: torch
     batch of one: greedy, or a beam search's beams of one source), keys in the model's own dtype
     (not a half precision's, whose products autocast casts), and a source short enough that the
     folded kernels hold fewer numbers than what they replace: ``d * H * S < d * H * d_k + H * S *
-    d_k``, that is ``S * (d - d_k) < d * d_k`` (``S`` < 74 for ``base``). On CUDA a step is bound
-    by launches, not by what it reads, and its graph (`torch_impl.graphs`) replays the step as
-    measured there."""
+    d_k``, that is ``S * (d - d_k) < d * d_k`` (``S`` < 74 for ``base``). Not on CUDA, where a
+    step is bound by launches, not by what it reads: there the fold saves a graphed step about
+    0.04 ms and costs a decode about 3 ms to make, more than 64 tokens win back (measured,
+    docs/performance.md, "Cross-attention folded into the source"). `torch_impl.graphs` refills
+    a kept graph's fold all the same, so that the graphs hold for any cache."""
     return (items == 1 and device.type == "cpu" and keys_dtype == model_dtype
             and src_len * (d_model - d_k) < d_model * d_k)
 

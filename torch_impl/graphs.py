@@ -54,18 +54,22 @@ def _signature(cache, *fixed) -> tuple:
     cache tensor's shape, dtype and device, the prepared weights it reads (by identity: a graph
     reads them at their addresses, and the model keeps the same objects while its parameters are
     unchanged, `torch_impl.cache._prepared`), whether the source has a row without keys (``src_keep``)
-    and ``fixed`` (the search's Python constants)."""
+    and whether the cross-attention is folded (`torch_impl.cache.CrossFold`), and ``fixed`` (the
+    search's Python constants)."""
     def form(t):
         return None if t is None else (tuple(t.shape), t.dtype, t.device)
-    layers = tuple((form(c.self_key), form(c.cross_key), id(c.weights)) for c in cache.layers)
+    layers = tuple((form(c.self_key), form(c.cross_key), id(c.weights),
+                    None if c.cross_fold is None else tuple(map(form, c.cross_fold[:-1])))
+                   for c in cache.layers)
     return (layers, form(cache.src_mask), form(cache.src_keep), id(cache.generator), fixed)
 
 
 def _kept(model, kind: str, fresh, *fixed):
     """The graph of ``kind`` the model kept from an earlier decode, refilled for ``fresh`` (a new
-    cache of this decode: its source's cross-attention keys/values and mask), or None where none
-    fits (`_signature`). A model keeps one graph of each kind, its latest: a decode of the same
-    shape then replays it without recording again (the capture costs about three eager steps).
+    cache of this decode: its source's cross-attention keys/values, their fold where folded, and
+    mask), or None where none fits (`_signature`). A model keeps one graph of each kind, its
+    latest: a decode of the same shape then replays it without recording again (the capture
+    costs about three eager steps).
     The kept graph's tensors are reused, so one model decodes on CUDA from one thread at a time."""
     kept = model.__dict__.get("_graphs", {}).get(kind)
     if kept is None or kept.signature != _signature(fresh, *fixed):
@@ -75,6 +79,9 @@ def _kept(model, kind: str, fresh, *fixed):
     for old, new in zip(cache.layers, fresh.layers):
         old.cross_key.copy_(new.cross_key)
         old.cross_value.copy_(new.cross_value)
+        if old.cross_fold is not None:  # the source folded (`torch_impl.cache.CrossFold`)
+            for kept_tensor, fresh_tensor in zip(old.cross_fold[:-1], new.cross_fold[:-1]):
+                kept_tensor.copy_(fresh_tensor)
         old.self_key.zero_()  # masked, but a stale inf would still turn 0 * inf into NaN
         old.self_value.zero_()
     cache.src_mask.copy_(fresh.src_mask)
