@@ -4,7 +4,7 @@ torch_impl folds each layer's cross-attention into one item's short source (`fol
 step then reads two products around a softmax instead of the query product, attention and the
 output product. This benchmark times cached greedy decoding of ``base`` (float32,
 `benchmarks/_decoding_contenders`: EOS never chosen, so every decode runs to its limit) at batch
-1, each decode with the fold (as torch_impl decides on the CPU) or without it (`folds_source`
+1 (greedy, or a beam search of ``--beam-size`` beams, length penalty 0.6), each decode with the fold (as torch_impl decides on the CPU) or without it (`folds_source`
 answering no), alternately, every other round in reverse. On CUDA, where `folds_source` declines
 (a graphed step is bound by its launches), the fold is forced: the rule asked as if on the CPU,
 to measure what it would gain there. On the CPU one model decodes both ways (a decode makes
@@ -17,7 +17,7 @@ rounds, with the median of the per-round ratios folded / unfolded, and whether b
 same tokens.
 
     python3 dev.py bench cross_fold [--device cpu|cuda] [--src-len 12 32 64] [--tokens 64]
-                                    [--rounds 7] [--threads 1]
+                                    [--beam-size 1] [--rounds 7] [--threads 1]
 
 Measured: docs/performance.md ("Cross-attention folded into the source").
 """
@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--src-len", type=_positive, nargs="+", default=[12, 32, 64],
                         help="source lengths, one row each (the rule folds up to 73 for base)")
     parser.add_argument("--tokens", type=_positive, default=64, help="tokens a decode")
+    parser.add_argument("--beam-size", type=_positive, default=1, help="1: greedy")
     parser.add_argument("--rounds", type=_positive, default=7)
     parser.add_argument("--threads", type=_positive, default=1)
     args = parser.parse_args(argv)
@@ -82,20 +83,24 @@ def main(argv: list[str] | None = None) -> int:
         fold = rule
 
     def decode(folded: bool, src: torch.Tensor, n: int):
-        """Seconds of one greedy decode of ``n`` tokens, and its tokens."""
+        """Seconds of one decode of ``n`` tokens, and its tokens."""
         torch_impl.stacks.folds_source = fold if folded else (lambda *_: False)
         try:
             if args.device == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            out = torch_impl.greedy_decode(models[folded], src, n)
+            if args.beam_size == 1:
+                out = torch_impl.greedy_decode(models[folded], src, n)
+            else:
+                out = torch_impl.beam_search(models[folded], src, n, args.beam_size, 0.6)
             return time.perf_counter() - start, out.tokens
         finally:
             torch_impl.stacks.folds_source = rule
 
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"torch {torch.__version__}, {device}, {torch.get_num_threads()} threads, preset base float32, "
-          f"greedy at batch 1 of {args.tokens} tokens, {args.rounds} rounds")
+          f"{'greedy' if args.beam_size == 1 else f'beam search of {args.beam_size}'} at batch 1 of "
+          f"{args.tokens} tokens, {args.rounds} rounds")
     print(f"{'source':>6s} {'fold':>5s} {'ms a token':>11s} {'vs unfolded':>12s}  same tokens")
     rng = np.random.default_rng(0)
     for length in args.src_len:
