@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         src = torch.from_numpy(rng.integers(3, config.src_vocab, (1, length))).to(args.device)
         tokens = {folded: decode(folded, src, args.tokens)[1] for folded in (True, False)}  # warm-up
         same = "yes" if np.array_equal(tokens[True], tokens[False]) else "NO"
+        d_k = config.head_dim or config.d_model // config.n_heads
+        if not fold(1, length, config.d_model, d_k, torch.device(args.device), torch.float32, torch.float32):
+            same += " (the rule declines this source: both unfolded)"
         times = {True: [], False: []}
         for r in range(args.rounds):
             for folded in ((True, False) if r % 2 == 0 else (False, True)):
