@@ -2,10 +2,11 @@
 
 torch_impl folds each layer's cross-attention into one item's short source (`folds_source`): a
 step then reads two products around a softmax instead of the query product, attention and the
-output product. This benchmark times cached greedy decoding of ``base`` (float32,
+output product. This benchmark times cached decoding of ``base`` (float32,
 `benchmarks/_decoding_contenders`: EOS never chosen, so every decode runs to its limit) at batch
-1 (greedy, or a beam search of ``--beam-size`` beams, length penalty 0.6), each decode with the fold (as torch_impl decides on the CPU) or without it (`folds_source`
-answering no), alternately, every other round in reverse. On CUDA, where `folds_source` declines
+1 (greedy, or a beam search of ``--beam-size`` beams, length penalty 0.6), each decode with the
+fold (as torch_impl decides on the CPU) or without it (`folds_source` answering no), alternately,
+every other round in reverse. On CUDA, where `folds_source` declines
 (a graphed step is bound by its launches), the fold is forced: the rule asked as if on the CPU,
 to measure what it would gain there. On the CPU one model decodes both ways (a decode makes
 its cache, and so its fold, anew; two models would differ by where their memory lies, 1-3% a
