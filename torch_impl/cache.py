@@ -212,25 +212,28 @@ def in_one_buffer(layers: list[StepWeights], device: torch.device) -> list[StepW
     gives the same bits."""
     if device.type != "cpu" or not layers:
         return layers
-    names = [name for name in StepWeights._fields if not name.startswith("cross_kv")]
-    copies = _in_one_allocation([getattr(layer, name) for layer in layers for name in names])
-    if copies is None:
-        return layers
-    copies = iter(copies)
-    return [layer._replace(**{name: next(copies) for name in names}) for layer in layers]
+    return _fields_in_one_buffer(layers, [name for name in StepWeights._fields if not name.startswith("cross_kv")])
 
 
 def folds_in_one_buffer(folds: list[CrossFold]) -> list[CrossFold]:
-    """``folds`` (`CrossFold`, one a layer, on the CPU) with their tensors copied into one new
-    buffer in the order a step reads them, as `in_one_buffer` does the step's kernels, and for the
+    """``folds`` (`CrossFold`, one a layer) with their tensors copied into one new buffer in the
+    order a step reads them, on the CPU, as `in_one_buffer` does the step's kernels, and for the
     same reason: a layer's two folded kernels are smaller than a huge page (2 MB), every layer's
-    together are not."""
-    names = CrossFold._fields[:-1]  # the tensors; heads is an int
-    copies = _in_one_allocation([getattr(fold, name) for fold in folds for name in names])
-    if copies is None:  # parameters of mixed dtypes: left apart
+    together are not; elsewhere ``folds`` themselves."""
+    if not folds or folds[0].scores_kernel.device.type != "cpu":
         return folds
+    return _fields_in_one_buffer(folds, CrossFold._fields[:-1])  # the tensors; heads is an int
+
+
+def _fields_in_one_buffer(tuples: list, names: list[str]) -> list:
+    """``tuples`` (NamedTuples) with their fields ``names`` replaced by copies in one allocation
+    (`_in_one_allocation`), tuple after tuple; ``tuples`` themselves where it declines (oneDNN's
+    packed tensors, or tensors of mixed dtypes)."""
+    copies = _in_one_allocation([getattr(t, name) for t in tuples for name in names])
+    if copies is None:
+        return tuples
     copies = iter(copies)
-    return [fold._replace(**{name: next(copies) for name in names}) for fold in folds]
+    return [t._replace(**{name: next(copies) for name in names}) for t in tuples]
 
 
 def _in_one_allocation(tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:

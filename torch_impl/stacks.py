@@ -103,10 +103,8 @@ class Decoder(nn.Module):
         mask, keep = prepare_mask(src_mask, layers[0].cross_key.dtype if layers else memory.dtype)
         if weights and folds_source(*memory.shape, layers[0].cross_key.shape[3], memory.device,
                                     layers[0].cross_key.dtype, self.layers[0].cross_attn.query.weight.dtype):
-            folds = [layer.cross_attn.fold_source(c.cross_key, c.cross_value, mask, keep)
-                     for layer, c in zip(self.layers, layers)]
-            if memory.device.type == "cpu":  # streamed from memory: one buffer (`folds_in_one_buffer`)
-                folds = folds_in_one_buffer(folds)
+            folds = folds_in_one_buffer([layer.cross_attn.fold_source(c.cross_key, c.cross_value, mask, keep)
+                                         for layer, c in zip(self.layers, layers)])
             for layer_cache, fold in zip(layers, folds):  # one item's short source (`CrossFold`)
                 layer_cache.cross_fold = fold
         return DecoderCache(layers, mask, keep, generator or NO_WEIGHTS, 0)
