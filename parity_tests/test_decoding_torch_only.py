@@ -503,6 +503,26 @@ def _capture_on_cpu(work, device):
     return _Replayed(work, output), output
 
 
+def _graphs_on_cpu(monkeypatch) -> list:
+    """Cached decoding on the CPU through `torch_impl.graphs` with `_Replayed` graphs (while
+    ``graphs.ENABLED``); returns the list that every capture appends its device to."""
+    from torch_impl import graphs
+    captures = []
+    monkeypatch.setattr(graphs, "_capture", lambda work, where: captures.append(where) or
+                        _capture_on_cpu(work, where))
+    monkeypatch.setattr(graphs, "usable", lambda where: graphs.ENABLED)
+    return captures
+
+
+def _assert_same_decodes(got, want, bound: float) -> None:
+    """Each result of ``got`` (greedy's, beam search's, ...) within ``bound`` of ``want``'s, field by
+    field (beam search's all_* are None without return_all)."""
+    for g, w in zip(got, want):
+        for x, y in zip(g, w):
+            if y is not None:
+                np.testing.assert_allclose(x, y, atol=bound)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 def test_graphed_decoding_equals_the_eager_step(precision, device, monkeypatch):
@@ -513,11 +533,7 @@ def test_graphed_decoding_equals_the_eager_step(precision, device, monkeypatch):
     GPU still tests everything but the recording itself."""
     from torch_impl import graphs
     from torch_impl.precision import set_precision
-    captures = []
-    if device == "cpu":
-        monkeypatch.setattr(graphs, "_capture", lambda work, where: captures.append(where) or
-                            _capture_on_cpu(work, where))
-        monkeypatch.setattr(graphs, "usable", lambda where: graphs.ENABLED)
+    captures = _graphs_on_cpu(monkeypatch) if device == "cpu" else []
     config = tiny_configs()["tiny-post-standard"]
     model = build(config, weights_for(config, 2), device)
     set_precision(model, precision)
@@ -542,10 +558,7 @@ def test_a_decode_of_the_same_shape_replays_the_kept_graph(monkeypatch):
     of another shape, or after the weights change, records anew. Every result equals the eager
     step's, whatever ran before it (the stand-in graphs of `_Replayed`, on the CPU)."""
     from torch_impl import graphs
-    captures = []
-    monkeypatch.setattr(graphs, "_capture", lambda work, where: captures.append(where) or
-                        _capture_on_cpu(work, where))
-    monkeypatch.setattr(graphs, "usable", lambda where: graphs.ENABLED)
+    captures = _graphs_on_cpu(monkeypatch)
     config = tiny_configs()["tiny-post-standard"]
     model = build(config, weights_for(config, 2))
     a, b = (torch.from_numpy(sources(config, seed)) for seed in (2, 3))  # same shape, other ids
@@ -562,21 +575,14 @@ def test_a_decode_of_the_same_shape_replays_the_kept_graph(monkeypatch):
             monkeypatch.setattr(graphs, "ENABLED", True)
 
     bound = bound_for(config.dtype, "torch:reference").rtol
-
-    def same(got, want):
-        for g, w in zip(got, want):
-            for x, y in zip(g, w):
-                if y is not None:  # beam search's all_* without return_all
-                    np.testing.assert_allclose(x, y, atol=bound)
-
     want_a, want_b = eager(a), eager(b)
     for src, want in [(a, want_a), (b, want_b), (a, want_a)]:
-        same(decodes(src), want)
+        _assert_same_decodes(decodes(src), want, bound)
     assert len(captures) == 2  # greedy's and beam search's, once each for three decodes
-    same(decodes(a, MAX_LEN - 1), eager(a, MAX_LEN - 1))  # another capacity: recorded anew
+    _assert_same_decodes(decodes(a, MAX_LEN - 1), eager(a, MAX_LEN - 1), bound)  # another capacity: recorded anew
     assert len(captures) == 4
     model.import_weights(weights_for(config, 5))  # new weights: the kept graphs read the old ones
-    same(decodes(a, MAX_LEN - 1), eager(a, MAX_LEN - 1))
+    _assert_same_decodes(decodes(a, MAX_LEN - 1), eager(a, MAX_LEN - 1), bound)
     assert len(captures) == 6
     assert copy.deepcopy(model).__dict__.get("_graphs") is None
 
@@ -588,10 +594,7 @@ def test_a_kept_graph_refills_the_folded_source(monkeypatch):
     cache does not fold (`folds_source`), but the graphs hold for any cache: tested with the
     stand-in graphs of `_Replayed` on the CPU, where the cache folds."""
     from torch_impl import graphs
-    captures = []
-    monkeypatch.setattr(graphs, "_capture", lambda work, where: captures.append(where) or
-                        _capture_on_cpu(work, where))
-    monkeypatch.setattr(graphs, "usable", lambda where: graphs.ENABLED)
+    captures = _graphs_on_cpu(monkeypatch)
     config = tiny_configs()["tiny-post-standard"].replace(n_heads=2)  # 7 positions fold at 2 heads
     model = build(config, weights_for(config, 2))
     a, b = (torch.from_numpy(sources(config, seed)[:1]) for seed in (2, 3))  # one item each
@@ -605,10 +608,7 @@ def test_a_kept_graph_refills_the_folded_source(monkeypatch):
     want = {id(src): decodes(src) for src in (a, b)}
     monkeypatch.setattr(graphs, "ENABLED", True)
     for src in (a, b, a):
-        for got, expected in zip(decodes(src), want[id(src)]):
-            for x, y in zip(got, expected):
-                if y is not None:  # beam search's all_* without return_all
-                    np.testing.assert_allclose(x, y, atol=bound)
+        _assert_same_decodes(decodes(src), want[id(src)], bound)
     assert len(captures) == 2  # greedy's and beam search's, once each for three decodes
     assert all(layer.cross_fold is not None for kind in ("greedy", "step")
                for layer in model._graphs[kind].cache.layers)
