@@ -34,24 +34,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from shared.threads import apply_thread_policy  # noqa: E402
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return value
+from _args import positive  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--src-len", type=_positive, nargs="+", default=[12, 32, 64],
+    parser.add_argument("--src-len", type=positive, nargs="+", default=[12, 32, 64],
                         help="source lengths, one row each (the rule folds up to 73 for base)")
-    parser.add_argument("--tokens", type=_positive, default=64, help="tokens a decode")
-    parser.add_argument("--beam-size", type=_positive, default=1, help="1: greedy")
-    parser.add_argument("--rounds", type=_positive, default=7)
-    parser.add_argument("--threads", type=_positive, default=1)
+    parser.add_argument("--tokens", type=positive, default=64, help="tokens a decode")
+    parser.add_argument("--beam-size", type=positive, default=1, help="1: greedy")
+    parser.add_argument("--rounds", type=positive, default=7)
+    parser.add_argument("--threads", type=positive, default=1)
     args = parser.parse_args(argv)
     apply_thread_policy(args.threads)
     from _cuda import cuda_missing

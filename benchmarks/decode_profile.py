@@ -36,13 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _decoding_contenders, decoding
 
 from shared.threads import apply_thread_policy, thread_count  # noqa: E402
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return value
+from _args import positive  # noqa: E402
 
 
 def _huge_pages() -> str:
@@ -66,11 +60,11 @@ def _thp_mode() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--batches", nargs="+", type=_positive, default=[1])
-    parser.add_argument("--tokens", nargs="+", type=_positive, default=[16, 128],
+    parser.add_argument("--batches", nargs="+", type=positive, default=[1])
+    parser.add_argument("--tokens", nargs="+", type=positive, default=[16, 128],
                         help="new tokens per decode, one profiled decode each (at most the preset's max_len)")
-    parser.add_argument("--beam-size", type=_positive, default=1, help="1: greedy (default)")
-    parser.add_argument("--top", type=_positive, default=15, help="operations shown")
+    parser.add_argument("--beam-size", type=positive, default=1, help="1: greedy (default)")
+    parser.add_argument("--top", type=positive, default=15, help="operations shown")
     parser.add_argument("--threads", type=thread_count, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--attention", default="default", choices=["default", "math"])

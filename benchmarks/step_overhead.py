@@ -39,13 +39,7 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1]))  # this checkout's shared.threads, before torch starts
 
 from shared.threads import apply_thread_policy, thread_count  # noqa: E402
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return value
+from _args import positive  # noqa: E402
 
 
 def _checkout(text: str) -> Path:
@@ -127,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--roots", nargs="+", type=_checkout, required=True,
                         help="checkouts to compare (the first is the ratios' reference)")
     parser.add_argument("--preset", choices=["base", "tiny"], default="base")
-    parser.add_argument("--rounds", type=_positive, default=15, help="interleaved rounds")
-    parser.add_argument("--steps", type=_positive, default=40, help="timed steps a round and checkout")
-    parser.add_argument("--beams", type=_positive, default=1, help="rows of the one source")
+    parser.add_argument("--rounds", type=positive, default=15, help="interleaved rounds")
+    parser.add_argument("--steps", type=positive, default=40, help="timed steps a round and checkout")
+    parser.add_argument("--beams", type=positive, default=1, help="rows of the one source")
     parser.add_argument("--threads", type=thread_count, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--decode", action="store_true",
                         help="time whole greedy decodes of --steps tokens (batch 1) instead of steps")
