@@ -21,7 +21,9 @@ thread by default.
 EOS suppressed as `benchmarks/_decoding_contenders.bench_weights` does, so every decode runs to the
 limit): the encoder pass, the cache's making and the search loop's own work (greedy's update, its
 host read) included, in ms a token; a change to the search shows here and not in the step alone.
-Compared: the tokens and the log-probs, bit for bit.
+With ``--beams`` above 1, beam searches of the one source (`torch_impl.beam_search`, that beam
+size), whose loop also reorders the cache's rows every step. Compared: every array of the result
+(tokens, log-probs or scores, lengths), bit for bit.
 
     python3 dev.py bench step_overhead --roots OLD_CHECKOUT . [--preset base|tiny] [--rounds 15]
                                        [--steps 40] [--beams 1] [--threads 1] [--decode]
@@ -92,10 +94,11 @@ def _contender(root: Path, args, parser):
     if args.decode:
         def decode():
             start = time.perf_counter()
-            result = torch_impl.greedy_decode(model, src, args.steps)
+            result = (torch_impl.greedy_decode(model, src, args.steps) if args.beams == 1
+                      else torch_impl.beam_search(model, src, args.steps, beam_size=args.beams))
             elapsed = (time.perf_counter() - start) / args.steps * 1e3
-            return elapsed, torch.as_tensor(np.concatenate([result.tokens.astype(np.float64),
-                                                            result.log_probs.astype(np.float64)]))
+            return elapsed, torch.as_tensor(np.concatenate([np.ravel(array).astype(np.float64)
+                                                            for array in result if array is not None]))
         return decode
 
     with torch.inference_mode():
@@ -123,13 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", choices=["base", "tiny"], default="base")
     parser.add_argument("--rounds", type=positive, default=15, help="interleaved rounds")
     parser.add_argument("--steps", type=positive, default=40, help="timed steps a round and checkout")
-    parser.add_argument("--beams", type=positive, default=1, help="rows of the one source")
+    parser.add_argument("--beams", type=positive, default=1,
+                        help="rows of the one source (with --decode: beam search's beam size, 1 = greedy)")
     parser.add_argument("--threads", type=thread_count, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--decode", action="store_true",
-                        help="time whole greedy decodes of --steps tokens (batch 1) instead of steps")
+                        help="time whole decodes of --steps tokens (batch 1) instead of steps")
     args = parser.parse_args(argv)
-    if args.decode and args.beams != 1:
-        parser.error(f"--beams: --decode times greedy decodes of one row, got --beams {args.beams}")
     apply_thread_policy(args.threads)  # before torch starts its thread pool
 
     import numpy as np
@@ -142,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     # each: the second 0.944x to 0.986x the first; docs/performance.md, "A step's Python").
     order = list(range(len(args.roots))) + list(reversed(range(len(args.roots))))
     runs = [(i, _contender(args.roots[i], args, parser)) for i in order]
-    what = (f"greedy decodes of {args.steps} tokens (ms a token)" if args.decode
+    search = "greedy decodes" if args.beams == 1 else f"beam searches ({args.beams} beams)"
+    what = (f"{search} of {args.steps} tokens (ms a token)" if args.decode
             else f"{args.beams} rows, {args.steps} steps a round")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, preset {args.preset} "
           f"(6 decoder layers), batch 1, {what}, {args.rounds} interleaved rounds, each checkout's "
@@ -152,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):  # every other round in reverse: neither goes first always
         for i, run in runs if r % 2 == 0 else reversed(runs):
             times[r, i] += run()[0] / 2
-    outputs = "tokens and log-probs" if args.decode else "logits"
+    outputs = "results" if args.decode else "logits"
     unit = "a token" if args.decode else "a step"
     for i, root in enumerate(args.roots):
         ratio = np.median(times[:, i] / times[:, 0])
