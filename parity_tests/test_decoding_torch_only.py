@@ -282,6 +282,31 @@ def test_a_cached_step_calls_no_module_of_its_layers(name):
     assert_close(hooked, as_built, bound_for("float64", "torch:reference"), "logits, modules' steps")
 
 
+def test_a_layers_keys_and_values_are_one_buffer_written_once_a_step():
+    """`torch_impl.cache.LayerCache.self_keys_values`: a step writes its layer's new key and value
+    into one buffer (one copy; one kernel of a CUDA graph's step), whose halves are the keys and
+    values attention reads, also where the cache was made under no_grad and the steps run with
+    gradients on (autograd refuses some views of a buffer written so); a layer cache handed other
+    tensors as its keys and values (`updated`) refuses them, naming them."""
+    config = tiny_configs()["tiny-post-standard"]
+    model = build(config, weights_for(config, 0))
+    src = torch.from_numpy(sources(config, 0)[:2])
+    cache = model.init_cache(model.encode(src), model._src_mask(src, None), 4)  # under no_grad inside
+    tokens = torch.full((2,), config.bos_id)
+    for _ in range(2):  # gradients on: the embedded tokens require grad
+        logits, cache = model.decode_step(tokens, cache)
+        tokens = logits.argmax(-1)
+    for layer in cache.layers:
+        both = layer.self_keys_values
+        assert both.shape == (2, *layer.self_key.shape) and layer.self_key.data_ptr() == both.data_ptr()
+        assert torch.equal(layer.self_key, both[0]) and torch.equal(layer.self_value, both[1])
+        assert both[:, :, :, :2].any(dim=-1).all() and not both[:, :, :, 2:].any()  # positions 0, 1 written
+    layer = cache.layers[0]
+    with pytest.raises(ValueError, match=r"self_key, self_value: expected this cache's own buffers, "
+                                         r"written in place, got other tensors"):
+        layer.updated(layer.self_key.clone(), layer.self_value)
+
+
 @pytest.mark.parametrize("dtype, rows", [("float64", 5), ("float32", 1), ("float32", 5)])
 def test_step_weights_follow_the_parameters(dtype, rows):
     """The cached step's prepared weights (`torch_impl.cache.StepWeights`, in each layout) are
@@ -660,7 +685,8 @@ def test_cuda_greedy_reads_a_step_late_and_still_names_the_bad_step():
 def test_a_graph_step_launches_its_masks_once_and_no_conversions(precision):
     """What a CUDA graph replays is one kernel per operation (`benchmarks/step_ops.py` counts
     them): the step makes its position mask once for every layer (one ``arange``), hands SDPA
-    masks already in its additive form (no ``where`` converting a bool mask per layer), and, where
+    masks already in its additive form (no ``where`` converting a bool mask per layer), writes each
+    layer's new key and value with one kernel (`torch_impl.cache.LayerCache.self_keys_values`), and, where
     its products are oneDNN-packed, runs the feed-forward rectifier inside the product (no
     ``relu``)."""
     import importlib.util
@@ -673,7 +699,7 @@ def test_a_graph_step_launches_its_masks_once_and_no_conversions(precision):
     layers = TransformerConfig.preset("tiny").n_decoder_layers
     assert ops["arange"] == 1, ops
     assert "where" not in ops and "le" not in ops, ops
-    assert ops["index_copy_"] == 2 * layers, ops  # each layer's key and value, written in place
+    assert ops["index_copy_"] == layers, ops  # each layer's key and value in one write, in place
     from torch_impl.cache import PACKED, step_layout
     if step_layout(2, torch.device("cpu"), getattr(torch, precision)) == PACKED:
         assert not any(name.startswith("relu") for name in ops), ops

@@ -128,7 +128,12 @@ FRAMEWORK_ARGS: dict[str, dict[str, dict[str, str]]] = {
                                 "and step; XLA fuses TF's itself"},
         "training:noam_schedule": {"optimizer": "a LambdaLR wraps an optimizer; a Keras schedule is "
                                                 "handed to the optimizer instead"},
-        "cache:LayerCache": {"norms": "eager torch's step reads the norms' parameters from its cache "
+        "cache:LayerCache": {"self_keys_values": "eager torch keeps the self-attention's keys and values "
+                                                 "in one buffer (self_key and self_value are its views), "
+                                                 "written with one copy a step (one kernel of a CUDA "
+                                                 "graph's) and gathered with one by a beam search; TF's "
+                                                 "tensors are immutable, updated by scatters XLA fuses",
+                             "norms": "eager torch's step reads the norms' parameters from its cache "
                                       "and calls no module between two products, whose streamed "
                                       "kernels evict the interpreter's objects (docs/performance.md, "
                                       "\"A step's Python\"); TF's step is traced once",
@@ -142,6 +147,9 @@ FRAMEWORK_ARGS: dict[str, dict[str, dict[str, str]]] = {
         "decoding:greedy_decode": {"compiled": "TF runs the whole search as one tf.function; torch "
                                                "runs eagerly", "jit_compile": "XLA for that function"},
         "decoding:beam_search": {"compiled": "as greedy_decode", "jit_compile": "as greedy_decode"},
+        "cache:LayerCache": {"self_key": "torch_impl's cache takes its keys and values as one buffer "
+                                         "(self_keys_values) and makes self_key and self_value from it",
+                             "self_value": "as self_key"},
         "search:greedy_search": {"compiled": "as decoding.greedy_decode", "jit_compile": "as compiled"},
         "search:beam_search": {"compiled": "as decoding.greedy_decode", "jit_compile": "as compiled"},
     },

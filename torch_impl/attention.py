@@ -72,29 +72,37 @@ def _zero_keyless(context: torch.Tensor, keep: torch.Tensor | None) -> torch.Ten
     return context if keep is None else context * keep
 
 
-def _attend_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
-                  value_cache: torch.Tensor, position, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """A cached step's self-attention, after its projections: the new key and value written at
-    ``position`` of the preallocated buffers, in place, and the query attending to positions
-    ``0 .. position`` (see `MultiHeadAttention.extend`, which is this with the projections).
+def _write_position(buffer: torch.Tensor, new: torch.Tensor, position) -> None:
+    """A cached step's new keys or values (or both, in one buffer) written at ``position`` of the
+    preallocated ``buffer``, in place.
 
-    ``position`` an int: ``narrow`` and ``copy_`` write, ``narrow`` cuts the filled positions
-    (indexing, ``key_cache[:, :, position] = k``, makes a view per index: more operations a step,
-    docs/performance.md, "A step's Python"). ``position`` a 0-d int64 tensor on the buffers'
-    device (a CUDA graph's step): ``index_copy_`` writes and the query attends to the whole buffer
-    under ``mask``, its `torch_impl.cache.filled_mask` (made here when None).
+    ``position`` an int: ``narrow`` and ``copy_`` (indexing, ``buffer[..., position, :] = new``,
+    makes a view per index: more operations a step, docs/performance.md, "A step's Python").
+    ``position`` a 0-d int64 tensor on the buffer's device (a CUDA graph's step): ``index_copy_``.
 
-    Shape: q, k, v ``(N, H, 1, d_k)`` (the views of one product's columns, as the step makes
-    them: no axis to add), buffers ``(N, H, capacity, d_k)`` -> ``(N, H, 1, d_k)`` (CUDA's
-    half-precision kernels may return other strides: reshape it)."""
+    Shape: buffer ``(..., capacity, d_k)``, new ``(..., 1, d_k)`` with the same leading axes."""
     if isinstance(position, torch.Tensor):
-        key_cache.index_copy_(2, position.view(1), k)
-        value_cache.index_copy_(2, position.view(1), v)
+        buffer.index_copy_(buffer.dim() - 2, position.view(1), new)
+    else:
+        buffer.narrow(-2, position, 1).copy_(new)
+
+
+def _attend_filled(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, position,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    """A cached step's self-attention once its key and value are written (`_write_position`): the
+    query attends to positions ``0 .. position`` of the buffers (see `MultiHeadAttention.extend`).
+
+    ``position`` an int: ``narrow`` cuts the filled positions. ``position`` a 0-d int64 tensor on
+    the buffers' device (a CUDA graph's step): the query attends to the whole buffer under
+    ``mask``, its `torch_impl.cache.filled_mask` (made here when None).
+
+    Shape: q ``(N, H, 1, d_k)`` (a view of one product's columns, as the step makes it: no axis to
+    add), buffers ``(N, H, capacity, d_k)`` -> ``(N, H, 1, d_k)`` (CUDA's half-precision kernels
+    may return other strides: reshape it)."""
+    if isinstance(position, torch.Tensor):
         if mask is None:
             mask = filled_mask(key_cache.shape[2], position, key_cache.dtype)
         return _attend_buffer(q, key_cache, value_cache, mask)
-    key_cache.narrow(2, position, 1).copy_(k)
-    value_cache.narrow(2, position, 1).copy_(v)
     end = position + 1
     return F.scaled_dot_product_attention(q, key_cache.narrow(2, 0, end), value_cache.narrow(2, 0, end))
 
@@ -358,5 +366,7 @@ class MultiHeadAttention(nn.Module):
             return output, key_cache, value_cache
         n = query_in.shape[0]
         q, k, v = dense(query_in, *qkv).view(n, 3, self.n_heads, 1, self.d_k).unbind(1)  # (N, H, 1, d_k)
-        context = _attend_cached(q, k, v, key_cache, value_cache, position, mask)  # (N, H, 1, d_k)
+        _write_position(key_cache, k, position)
+        _write_position(value_cache, v, position)
+        context = _attend_filled(q, key_cache, value_cache, position, mask)  # (N, H, 1, d_k)
         return dense(context.reshape(n, 1, self.n_heads * self.d_k), *output), key_cache, value_cache

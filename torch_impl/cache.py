@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import platform
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -477,8 +477,13 @@ class LayerCache:
     """One decoder layer's cached keys and values, per head.
 
     Shape:
-        self_key, self_value: ``(N, H, capacity, d_k)``; positions ``0 .. length - 1`` of the owning
+        self_keys_values: ``(2, N, H, capacity, d_k)``, the self-attention's keys (``[0]``) and
+            values (``[1]``) in one buffer, so that a step writes its new key and value with one
+            copy (on CUDA one kernel of a graph's step) and a beam search gathers both with one
+            (`DecoderCache.reorder_beams`); positions ``0 .. length - 1`` of the owning
             `DecoderCache` are filled, the rest is scratch.
+        self_key, self_value: its two halves, ``(N, H, capacity, d_k)`` views of it (not
+            arguments: made from it), as attention reads them.
         cross_key, cross_value: ``(B, H, S, d_k)``, from the encoder memory, never changed: once
             per source item, not per beam (the owning `DecoderCache`'s N rows are B items of
             ``N / B`` beams, and each item's rows attend its keys as that item's queries).
@@ -493,19 +498,30 @@ class LayerCache:
             `folds_source` says so, which the steps then read instead of the cross-attention's
             query and output kernels and the keys and values; else None.
     """
-    self_key: torch.Tensor
-    self_value: torch.Tensor
+    self_keys_values: torch.Tensor
     cross_key: torch.Tensor
     cross_value: torch.Tensor
     weights: "StepWeights | tuple[()]"
     norms: "tuple[tuple[torch.Tensor, torch.Tensor], ...]" = NO_WEIGHTS
     cross_fold: CrossFold | None = None
+    self_key: torch.Tensor = field(init=False, repr=False)
+    self_value: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self):
+        # Made in grad mode, by `select`: autograd refuses a view made under no_grad (as
+        # `init_cache` runs) once a step writes its base in grad mode (a `decode_step` outside
+        # no_grad, whose embedded tokens require grad), and `unbind`'s views in either mode.
+        with torch.enable_grad():
+            both = self.self_keys_values
+            self.self_key, self.self_value = both.select(0, 0), both.select(0, 1)
 
     def updated(self, self_key: torch.Tensor, self_value: torch.Tensor) -> "LayerCache":
         """This layer's cache holding the self-attention buffers of a step (those
-        `MultiHeadAttention.extend` returns: here the same tensors, written in place); returns
-        ``self``, updated, where tf_impl returns a new cache."""
-        self.self_key, self.self_value = self_key, self_value
+        `MultiHeadAttention.extend` returns: here its own halves, written in place); returns
+        ``self``, where tf_impl returns a new cache."""
+        if self_key is not self.self_key or self_value is not self.self_value:
+            raise ValueError("self_key, self_value: expected this cache's own buffers, written in place, "
+                             "got other tensors")
         return self
 
 
@@ -583,14 +599,13 @@ class DecoderCache:
                 return self
             if 2 * len(changed) <= len(rows):
                 targets, rows = changed, rows[changed]
-        for layer in self.layers:
-            for buf in (layer.self_key, layer.self_value):
-                filled = buf[:, :, :end]
-                gathered = filled.index_select(0, rows)  # a copy: a source row may be a target too
-                if targets is None:
-                    filled.copy_(gathered)
-                else:
-                    filled.index_copy_(0, targets, gathered)
+        for layer in self.layers:  # keys and values together, rows first: (N, 2, H, end, d_k)
+            filled = layer.self_keys_values.transpose(0, 1).narrow(3, 0, end)
+            gathered = filled.index_select(0, rows)  # a copy: a source row may be a target too
+            if targets is None:
+                filled.copy_(gathered)
+            else:
+                filled.index_copy_(0, targets, gathered)
         return self
 
 

@@ -82,8 +82,7 @@ def _kept(model, kind: str, fresh, *fixed):
         if old.cross_fold is not None:  # the source folded (`torch_impl.cache.CrossFold`)
             for kept_tensor, fresh_tensor in zip(old.cross_fold[:-1], new.cross_fold[:-1]):
                 kept_tensor.copy_(fresh_tensor)
-        old.self_key.zero_()  # masked, but a stale inf would still turn 0 * inf into NaN
-        old.self_value.zero_()
+        old.self_keys_values.zero_()  # masked, but a stale inf would still turn 0 * inf into NaN
     cache.src_mask.copy_(fresh.src_mask)
     if cache.src_keep is not None:
         cache.src_keep.copy_(fresh.src_keep)

@@ -18,7 +18,7 @@ from torch import nn
 
 from shared import TransformerConfig
 
-from .attention import MultiHeadAttention, _attend_cached, _attend_folded, _attend_source
+from .attention import MultiHeadAttention, _attend_filled, _attend_folded, _attend_source, _write_position
 from .cache import EncoderWeights, LayerCache, StepWeights, dense, projection
 from .feed_forward import FeedForward, _relu
 from .norm import LayerNorm, _normalize
@@ -213,8 +213,9 @@ class DecoderLayer(nn.Module):
         n, heads, _, d_k = cache.self_key.shape
         width = heads * d_k
         h = _normalize(x, g1, b1, standard, eps) if pre else x
-        q, k, v = dense(h, w.qkv_kernel, w.qkv_bias).view(n, 3, heads, 1, d_k).unbind(1)  # (N, H, 1, d_k)
-        context = _attend_cached(q, k, v, cache.self_key, cache.self_value, position, self_mask)
+        qkv = dense(h, w.qkv_kernel, w.qkv_bias).view(n, 3, heads, 1, d_k).transpose(0, 1)  # (3, N, H, 1, d_k)
+        _write_position(cache.self_keys_values, qkv[1:], position)  # the key and value in one write
+        context = _attend_filled(qkv[0], cache.self_key, cache.self_value, position, self_mask)
         out = dense(context.reshape(n, width), w.self_output_kernel, w.self_output_bias)
         x = x + out if pre else _normalize(x + out, g1, b1, standard, eps)
         h = _normalize(x, g2, b2, standard, eps) if pre else x

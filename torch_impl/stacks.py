@@ -95,9 +95,10 @@ class Decoder(nn.Module):
             attn = layer.self_attn
             kv = projection(layer_weights, "cross_kv")  # None: the layers' own
             k, v = layer.cross_attn.keys_values(memory, kv)  # (B, H, S, d_k), once per source
-            # (N, H, capacity, d_k) in the keys' dtype: the model's, or half under autocast
-            empty = k.new_zeros(n, attn.n_heads, capacity, attn.d_k)
-            layers.append(LayerCache(empty, torch.zeros_like(empty), k, v, layer_weights,
+            # keys and values (2, N, H, capacity, d_k) in the keys' dtype: the model's, or half
+            # under autocast
+            empty = k.new_zeros(2, n, attn.n_heads, capacity, attn.d_k)
+            layers.append(LayerCache(empty, k, v, layer_weights,
                                      layer._step_norms() if layer_weights else NO_WEIGHTS))
         # once per source, not per layer and step; src_keep in the dtype of the context it scales
         mask, keep = prepare_mask(src_mask, layers[0].cross_key.dtype if layers else memory.dtype)
