@@ -287,7 +287,8 @@ def test_a_layers_keys_and_values_are_one_buffer_written_once_a_step():
     into one buffer (one copy; one kernel of a CUDA graph's step), whose halves are the keys and
     values attention reads, also where the cache was made under no_grad and the steps run with
     gradients on (autograd refuses some views of a buffer written so); a layer cache handed other
-    tensors as its keys and values (`updated`) refuses them, naming them."""
+    tensors as its keys and values (`updated`) refuses them, and one made of anything but such a
+    buffer (the two halves given apart, as before) is refused, each naming the argument."""
     config = tiny_configs()["tiny-post-standard"]
     model = build(config, weights_for(config, 0))
     src = torch.from_numpy(sources(config, 0)[:2])
@@ -305,6 +306,11 @@ def test_a_layers_keys_and_values_are_one_buffer_written_once_a_step():
     with pytest.raises(ValueError, match=r"self_key, self_value: expected this cache's own buffers, "
                                          r"written in place, got other tensors"):
         layer.updated(layer.self_key.clone(), layer.self_value)
+    with pytest.raises(ValueError, match=r"self_keys_values: expected the keys and values in one tensor of "
+                                         r"shape \(2, N, H, capacity, d_k\), got shape \(2, 4, 4, 4\)$"):
+        torch_impl.cache.LayerCache(layer.self_key, layer.cross_key, layer.cross_value, layer.weights)
+    with pytest.raises(TypeError, match=r"self_keys_values: expected a torch.Tensor, got ndarray$"):
+        torch_impl.cache.LayerCache(np.zeros((2, 2, 4, 4, 4)), layer.cross_key, layer.cross_value, layer.weights)
 
 
 @pytest.mark.parametrize("dtype, rows", [("float64", 5), ("float32", 1), ("float32", 5)])

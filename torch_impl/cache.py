@@ -508,11 +508,16 @@ class LayerCache:
     self_value: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self):
+        both = self.self_keys_values
+        if not isinstance(both, torch.Tensor):
+            raise TypeError(f"self_keys_values: expected a torch.Tensor, got {type(both).__name__}")
+        if both.dim() != 5 or both.shape[0] != 2:
+            raise ValueError(f"self_keys_values: expected the keys and values in one tensor of shape "
+                             f"(2, N, H, capacity, d_k), got shape {tuple(both.shape)}")
         # Made in grad mode, by `select`: autograd refuses a view made under no_grad (as
         # `init_cache` runs) once a step writes its base in grad mode (a `decode_step` outside
         # no_grad, whose embedded tokens require grad), and `unbind`'s views in either mode.
         with torch.enable_grad():
-            both = self.self_keys_values
             self.self_key, self.self_value = both.select(0, 0), both.select(0, 1)
 
     def updated(self, self_key: torch.Tensor, self_value: torch.Tensor) -> "LayerCache":
