@@ -25,14 +25,21 @@ With ``--beams`` above 1, beam searches of the one source (`torch_impl.beam_sear
 size), whose loop also reorders the cache's rows every step. Compared: every array of the result
 (tokens, log-probs or scores, lengths), bit for bit.
 
+``--device cuda`` runs both on a GPU (TF32 off, as in the parity tests): there a decode replays
+CUDA graphs (`torch_impl.graphs`), so ``--decode`` is what compares two checkouts' graphed steps;
+``--precision bfloat16`` (or float16) decodes in that mixed precision
+(`torch_impl.precision.set_precision`), on either device.
+
     python3 dev.py bench step_overhead --roots OLD_CHECKOUT . [--preset base|tiny] [--rounds 15]
                                        [--steps 40] [--beams 1] [--threads 1] [--decode]
+                                       [--device cpu|cuda] [--precision float32|bfloat16|float16]
 
 (``git worktree add /tmp/old <commit>`` makes an old checkout.) Measured: docs/performance.md.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from pathlib import Path
@@ -42,6 +49,7 @@ sys.path.insert(0, str(HERE.parents[1]))  # this checkout's shared.threads, befo
 
 from shared.threads import apply_thread_policy, thread_count  # noqa: E402
 from _args import positive  # noqa: E402
+from _cuda import cuda_missing  # noqa: E402
 
 
 def _checkout(text: str) -> Path:
@@ -55,7 +63,6 @@ def _import_from(root: Path):
     """``(torch_impl, shared.config, shared.weights, shared.masks)`` of the checkout at ``root``,
     as new module objects: every ``torch_impl`` and ``shared`` module imported before is dropped
     from ``sys.modules`` first (the objects made from them keep their own)."""
-    import importlib
     for name in [m for m in sys.modules if m.split(".")[0] in ("torch_impl", "shared")]:
         del sys.modules[name]
     sys.path.insert(0, str(root))
@@ -88,7 +95,9 @@ def _contender(root: Path, args, parser):
         weights["generator.bias"][config.eos_id] = -3e4
     model = torch_impl.Transformer(config)
     model.import_weights(weights)
-    model.eval()
+    model.to(args.device).eval()
+    if args.precision != "float32":
+        importlib.import_module("torch_impl.precision").set_precision(model, args.precision)
     src = np.random.default_rng(0).integers(3, config.src_vocab, size=(1, 32))
 
     if args.decode:
@@ -102,21 +111,31 @@ def _contender(root: Path, args, parser):
         return decode
 
     with torch.inference_mode():
-        src_t, mask = torch.as_tensor(src), torch.as_tensor(masks.make_src_mask(src, config.pad_id))
+        src_t = torch.as_tensor(src, device=args.device)
+        mask = torch.as_tensor(masks.make_src_mask(src, config.pad_id), device=args.device)
         memory = model.encode(src_t, mask)
 
     def run():
         with torch.inference_mode():
             cache = model.init_cache(memory, mask, args.steps + 1, args.beams)
-            tokens = torch.full((args.beams,), 5, dtype=torch.long)
+            tokens = torch.full((args.beams,), 5, dtype=torch.long, device=args.device)
             logits = []
+            _synchronize(args.device)
             start = time.perf_counter()
             for _ in range(args.steps):
                 out, cache = model.decode_step(tokens, cache)
                 tokens = out.argmax(-1)
                 logits.append(out)
-            return (time.perf_counter() - start) / args.steps * 1e3, torch.stack(logits)
+            _synchronize(args.device)
+            return (time.perf_counter() - start) / args.steps * 1e3, torch.stack(logits).cpu()
     return run
+
+
+def _synchronize(device: str) -> None:
+    """Wait for the device's queued work (a GPU runs behind the host; the CPU has none)."""
+    if device == "cuda":
+        import torch
+        torch.cuda.synchronize()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,13 +150,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=thread_count, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--decode", action="store_true",
                         help="time whole decodes of --steps tokens (batch 1) instead of steps")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--precision", choices=["float32", "bfloat16", "float16"], default="float32")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and (why := cuda_missing()):
+        parser.error(f"--device cuda: {why}")
     apply_thread_policy(args.threads)  # before torch starts its thread pool
 
     import numpy as np
     import torch
 
     torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # as the parity tests
     # Each checkout built twice, in the order given and then in reverse (A B B A), and a checkout's
     # time a round the mean of its two models': two models of the same code in one process differ
     # by 1-3% a token, as their memory lies (two copies of one commit as `--roots`, one model
@@ -147,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     search = "greedy decodes" if args.beams == 1 else f"beam searches ({args.beams} beams)"
     what = (f"{search} of {args.steps} tokens (ms a token)" if args.decode
             else f"{args.beams} rows, {args.steps} steps a round")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, preset {args.preset} "
-          f"(6 decoder layers), batch 1, {what}, {args.rounds} interleaved rounds, each checkout's "
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    print(f"torch {torch.__version__}, {device}, {torch.get_num_threads()} threads, preset {args.preset} "
+          f"{args.precision} (6 decoder layers), batch 1, {what}, {args.rounds} interleaved rounds, each checkout's "
           f"model built twice (in the order given, then in reverse)")
     first = [run()[1] for _, run in runs]  # warm: the kept weights, the allocator
     times = np.zeros((args.rounds, len(args.roots)))
