@@ -3,7 +3,9 @@
 Times the products one cached greedy step of preset ``base`` (float32) makes, for each row count
 (``batch * beams``) and each layout (dense ``(in, out)`` as `step_layout` keeps it, every kernel
 ``(out, in)`` in memory, oneDNN-packed; and the dense kernels of the layers in one buffer, as a step
-on the CPU keeps them, `torch_impl.cache.in_one_buffer`, against the same allocated apart): every
+on the CPU keeps them, `torch_impl.cache.in_one_buffer`, against the same allocated apart; with a
+torch built with MKL, MKL's own packing for that row count, CTranslate2's product on Intel CPUs,
+which torch runs packed on that row count only, not a layout torch_impl keeps): every
 decoder layer's stacked query/key/value, self-attention
 output, cross-attention query and output, and the two feed-forward kernels, then the 37000-wide
 output projection; each kernel through `torch_impl.cache.lay_out` and `dense`, the code the step
@@ -21,7 +23,8 @@ Then the same for the products of a decode's one encoder pass over ``--encoder-r
 * source length``: 32 and 256 are batch 1 and 8 of the decoding benchmark's 32-token sources): every
 encoder layer's kernels as ``nn.Linear`` runs them (``F.linear`` on the ``(out, in)`` weight: what
 the model's forward and, where nothing is packed, a decode run; query, key and value apart) against
-`torch_impl.cache.EncoderWeights` packed (`Encoder.infer`: query, key and value in one product).
+`torch_impl.cache.EncoderWeights` packed (`Encoder.infer`: query, key and value in one product),
+and the same kernels packed by MKL for that row count.
 
     python3 dev.py bench step_layouts [--rows 1 2 4 8 16] [--encoder-rows 32 256] [--rounds 5]
                                       [--repeats 20] [--threads 1]
@@ -47,10 +50,13 @@ from shared.threads import apply_thread_policy, thread_count  # noqa: E402
 ONE_BUFFER = "dense, one buffer"  # the dense kernels as `torch_impl.cache.in_one_buffer` keeps them
 
 
+_RATIO_WIDTH = 22  # a ratio column's: its head ("MKL packed/nn.Linear") and a space before it
+
+
 def _header(names: list[str], note: str) -> None:
     """The column heads of `main`'s tables: each contender's ms, then each other's ratio to the first."""
     cells = "  ".join(f"{name + ' ms (range)':22s}" for name in names)
-    ratios = "".join(f"{name + '/' + names[0]:>17s}" for name in names[1:])
+    ratios = "".join(f"{name + '/' + names[0]:>{_RATIO_WIDTH}s}" for name in names[1:])
     print(f" rows   {cells}{ratios}   {note}")
 
 
@@ -105,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}; {len(kernels)} products, {megabytes:.0f} MB "
           f"of kernels a step; {args.rounds} rounds of {args.repeats} steps")
-    _header(["dense", "(out, in)", "packed", "one buffer"], "step_layout picks")
+    mkl = torch.backends.mkl.is_available()  # a torch built with MKL (x86-64 wheels are)
+    _header(["dense", "(out, in)", "packed", "one buffer"] + ["MKL packed"] * mkl,
+            "step_layout picks" + "; MKL packed: for that row count" * mkl)
     layouts = (DENSE, DENSE_OUT_IN, PACKED)
     laid = {layout: [(lay_out(k, layout), b) for k, b in kernels] for layout in layouts}
     names = ("qkv", "self_output", "cross_query", "cross_output", "inner", "outer")  # a step's order
@@ -131,8 +139,16 @@ def main(argv: list[str] | None = None) -> int:
 
     def mkl_packed(x_of: dict, packed: tuple, bias: torch.Tensor) -> None:
         """MKL's own packed product (``cblas_sgemm_compute``, what CTranslate2 runs on Intel CPUs)
-        on ``(packed, (out, in) weight)``, packed for one row."""
-        torch.ops.mkl._mkl_linear(x_of[packed[1].shape[1]], *packed, bias, 1)
+        on ``(packed, (out, in) weight, rows packed for)`` (`packed_by_mkl`)."""
+        weight_packed, weight, rows = packed
+        torch.ops.mkl._mkl_linear(x_of[weight.shape[1]], weight_packed, weight, bias, rows)
+
+    def packed_by_mkl(pairs: list, rows: int) -> list:
+        """``(kernel (in, out), bias)`` pairs packed by MKL for ``rows`` rows: torch's
+        ``_mkl_linear`` runs the packed product only on that many rows (on any other count it
+        falls back to ``F.linear`` on the weight), so a packing serves one row count."""
+        return [((torch.ops.mkl._mkl_reorder_linear_weight(k.t().contiguous(), rows), k.t().contiguous(),
+                  rows), b) for k, b in pairs]
 
     def numpy_blas(x_of: dict, kernel, bias) -> None:
         """NumPy's product (its BLAS) on the dense ``(in, out)`` kernel, as NumPy arrays sharing
@@ -160,20 +176,22 @@ def main(argv: list[str] | None = None) -> int:
     def row(rows: int, med: dict, ms: dict, names: tuple, note: str = "") -> None:
         """One row: each contender's median (range), then every other's ratio to the first."""
         cells = "  ".join(f"{f'{med[n]:7.2f} ({min(ms[n]):.2f}-{max(ms[n]):.2f})':22s}" for n in names)
-        ratios = "".join(f"{f'{med[n] / med[names[0]]:.2f}x':>17s}" for n in names[1:])
+        ratios = "".join(f"{f'{med[n] / med[names[0]]:.2f}x':>{_RATIO_WIDTH}s}" for n in names[1:])
         print(f"{rows:5d}   {cells}{ratios}   {note}", flush=True)
 
     for rows in args.rows:
-        med, ms = compare(rows, {layout: (laid[layout], laid_out) for layout in (*layouts, ONE_BUFFER)})
-        row(rows, med, ms, (*layouts, ONE_BUFFER), step_layout(rows, torch.device("cpu"), torch.float32))
+        contenders = {layout: (laid[layout], laid_out) for layout in (*layouts, ONE_BUFFER)}
+        if mkl:
+            contenders["MKL packed"] = (packed_by_mkl(kernels, rows), mkl_packed)
+        med, ms = compare(rows, contenders)
+        row(rows, med, ms, tuple(contenders), step_layout(rows, torch.device("cpu"), torch.float32))
     if 1 in args.rows:  # other operations for one row, on the same kernels
         packed_for_one = [(torch.ops.mkldnn._reorder_linear_weight(k.t().contiguous(), 1), b)
                           for k, b in kernels]
         contenders = {"dense": (laid[DENSE], laid_out), "addmv": (laid[DENSE], addmv),
                       "packed(1)": (packed_for_one, laid_out)}
-        if torch.backends.mkl.is_available():  # a torch built with MKL (x86-64 wheels are)
-            contenders["MKL packed"] = ([((torch.ops.mkl._mkl_reorder_linear_weight(k.t().contiguous(), 1),
-                                          k.t().contiguous()), b) for k, b in kernels], mkl_packed)
+        if mkl:
+            contenders["MKL packed"] = (packed_by_mkl(kernels, 1), mkl_packed)
         if openblas := _openblas_threads(args.threads):
             contenders["NumPy BLAS"] = ([(k.numpy(), b.numpy()) for k, b in laid[DENSE]], numpy_blas)
         else:
@@ -188,21 +206,25 @@ def main(argv: list[str] | None = None) -> int:
     encoder = [(torch.randn(o, i, generator=g) * i ** -0.5, torch.randn(o, generator=g))
                for _ in range(config.n_encoder_layers)
                for i, o in [(d, inner), (d, inner), (d, inner), (inner, d), (d, ff), (ff, d)]]
-    packed = []
+    stacked = []  # (kernel (in, out), bias), as lay_out takes them
     for layer in range(config.n_encoder_layers):
         q, k, v, out, ffn_in, ffn_out = encoder[6 * layer: 6 * layer + 6]
         qkv = (torch.cat([q[0], k[0], v[0]]).t(), torch.cat([q[1], k[1], v[1]]))
-        packed += [(lay_out(w.t() if n else w, PACKED), b) for n, (w, b) in
-                   enumerate([qkv, out, ffn_in, ffn_out])]  # lay_out takes (in, out)
+        stacked += [(w.t() if n else w, b) for n, (w, b) in enumerate([qkv, out, ffn_in, ffn_out])]
+    packed = [(lay_out(k, PACKED), b) for k, b in stacked]
     megabytes = sum(w.numel() for w, _ in encoder) * 4 / 1e6
     print(f"encoder pass: {len(encoder)} nn.Linear products against {len(packed)} packed, "
           f"{megabytes:.0f} MB of kernels")
-    _header(["nn.Linear", "packed"], "GFLOP/s")
+    _header(["nn.Linear", "packed"] + ["MKL packed"] * mkl,
+            "GFLOP/s" + "; MKL packed: for that row count, the packed kernels" * mkl)
     for rows in args.encoder_rows:
-        med, ms = compare(rows, {"linear": (encoder, linear), "packed": (packed, laid_out)})
+        contenders = {"linear": (encoder, linear), "packed": (packed, laid_out)}
+        if mkl:
+            contenders["MKL packed"] = (packed_by_mkl(stacked, rows), mkl_packed)
+        med, ms = compare(rows, contenders)
         flops = 2 * rows * megabytes / 4 * 1e6
-        row(rows, med, ms, ("linear", "packed"), f"{flops / med['linear'] / 1e6:.0f} vs "
-            f"{flops / med['packed'] / 1e6:.0f} GFLOP/s")
+        row(rows, med, ms, tuple(contenders), " vs ".join(f"{flops / med[n] / 1e6:.0f}" for n in contenders)
+            + " GFLOP/s")
     return 0
 
 
