@@ -66,7 +66,6 @@ def _wall(decode, src, max_len: int, repeats: int) -> float:
 
 
 def kernels(top: int = 12) -> None:
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from decoding import sources

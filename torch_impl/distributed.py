@@ -66,9 +66,9 @@ def init_workers(workers: int | None = None, timeout: float = TIMEOUT_S) -> tupl
             raise ValueError(f"workers: {workers} torch workers are separate processes; start them with "
                              f"torchrun --nproc-per-node {workers} (or twins train --workers "
                              f"{workers}), got no RANK/WORLD_SIZE in the environment")
-        rank, world = 0, 1
+        world = 1
     else:
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        world = int(os.environ["WORLD_SIZE"])
         if workers is not None and workers != world:
             raise ValueError(f"workers: expected torchrun's WORLD_SIZE={world}, got {workers}")
     if not dist.is_initialized():
