@@ -313,6 +313,43 @@ def test_a_layers_keys_and_values_are_one_buffer_written_once_a_step():
         torch_impl.cache.LayerCache(np.zeros((2, 2, 4, 4, 4)), layer.cross_key, layer.cross_value, layer.weights)
 
 
+def test_a_cache_made_under_inference_mode_is_written_under_it_or_refused_by_name():
+    """A cache made under ``torch.inference_mode()`` holds inference tensors, which torch writes
+    only in that mode: `decode_step` and `reorder_beams` outside it refuse with an error naming
+    ``cache`` (torch's own names nothing) before writing anything; inside it they step as a cache
+    made under no_grad does, bit for bit; a cache made under no_grad serves both modes."""
+    config = tiny_configs()["tiny-post-standard"]
+    model = build(config, weights_for(config, 0))
+    src = torch.from_numpy(sources(config, 0)[:1])
+    mask = model._src_mask(src, None)
+    with torch.inference_mode():  # one source, two beams: rows 0 and 1 may take each other's
+        inferred = model.init_cache(model.encode(src, mask), mask, 4, beams=2)
+    with torch.no_grad():
+        plain = model.init_cache(model.encode(src, mask), mask, 4, beams=2)
+    tokens = torch.full((2,), config.bos_id)
+    before = [layer.self_keys_values.clone() for layer in inferred.layers]
+    message = (r"^cache: expected a call under torch.inference_mode\(\), in which the cache was made "
+               r"\(torch writes its tensors only there\), got one outside it; or make the cache under "
+               r"torch.no_grad\(\)$")
+    for mode in (torch.no_grad, torch.enable_grad):
+        with mode(), pytest.raises(ValueError, match=message):
+            model.decode_step(tokens, inferred)
+    with torch.no_grad(), pytest.raises(ValueError, match=message):
+        inferred.reorder_beams(torch.tensor([0, 1]))
+    assert inferred.length == 0  # nothing written, nothing advanced
+    for layer, old in zip(inferred.layers, before):
+        assert torch.equal(layer.self_keys_values, old)
+    with torch.inference_mode():
+        got, inferred = model.decode_step(tokens, inferred)
+        inferred.reorder_beams(torch.tensor([1, 0]))
+    with torch.inference_mode():  # a no_grad cache under inference_mode, then outside it
+        want, plain = model.decode_step(tokens, plain)
+    with torch.no_grad():
+        plain.reorder_beams(torch.tensor([1, 0]))
+        model.decode_step(tokens, plain)
+    assert torch.equal(got, want)
+    assert inferred.length == 1 and plain.length == 2
+
 @pytest.mark.parametrize("dtype, rows", [("float64", 5), ("float32", 1), ("float32", 5)])
 def test_step_weights_follow_the_parameters(dtype, rows):
     """The cached step's prepared weights (`torch_impl.cache.StepWeights`, in each layout) are

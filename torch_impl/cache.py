@@ -563,6 +563,17 @@ class DecoderCache:
     def rows(self) -> int:
         return self.layers[0].self_key.shape[0] if self.layers else self.src_mask.shape[0]
 
+    def _check_writable(self) -> None:
+        """Refuses, naming ``cache`` and before anything is written, a call outside
+        ``torch.inference_mode()`` on a cache made inside it: its buffers are inference tensors,
+        which torch writes only in that mode (its own error names no argument). A cache made under
+        ``torch.no_grad()`` serves either mode. Called by the public calls that write it
+        (`Transformer.decode_step`, `reorder_beams`); the searches make and step theirs in one mode."""
+        if self.layers and self.layers[0].self_keys_values.is_inference() and not torch.is_inference_mode_enabled():
+            raise ValueError("cache: expected a call under torch.inference_mode(), in which the cache was "
+                             "made (torch writes its tensors only there), got one outside it; or make the "
+                             "cache under torch.no_grad()")
+
     def advanced(self, layers: list[LayerCache]) -> "DecoderCache":
         """The cache after one decoding step: ``layers`` (from each `DecoderLayer.step`) and one
         more position filled. Updates ``self`` and returns it (tf_impl returns a new cache)."""
@@ -585,6 +596,7 @@ class DecoderCache:
         check_beam_rows(rows.shape, str(rows.dtype)[6:], _is_integer(rows.dtype), self.rows)
         items = self.layers[0].cross_key.shape[0] if self.layers else self.rows
         check_beam_rows_items(rows.tolist(), self.rows // items)
+        self._check_writable()
         return self._reorder_beams(rows.long())
 
     def _reorder_beams(self, rows: torch.Tensor) -> "DecoderCache":

@@ -365,7 +365,8 @@ class Transformer(nn.Module):
             place and returned, so that code written as ``logits, cache = model.decode_step(tokens,
             cache)`` also fits tf_impl, whose tensors are immutable.
 
-        For inference: run it under ``torch.no_grad()`` or ``torch.inference_mode()``. Gradients
+        For inference: run it under ``torch.no_grad()`` or ``torch.inference_mode()`` (a cache
+        made under ``inference_mode`` is stepped under it too: `DecoderCache._check_writable`). Gradients
         through it are not supported: its weights are detached copies, float32 CPU products go
         through oneDNN's packed kernels (no autograd formula: torch warns and passes no gradient
         on), and the key/value buffers are written in place, so a backward through two steps
@@ -376,6 +377,7 @@ class Transformer(nn.Module):
                             f"got {type(cache).__name__}")
         with autocast(self):  # the dtype its keys have is the one this model's step computes in
             self._check_cache(cache)
+        cache._check_writable()
         if not isinstance(tokens, torch.Tensor):  # as check_ids says it of forward's ids
             raise TypeError(f"tokens: expected a torch tensor of token ids, got {type(tokens).__name__}")
         if tokens.dim() != 1 or tokens.shape[0] != cache.rows:
