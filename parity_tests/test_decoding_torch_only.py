@@ -350,6 +350,30 @@ def test_a_cache_made_under_inference_mode_is_written_under_it_or_refused_by_nam
     assert torch.equal(got, want)
     assert inferred.length == 1 and plain.length == 2
 
+
+def test_decode_step_and_reorder_beams_take_ids_on_another_device():
+    """Token ids and beam rows on the CPU for a cache on a GPU are moved to the cache's device, as
+    `forward` moves its ids to the model's (tf_impl places them itself): the same logits and cache
+    as with ids on the GPU, where torch's own gather and index_select would refuse the mix."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    config = tiny_configs()["tiny-post-standard"]
+    model = build(config, weights_for(config, 0)).to("cuda")
+    src = torch.from_numpy(sources(config, 0)[:1]).cuda()
+    mask = model._src_mask(src, None)
+    logits, caches = [], []
+    with torch.no_grad():
+        for device in ("cuda", "cpu"):
+            cache = model.init_cache(model.encode(src, mask), mask, 4, beams=2)
+            out, cache = model.decode_step(torch.tensor([config.bos_id] * 2, device=device), cache)
+            cache.reorder_beams(torch.tensor([1, 0], device=device))
+            out, cache = model.decode_step(torch.tensor([5, 6], device=device), cache)
+            logits.append(out)
+            caches.append(cache)
+    assert logits[1].device.type == "cuda" and torch.equal(logits[0], logits[1])
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        assert torch.equal(a.self_keys_values, b.self_keys_values)
+
 @pytest.mark.parametrize("dtype, rows", [("float64", 5), ("float32", 1), ("float32", 5)])
 def test_step_weights_follow_the_parameters(dtype, rows):
     """The cached step's prepared weights (`torch_impl.cache.StepWeights`, in each layout) are

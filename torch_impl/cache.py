@@ -589,7 +589,7 @@ class DecoderCache:
         item, so they stay as they are. Checked (`shared.checks.check_beam_rows`, reading ``rows``
         from the device); beam search calls `_reorder_beams`, unchecked.
 
-        Shape: rows ``(N,)`` integer, on the cache's device.
+        Shape: rows ``(N,)`` integer, on any device (moved to the cache's).
         """
         if not isinstance(rows, torch.Tensor):
             raise TypeError(f"rows: expected a torch.Tensor, got {type(rows).__name__}")
@@ -597,7 +597,7 @@ class DecoderCache:
         items = self.layers[0].cross_key.shape[0] if self.layers else self.rows
         check_beam_rows_items(rows.tolist(), self.rows // items)
         self._check_writable()
-        return self._reorder_beams(rows.long())
+        return self._reorder_beams(rows.to(self.src_mask.device, torch.int64))
 
     def _reorder_beams(self, rows: torch.Tensor) -> "DecoderCache":
         """`reorder_beams` without the checks: ``rows`` int64 ``(N,)``, each within its item.

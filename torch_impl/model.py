@@ -353,7 +353,8 @@ class Transformer(nn.Module):
 
         Args:
             tokens: ``(N,)`` integer ids in ``[0, tgt_vocab)``, one per cache row: the token at
-                position ``cache.length``.
+                position ``cache.length``; on any device (moved to the cache's, as `forward`
+                moves its ids to the model's).
             cache: from `init_cache`; filled at position ``cache.length``, which then advances.
                 It holds the projections of the weights of the moment it was made (make
                 a new one after the weights change: docs/design.md, section 7); one whose layers, heads,
@@ -389,8 +390,8 @@ class Transformer(nn.Module):
         if cache.length >= cache.capacity:
             raise ValueError(f"cache: expected a free position, got a full cache "
                              f"({cache.capacity} positions; init_cache(max_len=...) sets it)")
-        with autocast(self):
-            return self._decode_step(tokens, cache)
+        with autocast(self):  # tokens on the cache's device, as `forward` moves its ids to the model's
+            return self._decode_step(tokens.to(cache.src_mask.device), cache)
 
     def _check_cache(self, cache: DecoderCache) -> None:
         """``cache`` has the layers, heads, dtype, capacity and vocabulary of this model's caches
