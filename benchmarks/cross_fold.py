@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from shared.threads import apply_thread_policy  # noqa: E402
+from shared.threads import apply_thread_policy, thread_count  # noqa: E402
 from _args import positive  # noqa: E402
 
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=positive, default=64, help="tokens a decode")
     parser.add_argument("--beam-size", type=positive, default=1, help="1: greedy")
     parser.add_argument("--rounds", type=positive, default=7)
-    parser.add_argument("--threads", type=positive, default=1)
+    parser.add_argument("--threads", type=thread_count, default=1, help="torch.set_num_threads (default 1)")
     args = parser.parse_args(argv)
     apply_thread_policy(args.threads)
     from _cuda import cuda_missing
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch_impl.stacks
     from _decoding_contenders import bench_weights, contender_config
     torch.set_num_threads(args.threads)
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # as the parity tests
     config = contender_config()
     weights = bench_weights(config)
     models = {}
