@@ -235,10 +235,13 @@ class MultiHeadAttention(nn.Module):
         _, heads, length, d_k = k.shape
         keys, values, scale = k[0], v[0], 1.0 / math.sqrt(d_k)  # (H, S, d_k)
         query, output = self.query.weight.detach(), self.output.weight.detach()  # (out, in)
-        # (H, S, d) per head, K_h Wq_h, then (d, H * S) contiguous: the (in, out) memory order, the
-        # faster of the two for the step's one-row product here (docs/performance.md)
-        kernel = torch.bmm(keys, query.reshape(heads, d_k, -1)).view(heads * length, -1).t().contiguous()
-        kernel.mul_(scale)
+        # (d, H * S) contiguous, the (in, out) memory order, the faster of the two for the step's
+        # one-row product here (docs/performance.md): per head Wq_h^T K_h^T, (H, d, S), then the
+        # heads interleaved by rows of S, a copy of S-long runs (faster than transposing K_h Wq_h's
+        # (H * S, d) element by element; the same bits: docs/performance.md, "Cross-attention
+        # folded into the source")
+        kernel = torch.bmm(query.view(heads, d_k, -1).transpose(1, 2), keys.transpose(1, 2))
+        kernel = kernel.permute(1, 0, 2).reshape(-1, heads * length).mul_(scale)
         bias = torch.bmm(keys, self.query.bias.detach().reshape(heads, d_k, 1))[..., 0].mul_(scale)
         bias = (bias + mask[0, :, 0, :]).reshape(heads * length)  # -inf where the mask forbids
         folded = torch.bmm(values, output.reshape(-1, heads, d_k).permute(1, 2, 0))  # (H, S, d): V_h Wo_h
