@@ -374,6 +374,7 @@ def test_decode_step_and_reorder_beams_take_ids_on_another_device():
     for a, b in zip(caches[0].layers, caches[1].layers):
         assert torch.equal(a.self_keys_values, b.self_keys_values)
 
+
 @pytest.mark.parametrize("dtype, rows", [("float64", 5), ("float32", 1), ("float32", 5)])
 def test_step_weights_follow_the_parameters(dtype, rows):
     """The cached step's prepared weights (`torch_impl.cache.StepWeights`, in each layout) are
