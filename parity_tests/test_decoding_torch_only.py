@@ -234,6 +234,40 @@ def test_a_folded_cross_attention_decodes_as_the_unfolded_one_and_the_oracle(var
         assert_close(logits, want, bound, f"row {i} logits, folded against unfolded")
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_folds_are_written_into_one_buffer_in_reading_order(dtype):
+    """`torch_impl.cache.fold_buffers`: a CPU cache's folds (`CrossFold`, one a layer) are written
+    by `fold_source` into one allocation, in the order a step reads them (scores kernel and bias,
+    values kernel, output bias, layer after layer), contiguous, apart and 64-byte aligned, with the
+    values a fold into tensors of its own gets, bit for bit: for a padded source, and for one with
+    no key at all (its values kernel zeroed: the output is the output bias alone)."""
+    from torch_impl.cache import prepare_mask
+    config = tiny_configs()["tiny-post-standard"].replace(dtype=dtype, n_heads=2)  # 7 positions fold
+    model = build(config, weights_for(config, 5))
+    batch = sources(config, 5)
+    padded = next(i for i in range(len(batch)) if 0 < (batch[i] == config.pad_id).sum() < batch.shape[1])
+    empty = next(i for i in range(len(batch)) if (batch[i] == config.pad_id).all())
+    for i in (padded, empty):
+        src = torch.from_numpy(batch[i:i + 1])
+        with torch.no_grad():
+            mask = torch_impl.inputs.make_src_mask(src, config.pad_id)
+            cache = model.init_cache(model.encode(src, mask), mask, 4)
+            additive, keep = prepare_mask(mask, cache.layers[0].cross_key.dtype)
+            alone = [layer.cross_attn.fold_source(c.cross_key, c.cross_value, additive, keep)
+                     for layer, c in zip(model.decoder.layers, cache.layers)]
+        read = [t for layer in cache.layers for t in layer.cross_fold[:4]]
+        assert len({t.untyped_storage().data_ptr() for t in read}) == 1, f"row {i}"
+        for t, after in zip(read, read[1:]):
+            assert t.is_contiguous() and t.data_ptr() % 64 == 0, f"row {i}"
+            assert t.data_ptr() + t.numel() * t.element_size() <= after.data_ptr(), f"row {i}"
+        for layer, fold in zip(cache.layers, alone):
+            for name, got, want in zip(fold._fields, layer.cross_fold, fold):
+                if name != "heads":
+                    assert (got.shape, got.dtype) == (want.shape, want.dtype), f"row {i} {name}"
+                    assert torch.equal(got, want), f"row {i} {name}"
+        assert (i == empty) == (not any(layer.cross_fold.values_kernel.any() for layer in cache.layers))
+
+
 # 8 rows: packed on every vendor (`PACKED_MIN_ROWS`); at 1, an Intel CPU takes the dense layout, and
 # these tests were skipped there as if torch had no packed kernel.
 PACKABLE = torch_impl.cache.step_layout(8, torch.device("cpu"), torch.float32) == torch_impl.cache.PACKED

@@ -63,7 +63,7 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
                            "call); TF's step runs inside the compiled decode, where XLA plans its own "
                            "products",
         "cache:folds_source": "when a cache makes a CrossFold",
-        "cache:folds_in_one_buffer": "a decode's CrossFolds in one allocation, as in_one_buffer",
+        "cache:fold_buffers": "a decode's CrossFolds in one allocation, as in_one_buffer",
         "attention:MultiHeadAttention.fold_source": "one layer's CrossFold",
         "attention:MultiHeadAttention.self_attend_prepared": "the self-attention of the encoder pass "
                                                             "of EncoderWeights (query, key and value "

@@ -223,7 +223,7 @@ class MultiHeadAttention(nn.Module):
         return k, v
 
     def fold_source(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                    keep: torch.Tensor | None) -> CrossFold:
+                    keep: torch.Tensor | None, out: CrossFold | None = None) -> CrossFold:
         """This cross-attention over one item's source keys and values folded into two products
         (`torch_impl.cache.CrossFold`, when: `torch_impl.cache.folds_source`), from the query and
         output projections' parameters, in the keys' dtype: the model's, as the unfolded step's
@@ -231,7 +231,9 @@ class MultiHeadAttention(nn.Module):
 
         Shape: k, v ``(1, H, S, d_k)`` (`keys_values`); mask and keep of
         `torch_impl.cache.prepare_mask`: mask ``(1, 1|H, 1, S)`` additive, keep ``(1, 1|H, 1, 1)``
-        or None."""
+        or None. ``out``: a `CrossFold` of tensors of those shapes to write the fold into and
+        return (`torch_impl.cache.fold_buffers`: every layer's in one allocation), or None for new
+        ones; the same values either way."""
         _, heads, length, d_k = k.shape
         keys, values, scale = k[0], v[0], 1.0 / math.sqrt(d_k)  # (H, S, d_k)
         query, output = self.query.weight.detach(), self.output.weight.detach()  # (out, in)
@@ -240,14 +242,21 @@ class MultiHeadAttention(nn.Module):
         # heads interleaved by rows of S, a copy of S-long runs (faster than transposing K_h Wq_h's
         # (H * S, d) element by element; the same bits: docs/performance.md, "Cross-attention
         # folded into the source")
+        if out is None:
+            d = query.shape[1]
+            out = CrossFold(keys.new_empty(d, heads * length), keys.new_empty(heads * length),
+                            keys.new_empty(heads * length, d), self.output.bias.detach(), heads)
+        else:
+            out.output_bias.copy_(self.output.bias)
         kernel = torch.bmm(query.view(heads, d_k, -1).transpose(1, 2), keys.transpose(1, 2))
-        kernel = kernel.permute(1, 0, 2).reshape(-1, heads * length).mul_(scale)
+        out.scores_kernel.view(-1, heads, length).copy_(kernel.permute(1, 0, 2)).mul_(scale)
         bias = torch.bmm(keys, self.query.bias.detach().reshape(heads, d_k, 1))[..., 0].mul_(scale)
-        bias = (bias + mask[0, :, 0, :]).reshape(heads * length)  # -inf where the mask forbids
-        folded = torch.bmm(values, output.reshape(-1, heads, d_k).permute(1, 2, 0))  # (H, S, d): V_h Wo_h
+        torch.add(bias, mask[0, :, 0, :], out=out.scores_bias.view(heads, length))  # -inf where forbidden
+        folded = out.values_kernel.view(heads, length, -1)  # (H, S, d): V_h Wo_h
+        torch.bmm(values, output.reshape(-1, heads, d_k).permute(1, 2, 0), out=folded)
         if keep is not None:  # a head with no key: its output is the bias alone (CrossFold)
-            folded = folded * keep[0].expand(heads, 1, 1)
-        return CrossFold(kernel, bias, folded.view(heads * length, -1), self.output.bias.detach(), heads)
+            folded.mul_(keep[0].expand(heads, 1, 1))
+        return out
 
     def attend(self, query_in: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                return_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -26,6 +26,7 @@ for its encoder), under the rule of `_inferring` and kept by `_prepared`.
 """
 from __future__ import annotations
 
+import math
 import platform
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -215,14 +216,18 @@ def in_one_buffer(layers: list[StepWeights], device: torch.device) -> list[StepW
     return _fields_in_one_buffer(layers, [name for name in StepWeights._fields if not name.startswith("cross_kv")])
 
 
-def folds_in_one_buffer(folds: list[CrossFold]) -> list[CrossFold]:
-    """``folds`` (`CrossFold`, one a layer) with their tensors copied into one new buffer in the
-    order a step reads them, on the CPU, as `in_one_buffer` does the step's kernels, and for the
-    same reason: a layer's two folded kernels are smaller than a huge page (2 MB), every layer's
-    together are not; elsewhere ``folds`` themselves."""
-    if not folds or folds[0].scores_kernel.device.type != "cpu":
-        return folds
-    return _fields_in_one_buffer(folds, CrossFold._fields[:-1])  # the tensors; heads is an int
+def fold_buffers(layers: int, d_model: int, heads: int, src_len: int, dtype: torch.dtype,
+                 device: torch.device) -> list[CrossFold | None]:
+    """Empty `CrossFold` tensors for ``layers`` layers' folds of a ``src_len``-token source, in one
+    new allocation in the order a step reads them, on the CPU, as `in_one_buffer` keeps the step's
+    kernels and for the same reason (a layer's two folded kernels are smaller than a huge page, 2
+    MB; every layer's together are not), for `MultiHeadAttention.fold_source` to write into (no
+    copy after); elsewhere one None a layer (each fold makes its own tensors)."""
+    if device.type != "cpu":
+        return [None] * layers
+    shapes = [(d_model, heads * src_len), (heads * src_len,), (heads * src_len, d_model), (d_model,)]
+    flat = iter(_one_allocation([math.prod(shape) for shape in shapes] * layers, dtype, device))
+    return [CrossFold(*(next(flat).view(shape) for shape in shapes), heads) for _ in range(layers)]
 
 
 def _fields_in_one_buffer(tuples: list, names: list[str]) -> list:
@@ -237,20 +242,27 @@ def _fields_in_one_buffer(tuples: list, names: list[str]) -> list:
 
 
 def _in_one_allocation(tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
-    """Copies of plain strided CPU ``tensors`` of one dtype in one new allocation, in the order
-    given, each at an offset aligned as every torch allocation is (`_ALIGNMENT`), with its own
-    shape, strides and values; None where one is oneDNN's packed tensor or of another dtype."""
+    """Copies of plain strided CPU ``tensors`` of one dtype in one new allocation (`_one_allocation`),
+    in the order given, each with its own shape, strides and values; None where one is oneDNN's
+    packed tensor or of another dtype."""
     dtype = tensors[0].dtype
     if any(t.is_mkldnn or t.dtype != dtype for t in tensors):  # packed, or kernels and biases apart
         return None
-    step = _ALIGNMENT // tensors[0].element_size()
+    flat = _one_allocation([t.numel() for t in tensors], dtype, tensors[0].device)
+    return [part.as_strided(t.shape, _dense_strides(t)).copy_(t) for part, t in zip(flat, tensors)]
+
+
+def _one_allocation(sizes: list[int], dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    """Flat views of one new (uninitialised) allocation, one of each of ``sizes`` elements, in the
+    order given, each at an offset aligned as every torch allocation is (`_ALIGNMENT`), so that a
+    product on one takes the path it would take on a tensor of its own."""
+    step = _ALIGNMENT // torch.empty((), dtype=dtype).element_size()
     offsets, end = [], 0
-    for t in tensors:
+    for size in sizes:
         offsets.append(end)
-        end += -(-t.numel() // step) * step
-    buffer = torch.empty(end, dtype=dtype, device=tensors[0].device)
-    return [buffer[at:at + t.numel()].as_strided(t.shape, _dense_strides(t)).copy_(t)
-            for t, at in zip(tensors, offsets)]
+        end += -(-size // step) * step
+    buffer = torch.empty(end, dtype=dtype, device=device)
+    return [buffer[at:at + size] for at, size in zip(offsets, sizes)]
 
 
 def _dense_strides(t: torch.Tensor) -> tuple[int, ...]:

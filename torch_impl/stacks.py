@@ -6,7 +6,7 @@ from torch import nn
 
 from shared import TransformerConfig
 
-from .cache import (NO_WEIGHTS, DecoderCache, EncoderWeights, LayerCache, StepWeights, folds_in_one_buffer,
+from .cache import (NO_WEIGHTS, DecoderCache, EncoderWeights, LayerCache, StepWeights, fold_buffers,
                     folds_source, prepare_mask, projection)
 from .layers import DecoderLayer, EncoderLayer, Trace, record
 from .norm import LayerNorm
@@ -104,10 +104,11 @@ class Decoder(nn.Module):
         mask, keep = prepare_mask(src_mask, layers[0].cross_key.dtype if layers else memory.dtype)
         if weights and folds_source(*memory.shape, layers[0].cross_key.shape[3], memory.device,
                                     layers[0].cross_key.dtype, self.layers[0].cross_attn.query.weight.dtype):
-            folds = folds_in_one_buffer([layer.cross_attn.fold_source(c.cross_key, c.cross_value, mask, keep)
-                                         for layer, c in zip(self.layers, layers)])
-            for layer_cache, fold in zip(layers, folds):  # one item's short source (`CrossFold`)
-                layer_cache.cross_fold = fold
+            _, heads, length, _ = layers[0].cross_key.shape
+            outs = fold_buffers(len(layers), memory.shape[2], heads, length, layers[0].cross_key.dtype,
+                                memory.device)
+            for layer, c, out in zip(self.layers, layers, outs):  # one item's short source (`CrossFold`)
+                c.cross_fold = layer.cross_attn.fold_source(c.cross_key, c.cross_value, mask, keep, out)
         return DecoderCache(layers, mask, keep, generator or NO_WEIGHTS, 0)
 
     def infer(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
