@@ -237,17 +237,17 @@ class MultiHeadAttention(nn.Module):
         _, heads, length, d_k = k.shape
         keys, values, scale = k[0], v[0], 1.0 / math.sqrt(d_k)  # (H, S, d_k)
         query, output = self.query.weight.detach(), self.output.weight.detach()  # (out, in)
-        # (d, H * S) contiguous, the (in, out) memory order, the faster of the two for the step's
-        # one-row product here (docs/performance.md): per head Wq_h^T K_h^T, (H, d, S), then the
-        # heads interleaved by rows of S, a copy of S-long runs (faster than transposing K_h Wq_h's
-        # (H * S, d) element by element; the same bits: docs/performance.md, "Cross-attention
-        # folded into the source")
         if out is None:
             d = query.shape[1]
             out = CrossFold(keys.new_empty(d, heads * length), keys.new_empty(heads * length),
                             keys.new_empty(heads * length, d), self.output.bias.detach(), heads)
         else:
             out.output_bias.copy_(self.output.bias)
+        # The scores kernel (d, H * S) contiguous, the (in, out) memory order, the faster of the two
+        # for the step's one-row product here (docs/performance.md): per head Wq_h^T K_h^T, (H, d,
+        # S), then the heads interleaved by rows of S, a copy of S-long runs (faster than transposing
+        # K_h Wq_h's (H * S, d) element by element, the same bits: docs/performance.md,
+        # "Cross-attention folded into the source")
         kernel = torch.bmm(query.view(heads, d_k, -1).transpose(1, 2), keys.transpose(1, 2))
         out.scores_kernel.view(-1, heads, length).copy_(kernel.permute(1, 0, 2)).mul_(scale)
         bias = torch.bmm(keys, self.query.bias.detach().reshape(heads, d_k, 1))[..., 0].mul_(scale)
