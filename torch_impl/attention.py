@@ -241,8 +241,10 @@ class MultiHeadAttention(nn.Module):
             d = query.shape[1]
             out = CrossFold(keys.new_empty(d, heads * length), keys.new_empty(heads * length),
                             keys.new_empty(heads * length, d), self.output.bias.detach(), heads)
-        else:
+        elif out.output_bias.dtype == self.output.bias.dtype:
             out.output_bias.copy_(self.output.bias)
+        else:  # a bias of another dtype is not cast here: the step's product meets it as it is
+            out = out._replace(output_bias=self.output.bias.detach())
         # The scores kernel (d, H * S) contiguous, the (in, out) memory order, the faster of the two
         # for the step's one-row product here (docs/performance.md): per head Wq_h^T K_h^T, (H, d,
         # S), then the heads interleaved by rows of S, a copy of S-long runs (faster than transposing
