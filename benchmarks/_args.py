@@ -1,12 +1,11 @@
-"""Argument types the benchmarks share (a script's own directory is first on ``sys.path``)."""
+"""Argument types the benchmarks share (a script's own directory is first on ``sys.path``, and the
+checkout's root before it, for `shared`)."""
 from __future__ import annotations
 
-import argparse
+from shared.checks import int_argument
 
 
 def positive(text: str) -> int:
-    """An argparse type: an integer >= 1, else an error naming what was given."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return value
+    """An argparse type: an int >= 1 (`shared.checks.int_argument`'s rule and message, as the
+    commands' counts)."""
+    return int_argument(text, 1)
