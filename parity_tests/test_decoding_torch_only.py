@@ -387,8 +387,9 @@ def test_a_cache_made_under_inference_mode_is_written_under_it_or_refused_by_nam
 
 def test_decode_step_and_reorder_beams_take_ids_on_another_device():
     """Token ids and beam rows on the CPU for a cache on a GPU are moved to the cache's device, as
-    `forward` moves its ids to the model's (tf_impl places them itself): the same logits and cache
-    as with ids on the GPU, where torch's own gather and index_select would refuse the mix."""
+    `forward` moves its ids to the model's (tf_impl places them itself; docs/design.md, convention
+    12): the same logits and cache as with ids on the GPU, where torch's own gather and
+    index_select would refuse the mix."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     config = tiny_configs()["tiny-post-standard"]
@@ -407,6 +408,32 @@ def test_decode_step_and_reorder_beams_take_ids_on_another_device():
     assert logits[1].device.type == "cuda" and torch.equal(logits[0], logits[1])
     for a, b in zip(caches[0].layers, caches[1].layers):
         assert torch.equal(a.self_keys_values, b.self_keys_values)
+
+
+def test_the_model_calls_take_tensors_on_another_device():
+    """forward, encode, decode and init_cache given ids, masks and memory on the CPU for a model on
+    a GPU copy them to the model's device (docs/design.md, convention 12): the same outputs, on the
+    GPU, as with every input there, where torch's own embedding and attention would refuse the
+    mix."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    config = tiny_configs()["tiny-post-standard"]
+    model = build(config, weights_for(config, 0)).to("cuda").eval()
+    src = torch.from_numpy(sources(config, 0))
+    tgt = torch.full((src.shape[0], 3), config.bos_id)
+    src_mask = torch_impl.inputs.make_src_mask(src, config.pad_id)
+    tgt_mask = torch_impl.inputs.make_tgt_mask(tgt, config.pad_id)
+    outputs = []
+    with torch.no_grad():
+        for device in ("cuda", "cpu"):
+            s, t, sm, tm = (x.to(device) for x in (src, tgt, src_mask, tgt_mask))
+            memory = model.encode(s, sm)
+            cache = model.init_cache(memory.to(device), sm, 4)
+            outputs.append([model(s, t), model(s, t, sm, tm), memory,
+                            model.decode(t, memory.to(device), sm, tm),
+                            model.decode_step(t[:, 0], cache)[0]])
+    for on_gpu, from_cpu in zip(*outputs):
+        assert from_cpu.device.type == "cuda" and torch.equal(on_gpu, from_cpu)
 
 
 @pytest.mark.parametrize("dtype, rows", [("float64", 5), ("float32", 1), ("float32", 5)])

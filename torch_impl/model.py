@@ -126,6 +126,13 @@ class Transformer(nn.Module):
         return state
 
     # -- input checks (all before any compute) ----------------------------------------------------
+    def _on_device(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``tensors`` (checked ids, masks, memory) on the parameters' device: one on another
+        device is copied there, as TensorFlow places a call's inputs itself (a tensor already
+        there is returned as it is, no copy)."""
+        device = self.generator.bias.device
+        return tuple(t.to(device) for t in tensors)
+
     def _src_mask(self, src: torch.Tensor, src_mask, q_len: int = 1) -> torch.Tensor:
         if src_mask is None:
             return make_src_mask(src, padding_id(self.config))
@@ -201,6 +208,9 @@ class Transformer(nn.Module):
         Raises:
             TypeError / ValueError: bad ids or masks, with the messages of `shared.checks`.
 
+        Ids and masks on another device than the parameters are copied to theirs (as by every
+        call of this model: docs/design.md, convention 12); the logits are on the parameters'.
+
         With ``torch_impl.precision.set_precision(model, "bfloat16")`` the pass runs under
         ``torch.autocast`` (bfloat16 logits; `torch_impl.precision` says which ops).
 
@@ -214,8 +224,8 @@ class Transformer(nn.Module):
         check_ids("src", src, c.src_vocab, c.max_len)
         check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
         check_same_batch(src, tgt)
-        src_mask = self._src_mask(src, src_mask)
-        tgt_mask = self._tgt_mask(tgt, tgt_mask)
+        src, tgt = self._on_device(src, tgt)
+        src_mask, tgt_mask = self._on_device(self._src_mask(src, src_mask), self._tgt_mask(tgt, tgt_mask))
         trace: Trace | None = {} if return_trace else None
         with autocast(self):
             memory = self._encode(src, src_mask, trace)
@@ -234,8 +244,10 @@ class Transformer(nn.Module):
         """
         c = self.config
         check_ids("src", src, c.src_vocab, c.max_len)
+        src, = self._on_device(src)
+        src_mask, = self._on_device(self._src_mask(src, src_mask))
         with autocast(self):
-            return self._encode(src, self._src_mask(src, src_mask), None)
+            return self._encode(src, src_mask, None)
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                tgt_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -255,8 +267,10 @@ class Transformer(nn.Module):
         check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
         check_same_batch(memory, tgt)
         check_mask("src_mask", src_mask, tgt.shape[0], c.n_heads, tgt.shape[1], memory.shape[1])
+        tgt, memory, src_mask = self._on_device(tgt, memory, src_mask)
+        tgt_mask, = self._on_device(self._tgt_mask(tgt, tgt_mask))
         with autocast(self):
-            return self._decode(tgt, memory, src_mask, self._tgt_mask(tgt, tgt_mask), None)
+            return self._decode(tgt, memory, src_mask, tgt_mask, None)
 
     def _check_memory(self, memory) -> None:
         """``memory`` as `encode` returns it: ``(B, S, d_model)`` in the parameters' dtype."""
@@ -290,6 +304,7 @@ class Transformer(nn.Module):
         # be filled, and the bound names the argument before a cache of that size is allocated.
         check_beam_size(beams, c.tgt_vocab, name="beams")
         beams = int(beams)
+        memory, src_mask = self._on_device(memory, src_mask)
         with autocast(self):
             return self._init_cache(memory, src_mask, max_len, beams)
 
@@ -353,8 +368,8 @@ class Transformer(nn.Module):
 
         Args:
             tokens: ``(N,)`` integer ids in ``[0, tgt_vocab)``, one per cache row: the token at
-                position ``cache.length``; on any device (moved to the cache's, as `forward`
-                moves its ids to the model's).
+                position ``cache.length``; on any device (moved to the cache's, as the other
+                calls move their tensors to the model's: `_on_device`).
             cache: from `init_cache`; filled at position ``cache.length``, which then advances.
                 It holds the projections of the weights of the moment it was made (make
                 a new one after the weights change: docs/design.md, section 7); one whose layers, heads,
@@ -390,7 +405,7 @@ class Transformer(nn.Module):
         if cache.length >= cache.capacity:
             raise ValueError(f"cache: expected a free position, got a full cache "
                              f"({cache.capacity} positions; init_cache(max_len=...) sets it)")
-        with autocast(self):  # tokens on the cache's device, as `forward` moves its ids to the model's
+        with autocast(self):  # tokens on the cache's device, as `_on_device` moves the other calls' inputs
             return self._decode_step(tokens.to(cache.src_mask.device), cache)
 
     def _check_cache(self, cache: DecoderCache) -> None:
