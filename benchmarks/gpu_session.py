@@ -25,7 +25,8 @@ terminal, and a part that fails or runs out of time is reported and the next one
   one query's attention (`benchmarks/gpu_profile.py`);
 * ``cpu``: the CPU contenders, one thread (the GPU machine's CPU is the project's second CPU), the
   step's products in each kernel layout and library at 1 and 8 rows
-  (`benchmarks/step_layouts.py`: where an Intel CPU's one-row products lose to CTranslate2's), and
+  (`benchmarks/step_layouts.py`: where an Intel CPU's one-row products lose to CTranslate2's),
+  whole decodes at 1 and 2 rows with the step packed and dense (`benchmarks/packed_rows.py`), and
   where a greedy step at batch 1 and a beam step at batch 8 spend their time
   (`benchmarks/decode_profile.py`).
 
@@ -98,6 +99,7 @@ def _parts(runs: Path, out: Path) -> dict[str, list[tuple[list[str], int]]]:
                              "--batches", "1", "8", "--tokens", "64", "128", "--rounds", "3",
                              "--threads", "1"], 500),
                 ([PY, str(BENCH / "step_layouts.py"), "--rows", "1", "8", "--encoder-rows", "32"], 200),
+                ([PY, str(BENCH / "packed_rows.py"), "--batches", "1", "2", "--tokens", "64"], 200),
                 ([PY, str(BENCH / "decode_profile.py"), "--tokens", "16", "128"], 120),
                 ([PY, str(BENCH / "decode_profile.py"), "--batches", "8", "--beam-size", "4", "--tokens",
                   "16", "64"], 120)],
