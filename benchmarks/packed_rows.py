@@ -4,12 +4,13 @@ From `torch_impl.cache.PACKED_MIN_ROWS` rows a cached step's float32 products on
 oneDNN's packed kernels, below it MKL's addmm on dense ``(in, out)`` kernels (`step_layout`: from 2
 rows on Intel, from 1 elsewhere). Which is faster at a row count differs from one machine to
 another of the same vendor (docs/performance.md, "The CPU contenders on two CPUs");
-`benchmarks/step_layouts.py` times the products alone, this the whole decodes the rule serves. One model of ``base`` (float32,
-`benchmarks/_decoding_contenders`: EOS never chosen, so every decode runs to its limit, sources of
-32 tokens) decodes each batch twice a round: its steps packed (``PACKED_MIN_ROWS = 1``) and dense
-(``PACKED_MIN_ROWS`` above the step's rows), alternately, every other round in reverse; the
-encoder pass is packed in both (its rows are the batch's source tokens). Both sets of laid-out
-weights are kept by the model after the first decode of each, as a decode keeps them.
+`benchmarks/step_layouts.py` times the products alone, this the whole decodes the rule serves.
+One model of ``base`` (float32, `benchmarks/_decoding_contenders`: EOS never chosen, so every
+decode runs to its limit, sources of 32 tokens) decodes each batch twice a round: its steps packed
+(``PACKED_MIN_ROWS = 1``) and dense (``PACKED_MIN_ROWS`` above the step's rows), alternately,
+every other round in reverse; the encoder pass is packed in both (its rows are the batch's source
+tokens). Both sets of laid-out weights are kept by the model after the first decode of each, as a
+decode keeps them.
 
 Printed per batch: the rows a step has, which layout the rule picks for them on this CPU, ms a
 token of whole decodes of ``--tokens`` tokens (the median of the rounds) in each layout, the median
