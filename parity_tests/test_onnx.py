@@ -116,10 +116,23 @@ def test_files_checker_and_signatures(tmp_path):
     to_onnx(c, random_weights(c, 1), path)
     assert not np.array_equal(OnnxRuntimeModel.load(path).encode(batch(c)[0]),
                               OnnxRuntimeModel.from_weights(c, w).encode(batch(c)[0]))
+    # one written before config.json said its precision (read as float32) is replaced too
+    header = json.loads((path / CONFIG_FILE).read_text())
+    del header["precision"]
+    (path / CONFIG_FILE).write_text(json.dumps(header))
+    assert export_precision(path) == "float32"
+    to_onnx(c, w, path)
+    assert json.loads((path / CONFIG_FILE).read_text())["precision"] == "float32"
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="not an ONNX export"):
         to_onnx(c, w, tmp_path / "other")
+    # but a neutral checkpoint's config.json alone (format_version, no graphs) is not an export
+    (tmp_path / "other" / "notes.txt").unlink()
+    (tmp_path / "other" / CONFIG_FILE).write_text(json.dumps(header))
+    with pytest.raises(FileExistsError, match="not an ONNX export"):
+        to_onnx(c, w, tmp_path / "other")
+    assert os.listdir(tmp_path / "other") == [CONFIG_FILE]
     before = (path / ENCODER).read_bytes()
     with pytest.raises(WeightsError, match="generator.bias"):
         to_onnx(c, {k: v for k, v in w.items() if k != "generator.bias"}, path)

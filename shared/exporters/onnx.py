@@ -554,13 +554,22 @@ def to_onnx(config: TransformerConfig, weights: Mapping[str, np.ndarray], path: 
     check_path(path)
     check_config(config)
     path = Path(path)
-    check_replaceable(path, MODEL_FILES, "an ONNX export",  # config_file's keys
-                      lambda c: "format_version" in c and "precision" in c)
+    check_replaceable(path, MODEL_FILES, "an ONNX export", lambda c: _is_export_config(c, path))
     precision = check_precision(precision, config.dtype)
     models = build_models(config, weights, precision)  # every refusal and check before anything is written
     import onnx
 
     return replace_directory(path, lambda staging: _write(onnx, models, config, precision, staging))
+
+
+def _is_export_config(header: object, path: Path) -> bool:
+    """Whether ``header``, the ``config.json`` at ``path``, is an export's: `config_file`'s keys
+    (``format_version`` and ``precision``), or, for an export written before ``precision``
+    existed (`export_precision` reads it as float32), ``format_version`` beside the three graphs.
+    A neutral checkpoint's ``config.json`` also has ``format_version``: alone in a folder it is
+    not an export, and that folder is not replaced."""
+    return isinstance(header, dict) and "format_version" in header and (
+        "precision" in header or all((path / name).is_file() for name in GRAPHS))
 
 
 def read_onnx(path: str | os.PathLike) -> tuple[TransformerConfig, dict[str, Path]]:
