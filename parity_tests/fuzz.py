@@ -3,13 +3,16 @@ torch_impl and tf_impl succeeds in both or raises the same type with the same me
 call changes nothing; a damaged file given to ``twins`` ends in one line and exit status 2, never a
 traceback or an error of an unexpected kind. Every finding is printed with what produced it.
 
-    python -m parity_tests.fuzz [--surfaces decoders weights train files] [--cases 200] [--seed 0]
+    python -m parity_tests.fuzz [--surfaces decoders steps weights train files] [--cases 200] [--seed 0]
 
 Exit status 1 when anything was found. Surfaces:
 
 * ``decoders``: `greedy_decode` / `beam_search` with sources, lengths, masks and settings that are
   wrong in every way (None, text, floats, ragged lists, bad shapes and ids, NaN, bools), and some
   that are right;
+* ``steps``: the cached step (`init_cache`, `decode_step`, `DecoderCache.reorder_beams`) with
+  capacities, beam counts, token ids and beam rows wrong in length, rank, dtype or value, and some
+  right (arrays as torch tensors for torch_impl, whose model calls take tensors only);
 * ``weights``: `import_weights` of the canonical weights with keys removed, added or renamed, values
   reshaped, recast, made non-finite, non-arrays or strided views;
 * ``train``: `training.train_step` with batches so damaged;
@@ -138,6 +141,54 @@ def decoders(rng: random.Random) -> str | None:
     calls = {b: functools.partial(getattr(pkg, name), model, src, max_len, **kwargs)
              for b, (pkg, model, _, _) in _backends().items()}
     return _differential(f"{name}(src={_shown(src)}, {max_len!r}, {_shown(kwargs)})", calls)
+
+
+# -- the cached step ----------------------------------------------------------------------------------
+def _as_backend(name: str, value):
+    """A NumPy array as ``name``'s tensor: torch's model calls take torch tensors only, tf_impl's
+    arrays too (the same values either way; a non-tensor is refused in each framework's words,
+    test_decoding.py checks those). Anything else as it is."""
+    if name == "torch" and isinstance(value, np.ndarray):
+        import torch
+        return torch.from_numpy(value.copy())  # contiguous, writable, 0-d kept 0-d (not ascontiguousarray)
+    return value
+
+
+def _step_ids(rng: random.Random, rows: int) -> np.ndarray:
+    """Ids or beam rows for a cache of ``rows`` rows: right, or wrong in length, rank, dtype or
+    value."""
+    length = rng.choice([rows, rows, rows - 1, rows + 1, 0, 1])
+    return rng.choice([
+        lambda: np.full(length, rng.choice([0, 1, 2, 3, 19, 20, -1, 2**40]), np.int64),
+        lambda: np.arange(length, dtype=rng.choice([np.int32, np.int64, np.uint8, np.int16])),
+        lambda: np.ones(length, rng.choice([np.float32, np.float64, np.bool_])),
+        lambda: np.full(length, 2**63 + 5, np.uint64), lambda: np.ones((rows, 1), np.int64),
+        lambda: np.ones((), np.int64), lambda: np.arange(rows, dtype=np.int64)[::-1].copy(),
+    ])()
+
+
+def steps(rng: random.Random) -> str | None:
+    """`init_cache` with hostile ``max_len`` and ``beams``, then `decode_step` with hostile tokens,
+    or `DecoderCache.reorder_beams` with hostile rows and a step after it."""
+    src = np.random.default_rng(rng.randrange(2**32)).integers(3, CONFIG.src_vocab, (2, 5))
+    max_len = rng.choice(HOSTILE_SCALARS) if rng.random() < 0.3 else rng.choice([1, 2, 4])
+    beams = rng.choice(HOSTILE_SCALARS) if rng.random() < 0.3 else rng.choice([1, 2, 3])
+    rows = 2 * beams if isinstance(beams, int) and 0 < beams < 20 else 2
+    reorder = _step_ids(rng, rows) if rng.random() < 0.4 else None
+    tokens = _step_ids(rng, rows)
+
+    def call(name: str):
+        package, model = _backends()[name][:2]
+        ids = _as_backend(name, src)
+        cache = model.init_cache(model.encode(ids), package.inputs.make_src_mask(ids, CONFIG.pad_id),
+                                 max_len, beams)
+        if reorder is not None:
+            cache = cache.reorder_beams(_as_backend(name, reorder))
+        model.decode_step(_as_backend(name, tokens), cache)
+
+    shown = f"max_len={max_len!r}, beams={beams!r}, reorder={_shown(reorder)}, tokens={_shown(tokens)}"
+    return _differential(f"init_cache / reorder_beams / decode_step({shown})",
+                         {name: functools.partial(call, name) for name in _backends()})
 
 
 # -- weights and training ---------------------------------------------------------------------------
@@ -344,7 +395,7 @@ def files(rng: random.Random) -> str | None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-SURFACES = {"decoders": decoders, "weights": weights, "train": train, "files": files}
+SURFACES = {"decoders": decoders, "steps": steps, "weights": weights, "train": train, "files": files}
 
 
 def _shown(value) -> str:
