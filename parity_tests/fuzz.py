@@ -11,7 +11,7 @@ Exit status 1 when anything was found. Surfaces:
   wrong in every way (None, text, floats, ragged lists, bad shapes and ids, NaN, bools), and some
   that are right;
 * ``steps``: the cached step (`init_cache`, `decode_step`, `DecoderCache.reorder_beams`) with
-  capacities, beam counts, token ids and beam rows wrong in length, rank, dtype or value, and some
+  source masks, capacities, beam counts, token ids and beam rows wrong in length, rank, dtype or value, and some
   right (arrays as torch tensors for torch_impl, whose model calls take tensors only);
 * ``weights``: `import_weights` of the canonical weights with keys removed, added or renamed, values
   reshaped, recast, made non-finite, non-arrays or strided views;
@@ -168,25 +168,30 @@ def _step_ids(rng: random.Random, rows: int) -> np.ndarray:
 
 
 def steps(rng: random.Random) -> str | None:
-    """`init_cache` with hostile ``max_len`` and ``beams``, then `decode_step` with hostile tokens,
-    or `DecoderCache.reorder_beams` with hostile rows and a step after it."""
+    """`init_cache` with hostile ``src_mask``, ``max_len`` and ``beams``, then `decode_step` with
+    hostile tokens, or `DecoderCache.reorder_beams` with hostile rows and a step after it."""
     src = np.random.default_rng(rng.randrange(2**32)).integers(3, CONFIG.src_vocab, (2, 5))
     max_len = rng.choice(HOSTILE_SCALARS) if rng.random() < 0.3 else rng.choice([1, 2, 4])
     beams = rng.choice(HOSTILE_SCALARS) if rng.random() < 0.3 else rng.choice([1, 2, 3])
     rows = 2 * beams if isinstance(beams, int) and 0 < beams < 20 else 2
     reorder = _step_ids(rng, rows) if rng.random() < 0.4 else None
     tokens = _step_ids(rng, rows)
+    mask = None if rng.random() < 0.7 else rng.choice([  # None: the backend's own make_src_mask
+        np.ones((1, 1, 1, 5), np.bool_), np.zeros((2, 1, 1, 5), np.bool_), np.ones((2, 5), np.bool_),
+        np.ones((2, 1, 1, 5), np.int64), np.ones((2, 1, 2, 5), np.bool_), np.ones((2, 1, 1, 4), np.bool_),
+        np.ones((3, 1, 1, 5), np.bool_), np.ones((2, 1, 1, 5), np.float32)])
 
     def call(name: str):
         package, model = _backends()[name][:2]
         ids = _as_backend(name, src)
-        cache = model.init_cache(model.encode(ids), package.inputs.make_src_mask(ids, CONFIG.pad_id),
-                                 max_len, beams)
+        given = package.inputs.make_src_mask(ids, CONFIG.pad_id) if mask is None else _as_backend(name, mask)
+        cache = model.init_cache(model.encode(ids), given, max_len, beams)
         if reorder is not None:
             cache = cache.reorder_beams(_as_backend(name, reorder))
         model.decode_step(_as_backend(name, tokens), cache)
 
-    shown = f"max_len={max_len!r}, beams={beams!r}, reorder={_shown(reorder)}, tokens={_shown(tokens)}"
+    shown = (f"src_mask={_shown(mask)}, max_len={max_len!r}, beams={beams!r}, reorder={_shown(reorder)}, "
+             f"tokens={_shown(tokens)}")
     return _differential(f"init_cache / reorder_beams / decode_step({shown})",
                          {name: functools.partial(call, name) for name in _backends()})
 
