@@ -103,8 +103,9 @@ class EncoderWeights(NamedTuple):
 # per vendor: packed from 2 rows on Intel (dense measured faster at 1; at 2 as fast as packed on two
 # Intel machines and 1.3 times slower on a third), from 1 row elsewhere.
 # `PACKED_MIN_ROWS` is the one setting to change (``torch_impl.cache.
-# PACKED_MIN_ROWS = n``, read at every decode) where a machine says otherwise (an earlier AMD EPYC
-# did, at one row). Both layouts give the same values to float32 rounding.
+# PACKED_MIN_ROWS = n``, read at every decode) where a machine says otherwise (two AMD EPYCs did, at
+# one row: docs/performance.md, "A slow AMD EPYC"; `benchmarks/packed_rows.py` times both on any).
+# Both layouts give the same values to float32 rounding.
 DENSE, PACKED = "dense (in, out)", "packed for oneDNN"
 DENSE_OUT_IN = "dense, (out, in) in memory"  # float16 on a CPU at one row: see `step_layout`
 WIDENED = "float16 values packed as float32 for oneDNN"  # float16 on a CPU from two rows
