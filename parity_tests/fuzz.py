@@ -3,7 +3,8 @@ torch_impl and tf_impl succeeds in both or raises the same type with the same me
 call changes nothing; a damaged file given to ``twins`` ends in one line and exit status 2, never a
 traceback or an error of an unexpected kind. Every finding is printed with what produced it.
 
-    python -m parity_tests.fuzz [--surfaces decoders steps weights train files] [--cases 200] [--seed 0]
+    python -m parity_tests.fuzz [--surfaces decoders steps forward weights train files] [--cases 200]
+                                [--seed 0]
 
 Exit status 1 when anything was found. Surfaces:
 
@@ -13,6 +14,9 @@ Exit status 1 when anything was found. Surfaces:
 * ``steps``: the cached step (`init_cache`, `decode_step`, `DecoderCache.reorder_beams`) with
   source masks, capacities, beam counts, token ids and beam rows wrong in length, rank, dtype or value, and some
   right (arrays as torch tensors for torch_impl, whose model calls take tensors only);
+* ``forward``: the model's call, `encode` and `decode` with ids and masks wrong in shape, dtype or
+  value, one or several at once, and some right (TensorFlow's message must hold torch's: Keras
+  wraps an error raised in ``call``);
 * ``weights``: `import_weights` of the canonical weights with keys removed, added or renamed, values
   reshaped, recast, made non-finite, non-arrays or strided views;
 * ``train``: `training.train_step` with batches so damaged;
@@ -194,6 +198,67 @@ def steps(rng: random.Random) -> str | None:
              f"tokens={_shown(tokens)}")
     return _differential(f"init_cache / reorder_beams / decode_step({shown})",
                          {name: functools.partial(call, name) for name in _backends()})
+
+
+# -- the forward pass -------------------------------------------------------------------------------
+def _numeric(rng: random.Random, make) -> np.ndarray:
+    """``make()`` where it gives a NumPy array of numbers or bools (what both frameworks take as
+    a tensor), else right ids: non-arrays are refused in each framework's words (test_inputs.py)."""
+    value = make()
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+        return value
+    return np.random.default_rng(rng.randrange(2**32)).integers(3, CONFIG.src_vocab, (2, 4))
+
+
+def _keras_says(torch_outcome: str, tf_outcome: str) -> bool:
+    """Whether tf_impl's outcome is torch_impl's: both ok, or the same error type with torch's
+    message inside TensorFlow's (Keras wraps an error raised in ``call`` with the call's
+    arguments, keeping its type and message)."""
+    if "ok" in (torch_outcome, tf_outcome):
+        return torch_outcome == tf_outcome
+    kind, _, message = torch_outcome.partition(": ")
+    return tf_outcome.startswith(kind + ": ") and message in tf_outcome
+
+
+def forward(rng: random.Random) -> str | None:
+    """``model(src, tgt, src_mask, tgt_mask)``, `encode` and `decode` with ids and masks wrong in
+    shape, dtype or value, one or several at once (which is named first is part of the
+    contract), and some right."""
+    src = _numeric(rng, lambda: _ids(rng))
+    tgt = _numeric(rng, lambda: _ids(rng)) if rng.random() < 0.5 else np.full((2, 3), 1, np.int64)
+    masks = {}  # bool = may attend; wrong in dtype, rank, batch, key length, or all False
+    if rng.random() < 0.4:
+        s = np.shape(src)[-1] if np.ndim(src) else 1
+        masks["src_mask"] = rng.choice([
+            np.ones((2, 1, 1, s), np.bool_), np.ones((1, 1, 1, s), np.bool_), np.zeros((2, 1, 1, s), np.bool_),
+            np.ones((2, s), np.bool_), np.ones((2, 1, 1, s), np.int64), np.ones((2, 1, 1, s), np.float32),
+            np.ones((3, 1, 1, s), np.bool_), np.ones((2, 1, 1, s + 1), np.bool_)])
+    if rng.random() < 0.3:
+        t = np.shape(tgt)[-1] if np.ndim(tgt) else 1
+        masks["tgt_mask"] = rng.choice([
+            np.ones((2, 1, t, t), np.bool_), np.tril(np.ones((t, t), np.bool_))[None, None],
+            np.ones((2, 1, 1, t), np.bool_), np.ones((2, t, t), np.bool_), np.ones((2, 1, t, t), np.int64),
+            np.ones((2, 1, t, t + 1), np.bool_)])
+    what = rng.choice(["call", "encode", "decode"])
+    outcomes = {}
+    for name, (_, model, _, _) in _backends().items():
+        args = {k: _as_backend(name, v) for k, v in masks.items()}
+        s, t = _as_backend(name, src), _as_backend(name, tgt)
+
+        def call(model=model, s=s, t=t, args=args, name=name):
+            if what == "call":
+                return model(s, t, **args)
+            if what == "encode":
+                return model.encode(s, args.get("src_mask"))
+            source = _as_backend(name, np.ones((2, 5), np.int64) * 3)
+            given = args.get("src_mask")  # decode requires one (its refusal names each package)
+            given = _backends()[name][0].inputs.make_src_mask(source, CONFIG.pad_id) if given is None else given
+            return model.decode(t, model.encode(source), given, args.get("tgt_mask"))
+        outcomes[name] = _outcome(call)
+    if _keras_says(outcomes["torch"], outcomes["tf"]):
+        return None
+    return (f"{what}(src={_shown(src)}, tgt={_shown(tgt)}, {_shown(masks)})\n"
+            f"    torch: {outcomes['torch'][:400]}\n    tf:    {outcomes['tf'][:400]}")
 
 
 # -- weights and training ---------------------------------------------------------------------------
@@ -400,7 +465,8 @@ def files(rng: random.Random) -> str | None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-SURFACES = {"decoders": decoders, "steps": steps, "weights": weights, "train": train, "files": files}
+SURFACES = {"decoders": decoders, "steps": steps, "forward": forward, "weights": weights, "train": train,
+            "files": files}
 
 
 def _shown(value) -> str:
