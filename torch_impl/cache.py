@@ -257,7 +257,7 @@ def _one_allocation(sizes: list[int], dtype: torch.dtype, device: torch.device) 
     """Flat views of one new (uninitialised) allocation, one of each of ``sizes`` elements, in the
     order given, each at an offset aligned as every torch allocation is (`_ALIGNMENT`), so that a
     product on one takes the path it would take on a tensor of its own."""
-    step = _ALIGNMENT // torch.empty((), dtype=dtype).element_size()
+    step = _ALIGNMENT // dtype.itemsize
     offsets, end = [], 0
     for size in sizes:
         offsets.append(end)

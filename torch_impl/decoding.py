@@ -55,14 +55,10 @@ def _attention_kernels(model: Transformer):
     changes shape at every step (the cached keys grow by one position, a recomputed prefix too),
     and cuDNN's attention builds an execution plan per shape: a token took over twenty times as
     long with cuDNN's kernel chosen (docs/performance.md, "Figures behind the code's choices")."""
-    if _device(model).type != "cuda":
+    if model._device.type != "cuda":
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-
-
-def _device(model: Transformer) -> torch.device:
-    return model.generator.bias.device
 
 
 def _tensor(name: str, value, device: torch.device) -> torch.Tensor:
@@ -87,7 +83,7 @@ def _decode_inputs(model, src, max_len, src_mask, beam_size=GREEDY, length_penal
     """Checks in the order `shared.decoding` fixes: model, src, search arguments, flags, then the
     mask."""
     check_model(model)
-    c, device = model.config, _device(model)
+    c, device = model.config, model._device
     src = _tensor("src", src, device)
     check_ids("src", src, c.src_vocab, c.max_len)
     check_search_args(c, max_len, beam_size, length_penalty)
@@ -191,7 +187,7 @@ def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cach
                                                            c.eos_id, c.pad_id))
         step = _step(model, src, src_mask, 1, max_len, use_cache)
         return search.greedy_search(step, src.shape[0], max_len, c.start_id, c.eos_id, c.pad_id,
-                                    _device(model), observe)
+                                    model._device, observe)
 
 
 def beam_search(model: Transformer, src, max_len: int, beam_size: int = 4, length_penalty: float = 0.0,
@@ -217,4 +213,4 @@ def beam_search(model: Transformer, src, max_len: int, beam_size: int = 4, lengt
     with _inference(model):
         step = _step(model, src, src_mask, beam_size, max_len, use_cache)
         return search.beam_search(step, src.shape[0], max_len, beam_size, c.start_id, c.eos_id,
-                                  c.pad_id, length_penalty, return_all, _device(model), observe)
+                                  c.pad_id, length_penalty, return_all, model._device, observe)

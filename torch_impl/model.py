@@ -126,12 +126,17 @@ class Transformer(nn.Module):
         return state
 
     # -- input checks (all before any compute) ----------------------------------------------------
+    @property
+    def _device(self) -> torch.device:
+        """The parameters' device (the generator's bias: every model has it), where a call's
+        inputs go and its kept weights are laid out."""
+        return self.generator.bias.device
+
     def _on_device(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``tensors`` (checked ids, masks, memory) on the parameters' device: one on another
         device is copied there, as TensorFlow places a call's inputs itself (a tensor already
         there is returned as it is, no copy)."""
-        device = self.generator.bias.device
-        return tuple(t.to(device) for t in tensors)
+        return tuple(t.to(self._device) for t in tensors)
 
     def _src_mask(self, src: torch.Tensor, src_mask, q_len: int = 1) -> torch.Tensor:
         if src_mask is None:
@@ -173,7 +178,7 @@ class Transformer(nn.Module):
         """The encoder's inference pass on the embedded source ``x (B, S, d)``: `Encoder.infer` on
         `_encoder_weights` in the layout of ``B * S`` rows."""
         dtype = self._products_dtype()
-        layout = step_layout(x.shape[0] * x.shape[1], self.generator.bias.device, dtype)
+        layout = step_layout(x.shape[0] * x.shape[1], self._device, dtype)
         return self.encoder.infer(x, src_mask, self._encoder_weights(layout), dtype)
 
     def _decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
@@ -330,13 +335,12 @@ class Transformer(nn.Module):
         fine-tuning) keeps them, and a decode checks the decoder's half of the model, not all of
         it."""
         dtype = self._products_dtype()
-        layout = step_layout(rows, self.generator.bias.device, dtype)
+        layout = step_layout(rows, self._device, dtype)
         cast = None if dtype == self.generator.bias.dtype else dtype
 
         def make():
             weights = [lay_out_weights(w, layout, cast) for w in self.decoder.step_weights()]
-            device = self.generator.bias.device
-            return in_one_buffer(weights, device), self.generator._laid_out(layout, dtype)
+            return in_one_buffer(weights, self._device), self.generator._laid_out(layout, dtype)
 
         made_from = (*_parameters(self.decoder), self.generator._table(), self.generator.bias)
         return _prepared(self, f"{layout}, {str(dtype)[6:]}", made_from, make)
@@ -346,7 +350,7 @@ class Transformer(nn.Module):
         precision under its own (`autocast`), a caller's ``torch.autocast`` otherwise
         (`torch_impl.precision._products_dtype`); without autocast the parameters' dtype (which
         ``model.half()`` or ``.double()`` may have made other than ``config.dtype``)."""
-        return _products_dtype(self.generator.bias.dtype, self.generator.bias.device)
+        return _products_dtype(self.generator.bias.dtype, self._device)
 
     def _encoder_weights(self, layout: str):
         """The encoder's `torch_impl.cache.EncoderWeights` in ``layout`` (`torch_impl.cache.lay_out`)
