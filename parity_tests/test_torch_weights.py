@@ -4,7 +4,10 @@ and pickles that are not plain state dicts: refused, never executed.
 
 The contracts both backends share are in test_backend_weights.py and test_checkpoints.py.
 """
+import io
 import pickle
+import warnings
+import zipfile
 
 import pytest
 
@@ -123,6 +126,51 @@ def test_pickle_that_would_run_code_is_refused_not_executed(tmp_path, where):
     # Sanity: the file really does run code when unpickled without weights_only.
     torch.load(path, weights_only=False)
     assert marker.exists()
+
+
+def _tensor_called_as_a_function(path, values):
+    """A ``torch.save`` archive of ``{"w": values}`` whose pickle then calls that tensor with no
+    arguments (``)R`` after it): damage the files fuzzer met (``parity_tests.fuzz``, files, seed
+    2811), on which torch's weights-only unpickler warns before it refuses."""
+    buffer = io.BytesIO()
+    torch.save({"w": values}, buffer)
+    members = zipfile.ZipFile(buffer)
+    with zipfile.ZipFile(path, "w") as out:
+        for name in members.namelist():
+            data = members.read(name)
+            if name.endswith("/data.pkl"):
+                assert data.endswith(b"s."), data[-8:]
+                data = data[:-2] + b")Rs."  # the tensor on the stack becomes the function called
+            out.writestr(name, data)
+
+
+def test_a_pickle_that_calls_a_tensor_is_refused_in_one_line_without_torch_warnings(tmp_path):
+    path = tmp_path / "damaged.pt"
+    _tensor_called_as_a_function(path, torch.linspace(-1, 1, 40))  # a repr of several lines
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError) as err:
+            torch_impl.load_checkpoint(path)
+    message = str(err.value)
+    assert message.startswith(f"{str(path)!r}: refused: the pickle holds more than tensors and plain "
+                              "containers (Trying to call reduce for unrecognized function tensor([")
+    assert "\n" not in message and message.endswith("none of its code ran"), message
+    assert [str(w.message) for w in caught] == []
+
+
+def test_a_readable_file_keeps_the_warnings_torch_load_gives(tmp_path, monkeypatch):
+    """Only a refused load's warnings are dropped: a good one's reach the caller's filters."""
+    path = tmp_path / "good.pt"
+    torch.save({"w": torch.ones(2)}, path)
+    load = torch.load
+
+    def warning_load(*args, **kwargs):
+        warnings.warn("a warning of torch.load's own", UserWarning)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", warning_load)
+    with pytest.warns(UserWarning, match="a warning of torch.load's own"):
+        assert checkpoints.torch_load(path)["w"].tolist() == [1.0, 1.0]
 
 
 def test_raw_pickle_and_pickled_module_are_refused(tmp_path):

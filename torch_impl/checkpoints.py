@@ -39,6 +39,7 @@ import functools
 import os
 import pickle
 import re
+import warnings
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -167,20 +168,32 @@ def torch_load(path: str | os.PathLike):
     if not zipfile.is_zipfile(path):
         raise ValueError(f"{str(path)!r}: not a PyTorch file (torch.save writes a zip archive; this "
                          "is not one: another format, or truncated)")
-    try:
-        return torch.load(path, weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError as err:
-        text = str(err)
-        if "Weights only load failed" not in text:
-            raise ValueError(f"{str(path)!r}: not a readable PyTorch file ({text.splitlines()[0]})") from None
-        found = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\. |\n|$)", text)
-        why = found.group(1).strip() if found else "objects other than tensors and plain containers"
-        raise ValueError(f"{str(path)!r}: refused: the pickle holds more than tensors and plain "
-                         f"containers ({why}); it was not unpickled and none of its code ran") from None
-    except Exception as err:  # corrupted zip members, bad records: torch raises RuntimeError & co.
-        first = str(err).splitlines()[0] if str(err) else ""
-        raise ValueError(f"{str(path)!r}: not a readable PyTorch file, corrupted or truncated "
-                         f"({type(err).__name__}: {first})") from None
+    # A damaged pickle can make torch warn on its way to refusing it (a tensor where the unpickler
+    # expects a function: comparing it warns about `__torch_function__`): the refusal below says
+    # all there is, so the warnings of a failed load are dropped, and a good load's are shown.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            obj = torch.load(path, weights_only=True, map_location="cpu")
+        except pickle.UnpicklingError as err:
+            text = str(err)
+            if "Weights only load failed" not in text:
+                raise ValueError(f"{str(path)!r}: not a readable PyTorch file ({text.splitlines()[0]})") from None
+            # torch's detail ends at a sentence's end or a blank line; a value's repr in it can run
+            # over several lines (a tensor's), which are joined, and a long one is cut.
+            found = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\. |\n\n|$)", text, re.DOTALL)
+            why = " ".join(found.group(1).split()) if found else "objects other than tensors and plain containers"
+            why = why if len(why) <= 200 else why[:197] + "..."
+            raise ValueError(f"{str(path)!r}: refused: the pickle holds more than tensors and plain "
+                             f"containers ({why}); it was not unpickled and none of its code ran") from None
+        except Exception as err:  # corrupted zip members, bad records: torch raises RuntimeError & co.
+            first = str(err).splitlines()[0] if str(err) else ""
+            raise ValueError(f"{str(path)!r}: not a readable PyTorch file, corrupted or truncated "
+                             f"({type(err).__name__}: {first})") from None
+    for caught_one in caught:  # under the caller's filters, as torch.load's own would be
+        warnings.warn_explicit(caught_one.message, caught_one.category, caught_one.filename,
+                               caught_one.lineno, source=caught_one.source)
+    return obj
 
 
 def read_native(path: str | os.PathLike, config: TransformerConfig | None = None,
