@@ -20,20 +20,23 @@ Exit status 1 when anything was found. Surfaces:
 * ``weights``: `import_weights` of the canonical weights with keys removed, added or renamed, values
   reshaped, recast, made non-finite, non-arrays or strided views;
 * ``train``: `training.train_step` with batches so damaged;
-* ``files``: ``twins convert`` / ``twins decode`` of damaged checkpoints: a neutral directory (its
-  JSON's values replaced, its safetensors header or bytes changed), a torch_impl ``.pt`` and a
-  foreign state dict (tensors removed, reshaped, recast, sparse, replaced by non-tensors), a
-  tf_impl ``.weights.h5`` (datasets removed, reshaped, recast, replaced by groups).
+* ``files``: ``twins convert`` / ``twins decode --src`` of damaged checkpoints: a neutral
+  directory and transformers' Marian folder (a JSON file's values replaced, the safetensors header
+  or bytes changed), a torch_impl ``.pt`` and a foreign state dict (tensors removed, reshaped,
+  recast, sparse, replaced by non-tensors), a tf_impl ``.weights.h5`` (datasets removed, reshaped,
+  recast, replaced by groups).
 
-`parity_tests/test_fuzz.py` runs a fixed slice of each in the suite. Two defects this found are
+`parity_tests/test_fuzz.py` runs a fixed slice of each in the suite. Three defects this found are
 tests now (a sparse tensor in a foreign state dict; tf_impl naming non-tensor ids in TensorFlow's
-words, test_hostile_porting.py and test_hostile_inputs.py).
+words; torch's warnings printed above the refusal of a damaged ``.pt``: test_hostile_porting.py,
+test_hostile_inputs.py, test_torch_weights.py).
 """
 from __future__ import annotations
 
 import argparse
 import atexit
 import contextlib
+import dataclasses
 import functools
 import io
 import json
@@ -335,7 +338,14 @@ def _sources() -> dict[str, tuple[Path, list[str]]]:
     annotated = source_models.randomize_(source_models.make_annotated(
         src_vocab=11, tgt_vocab=13, n=1, d_model=16, d_ff=24, h=4, max_len=32), seed=3)
     torch.save(annotated.state_dict(), root / "annotated.pt")
+    # transformers' Marian folder (config.json, model.safetensors, generation_config.json), as
+    # `twins convert --to marian` writes it: the settings Marian computes (shared.exporters.marian).
+    marian = dataclasses.replace(CONFIG, norm_style="standard", norm_eps=1e-5, norm_first=False,
+                                 final_norm=False, pe_layout="halves")
+    save_checkpoint(root / "neutral-marian", marian, random_weights(marian, 0))
+    assert _twins(main, ["convert", root / "neutral-marian", root / "marian", "--to", "marian"])[0] == 0
     return {"neutral": (root / "neutral", []), "torch": (root / "m.pt", []), "tf": (root / "m.weights.h5", []),
+            "marian": (root / "marian", []),
             "annotated": (root / "annotated.pt", ["--from", "annotated", "--n-heads", "4", "--pad-id", "0",
                                                   "--bos-id", "1", "--eos-id", "2"])}
 
@@ -355,10 +365,12 @@ def _damage_json(rng: random.Random, path: Path) -> str:
     key = rng.choice(sorted(data))
     if rng.random() < 0.15:
         del data[key]
-        return f"{path.name}: {key} removed"
-    data[key] = rng.choice([*HOSTILE_SCALARS, "", {}, 10**30, "float16", -0.0])
+        what = f"{path.name}: {key} removed"
+    else:
+        data[key] = rng.choice([*HOSTILE_SCALARS, "", {}, 10**30, "float16", -0.0])
+        what = f"{path.name}: {key}={data[key]!r}"
     path.write_text(json.dumps(data, default=str))
-    return f"{path.name}: {key}={data[key]!r}"
+    return what
 
 
 def _damage_bytes(rng: random.Random, path: Path) -> str:
@@ -443,7 +455,7 @@ def files(rng: random.Random) -> str | None:
     try:
         copy = work / source.name
         (shutil.copytree if source.is_dir() else shutil.copy)(source, copy)
-        if kind == "neutral":
+        if copy.is_dir():  # neutral, marian: one of its JSON files or its safetensors
             target = rng.choice(sorted(copy.iterdir()))
             what = _damage_json(rng, target) if target.suffix == ".json" else _damage_bytes(rng, target)
         elif copy.suffix == ".pt":
@@ -451,7 +463,7 @@ def files(rng: random.Random) -> str | None:
         else:
             what = _damage_h5(rng, copy) if rng.random() < 0.8 else _damage_bytes(rng, copy)
         if rng.random() < 0.3 and not options:
-            argv = ["decode", "--checkpoint", copy, "--backend", rng.choice(["torch", "tf"]), "4 5 6"]
+            argv = ["decode", "--checkpoint", copy, "--backend", rng.choice(["torch", "tf"]), "--src", "4 5 6"]
         else:
             to = rng.choice(["neutral", "torch", "tf"])
             argv = ["convert", copy, work / {"neutral": "out", "torch": "out.pt", "tf": "out.weights.h5"}[to],
