@@ -323,6 +323,39 @@ def test_a_keras_file_declaring_more_than_it_stores_is_refused_before_reading(tm
         read_keras_file(tmp_path / "bomb.keras")
 
 
+def test_a_keras_file_damaged_inside_is_refused_naming_it(tmp_path, keras_hub_archive, capsys):
+    """A Keras file that h5py opens but cannot walk (here a group's B-tree signature overwritten;
+    the fuzzer's Keras kinds changed bytes at random) made h5py raise RuntimeError, which `twins`
+    printed as an unexpected error with a hint at the traceback. It is an ImporterError naming the
+    file now, worded as tf_impl's own reader words it, in a .weights.h5 and inside a .keras."""
+    import zipfile
+
+    from parity_tests.cli_runs import cli
+    from shared.importers import ImporterError, read_keras_file
+    with zipfile.ZipFile(keras_hub_archive) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    weights = bytearray(members["model.weights.h5"])
+    tree = weights.index(b"TREE")  # the signature of the first group's B-tree node
+    weights[tree:tree + 4] = b"XXXX"
+    damaged_h5 = tmp_path / "hub.weights.h5"
+    damaged_h5.write_bytes(bytes(weights))
+    damaged_keras = tmp_path / "hub.keras"
+    with zipfile.ZipFile(damaged_keras, "w") as archive:
+        for name, data in {**members, "model.weights.h5": bytes(weights)}.items():
+            archive.writestr(name, data)
+    for path, label in ((damaged_h5, str(damaged_h5)), (damaged_keras, f"{damaged_keras}:model.weights.h5")):
+        with pytest.raises(ImporterError) as err:
+            read_keras_file(path)
+        assert err.value.problems == ["a damaged HDF5 file (RuntimeError: Object visitation failed (wrong "
+                                      "B-tree signature))"], err.value
+        assert repr(label) in str(err.value)
+        code, out, err_text = cli(capsys, "convert", path, tmp_path / "out", "--from", "keras-hub",
+                                  "--bos-id", "2", "--eos-id", "3", "--mask-zero", "false")
+        assert code == 2 and len(err_text.strip().splitlines()) == 1, err_text
+        assert "a damaged HDF5 file (RuntimeError" in err_text and "--verbose" not in err_text, err_text
+        assert not (tmp_path / "out").exists()
+
+
 def test_a_keras_hub_setting_of_the_wrong_json_type_is_named(keras_hub_archive, tmp_path):
     """A list where layer_norm_epsilon's number goes raised "unhashable type: 'list'"."""
     from shared.importers import ImporterError, from_keras_hub, read_keras_file

@@ -173,11 +173,13 @@ def _read_h5(source, label: str) -> dict[str, np.ndarray]:
                 if isinstance(obj, h5py.Dataset) and name.split("/")[0] not in TRAINING_STATE:
                     try:
                         out[name] = np.array(obj[()])
-                    except (OSError, TypeError, ValueError) as err:
+                    except (OSError, RuntimeError, TypeError, ValueError) as err:
                         problems.append(f"{name}: cannot be read ({err})")
             handle.visititems(visit)
-    except OSError as err:
+    except OSError as err:  # h5py cannot open it
         raise ImporterError(repr(label), [f"not a readable HDF5 .weights.h5 file ({err})"]) from None
+    except (RuntimeError, KeyError) as err:  # h5py opened it, then met damage walking its groups
+        raise ImporterError(repr(label), [f"a damaged HDF5 file ({type(err).__name__}: {err})"]) from None
     if problems:
         raise ImporterError(repr(label), problems)
     return out
