@@ -20,16 +20,18 @@ Exit status 1 when anything was found. Surfaces:
 * ``weights``: `import_weights` of the canonical weights with keys removed, added or renamed, values
   reshaped, recast, made non-finite, non-arrays or strided views;
 * ``train``: `training.train_step` with batches so damaged;
-* ``files``: ``twins convert`` / ``twins decode --src`` of damaged checkpoints: a neutral
-  directory and transformers' Marian folder (a JSON file's values replaced, the safetensors header
-  or bytes changed), a torch_impl ``.pt`` and a foreign state dict (tensors removed, reshaped,
-  recast, sparse, replaced by non-tensors), a tf_impl ``.weights.h5`` (datasets removed, reshaped,
-  recast, replaced by groups).
+* ``files``: ``twins convert`` / ``twins decode --src`` (torch, tf, onnx) of a damaged file of
+  every readable format (`KIND_OPTIONS`): the neutral directory and transformers' Marian and FSMT
+  folders (a JSON file's value replaced or removed, at the top or nested; the safetensors header
+  or bytes changed), a torch_impl ``.pt`` and the nn.Transformer and Annotated tutorials' state
+  dicts (tensors removed, reshaped, recast, sparse, replaced by non-tensors), tf_impl's and the
+  TensorFlow tutorial's ``.weights.h5`` (datasets removed, reshaped, recast, replaced by groups),
+  a KerasHub ``.keras`` archive (a member damaged so, removed or joined by a stray one).
 
-`parity_tests/test_fuzz.py` runs a fixed slice of each in the suite. Three defects this found are
+`parity_tests/test_fuzz.py` runs a fixed slice of each in the suite. Four defects this found are
 tests now (a sparse tensor in a foreign state dict; tf_impl naming non-tensor ids in TensorFlow's
-words; torch's warnings printed above the refusal of a damaged ``.pt``: test_hostile_porting.py,
-test_hostile_inputs.py, test_torch_weights.py).
+words; torch's warnings printed above the refusal of a damaged ``.pt``; h5py's RuntimeError on a
+Keras file damaged inside: test_hostile_porting.py, test_hostile_inputs.py, test_torch_weights.py).
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ import random
 import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -323,31 +326,90 @@ def train(rng: random.Random) -> str | None:
 
 
 # -- files ------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _sources() -> dict[str, tuple[Path, list[str]]]:
-    """Valid files of each kind, written once: ``{kind: (path, twins convert options)}``."""
-    import torch
+# Every readable format, one valid file each, and the ``twins`` options that read it (its ids,
+# heads, flags: what the format does not store). The folders (neutral, Marian, FSMT) are found by
+# their files, so a damaged one also tests recognition.
+KIND_OPTIONS = {
+    "neutral": [], "torch": [], "tf": [], "marian": [], "fsmt": [],
+    "annotated": ["--from", "annotated", "--n-heads", "4", "--pad-id", "0", "--bos-id", "1", "--eos-id", "2"],
+    "nn-transformer": ["--from", "nn-transformer", "--n-heads", "4", "--norm-first", "false", "--pad-id", "1",
+                       "--bos-id", "2", "--eos-id", "3"],
+    "tf-tutorial": ["--from", "tf-tutorial", "--bos-id", "2", "--eos-id", "3"],
+    "keras-hub": ["--from", "keras-hub", "--bos-id", "2", "--eos-id", "3", "--mask-zero", "false"],
+}
+# Small source models, vocabularies of 11 and 13 (the ids of `files`' --src among them).
+_SMALL = dict(src_vocab=11, tgt_vocab=13, d=16, heads=4, ff=24)
 
-    from parity_tests import source_models
-    from twins.cli import main
+
+@functools.lru_cache(maxsize=None)
+def _root() -> Path:
     root = Path(tempfile.mkdtemp(prefix="twins-fuzz-"))
     atexit.register(shutil.rmtree, root, True)  # pytest's workers run exit handlers too (conftest.py)
-    save_checkpoint(root / "neutral", CONFIG, random_weights(CONFIG, 0))
-    for fmt, name in (("torch", "m.pt"), ("tf", "m.weights.h5")):
-        assert _twins(main, ["convert", root / "neutral", root / name, "--to", fmt])[0] == 0
-    annotated = source_models.randomize_(source_models.make_annotated(
-        src_vocab=11, tgt_vocab=13, n=1, d_model=16, d_ff=24, h=4, max_len=32), seed=3)
-    torch.save(annotated.state_dict(), root / "annotated.pt")
-    # transformers' Marian folder (config.json, model.safetensors, generation_config.json), as
-    # `twins convert --to marian` writes it: the settings Marian computes (shared.exporters.marian).
-    marian = dataclasses.replace(CONFIG, norm_style="standard", norm_eps=1e-5, norm_first=False,
-                                 final_norm=False, pe_layout="halves")
-    save_checkpoint(root / "neutral-marian", marian, random_weights(marian, 0))
-    assert _twins(main, ["convert", root / "neutral-marian", root / "marian", "--to", "marian"])[0] == 0
-    return {"neutral": (root / "neutral", []), "torch": (root / "m.pt", []), "tf": (root / "m.weights.h5", []),
-            "marian": (root / "marian", []),
-            "annotated": (root / "annotated.pt", ["--from", "annotated", "--n-heads", "4", "--pad-id", "0",
-                                                  "--bos-id", "1", "--eos-id", "2"])}
+    return root
+
+
+@functools.lru_cache(maxsize=None)
+def _source(kind: str) -> Path:
+    """A valid file of ``kind`` (a key of `KIND_OPTIONS`), written the first time it is asked for
+    (a kind's framework or library is imported only when one of its cases comes up), and checked
+    to convert with `KIND_OPTIONS`: a case of the kind is then refused for its damage alone."""
+    from twins.cli import main
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")  # Keras on the tutorial's masks; transformers' progress bar
+        path = _write_source(kind)
+    code, err = _twins(main, ["convert", path, _root() / f"{kind}-checked", "--to", "neutral", *KIND_OPTIONS[kind]])
+    assert code == 0, f"the fuzzer's {kind} source does not convert: {err}"
+    return path
+
+
+def _write_source(kind: str) -> Path:
+    from twins.cli import main
+    root, s = _root(), _SMALL
+    if kind == "neutral":
+        save_checkpoint(root / "neutral", CONFIG, random_weights(CONFIG, 0))
+    elif kind in ("torch", "tf"):
+        path = root / {"torch": "m.pt", "tf": "m.weights.h5"}[kind]
+        assert _twins(main, ["convert", _source("neutral"), path, "--to", kind])[0] == 0
+        return path
+        return path
+    elif kind == "marian":  # as `twins convert --to marian` writes it: the settings Marian computes
+        marian = dataclasses.replace(CONFIG, norm_style="standard", norm_eps=1e-5, norm_first=False,
+                                     final_norm=False, pe_layout="halves")
+        save_checkpoint(root / "neutral-marian", marian, random_weights(marian, 0))
+        assert _twins(main, ["convert", root / "neutral-marian", root / "marian", "--to", "marian"])[0] == 0
+    elif kind == "fsmt":  # save_pretrained's folder: config.json, generation_config.json, safetensors
+        from parity_tests import hf_models
+        hf_models.make_fsmt(0, "float32", langs=("en", "de"), d_model=s["d"], encoder_layers=1,
+                            decoder_layers=1, encoder_attention_heads=s["heads"],
+                            decoder_attention_heads=s["heads"], encoder_ffn_dim=s["ff"],
+                            decoder_ffn_dim=s["ff"], max_position_embeddings=32,
+                            src_vocab_size=s["src_vocab"], tgt_vocab_size=s["tgt_vocab"]
+                            ).save_pretrained(root / "fsmt")
+    elif kind in ("annotated", "nn-transformer"):  # the two tutorials' state dicts, as torch.save wrote them
+        import torch
+        from parity_tests import source_models as S
+        model = (S.make_annotated(src_vocab=s["src_vocab"], tgt_vocab=s["tgt_vocab"], n=1, d_model=s["d"],
+                                  d_ff=s["ff"], h=s["heads"], max_len=32) if kind == "annotated" else
+                 S.Seq2SeqTransformer(1, 1, s["d"], s["heads"], s["src_vocab"], s["tgt_vocab"], s["ff"],
+                                      maxlen=32))
+        torch.save(S.randomize_(model, seed=3).state_dict(), root / f"{kind}.pt")
+        return root / f"{kind}.pt"
+    elif kind == "tf-tutorial":  # save_weights of the TensorFlow tutorial's model
+        from parity_tests import keras_source_models as K
+        model = K.TutorialTransformer(num_layers=1, d_model=s["d"], num_heads=s["heads"], dff=s["ff"],
+                                      input_vocab_size=s["src_vocab"], target_vocab_size=s["tgt_vocab"],
+                                      dropout_rate=0.0)
+        model((np.ones((1, 2), np.int32), np.ones((1, 2), np.int32)))  # builds every variable
+        model.save_weights(root / "tutorial.weights.h5")
+        return root / "tutorial.weights.h5"
+    elif kind == "keras-hub":  # model.save of the keras.io example's model: a .keras archive
+        from parity_tests import keras_source_models as K
+        K.keras_hub_model(s["src_vocab"], s["tgt_vocab"], 12, s["d"], s["heads"], s["ff"], dropout=0.0
+                          ).save(root / "hub.keras")
+        return root / "hub.keras"
+    else:
+        raise KeyError(kind)
+    return root / kind
 
 
 def _twins(main, argv) -> tuple[object, str]:
@@ -361,14 +423,24 @@ def _twins(main, argv) -> tuple[object, str]:
 
 
 def _damage_json(rng: random.Random, path: Path) -> str:
+    """One value of a JSON file replaced or removed: a top-level one, or (a nested config, as a
+    ``.keras`` archive's) one further down."""
     data = json.loads(path.read_text())
-    key = rng.choice(sorted(data))
+    parent, where = data, []
+    while True:
+        keys = sorted(parent) if isinstance(parent, dict) else list(range(len(parent)))
+        key = rng.choice(keys)
+        where.append(str(key))
+        if not isinstance(parent[key], (dict, list)) or not parent[key] or rng.random() < 0.4:
+            break
+        parent = parent[key]
+    name = f"{path.name}: {'.'.join(where)}"
     if rng.random() < 0.15:
-        del data[key]
-        what = f"{path.name}: {key} removed"
+        del parent[key]
+        what = f"{name} removed"
     else:
-        data[key] = rng.choice([*HOSTILE_SCALARS, "", {}, 10**30, "float16", -0.0])
-        what = f"{path.name}: {key}={data[key]!r}"
+        parent[key] = rng.choice([*HOSTILE_SCALARS, "", {}, [], 10**30, "float16", -0.0])
+        what = f"{name}={parent[key]!r}"
     path.write_text(json.dumps(data, default=str))
     return what
 
@@ -447,26 +519,63 @@ def _damage_h5(rng: random.Random, path: Path) -> str:
     return f"{path.name}: {name} {what}"
 
 
+def _damage_archive(rng: random.Random, path: Path) -> str:
+    """A ``.keras`` archive with one member damaged (its JSON as `_damage_json`, its weights as
+    `_damage_h5`), removed, or joined by a stray one; or the archive's own bytes changed."""
+    import zipfile
+    if rng.random() < 0.25:
+        return _damage_bytes(rng, path)
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    name = rng.choice(sorted(members))
+    what = rng.choice(["damaged", "damaged", "damaged", "removed", "stray"])
+    if what == "removed":
+        del members[name]
+        detail = f"{name} removed"
+    elif what == "stray":
+        stray = rng.choice(["../outside.json", "/absolute.h5", "config.json/", "model.weights.h5.bak"])
+        members[stray] = members[name]
+        detail = f"a copy of {name} as {stray!r}"
+    else:
+        with tempfile.TemporaryDirectory() as scratch:
+            member = Path(scratch) / name
+            member.write_bytes(members[name])
+            detail = (_damage_json(rng, member) if name.endswith(".json") else
+                      _damage_h5(rng, member) if rng.random() < 0.8 else _damage_bytes(rng, member))
+            members[name] = member.read_bytes()
+    with zipfile.ZipFile(path, "w") as archive:  # stored, as Keras writes it
+        for member_name, data in members.items():
+            archive.writestr(member_name, data)
+    return f"{path.name}: {detail}"
+
+
+def _damage(rng: random.Random, path: Path) -> str:
+    """``path`` (a copy of a `_source`) damaged in one way its format allows; what was done."""
+    if path.is_dir():  # neutral, marian, fsmt: one of its JSON files or its safetensors
+        target = rng.choice(sorted(path.iterdir()))
+        return _damage_json(rng, target) if target.suffix == ".json" else _damage_bytes(rng, target)
+    if path.suffix == ".pt":
+        return _damage_state_dict(rng, path) if rng.random() < 0.8 else _damage_bytes(rng, path)
+    if path.suffix == ".keras":
+        return _damage_archive(rng, path)
+    return _damage_h5(rng, path) if rng.random() < 0.8 else _damage_bytes(rng, path)
+
+
 def files(rng: random.Random) -> str | None:
     from twins.cli import main
-    kind = rng.choice(sorted(_sources()))
-    source, options = _sources()[kind]
+    kind = rng.choice(sorted(KIND_OPTIONS))
+    source, options = _source(kind), KIND_OPTIONS[kind]
     work = Path(tempfile.mkdtemp(prefix="twins-fuzz-case-"))
     try:
         copy = work / source.name
         (shutil.copytree if source.is_dir() else shutil.copy)(source, copy)
-        if copy.is_dir():  # neutral, marian: one of its JSON files or its safetensors
-            target = rng.choice(sorted(copy.iterdir()))
-            what = _damage_json(rng, target) if target.suffix == ".json" else _damage_bytes(rng, target)
-        elif copy.suffix == ".pt":
-            what = _damage_state_dict(rng, copy) if rng.random() < 0.8 else _damage_bytes(rng, copy)
+        what = _damage(rng, copy)
+        if rng.random() < 0.3:  # ids within every kind's vocabularies
+            backend = rng.choice(["torch", "tf", "torch", "tf", "onnx"])
+            argv = ["decode", "--checkpoint", copy, "--backend", backend, "--src", "4 5 6", *options]
         else:
-            what = _damage_h5(rng, copy) if rng.random() < 0.8 else _damage_bytes(rng, copy)
-        if rng.random() < 0.3 and not options:
-            argv = ["decode", "--checkpoint", copy, "--backend", rng.choice(["torch", "tf"]), "--src", "4 5 6"]
-        else:
-            to = rng.choice(["neutral", "torch", "tf"])
-            argv = ["convert", copy, work / {"neutral": "out", "torch": "out.pt", "tf": "out.weights.h5"}[to],
+            to = rng.choice(["neutral", "torch", "tf", "neutral", "torch", "tf", "marian"])
+            argv = ["convert", copy, work / {"torch": "out.pt", "tf": "out.weights.h5"}.get(to, "out"),
                     "--to", to, *options]
         code, err = _twins(main, argv)
         lines = err.strip().splitlines()
