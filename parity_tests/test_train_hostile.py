@@ -350,7 +350,7 @@ def test_a_run_cannot_step_past_the_logs_limit(tmp_path, capsys, tiny):
     run = tmp_path / "run"
     assert run_train(capsys, "torch", run, 1, config=tiny)[0] == 0
     log = read_log(run)
-    log["step"] = train.STEP_MAX - 1
+    log["step"] = log["segments"][-1]["last_step"] = train.STEP_MAX - 1  # the log agrees with itself
     (run / "train_log.json").write_text(json.dumps(log))
     before = {name: (run / name).read_bytes() for name in sorted(os.listdir(run))}
     code, out, err = run_train(capsys, "torch", run, 3)
@@ -402,6 +402,60 @@ def test_a_batch_whose_step_cannot_fit_the_memory_is_refused_before_training(tmp
         err = capsys.readouterr().err
         assert "the run's batch of 3000000: a training step of 3,000,000 rows" in err, err
     assert launched == [] and {name: (run / name).read_bytes() for name in sorted(os.listdir(run))} == before
+
+
+@pytest.mark.torch  # the run trains in torch, and resumes there
+def test_a_run_whose_files_disagree_is_refused_before_it_trains(tmp_path, capsys, tiny):
+    """A run directory holds its model twice (config.json and the log's config) and its step
+    three times (the log's step, its last segment's, the optimizer file's). Before, a resume read
+    config.json alone and trained whatever model it now described (a norm_eps of 2.0 changed by
+    hand: exit 0, the log's config silently replaced), and took the log's step unchecked (a step
+    of 1 on a run at step 2: its data stream and learning-rate schedule repeated a step, with the
+    moments of step 2). The fuzzer's `runs` surface found both. Now a run whose files disagree is
+    refused before it trains, naming both values and leaving every file as it was; moments saved
+    at another step restart from zero with a note, as moments that do not fit do; a format
+    version of ``true`` (equal to 1 in Python) is not version 1."""
+    run = tmp_path / "run"
+    assert run_train(capsys, "torch", run, 2, config=tiny)[0] == 0
+    saved = {name: (run / name).read_bytes() for name in sorted(os.listdir(run))}
+
+    def resume_damaged(file: str, change) -> tuple[int, str]:
+        for name, data in saved.items():
+            (run / name).write_bytes(data)
+        data = json.loads((run / file).read_text())
+        change(data)
+        (run / file).write_text(json.dumps(data))
+        before = {name: (run / name).read_bytes() for name in sorted(os.listdir(run))}
+        code, out, err = run_train(capsys, "torch", run, 1)
+        if code == 2:
+            assert out == "" and len(err.splitlines()) == 1, err
+            assert {name: (run / name).read_bytes() for name in sorted(os.listdir(run))} == before
+        return code, err
+
+    log_file = repr(str(run / "train_log.json"))
+    code, err = resume_damaged("config.json", lambda d: d["config"].update(norm_eps=2.0))
+    assert code == 2 and err == (
+        f"twins train: error: {log_file}: disagrees with the run it logs: its config is not config.json's "
+        "(norm_eps: 1e-06 vs 2.0; the log's vs config.json's); a file of the run was changed since it was "
+        "saved\n"), err
+    code, err = resume_damaged("train_log.json", lambda d: d.update(step=1))
+    assert code == 2 and err.endswith(": disagrees with the run it logs: its step is 1, but its last segment "
+                                      "ended at step 2; a file of the run was changed since it was saved\n"), err
+    code, err = resume_damaged("train_log.json", lambda d: d["config"].update(dropout=[]))
+    assert code == 2 and "disagrees with the run it logs: its config is not a model's (" in err, err
+    code, err = resume_damaged("train_log.json", lambda d: d.update(version=True))
+    assert code == 2 and "train_log.json': unknown version True, this reads 1" in err, err
+    code, err = resume_damaged("config.json", lambda d: d.update(format_version=True))
+    assert code == 2 and "config.json': unknown format_version True, this version reads 1" in err, err
+    # both the log's step and its segment's moved (a log that agrees with itself, not with the moments)
+    code, err = resume_damaged("train_log.json", lambda d: (d.update(step=5), d["segments"][-1].update(last_step=5)))
+    assert code == 0 and ("optimizer.safetensors was saved at step '2', the run's log is at step 5; Adam's "
+                          "moments restart from zero") in err, err
+    assert read_log(run)["step"] == 6
+    for name, data in saved.items():  # the run as saved resumes, without a note
+        (run / name).write_bytes(data)
+    code, _, err = run_train(capsys, "torch", run, 1)
+    assert code == 0 and "note:" not in err, err
 
 
 # -- 6. stdout closed or full ---------------------------------------------------------------------

@@ -433,7 +433,8 @@ def read_config_file(config_file: Path) -> TransformerConfig:
     header = read_json(config_file)
     if not isinstance(header, dict) or "format_version" not in header or "config" not in header:
         raise ValueError(f"{str(config_file)!r}: expected keys 'format_version' and 'config'")
-    if header["format_version"] != FORMAT_VERSION:
+    version = header["format_version"]
+    if isinstance(version, bool) or not isinstance(version, int) or version != FORMAT_VERSION:  # true == 1
         raise ValueError(f"{str(config_file)!r}: unknown format_version {header['format_version']!r}, "
                          f"this version reads {FORMAT_VERSION}")
     try:

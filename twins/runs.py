@@ -48,7 +48,7 @@ def read_log_file(file: str | os.PathLike) -> dict:
     log = read_json(file)  # a ValueError naming the file: not UTF-8, not JSON, not a file
     if not isinstance(log, dict) or log.get("format") != LOG_FORMAT:
         raise ValueError(f"{str(file)!r}: not a twins train log (expected format {LOG_FORMAT!r})")
-    if log.get("version") != LOG_VERSION:
+    if not _int(log.get("version")) or log["version"] != LOG_VERSION:  # true == 1: refused
         raise ValueError(f"{str(file)!r}: unknown version {log.get('version')!r}, this reads {LOG_VERSION}")
     problems = log_problems(log)
     if problems:  # before a resumed run trains (a bad field used to fail after its steps) or a figure
@@ -124,16 +124,50 @@ def log_problems(log: dict) -> list[str]:
     return problems
 
 
-def read_moments(path: Path, config: TransformerConfig) -> dict[str, np.ndarray] | None:
-    """Adam's moments of a run, checked against the config; None (with a note) when absent or unfit."""
+def check_run_agrees(path: Path, log: dict, config: TransformerConfig) -> None:
+    """Refuse a run to resume whose files disagree, one of them changed since the run saved them:
+    the log's config against ``config.json``'s (``config``), the log's step against the last step
+    of its last segment. Resumed, such a run would train another model than the one its log
+    describes, or repeat or skip steps of its data stream and its learning-rate schedule.
+
+    Raises:
+        ValueError: naming the log, every disagreement, and both values of each.
+    """
+    problems = []
+    try:
+        logged = TransformerConfig.from_dict(log["config"])
+    except (TypeError, ValueError) as err:
+        problems.append(f"its config is not a model's ({err})"[:300])
+    else:
+        if logged != config:
+            problems.append(f"its config is not {neutral.CONFIG_FILE}'s ({neutral.config_differences(logged, config)}; "
+                            f"the log's vs {neutral.CONFIG_FILE}'s)")
+    last = log["segments"][-1].get("last_step", log["step"]) if log["segments"] else log["step"]
+    if isinstance(last, bool) or last != log["step"]:
+        problems.append(f"its step is {log['step']!r}, but its last segment ended at step {last!r}")
+    if problems:
+        raise ValueError(f"{str(Path(path) / LOG_FILE)!r}: disagrees with the run it logs: {'; '.join(problems)}; "
+                         "a file of the run was changed since it was saved")
+
+
+def read_moments(path: Path, config: TransformerConfig, step: int | None = None) -> dict[str, np.ndarray] | None:
+    """Adam's moments of a run, checked against the config and (``step``: the log's) the step they
+    were saved at; None (with a note) when absent or unfit."""
     file = path / OPTIMIZER_FILE
     if not file.is_file():
         return None
+    from safetensors import safe_open
     from safetensors.numpy import load_file
     try:
         moments = load_file(str(file))
+        with safe_open(str(file), "numpy") as handle:
+            saved_at = (handle.metadata() or {}).get("step")
     except Exception as err:  # noqa: BLE001  (safetensors raises several kinds)
         print(f"note: {file} unreadable ({err}); Adam's moments restart from zero", file=sys.stderr)
+        return None
+    if step is not None and saved_at is not None and saved_at != str(step):  # absent: written elsewhere
+        print(f"note: {file} was saved at step {saved_at[:40]!r}, the run's log is at step {step}; Adam's "
+              "moments restart from zero", file=sys.stderr)
         return None
     # the checks of import_moments: a NaN or a negative second moment would poison the first step,
     # and the loss, not the file, would be blamed

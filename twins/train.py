@@ -53,7 +53,8 @@ from . import arguments
 from . import demo_tasks as tasks
 from . import parallel, pipes
 from .backends import BACKENDS, make_adapter
-from .runs import LOG_FORMAT, LOG_VERSION, NO_FLOAT16, TRAIN_PRECISIONS, read_log, read_moments, save_run
+from .runs import (LOG_FORMAT, LOG_VERSION, NO_FLOAT16, TRAIN_PRECISIONS, check_run_agrees, read_log, read_moments,
+                   save_run)
 
 SETTINGS = ("batch", "warmup", "factor", "smoothing")
 
@@ -234,6 +235,7 @@ def _start_or_resume(args, path: Path):
         return config, neutral.init_weights(config, seed), None, log
     _check_resume(args, path, log)
     config, weights = neutral.load_checkpoint(path)
+    check_run_agrees(path, log, config)
     _check_same_model(args, path, config)
     tasks.check_config(args.task, config)
     _check_batch_fits(args, config, _run_batch(args, log))
@@ -242,7 +244,7 @@ def _start_or_resume(args, path: Path):
             log["settings"][k] = getattr(args, k)
     if args.precision is not None:
         log["settings"]["precision"] = args.precision
-    return config, weights, read_moments(path, config), log
+    return config, weights, read_moments(path, config, log["step"]), log
 
 
 def _check_resume(args, path: Path, log: dict) -> None:
@@ -294,9 +296,10 @@ def _check_before_launch(args, log: dict | None) -> None:
     else:
         _check_resume(args, path, log)
         try:
-            config = TransformerConfig.from_dict(log["config"])
-        except (TypeError, ValueError):
-            return  # refused by the workers, from the checkpoint's own config
+            config = neutral.read_config_file(path / neutral.CONFIG_FILE)
+        except (OSError, ValueError):
+            return  # refused by the workers, which read the whole checkpoint
+        check_run_agrees(path, log, config)
         _check_same_model(args, path, config)
     _check_batch_fits(args, config, _run_batch(args, log))
 
