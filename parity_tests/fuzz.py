@@ -3,7 +3,7 @@ torch_impl and tf_impl succeeds in both or raises the same type with the same me
 call changes nothing; a damaged file given to ``twins`` ends in one line and exit status 2, never a
 traceback or an error of an unexpected kind. Every finding is printed with what produced it.
 
-    python -m parity_tests.fuzz [--surfaces decoders steps forward weights train files] [--cases 200]
+    python -m parity_tests.fuzz [--surfaces decoders steps forward weights train files runs] [--cases 200]
                                 [--seed 0]
 
 Exit status 1 when anything was found. Surfaces:
@@ -26,12 +26,18 @@ Exit status 1 when anything was found. Surfaces:
   or bytes changed), a torch_impl ``.pt`` and the nn.Transformer and Annotated tutorials' state
   dicts (tensors removed, reshaped, recast, sparse, replaced by non-tensors), tf_impl's and the
   TensorFlow tutorial's ``.weights.h5`` (datasets removed, reshaped, recast, replaced by groups),
-  a KerasHub ``.keras`` archive (a member damaged so, removed or joined by a stray one).
+  a KerasHub ``.keras`` archive (a member damaged so, removed or joined by a stray one);
+* ``runs``: a `twins train` run directory with one file damaged as above (or removed), given to
+  ``twins train`` to resume it in either backend, to ``twins decode`` and to ``twins convert``; a
+  refused resume must leave every file of the run as it was.
 
-`parity_tests/test_fuzz.py` runs a fixed slice of each in the suite. Four defects this found are
-tests now (a sparse tensor in a foreign state dict; tf_impl naming non-tensor ids in TensorFlow's
-words; torch's warnings printed above the refusal of a damaged ``.pt``; h5py's RuntimeError on a
-Keras file damaged inside: test_hostile_porting.py, test_hostile_inputs.py, test_torch_weights.py).
+`parity_tests/test_fuzz.py` runs a fixed slice of each in the suite. Defects this found are tests
+now: a sparse tensor in a foreign state dict, and h5py's RuntimeError on a Keras file damaged inside
+(test_hostile_porting.py); tf_impl naming non-tensor ids in TensorFlow's words
+(test_hostile_inputs.py); torch's warnings printed above the refusal of a damaged ``.pt``
+(test_torch_weights.py); a resumed run whose config.json or log step had changed, trained as it
+stood (test_train_hostile.py: found by reading the `runs` surface's resumes that succeeded, which
+its rules cannot judge).
 """
 from __future__ import annotations
 
@@ -586,8 +592,65 @@ def files(rng: random.Random) -> str | None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+# -- runs -------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _run() -> Path:
+    """A `twins train` run directory of 2 steps (config.json, model and optimizer safetensors,
+    train_log.json), written once."""
+    from twins.cli import main
+    path = _root() / "run"
+    code, err = _twins(main, ["train", "--task", "copy", "--backend", "torch", "--steps", "2", "--checkpoint",
+                              path, "--preset", "tiny", "--batch", "8", "--eval-every", "0", "--heldout", "2",
+                              "--no-progress"])
+    assert code == 0, f"the fuzzer's run does not train: {err}"
+    return path
+
+
+def _files_of(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def runs(rng: random.Random) -> str | None:
+    """A damaged `twins train` run directory given to ``twins train`` to resume (one step more, in
+    either backend), to ``twins decode`` and to ``twins convert``: one line and exit status 2 when
+    refused, and a refused resume leaves every file of the run as it was."""
+    from twins.cli import main
+    work = Path(tempfile.mkdtemp(prefix="twins-fuzz-case-"))
+    try:
+        run = work / "run"
+        shutil.copytree(_run(), run)
+        target = rng.choice(sorted(run.iterdir()))
+        if rng.random() < 0.1:
+            target.unlink()
+            what = f"{target.name} removed"
+        elif target.suffix == ".json":
+            what = _damage_json(rng, target)
+        else:
+            what = _damage_bytes(rng, target)
+        before = _files_of(run)
+        command = rng.choice(["train", "train", "decode", "convert"])
+        if command == "train":
+            argv = ["train", "--task", "copy", "--backend", rng.choice(["torch", "tf"]), "--steps", "1",
+                    "--checkpoint", run, "--eval-every", "0", "--heldout", "2", "--no-progress"]
+        elif command == "decode":
+            argv = ["decode", "--checkpoint", run, "--backend", rng.choice(["torch", "tf"]), "--src", "4 5 6"]
+        else:
+            argv = ["convert", run, work / "out", "--to", rng.choice(["neutral", "torch", "tf"])]
+        code, err = _twins(main, argv)
+        lines = err.strip().splitlines()
+        if code not in (0, 2) or "--verbose shows the traceback" in err or (code == 2 and len(lines) != 1):
+            return f"twins {command} of a run ({what}): exit {code}\n    {err.strip()[-600:]}"
+        if code == 2 and _files_of(run) != before:
+            changed = sorted(set(before) ^ set(_files_of(run)) | {n for n, b in _files_of(run).items()
+                                                                    if before.get(n, b) != b})
+            return f"twins {command} of a run ({what}): refused ({err.strip()}), yet changed {changed}"
+        return None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 SURFACES = {"decoders": decoders, "steps": steps, "forward": forward, "weights": weights, "train": train,
-            "files": files}
+            "files": files, "runs": runs}
 
 
 def _shown(value) -> str:

@@ -16,6 +16,6 @@ pytestmark = [pytest.mark.torch, pytest.mark.tf]
 
 
 @pytest.mark.parametrize("surface, cases", [("decoders", 60), ("steps", 60), ("forward", 60), ("weights", 30),
-                                            ("train", 30), ("files", 60)])
+                                            ("train", 30), ("files", 60), ("runs", 6)])
 def test_random_hostile_input_is_refused_alike_and_changes_nothing(surface, cases):
     assert fuzz.run(surface, cases, seed=1) == []
