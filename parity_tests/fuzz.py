@@ -28,8 +28,8 @@ Exit status 1 when anything was found. Surfaces:
   TensorFlow tutorial's ``.weights.h5`` (datasets removed, reshaped, recast, replaced by groups),
   a KerasHub ``.keras`` archive (a member damaged so, removed or joined by a stray one);
 * ``runs``: a `twins train` run directory with one file damaged as above (or removed), given to
-  ``twins train`` to resume it in either backend, to ``twins decode`` and to ``twins convert``; a
-  refused resume must leave every file of the run as it was.
+  ``twins train`` to resume it in either backend, to ``twins decode``, ``twins convert`` and
+  ``twins figures``; a refused resume must leave every file of the run as it was.
 
 `parity_tests/test_fuzz.py` runs a fixed slice of each in the suite. Defects this found are tests
 now: a sparse tensor in a foreign state dict, and h5py's RuntimeError on a Keras file damaged inside
@@ -612,8 +612,8 @@ def _files_of(folder: Path) -> dict[str, bytes]:
 
 def runs(rng: random.Random) -> str | None:
     """A damaged `twins train` run directory given to ``twins train`` to resume (one step more, in
-    either backend), to ``twins decode`` and to ``twins convert``: one line and exit status 2 when
-    refused, and a refused resume leaves every file of the run as it was."""
+    either backend), to ``twins decode``, ``twins convert`` and ``twins figures``: one line and
+    exit status 2 when refused, and a refused resume leaves every file of the run as it was."""
     from twins.cli import main
     work = Path(tempfile.mkdtemp(prefix="twins-fuzz-case-"))
     try:
@@ -628,14 +628,16 @@ def runs(rng: random.Random) -> str | None:
         else:
             what = _damage_bytes(rng, target)
         before = _files_of(run)
-        command = rng.choice(["train", "train", "decode", "convert"])
+        command = rng.choice(["train", "train", "decode", "convert", "figures"])
         if command == "train":
             argv = ["train", "--task", "copy", "--backend", rng.choice(["torch", "tf"]), "--steps", "1",
                     "--checkpoint", run, "--eval-every", "0", "--heldout", "2", "--no-progress"]
         elif command == "decode":
             argv = ["decode", "--checkpoint", run, "--backend", rng.choice(["torch", "tf"]), "--src", "4 5 6"]
-        else:
+        elif command == "convert":
             argv = ["convert", run, work / "out", "--to", rng.choice(["neutral", "torch", "tf"])]
+        else:  # the training curve and the attention figure, at the smallest resolution
+            argv = ["figures", "--out", work / "figures", "--checkpoint", run, "--dpi", "20"]
         code, err = _twins(main, argv)
         lines = err.strip().splitlines()
         if code not in (0, 2) or "--verbose shows the traceback" in err or (code == 2 and len(lines) != 1):
