@@ -26,7 +26,9 @@ Exit status 1 when anything was found. Surfaces:
   or bytes changed), a torch_impl ``.pt`` and the nn.Transformer and Annotated tutorials' state
   dicts (tensors removed, reshaped, recast, sparse, replaced by non-tensors), tf_impl's and the
   TensorFlow tutorial's ``.weights.h5`` (datasets removed, reshaped, recast, replaced by groups),
-  a KerasHub ``.keras`` archive (a member damaged so, removed or joined by a stray one);
+  a KerasHub ``.keras`` archive (a member damaged so, removed or joined by a stray one), and an
+  ONNX export directory (its JSON or graphs damaged so; decoded by ONNX Runtime, as no format
+  reads it);
 * ``runs``: a `twins train` run directory with one file damaged as above (or removed), given to
   ``twins train`` to resume it in either backend, to ``twins decode``, ``twins convert`` and
   ``twins figures``; a refused resume must leave every file of the run as it was.
@@ -342,6 +344,7 @@ KIND_OPTIONS = {
                        "--bos-id", "2", "--eos-id", "3"],
     "tf-tutorial": ["--from", "tf-tutorial", "--bos-id", "2", "--eos-id", "3"],
     "keras-hub": ["--from", "keras-hub", "--bos-id", "2", "--eos-id", "3", "--mask-zero", "false"],
+    "onnx": [],  # an ONNX export directory: ONNX Runtime decodes it as it is (`twins decode --backend onnx`)
 }
 # Small source models, vocabularies of 11 and 13 (the ids of `files`' --src among them).
 _SMALL = dict(src_vocab=11, tgt_vocab=13, d=16, heads=4, ff=24)
@@ -363,9 +366,19 @@ def _source(kind: str) -> Path:
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")  # Keras on the tutorial's masks; transformers' progress bar
         path = _write_source(kind)
-    code, err = _twins(main, ["convert", path, _root() / f"{kind}-checked", "--to", "neutral", *KIND_OPTIONS[kind]])
-    assert code == 0, f"the fuzzer's {kind} source does not convert: {err}"
+    code, err = _twins(main, _command(kind, path, "torch", _root() / f"{kind}-checked", "neutral"))
+    assert code == 0, f"the fuzzer's {kind} source is not read: {err}"
     return path
+
+
+def _command(kind: str, path: Path, backend: str | None, out: Path, to: str) -> list:
+    """``twins decode`` of ``path`` (a file of ``kind``) in ``backend``, or, ``backend`` None,
+    ``twins convert`` of it to ``out`` in format ``to``. An ONNX export is only decoded, by ONNX
+    Runtime: no format reads it."""
+    if kind == "onnx" or backend is not None:  # ids within every kind's vocabularies
+        return ["decode", "--checkpoint", path, "--backend", "onnx" if kind == "onnx" else backend,
+                "--src", "4 5 6", *KIND_OPTIONS[kind]]
+    return ["convert", path, out, "--to", to, *KIND_OPTIONS[kind]]
 
 
 def _write_source(kind: str) -> Path:
@@ -378,6 +391,8 @@ def _write_source(kind: str) -> Path:
         assert _twins(main, ["convert", _source("neutral"), path, "--to", kind])[0] == 0
         return path
         return path
+    elif kind == "onnx":  # as `twins convert --to onnx` writes it: three graphs and their config
+        assert _twins(main, ["convert", _source("neutral"), root / "onnx", "--to", "onnx"])[0] == 0
     elif kind == "marian":  # as `twins convert --to marian` writes it: the settings Marian computes
         marian = dataclasses.replace(CONFIG, norm_style="standard", norm_eps=1e-5, norm_first=False,
                                      final_norm=False, pe_layout="halves")
@@ -557,7 +572,7 @@ def _damage_archive(rng: random.Random, path: Path) -> str:
 
 def _damage(rng: random.Random, path: Path) -> str:
     """``path`` (a copy of a `_source`) damaged in one way its format allows; what was done."""
-    if path.is_dir():  # neutral, marian, fsmt: one of its JSON files or its safetensors
+    if path.is_dir():  # neutral, marian, fsmt, onnx: one of its JSON files, its safetensors or graphs
         target = rng.choice(sorted(path.iterdir()))
         return _damage_json(rng, target) if target.suffix == ".json" else _damage_bytes(rng, target)
     if path.suffix == ".pt":
@@ -570,19 +585,15 @@ def _damage(rng: random.Random, path: Path) -> str:
 def files(rng: random.Random) -> str | None:
     from twins.cli import main
     kind = rng.choice(sorted(KIND_OPTIONS))
-    source, options = _source(kind), KIND_OPTIONS[kind]
+    source = _source(kind)
     work = Path(tempfile.mkdtemp(prefix="twins-fuzz-case-"))
     try:
         copy = work / source.name
         (shutil.copytree if source.is_dir() else shutil.copy)(source, copy)
         what = _damage(rng, copy)
-        if rng.random() < 0.3:  # ids within every kind's vocabularies
-            backend = rng.choice(["torch", "tf", "torch", "tf", "onnx"])
-            argv = ["decode", "--checkpoint", copy, "--backend", backend, "--src", "4 5 6", *options]
-        else:
-            to = rng.choice(["neutral", "torch", "tf", "neutral", "torch", "tf", "marian"])
-            argv = ["convert", copy, work / {"torch": "out.pt", "tf": "out.weights.h5"}.get(to, "out"),
-                    "--to", to, *options]
+        backend = rng.choice(["torch", "tf", "torch", "tf", "onnx"]) if rng.random() < 0.3 else None
+        to = rng.choice(["neutral", "torch", "tf", "neutral", "torch", "tf", "marian"])
+        argv = _command(kind, copy, backend, work / {"torch": "out.pt", "tf": "out.weights.h5"}.get(to, "out"), to)
         code, err = _twins(main, argv)
         lines = err.strip().splitlines()
         if code not in (0, 2) or "--verbose shows the traceback" in err or (code == 2 and len(lines) != 1):
