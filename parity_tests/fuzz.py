@@ -31,15 +31,16 @@ Exit status 1 when anything was found. Surfaces:
   reads it);
 * ``runs``: a `twins train` run directory with one file damaged as above (or removed), given to
   ``twins train`` to resume it in either backend, to ``twins decode``, ``twins convert`` and
-  ``twins figures``; a refused resume must leave every file of the run as it was.
+  ``twins figures``; a resume must refuse a run whose model or step changed (the files hold each
+  twice), and a refused one must leave every file of the run as it was.
 
 `parity_tests/test_fuzz.py` runs a fixed slice of each in the suite. Defects this found are tests
 now: a sparse tensor in a foreign state dict, and h5py's RuntimeError on a Keras file damaged inside
 (test_hostile_porting.py); tf_impl naming non-tensor ids in TensorFlow's words
 (test_hostile_inputs.py); torch's warnings printed above the refusal of a damaged ``.pt``
 (test_torch_weights.py); a resumed run whose config.json or log step had changed, trained as it
-stood (test_train_hostile.py: found by reading the `runs` surface's resumes that succeeded, which
-its rules cannot judge).
+stood (test_train_hostile.py: found by reading the resumes that succeeded; the `runs` surface
+judges them since).
 """
 from __future__ import annotations
 
@@ -621,10 +622,26 @@ def _files_of(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
+def _held_twice(run: Path) -> tuple:
+    """What a run's files hold twice, each copy as a resume reads it (or the error reading it):
+    the model (config.json's config and the log's) and the step (the log's and its last
+    segment's). A resume must refuse a run where a copy changed."""
+    def read(part):
+        try:
+            return part()
+        except Exception as err:  # noqa: BLE001  (a damaged file fails in many ways: all alike here)
+            return f"unreadable ({type(err).__name__})"
+    log = lambda: json.loads((run / "train_log.json").read_text())  # noqa: E731
+    return (read(lambda: TransformerConfig.from_dict(json.loads((run / "config.json").read_text())["config"])),
+            read(lambda: TransformerConfig.from_dict(log()["config"])), read(lambda: log()["step"]),
+            read(lambda: log()["segments"][-1]["last_step"]))
+
+
 def runs(rng: random.Random) -> str | None:
     """A damaged `twins train` run directory given to ``twins train`` to resume (one step more, in
     either backend), to ``twins decode``, ``twins convert`` and ``twins figures``: one line and
-    exit status 2 when refused, and a refused resume leaves every file of the run as it was."""
+    exit status 2 when refused; a resume refuses a run whose model or step changed, and leaves
+    every file of a run it refuses as it was."""
     from twins.cli import main
     work = Path(tempfile.mkdtemp(prefix="twins-fuzz-case-"))
     try:
@@ -638,7 +655,7 @@ def runs(rng: random.Random) -> str | None:
             what = _damage_json(rng, target)
         else:
             what = _damage_bytes(rng, target)
-        before = _files_of(run)
+        before, held = _files_of(run), _held_twice(run)
         command = rng.choice(["train", "train", "decode", "convert", "figures"])
         if command == "train":
             argv = ["train", "--task", "copy", "--backend", rng.choice(["torch", "tf"]), "--steps", "1",
@@ -653,6 +670,8 @@ def runs(rng: random.Random) -> str | None:
         lines = err.strip().splitlines()
         if code not in (0, 2) or "--verbose shows the traceback" in err or (code == 2 and len(lines) != 1):
             return f"twins {command} of a run ({what}): exit {code}\n    {err.strip()[-600:]}"
+        if command == "train" and code == 0 and held != _held_twice(_run()):
+            return f"twins train resumed a run ({what}) whose model or step is not the one it saved"
         if code == 2 and _files_of(run) != before:
             changed = sorted(set(before) ^ set(_files_of(run)) | {n for n, b in _files_of(run).items()
                                                                     if before.get(n, b) != b})
