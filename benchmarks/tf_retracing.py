@@ -1,15 +1,20 @@
-"""What tf_impl's decoding keeps as the source shapes change: resident memory and time over
-``--shapes`` decodes, each of a new (batch, length) and ``max_len`` from a few values.
+"""What tf_impl's decoding keeps as the source shapes change: resident memory, memory mappings
+and time over ``--shapes`` decodes, each of a new (batch, length) and ``max_len`` from a few
+values; with ``--new-models``, each of a new model (the same shape), dropped after its decode.
 
 A server decodes sources of every length. `tf_impl.decoding` compiles its loop as one
 ``tf.function`` per model and program; every trace and every XLA executable it makes is kept for
-the model's life. This prints how much memory and time the sequence of shapes costs, with XLA
-(the default of a cached decode, `tf_impl.decoding.JIT_COMPILE`) and without.
+the model's life, and TensorFlow keeps an XLA executable for the process's life, after its model
+and function are gone. Each executable holds memory mappings of its own, and Linux ends a process
+at ``vm.max_map_count`` of them (LLVM's "Unable to allocate section memory": an abort, not an
+exception). This prints how much memory, how many mappings and how much time the sequence costs,
+with XLA (the default of a cached decode, `tf_impl.decoding.JIT_COMPILE`) and without.
 
-    python3 dev.py bench tf_retracing [--preset tiny] [--shapes 30]
+    python3 dev.py bench tf_retracing [--preset tiny] [--shapes 30] [--new-models]
 
-Printed, per mode: the resident memory grown since the first decode (MiB) and the seconds, every
-10 shapes. Run it on a quiet machine; the memory is a property of the code and the TF version.
+Printed, per mode: the resident memory grown since the first decode (MiB), the process's memory
+mappings (of ``vm.max_map_count``) and the seconds, every 10 decodes. Run it on a quiet machine; the
+memory and mappings are a property of the code and the TF version.
 """
 from __future__ import annotations
 
@@ -21,6 +26,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _args import positive  # noqa: E402
 
 
 def _resident_mib() -> float:
@@ -28,8 +37,23 @@ def _resident_mib() -> float:
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
-def measure(preset: str, shapes: int, jit_compile: bool) -> None:
-    """The sequence of decodes in this process, one line every 10 shapes."""
+def _mappings() -> int:
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+
+
+def _map_limit() -> str:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def measure(preset: str, shapes: int, jit_compile: bool, new_models: bool) -> None:
+    """The sequence of decodes in this process, one line every 10 decodes."""
+    import gc
+
     import numpy as np
 
     import tf_impl
@@ -37,39 +61,53 @@ def measure(preset: str, shapes: int, jit_compile: bool) -> None:
     from shared.weights import random_weights
 
     config = TransformerConfig.preset(preset)
-    model = tf_impl.Transformer(config)
-    model.import_weights(random_weights(config, 0))
+
+    def model_of(seed: int):
+        model = tf_impl.Transformer(config)
+        model.import_weights(random_weights(config, seed))
+        return model
+
+    model = model_of(0)
     rng = np.random.default_rng(0)
     tf_impl.greedy_decode(model, rng.integers(4, config.src_vocab, size=(1, 1)), 1, jit_compile=jit_compile)
-    start_mib, start = _resident_mib(), time.perf_counter()
+    start_mib, start, limit = _resident_mib(), time.perf_counter(), _map_limit()
     for i in range(1, shapes + 1):
-        length = 1 + i % min(40, config.max_len)
-        src = rng.integers(4, config.src_vocab, size=(1 + i % 3, length))
-        tf_impl.greedy_decode(model, src, 1 + i % 7, jit_compile=jit_compile)
+        if new_models:  # the first decode's shape, another model each time; the last one dropped
+            del model
+            gc.collect()
+            model = model_of(i)
+            tf_impl.greedy_decode(model, rng.integers(4, config.src_vocab, size=(1, 1)), 1, jit_compile=jit_compile)
+        else:
+            length = 1 + i % min(40, config.max_len)
+            src = rng.integers(4, config.src_vocab, size=(1 + i % 3, length))
+            tf_impl.greedy_decode(model, src, 1 + i % 7, jit_compile=jit_compile)
         if i % 10 == 0 or i == shapes:
-            print(f"  jit_compile={jit_compile!s:<5}  {i:>4} shapes  +{_resident_mib() - start_mib:7.0f} MiB  "
+            print(f"  jit_compile={jit_compile!s:<5}  {i:>4} {'models' if new_models else 'shapes'}  "
+                  f"+{_resident_mib() - start_mib:7.0f} MiB  {_mappings():>6} mappings (of {limit})  "
                   f"{time.perf_counter() - start:7.1f} s", flush=True)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--shapes", type=int, default=30)
+    parser.add_argument("--shapes", type=positive, default=30, help="decodes (default 30)")
+    parser.add_argument("--new-models", action="store_true",
+                        help="each decode of a new model of the preset, one shape, the last model dropped")
     parser.add_argument("--mode", choices=("xla", "graph"), help=argparse.SUPPRESS)  # one child run
     args = parser.parse_args(argv)
     if args.mode:
-        measure(args.preset, args.shapes, args.mode == "xla")
+        measure(args.preset, args.shapes, args.mode == "xla", args.new_models)
         return 0
     import tensorflow as tf
-    print(f"tf_impl decoding over {args.shapes} source shapes, preset {args.preset}, TensorFlow "
+    what = "models, one shape" if args.new_models else "source shapes"
+    print(f"tf_impl decoding over {args.shapes} {what}, preset {args.preset}, TensorFlow "
           f"{tf.__version__}; each mode in a fresh process")
     for mode in ("xla", "graph"):
         subprocess.run([sys.executable, __file__, "--preset", args.preset, "--shapes", str(args.shapes),
-                        "--mode", mode], check=True, cwd=ROOT,
+                        "--mode", mode, *(["--new-models"] if args.new_models else [])], check=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"})
     return 0
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())
