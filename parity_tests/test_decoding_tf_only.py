@@ -48,6 +48,37 @@ def test_mode_arguments():
         tf_impl.greedy_decode(R.Model(W64, MODEL64), SRC, 5)
 
 
+def test_an_xla_decode_that_may_not_fit_the_process_is_refused_before_it_compiles(monkeypatch):
+    """TensorFlow keeps every XLA executable until the process ends, each holding memory
+    mappings, and past vm.max_map_count LLVM aborts the process (docs/performance.md,
+    "Retracing"). A decode whose signature its function has not run is refused with a
+    MemoryError, before XLA compiles it, when fewer than the headroom are left; a signature
+    already compiled, and a decode without XLA, run as before."""
+    import os
+
+    import numpy as np
+
+    from tf_impl import decoding
+    if os.path.exists("/proc/self/maps"):  # Linux: the counts are read
+        used, limit = decoding._mapping_use()
+        assert 0 < used < limit
+    model = model_for("tf-eager", "tiny-pre-annotated", "float64", 0)
+    want = tf_impl.greedy_decode(model, SRC, 5, jit_compile=True).tokens  # its signature compiled
+    monkeypatch.setattr(decoding, "_mapping_use", lambda: (65530 - 100, 65530))
+    np.testing.assert_array_equal(tf_impl.greedy_decode(model, SRC, 5, jit_compile=True).tokens, want)
+    refusal = (r"tf_impl decoding: this process holds 65,430 memory mappings of the 65,530 the system allows "
+               r"\(vm.max_map_count\), and XLA would compile another decode \(shapes .*\): TensorFlow never "
+               r"releases a compiled decode, even with its model, and past the limit LLVM aborts the process\. "
+               r"Decode sources padded to a few fixed shapes with models you keep, or pass jit_compile=False")
+    with pytest.raises(MemoryError, match=refusal):
+        tf_impl.greedy_decode(model, SRC[:1], 5, jit_compile=True)  # a new batch
+    with pytest.raises(MemoryError, match=refusal):
+        tf_impl.beam_search(model, SRC, 5, 2, jit_compile=True)
+    np.testing.assert_array_equal(tf_impl.greedy_decode(model, SRC, 5, jit_compile=False).tokens, want)
+    monkeypatch.setattr(decoding, "_mapping_use", lambda: None)  # no /proc: no limit known, no check
+    np.testing.assert_array_equal(tf_impl.greedy_decode(model, SRC[:1], 5, jit_compile=True).tokens, want[:1])
+
+
 def test_decode_step_records_gradients_as_the_full_pass():
     """tf_impl's cached step is differentiable: its caches are immutable tensors and its step
     weights are read from the variables when the cache is made. Made and stepped under a

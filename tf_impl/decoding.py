@@ -146,6 +146,46 @@ def _compiled(model: Transformer, program, jit_compile: bool):
     return _traced(_COMPILED.setdefault(model, {}), (program.__name__, jit_compile), model, make)
 
 
+# XLA's executables are never released: TensorFlow keeps each for the process's life, after its
+# model and function are collected, and each holds its own memory mappings (about 200-270 for the
+# tiny preset, 370-430 for base). Linux refuses a process more than vm.max_map_count mappings, and
+# LLVM then aborts it (no exception): after some 240 compiled shapes of tiny, or 320 models
+# (docs/performance.md, "Retracing"). So before a decode that may compile (a signature new to its
+# function) the mappings left are counted, and a compile that may not fit is refused by name.
+_MAPPINGS_HEADROOM = 4096  # about ten compiles of base
+_SIGNATURES: "weakref.WeakKeyDictionary[object, set]" = weakref.WeakKeyDictionary()  # function -> seen
+
+
+def _mapping_use() -> tuple[int, int] | None:
+    """``(mappings this process holds, vm.max_map_count)``, or None where Linux's /proc does not
+    say (another OS: no such limit known)."""
+    try:
+        with open("/proc/sys/vm/max_map_count", encoding="ascii") as f:
+            limit = int(f.read())
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
+            return sum(1 for _ in f), limit
+    except (OSError, ValueError):
+        return None
+
+
+def _check_compile_fits(function, signature) -> None:
+    """Refuse, with a MemoryError naming the cause and the way round, an XLA decode of a signature
+    ``function`` has not run (so XLA may compile it) when fewer than `_MAPPINGS_HEADROOM` memory
+    mappings are left: the compile could let LLVM abort the process."""
+    seen = _SIGNATURES.setdefault(function, set())
+    if signature in seen:
+        return
+    use = _mapping_use()
+    if use is not None and use[1] - use[0] < _MAPPINGS_HEADROOM:
+        raise MemoryError(
+            f"tf_impl decoding: this process holds {use[0]:,} memory mappings of the {use[1]:,} the system "
+            f"allows (vm.max_map_count), and XLA would compile another decode (shapes "
+            f"{signature[1:]}): TensorFlow never releases a compiled decode, even with its model, and "
+            "past the limit LLVM aborts the process. Decode sources padded to a few fixed shapes with "
+            "models you keep, or pass jit_compile=False (docs/usage.md, \"Using the backends\")")
+    seen.add(signature)
+
+
 def _run(model, program, compiled, jit_compile, use_cache, observe, *args, **kwargs):
     if jit_compile is None:
         jit_compile = JIT_COMPILE[bool(use_cache)] if compiled else False
@@ -156,7 +196,11 @@ def _run(model, program, compiled, jit_compile, use_cache, observe, *args, **kwa
                          "compiled=True")
     if not compiled:
         return program(model, *args, use_cache=use_cache, observe=observe, **kwargs)
-    return _compiled(model, program, bool(jit_compile))(*args, use_cache=bool(use_cache), **kwargs)
+    function = _compiled(model, program, bool(jit_compile))
+    if jit_compile and tf.executing_eagerly():  # under another tf.function its XLA compiles it
+        shapes = tuple(tuple(a.shape) if hasattr(a, "shape") else a for a in args)
+        _check_compile_fits(function, (program.__name__, *shapes, bool(use_cache), *sorted(kwargs.items())))
+    return function(*args, use_cache=bool(use_cache), **kwargs)
 
 
 def _decode_inputs(model, src, max_len, src_mask, beam_size=GREEDY, length_penalty=0.0, **flags):
