@@ -383,6 +383,7 @@ def _command(kind: str, path: Path, backend: str | None, out: Path, to: str) -> 
 
 
 def _write_source(kind: str) -> Path:
+    """Write the valid file of ``kind`` under `_root`; its path."""
     from twins.cli import main
     root, s = _root(), _SMALL
     if kind == "neutral":
@@ -390,7 +391,6 @@ def _write_source(kind: str) -> Path:
     elif kind in ("torch", "tf"):
         path = root / {"torch": "m.pt", "tf": "m.weights.h5"}[kind]
         assert _twins(main, ["convert", _source("neutral"), path, "--to", kind])[0] == 0
-        return path
         return path
     elif kind == "onnx":  # as `twins convert --to onnx` writes it: three graphs and their config
         assert _twins(main, ["convert", _source("neutral"), root / "onnx", "--to", "onnx"])[0] == 0
@@ -631,7 +631,10 @@ def _held_twice(run: Path) -> tuple:
             return part()
         except Exception as err:  # noqa: BLE001  (a damaged file fails in many ways: all alike here)
             return f"unreadable ({type(err).__name__})"
-    log = lambda: json.loads((run / "train_log.json").read_text())  # noqa: E731
+
+    def log() -> dict:
+        return json.loads((run / "train_log.json").read_text())
+
     return (read(lambda: TransformerConfig.from_dict(json.loads((run / "config.json").read_text())["config"])),
             read(lambda: TransformerConfig.from_dict(log()["config"])), read(lambda: log()["step"]),
             read(lambda: log()["segments"][-1]["last_step"]))
