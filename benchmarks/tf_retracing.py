@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without install
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _args import positive  # noqa: E402
+from shared.memory import mapping_use  # noqa: E402
 
 
 def _resident_mib() -> float:
@@ -37,17 +38,9 @@ def _resident_mib() -> float:
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
-def _mappings() -> int:
-    with open("/proc/self/maps") as f:
-        return sum(1 for _ in f)
-
-
-def _map_limit() -> str:
-    try:
-        with open("/proc/sys/vm/max_map_count") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
+def _mappings_shown() -> str:
+    use = mapping_use()
+    return "mappings: no /proc here" if use is None else f"{use[0]:>6} mappings (of {use[1]})"
 
 
 def measure(preset: str, shapes: int, jit_compile: bool, new_models: bool) -> None:
@@ -70,7 +63,7 @@ def measure(preset: str, shapes: int, jit_compile: bool, new_models: bool) -> No
     model = model_of(0)
     rng = np.random.default_rng(0)
     tf_impl.greedy_decode(model, rng.integers(4, config.src_vocab, size=(1, 1)), 1, jit_compile=jit_compile)
-    start_mib, start, limit = _resident_mib(), time.perf_counter(), _map_limit()
+    start_mib, start = _resident_mib(), time.perf_counter()
     for i in range(1, shapes + 1):
         if new_models:  # the first decode's shape, another model each time; the last one dropped
             del model
@@ -83,7 +76,7 @@ def measure(preset: str, shapes: int, jit_compile: bool, new_models: bool) -> No
             tf_impl.greedy_decode(model, src, 1 + i % 7, jit_compile=jit_compile)
         if i % 10 == 0 or i == shapes:
             print(f"  jit_compile={jit_compile!s:<5}  {i:>4} {'models' if new_models else 'shapes'}  "
-                  f"+{_resident_mib() - start_mib:7.0f} MiB  {_mappings():>6} mappings (of {limit})  "
+                  f"+{_resident_mib() - start_mib:7.0f} MiB  {_mappings_shown()}  "
                   f"{time.perf_counter() - start:7.1f} s", flush=True)
 
 

@@ -50,6 +50,19 @@ def total_memory() -> int | None:
     return min(limits) if limits else None
 
 
+def mapping_use() -> tuple[int, int] | None:
+    """``(memory mappings this process holds, vm.max_map_count)``: Linux refuses a process more
+    mappings than that, and code a JIT compiles (XLA's executables) holds mappings of its own; None
+    where Linux's /proc does not say (another OS: no such limit known)."""
+    try:
+        with open("/proc/sys/vm/max_map_count", encoding="ascii") as f:
+            limit = int(f.read())
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
+            return sum(1 for _ in f), limit
+    except (OSError, ValueError):
+        return None
+
+
 def exceeded(need: int, limit: int | None = None) -> int | None:
     """The memory (``limit``, default `total_memory`) where ``need`` bytes are more than it, else
     None (also where the machine's memory cannot be read): the test of every refusal by size in

@@ -37,7 +37,7 @@ from typing import Mapping
 import numpy as np
 
 from . import memory
-from .checks import check_config, check_flag, check_seed
+from .checks import check_config, check_flag, check_seed, is_int
 from .config import TransformerConfig
 from .memory import TENSOR_OVERHEAD, check_memory
 from .paths import check_path, check_source, read_json
@@ -434,7 +434,7 @@ def read_config_file(config_file: Path) -> TransformerConfig:
     if not isinstance(header, dict) or "format_version" not in header or "config" not in header:
         raise ValueError(f"{str(config_file)!r}: expected keys 'format_version' and 'config'")
     version = header["format_version"]
-    if isinstance(version, bool) or not isinstance(version, int) or version != FORMAT_VERSION:  # true == 1
+    if not is_int(version) or version != FORMAT_VERSION:  # true == 1, but no version
         raise ValueError(f"{str(config_file)!r}: unknown format_version {header['format_version']!r}, "
                          f"this version reads {FORMAT_VERSION}")
     try:

@@ -41,6 +41,7 @@ import tensorflow as tf
 
 from shared.decoding import GREEDY, BeamResult, GreedyResult, check_flags, check_search_args
 from shared.masks import padding_id, start_is_pad
+from shared.memory import mapping_use as _mapping_use
 
 from . import search
 from .cache import repeat_rows
@@ -154,18 +155,6 @@ def _compiled(model: Transformer, program, jit_compile: bool):
 # function) the mappings left are counted, and a compile that may not fit is refused by name.
 _MAPPINGS_HEADROOM = 4096  # about ten compiles of base
 _SIGNATURES: "weakref.WeakKeyDictionary[object, set]" = weakref.WeakKeyDictionary()  # function -> seen
-
-
-def _mapping_use() -> tuple[int, int] | None:
-    """``(mappings this process holds, vm.max_map_count)``, or None where Linux's /proc does not
-    say (another OS: no such limit known)."""
-    try:
-        with open("/proc/sys/vm/max_map_count", encoding="ascii") as f:
-            limit = int(f.read())
-        with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
-            return sum(1 for _ in f), limit
-    except (OSError, ValueError):
-        return None
 
 
 def _check_compile_fits(function, signature) -> None:

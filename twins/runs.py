@@ -157,11 +157,10 @@ def read_moments(path: Path, config: TransformerConfig, step: int | None = None)
     if not file.is_file():
         return None
     from safetensors import safe_open
-    from safetensors.numpy import load_file
     try:
-        moments = load_file(str(file))
-        with safe_open(str(file), "numpy") as handle:
+        with safe_open(str(file), "numpy") as handle:  # the file read once: its tensors and its step
             saved_at = (handle.metadata() or {}).get("step")
+            moments = {name: handle.get_tensor(name) for name in handle.keys()}
     except Exception as err:  # noqa: BLE001  (safetensors raises several kinds)
         print(f"note: {file} unreadable ({err}); Adam's moments restart from zero", file=sys.stderr)
         return None
