@@ -315,3 +315,35 @@ def test_options_that_would_be_ignored_are_refused(capsys, tiny_checkpoint, tmp_
     assert not (tmp_path / "run").exists()
     refused(capsys, "decode", "--task: only with INPUT arguments or --heldout, not --src / --src-file",
             "--checkpoint", tiny_checkpoint, "--task", "copy", "--src", "4 5")
+
+
+def test_options_of_work_not_asked_for_are_refused(capsys, tiny_checkpoint, tmp_path):
+    """A probe of random option values found four more options read nowhere: ``compare`` without
+    ``--checkpoint`` took ``--from`` and every format option (``--n-heads 3``, ``--pad-id 8``) and
+    compared its random model as if none were given, and ``--max-new`` without ``--decode``;
+    ``convert --seed`` without ``--verify``; ``train --timeout`` without torch's ``--workers``."""
+    for drawn, source in (("--preset tiny", ["--preset", "tiny"]), ("--preset small", [])):
+        refused(capsys, "compare", f"--from, --n-heads, --pad-id: only with --checkpoint (they describe the "
+                f"file read), not {drawn}, whose weights are drawn at random", *source, "--n-heads", "3",
+                "--pad-id", "8", "--from", "nn-transformer")
+    config = tmp_path / "tiny.json"
+    config.write_text(TINY.to_json())
+    refused(capsys, "compare", f"--allow-nonfinite: only with --checkpoint (they describe the file read), "
+            f"not --config {str(config)!r}", "--config", config, "--allow-nonfinite", "true")
+    refused(capsys, "compare", "--max-new: the tokens --decode decodes, and --decode is not given",
+            "--preset", "tiny", "--max-new", "4")
+    refused(capsys, "convert", "--seed: seeds the batch of --verify, and --verify is not given",
+            tiny_checkpoint, tmp_path / "out", "--to", "neutral", "--seed", "3")
+    assert not (tmp_path / "out").exists()
+    train = ["--task", "copy", "--steps", "1", "--checkpoint", tmp_path / "run", "--timeout", "60"]
+    refused(capsys, "train", "--timeout: how long a collective of torch's --workers waits, and --workers is "
+            "not given", "--backend", "torch", *train)
+    refused(capsys, "train", "--timeout: how long a collective of torch's --workers waits, and --backend tf "
+            "runs its workers in one process", "--backend", "tf", *train, "--workers", "2")
+    assert not (tmp_path / "run").exists()
+    # with what they serve, each is taken: --checkpoint with its format's options (here none);
+    # --max-new with --decode, --seed with --verify and --timeout with torch's --workers elsewhere
+    # (test_cli_compare.py, test_hostile_files.py, test_train_hostile.py)
+    code, out, err = cli(capsys, "compare", "--checkpoint", tiny_checkpoint, "--from", "neutral",
+                         *SMALL, "--backends", "")
+    assert "only with --checkpoint" not in err and code == 1, err  # it compared nothing: exit 1

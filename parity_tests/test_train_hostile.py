@@ -256,7 +256,8 @@ def test_a_signal_to_one_worker_alone_stops_every_worker_and_saves(tmp_path, tin
     env = importable.project_environ(ROOT, OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "twins", "train", "--task", "copy", "--backend", "torch",
                              "--steps", "100000", "--checkpoint", str(run), "--workers", "2",
-                             "--config", str(tiny), *QUICK, *rates, "--eval-every", "1"],
+                             "--config", str(tiny), *QUICK, *rates, "--eval-every", "1",
+                             "--timeout", "120"],  # taken with --workers, by launcher and workers
                             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:

@@ -24,6 +24,7 @@ from . import arguments, loading
 from .backends import COMPARED, Unavailable, make_adapter
 
 DEFAULT_PRESET = "small"  # without --preset, --config or --checkpoint
+DEFAULT_MAX_NEW = 10  # --decode's tokens without --max-new
 
 
 def add_arguments(parser) -> None:
@@ -57,8 +58,8 @@ def add_arguments(parser) -> None:
                              "exit 1")
     parser.add_argument("--decode", action="store_true",
                         help="also decode greedily in every implementation and compare the tokens")
-    parser.add_argument("--max-new", type=arguments.integer, default=10,
-                        help="tokens to decode with --decode (default 10)")
+    parser.add_argument("--max-new", type=arguments.integer,
+                        help=f"tokens to decode with --decode (default {DEFAULT_MAX_NEW})")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
     parser.add_argument("--threads", type=arguments.integer, metavar="N",
                         help="CPU threads of each framework (default: its own, one per core; idle "
@@ -136,10 +137,28 @@ def _check_batch_fits(config: TransformerConfig, args, backends: list[str]) -> N
                          "give a smaller --batch")
 
 
+def _check_used(args) -> None:
+    """Options the comparison would ignore, refused by name: the tokens of a decode not asked
+    for, and a file's options (``--from``, the format options) where no file is read."""
+    if args.max_new is not None and not args.decode:
+        raise ValueError("--max-new: the tokens --decode decodes, and --decode is not given")
+    args.max_new = DEFAULT_MAX_NEW if args.max_new is None else args.max_new
+    if args.checkpoint is None:
+        given = [loading.flag(name) for name in loading.given_options(args, "read")]
+        if args.src_format is not None:
+            given.insert(0, "--from")
+        if given:
+            drawn = (f"--config {args.config!r}" if args.config is not None
+                     else f"--preset {args.preset or DEFAULT_PRESET}")
+            raise ValueError(f"{', '.join(given)}: only with --checkpoint (they describe the file "
+                             f"read), not {drawn}, whose weights are drawn at random")
+
+
 def run(args) -> int:
     for name in ("batch", "src_len", "tgt_len", "max_new"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:  # max_new: None where not given
             raise ValueError(f"--{name.replace('_', '-')}: expected a positive int, got {getattr(args, name)}")
+    _check_used(args)
     check_threads(args.threads)
     backends = [b for b in args.backends.split(",") if b]
     unknown = [b for b in backends if b not in COMPARED]

@@ -32,7 +32,7 @@ def add_arguments(parser) -> None:
                         help="run one batch through source and result, print the parity table "
                              "(for a saved-model: its decoded tokens against tf_impl's); exit 1 "
                              "when it fails")
-    parser.add_argument("--seed", type=arguments.seed, default=0, help="seed of the --verify batch")
+    parser.add_argument("--seed", type=arguments.seed, help="seed of the --verify batch (default 0)")
     loading.add_arguments(parser, write=True)
 
 
@@ -42,6 +42,8 @@ def run(args) -> int:
         return 0
     if args.src is None or args.dst is None:
         raise ValueError("SRC and DST are required (or --list-formats)")
+    if args.seed is not None and not args.verify:  # it was ignored: nothing draws a batch
+        raise ValueError("--seed: seeds the batch of --verify, and --verify is not given")
     dst_fmt = (formats.get(args.dst_format, "write", "--to") if args.dst_format
                else formats.detect(args.dst, "destination"))
     src, dst = Path(args.src).resolve(), Path(args.dst).resolve()
@@ -86,4 +88,4 @@ def run(args) -> int:
     if not args.verify:
         return 0
     from .verify import verify
-    return 0 if verify(src_fmt, args.src, dst_fmt, args.dst, config, weights, args.seed) else 1
+    return 0 if verify(src_fmt, args.src, dst_fmt, args.dst, config, weights, args.seed or 0) else 1

@@ -104,7 +104,7 @@ def add_arguments(parser) -> None:
                         help="bfloat16 (or bf16): bfloat16 mixed precision (float32 weights, loss "
                         "and Adam; torch.autocast / Keras mixed_bfloat16); default float32 (fp32), "
                         "or the resumed run's")
-    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="SECONDS",
+    parser.add_argument("--timeout", type=float, metavar="SECONDS",
                         help=f"torch workers: a collective waiting longer fails (default {TIMEOUT_S:g})")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (it is off anyway when stderr is not a terminal)")
@@ -151,8 +151,15 @@ def _check_args(args) -> None:
     if args.stop_at is not None and args.eval_every == 0:  # it was ignored: nothing to stop at
         raise ValueError("--stop-at: stops at an evaluation during training, and --eval-every 0 "
                          "evaluates only at the end; give --eval-every K")
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout}")
+    if args.timeout is not None:
+        if not (math.isfinite(args.timeout) and args.timeout > 0):
+            raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout}")
+        if args.backend != "torch" or (args.workers is None and not parallel.in_torchrun()):
+            # it was ignored: no collective waits (TensorFlow's replicas share one process)
+            raise ValueError("--timeout: how long a collective of torch's --workers waits, and "
+                             + ("--backend tf runs its workers in one process" if args.backend != "torch"
+                                else "--workers is not given"))
+    args.timeout = TIMEOUT_S if args.timeout is None else args.timeout
     if args.workers is not None:  # in the launching process, before anything starts
         log = _peek_log(args)
         batch = _run_batch(args, log)
