@@ -35,6 +35,11 @@ QUICK = ["parity_tests/test_parity.py", "parity_tests/test_mirror.py", "parity_t
 # Installed without their dependencies: keras-hub requires tensorflow-text, which would pull the full
 # `tensorflow` distribution over tensorflow-cpu (keras_hub's layers import without it).
 NO_DEPS = ("keras-hub",)
+# The project on sys.path as a folder (a .pth line), not through setuptools' default import hook:
+# that hook comes after the path, so a folder named `shared` (or `twins`, ...) in the current
+# directory, with no __init__.py, took the import (`cannot import name 'TransformerConfig' from
+# 'shared' (unknown location)`), as in the parent of this clone, which holds ../shared.
+EDITABLE = ("--config-settings", "editable_mode=compat")
 # Disk a new .venv needs: 3.0 GiB installed (`du -sh .venv` after `dev.py setup` in a fresh clone,
 # Linux x86_64, Python 3.11), and room for the wheels pip downloads before it installs them.
 NEW_VENV_BYTES = int(3.5 * 2**30)
@@ -44,7 +49,7 @@ def _stamp() -> Path:
     digest = hashlib.sha256()
     for name in ("pyproject.toml", "constraints.txt"):
         digest.update((ROOT / name).read_bytes())
-    digest.update(EXTRAS.encode() + repr(NO_DEPS).encode())
+    digest.update(EXTRAS.encode() + repr(NO_DEPS).encode() + repr(EDITABLE).encode())
     return VENV / f".installed-{digest.hexdigest()[:16]}"
 
 
@@ -83,7 +88,7 @@ def setup() -> None:
         venv.EnvBuilder(with_pip=True).create(VENV)
     env = {**os.environ, "PIP_CONSTRAINT": str(ROOT / "constraints.txt"),
            "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    cmd = [PYTHON, "-m", "pip", "install", "-q", "-c", ROOT / "constraints.txt", "-e", f".[{EXTRAS}]"]
+    cmd = [PYTHON, "-m", "pip", "install", "-q", "-c", ROOT / "constraints.txt", *EDITABLE, "-e", f".[{EXTRAS}]"]
     if _run(cmd, env=env) != 0:
         sys.exit(f"dev.py: installing the project failed (see pip's output above); {_free()}")
     cmd = [PYTHON, "-m", "pip", "install", "-q", "--no-deps", "-c", ROOT / "constraints.txt", *NO_DEPS]

@@ -209,6 +209,28 @@ def test_the_command_line_imports_without_a_framework():
     assert result.returncode == 0, result.stderr
 
 
+def test_folders_named_like_the_packages_in_the_current_directory_do_not_take_the_import(tmp_path):
+    """Where the project is installed (dev.py: editable, its folder a line of a ``.pth`` file), a
+    folder named ``shared``, ``twins``, ``torch_impl`` or ``tf_impl`` without an ``__init__.py`` in
+    the current directory (the parent of a clone holds ``../shared``) is passed over for the
+    package. Before: setuptools' default editable install found the project through an import hook
+    that Python asks after every folder on ``sys.path``, so such a folder won, and ``python -m twins``
+    or ``import torch_impl`` there failed: "cannot import name 'TransformerConfig' from 'shared'
+    (unknown location)"."""
+    from importlib.metadata import PackageNotFoundError, distribution
+    try:
+        distribution("twin-transformer")
+    except PackageNotFoundError:
+        pytest.skip("the project is not installed here (imported from PYTHONPATH or the working tree)")
+    for name in ("shared", "twins", "torch_impl", "tf_impl"):
+        (tmp_path / name).mkdir()
+    result = subprocess.run([sys.executable, "-c", "from shared import TransformerConfig; import twins.cli"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                            env=importable.environ(set()))
+    assert result.returncode == 0, ("a folder of the current directory took the import of the installed "
+                                    f"project (reinstall it as dev.py does):\n{result.stderr}")
+
+
 def test_the_blocker_blocks():
     """Guards the tests above (and the suite's TWINS_BLOCK legs) against passing vacuously: a
     blocked package that is installed everywhere (the standard library's ``csv``) looks absent, to
