@@ -317,6 +317,20 @@ def test_a_named_format_is_read_whatever_the_path_says(tmp_path, backend, writte
         assert_same_bytes(reader.checkpoints.load_checkpoint(path, format=written).export_weights(), weights)
 
 
+def test_a_format_that_is_no_name_is_refused_in_loading_as_in_saving(tmp_path, backend):
+    """``format=""`` and ``format=0`` loaded the file as if no format were named (a truth test);
+    ``save_checkpoint`` refused them. Now both sides say the same, by name."""
+    path = write_neutral(tmp_path)
+    for load in (backend.checkpoints.load_checkpoint, backend.checkpoints.read_checkpoint):
+        with pytest.raises(ValueError, match=r"format: expected one of the readable formats .*, got ''"):
+            load(path, format="")
+        with pytest.raises(TypeError, match=r"format: expected a format name \(one of neutral, .*\), got int"):
+            load(path, format=0)
+    model = backend.model(TINY, random_weights(TINY, 1))
+    with pytest.raises(ValueError, match=r"format: expected one of the writable formats .*, got ''"):
+        backend.checkpoints.save_checkpoint(model, tmp_path / "new", format="")
+
+
 @pytest.mark.parametrize("kind", ["native", "neutral"])
 def test_load_into_refuses_another_config(tmp_path, backend, kind):
     path = write_native(tmp_path, backend.name) if kind == "native" else write_neutral(tmp_path)

@@ -202,10 +202,11 @@ def read_for_backend(path: str | os.PathLike, native_formats: tuple, owner: str,
     that format's own."""
     _check_read_arguments(config, allow_nonfinite)
     check_source(path)
-    fmt = get(format, "read", "format") if format else detected(path)
+    # `is not None`, as `destination`: a format of "" or 0 was read as "not given"
+    fmt = get(format, "read", "format") if format is not None else detected(path)
     native = {f.name: f for f in native_formats}
     if fmt is not None and fmt.name in native and not options:
-        if format:  # named: that reader, as `twins convert --from` and every other backend read it
+        if format is not None:  # named: that reader, as `twins convert --from` and every other backend read it
             return native[fmt.name].read(path, config, allow_nonfinite)
         return dispatch.read_checkpoint(path, native_formats, config, allow_nonfinite, owner=owner)
     if fmt is None:
