@@ -106,6 +106,14 @@ def test_predict_accepts_tuple_dict_and_batches():
     assert_close(model.predict({"src": src, "tgt": tgt}, batch_size=2, verbose=0), want, bound, "dict")
     masks = {"src": src, "tgt": tgt, "src_mask": np_src_mask(src, 0), "tgt_mask": np_tgt_mask(tgt, 0)}
     assert_close(model.predict(masks, batch_size=2, verbose=0), want, bound, "dict with masks")
+    # a mask packed in x and given as a keyword too: the keyword was dropped without a word
+    keyword = np_src_mask(src, 0)
+    assert_close(model((src, tgt), src_mask=keyword).numpy(), want, bound, "tuple, keyword mask")
+    for x in ((src, tgt, masks["src_mask"]), masks):
+        with pytest.raises(ValueError, match="src_mask: given twice, in x and as a keyword; give one"):
+            model(x, src_mask=keyword)
+    with pytest.raises(ValueError, match="tgt_mask: given twice"):
+        model(masks, tgt_mask=masks["tgt_mask"])
 
 
 def test_predict_compiled_with_xla_and_checks_ids_eagerly():

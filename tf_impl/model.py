@@ -426,18 +426,24 @@ def _generator_transposed(rows: int | None) -> bool:
 
 
 def _unpack(x, src_mask, tgt_mask):
-    """``x`` as ``predict`` passes it: ``(src, tgt[, src_mask, tgt_mask])`` or a dict of those."""
+    """``x`` as ``predict`` passes it: ``(src, tgt[, src_mask, tgt_mask])`` or a dict of those; a
+    mask in ``x`` and as a keyword is refused (the keyword was dropped without a word)."""
     if isinstance(x, Mapping):
         unknown = sorted(set(x) - {"src", "tgt", "src_mask", "tgt_mask"})
         if unknown or "src" not in x or "tgt" not in x:
             raise ValueError("x: expected a dict with keys 'src', 'tgt' (and optionally 'src_mask', "
                              f"'tgt_mask'), got keys {sorted(x)}")
-        return x["src"], x["tgt"], x.get("src_mask", src_mask), x.get("tgt_mask", tgt_mask)
-    if isinstance(x, (tuple, list)) and 2 <= len(x) <= 4:
-        parts = list(x) + [None] * (4 - len(x))
-        return parts[0], parts[1], parts[2] if parts[2] is not None else src_mask, \
-            parts[3] if parts[3] is not None else tgt_mask
-    raise ValueError("tgt: required (or pass x = (src, tgt) or {'src': ..., 'tgt': ...}), got src alone")
+        packed = [x["src"], x["tgt"], x.get("src_mask"), x.get("tgt_mask")]
+    elif isinstance(x, (tuple, list)) and 2 <= len(x) <= 4:
+        packed = list(x) + [None] * (4 - len(x))
+    else:
+        raise ValueError("tgt: required (or pass x = (src, tgt) or {'src': ..., 'tgt': ...}), got src alone")
+    for i, (name, keyword) in enumerate((("src_mask", src_mask), ("tgt_mask", tgt_mask)), start=2):
+        if packed[i] is None:
+            packed[i] = keyword
+        elif keyword is not None:
+            raise ValueError(f"{name}: given twice, in x and as a keyword; give one")
+    return tuple(packed)
 
 
 def check_model(model) -> None:
