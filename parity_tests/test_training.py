@@ -467,6 +467,21 @@ def test_init_workers_takes_a_count_of_at_least_one(backend):
 
 
 @pytest.mark.parametrize("backend", CPU)
+def test_init_workers_takes_the_same_timeouts_in_both_backends(backend):
+    """tf_impl took any timeout (its replicas wait on no peer), torch_impl failed in ``timedelta``
+    (a TypeError for "nonsense") or in gloo ("Invalid timeout" past 8.6e13 s), and took any once
+    its group existed. Both refuse alike now, before anything starts."""
+    import importlib
+    distributed = importlib.import_module(f"{backend.framework}_impl.distributed")
+    expected = "timeout: expected a positive number of seconds, at most 1,000,000,000, got "
+    for timeout, kind in (("nonsense", TypeError), (True, TypeError), (None, TypeError), (0, ValueError),
+                          (-5.0, ValueError), (float("nan"), ValueError), (1e12, ValueError)):
+        shown = repr(timeout) if kind is TypeError else str(timeout)
+        with pytest.raises(kind, match=f"^{re.escape(expected + shown)}$"):
+            distributed.init_workers(1, timeout)
+
+
+@pytest.mark.parametrize("backend", CPU)
 def test_every_entry_point_names_a_model_that_is_not_one(backend, tmp_path):
     """Each took ``None`` (or a module of another kind) as far as ``model.config`` and raised
     ``AttributeError: 'NoneType' object has no attribute 'config'``."""

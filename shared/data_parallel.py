@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 
 import numpy as np
 
@@ -26,6 +27,24 @@ from .messages import shown
 # Seconds a worker waits for the others in one collective (torch's process group) before it fails
 # with an error instead of hanging: long enough for rank 0's held-out evaluation in `twins train`.
 TIMEOUT_S = 300.0
+
+
+# The longest wait `check_timeout` takes, about 31 years: gloo counts a timeout in int64
+# nanoseconds (9.2e9 s), and failed ("Invalid timeout") at 8.6e13 s, where `datetime.timedelta`
+# itself ends; a longer one was an OverflowError as the workers started.
+TIMEOUT_MAX_S = 10**9
+
+
+def check_timeout(timeout, option: str = "timeout") -> None:
+    """Seconds a collective may wait: a real number (not a bool) in (0, `TIMEOUT_MAX_S`] (both
+    backends' ``init_workers``, and ``twins train --timeout``). TensorFlow's replicas share one
+    process and wait on no peer, but its ``init_workers`` takes the values torch's does (the mirror
+    rule)."""
+    expected = f"{option}: expected a positive number of seconds, at most {TIMEOUT_MAX_S:,}"
+    if not isinstance(timeout, numbers.Real) or isinstance(timeout, bool):
+        raise TypeError(f"{expected}, got {shown(timeout)}")
+    if not 0 < timeout <= TIMEOUT_MAX_S:  # NaN too; compared as it is (a huge int is no float)
+        raise ValueError(f"{expected}, got {shown(timeout, str)}")
 
 
 def check_worker_count(workers, option: str = "workers") -> None:

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared import TransformerConfig
-from shared.data_parallel import TIMEOUT_S, check_worker_count, check_workers, disagreement
+from shared.data_parallel import TIMEOUT_S, check_timeout, check_worker_count, check_workers, disagreement
 from shared.loss import check_smoothing
 
 from .model import Transformer, _traced
@@ -73,7 +73,8 @@ def init_workers(workers: int | None = None, timeout: float = TIMEOUT_S) -> tupl
     """As torch_impl's: ``(rank, workers)``, here ``(0, workers)``: one process holds every replica.
     Splits the CPU into ``workers`` logical devices (`logical_cpus`), so call it before anything
     else runs TensorFlow. ``timeout``: for the mirror; replicas of one process cannot wait on a
-    peer that died."""
+    peer that died; checked as there."""
+    check_timeout(timeout)
     workers = 1 if workers is None else workers
     logical_cpus(workers)
     return 0, workers

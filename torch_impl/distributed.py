@@ -33,8 +33,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from shared import TransformerConfig
-from shared.data_parallel import (TIMEOUT_S, check_worker_count, check_workers, disagreement, shard_rows,
-                                  target_tokens)
+from shared.data_parallel import (TIMEOUT_S, check_timeout, check_worker_count, check_workers, disagreement,
+                                  shard_rows, target_tokens)
 from shared.training import check_learning_rate
 
 from .cache import _mode
@@ -61,6 +61,7 @@ def init_workers(workers: int | None = None, timeout: float = TIMEOUT_S) -> tupl
     """
     if workers is not None:
         check_worker_count(workers)
+    check_timeout(timeout)  # also once the group exists, which keeps its own
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         if workers not in (None, 1):
             raise ValueError(f"workers: {workers} torch workers are separate processes; start them with "

@@ -43,7 +43,7 @@ from shared.paths import holds_cwd
 from shared.saving import check_not_read_only, naming, recover, temporary_name
 
 from shared.checks import int_argument
-from shared.data_parallel import TIMEOUT_S, check_workers
+from shared.data_parallel import TIMEOUT_S, check_timeout, check_workers
 from shared.memory import check_training_batch
 from shared.precision import check_precision
 from shared.schedule import noam_lr
@@ -152,8 +152,7 @@ def _check_args(args) -> None:
         raise ValueError("--stop-at: stops at an evaluation during training, and --eval-every 0 "
                          "evaluates only at the end; give --eval-every K")
     if args.timeout is not None:
-        if not (math.isfinite(args.timeout) and args.timeout > 0):
-            raise ValueError(f"--timeout: expected a positive number of seconds, got {args.timeout}")
+        check_timeout(args.timeout, "--timeout")
         if args.backend != "torch" or (args.workers is None and not parallel.in_torchrun()):
             # it was ignored: no collective waits (TensorFlow's replicas share one process)
             raise ValueError("--timeout: how long a collective of torch's --workers waits, and "
