@@ -317,6 +317,15 @@ def test_a_named_format_is_read_whatever_the_path_says(tmp_path, backend, writte
         assert_same_bytes(reader.checkpoints.load_checkpoint(path, format=written).export_weights(), weights)
 
 
+def test_write_native_names_a_config_that_is_not_one(tmp_path, backend):
+    """torch_impl's wrote ``config.to_json()`` first: ``AttributeError: 'NoneType' object has no
+    attribute 'to_json'``, where tf_impl's named the argument."""
+    for config, got in ((None, "NoneType"), (TINY.to_dict(), "dict")):
+        with pytest.raises(TypeError, match=f"^config: expected a TransformerConfig, got {got}$"):
+            backend.checkpoints.write_native(tmp_path / "x", config, random_weights(TINY, 1))
+    assert not (tmp_path / "x").exists()
+
+
 def test_a_format_that_is_no_name_is_refused_in_loading_as_in_saving(tmp_path, backend):
     """``format=""`` and ``format=0`` loaded the file as if no format were named (a truth test);
     ``save_checkpoint`` refused them. Now both sides say the same, by name."""

@@ -48,6 +48,7 @@ import numpy as np
 from shared import TransformerConfig
 from shared import formats
 from shared.checkpoints import NEUTRAL, CheckpointFormat, Slot, Stored, read_stored
+from shared.paths import check_source
 from shared.weights import check_fits, check_weights, config_mismatch, write_atomically
 
 from . import weights_io
@@ -109,6 +110,7 @@ def read_native(path: str | os.PathLike, config: TransformerConfig | None = None
 
     The config is the one stored in the file; for a file written by plain Keras (none stored) it
     must be given. A ``config`` given for a file that stores one must equal it."""
+    check_source(path, directory=False)  # a FIFO would block, /dev/zero read without end
     path = Path(path)
     where = str(path)
     if not path.exists():

@@ -51,6 +51,8 @@ import torch
 from shared import TransformerConfig
 from shared import formats
 from shared.checkpoints import NEUTRAL, CheckpointFormat, Slot, Stored, read_stored
+from shared.checks import check_config
+from shared.paths import check_source
 from shared.importers.notes import note_widened
 from shared.weights import WeightsError, check_fits, check_weights, config_mismatch, write_atomically
 
@@ -160,6 +162,7 @@ def torch_load(path: str | os.PathLike):
     Only a ``torch.save`` zip archive is read (PyTorch >= 1.6 writes nothing else). Anything in it
     but tensors, numbers, strings and plain containers is refused by the weights-only unpickler:
     it is never constructed, so no code in the file runs."""
+    check_source(path, directory=False)  # a FIFO would block, /dev/zero read without end
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{str(path)!r}: no such file")
@@ -243,6 +246,7 @@ def read_native(path: str | os.PathLike, config: TransformerConfig | None = None
 
 def write_native(path: str | os.PathLike, config: TransformerConfig, weights: Mapping[str, np.ndarray]) -> Path:
     """Write canonical weights as a ``.pt`` (layout in the module docstring), atomically."""
+    check_config(config)  # named before its to_json, as tf_impl's (a TypeError, not AttributeError)
     path = Path(path)
     payload = {"format": PT_FORMAT, "format_version": PT_FORMAT_VERSION, "config": config.to_json(),
                "state_dict": to_state_dict(config, weights)}  # checks the weights (finite too)
