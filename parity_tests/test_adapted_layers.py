@@ -395,6 +395,48 @@ def test_layers_frozen_between_training_steps_stay_frozen(framework):
                if name.startswith("decoder.") and not name.endswith(".key.bias"))  # key biases: no gradient
 
 
+@pytest.mark.skipif(not (HAVE_TORCH and HAVE_TF), reason="needs torch and TensorFlow")
+def test_a_model_frozen_before_its_optimizer_gives_gradients_and_moments_alike():
+    """The encoder frozen before `make_optimizer` (as LoRA freezes its kernels): torch_impl's
+    `gradients` failed ("One of the differentiated Tensors does not require grad") where tf_impl's
+    tape gives every weight's; tf_impl's `export_moments` and `import_moments` raised a bare
+    KeyError for a weight its optimizer was not built with, the import after it had moved
+    ``iterations``. Now both give every gradient (within float64's bound) and leave the encoder
+    frozen, both export zeros for it, and tf_impl refuses moments it could not hold (not zero for
+    such a weight) before it sets anything; torch_impl's optimizer holds every parameter and
+    takes them."""
+    config = one_layer_config("tiny-pre-annotated", dropout=0.0, dtype="float64")
+    weights = random_weights(config, 0)
+    src, tgt = _batch(config)
+    batch = (src, tgt[:, :-1], tgt[:, 1:])
+    models = {"torch": torch_build(config, weights), "tf": tf_build(config, weights)}
+    impls = {"torch": torch_impl, "tf": tf_impl}
+    for framework, model in models.items():
+        _freeze(framework, model)
+    grads = {f: impls[f].training.gradients(model, batch, training=False) for f, model in models.items()}
+    assert not any(p.requires_grad for p in models["torch"].encoder.parameters())
+    assert not models["tf"].encoder.trainable
+    for name, grad in grads["torch"].items():
+        assert_close(grad, grads["tf"][name], bound_for("float64", "torch:tf"), f"gradient of {name}")
+    assert np.abs(grads["torch"]["encoder.layers.0.ffn.inner.kernel"]).max() > 0
+    optimizers = {f: impls[f].training.make_optimizer(model, warmup=4) for f, model in models.items()}
+    for framework, model in models.items():
+        impls[framework].training.train_step(model, optimizers[framework], batch)
+    moments = {f: impls[f].training.export_moments(model, optimizers[f]) for f, model in models.items()}
+    for name, moment in moments["torch"].items():
+        assert_close(moment, moments["tf"][name], bound_for("float64", "torch:tf"), name)
+    assert not np.any(moments["tf"]["m.encoder.layers.0.ffn.inner.kernel"])
+    moments["tf"]["m.encoder.layers.0.ffn.inner.kernel"][0, 0] = 1.0
+    impls["torch"].training.import_moments(models["torch"], optimizers["torch"], moments["tf"], 5)
+    with pytest.raises(ValueError, match=r"^moments: \['m.encoder.layers.0.ffn.inner.kernel'\] are not zero, "
+                                         r"and the optimizer holds no moments for their weights"):
+        tf_impl.training.import_moments(models["tf"], optimizers["tf"], moments["tf"], 5)
+    assert int(optimizers["tf"].iterations.numpy()) == 1
+    moments["tf"]["m.encoder.layers.0.ffn.inner.kernel"][0, 0] = 0.0
+    tf_impl.training.import_moments(models["tf"], optimizers["tf"], moments["tf"], 5)
+    assert int(optimizers["tf"].iterations.numpy()) == 5
+
+
 # -- LoRA fine-tuning in both backends -----------------------------------------------------------
 @pytest.mark.skipif(not (HAVE_TORCH and HAVE_TF), reason="needs torch and TensorFlow")
 def test_lora_fine_tuning_agrees_between_backends():

@@ -127,6 +127,29 @@ def test_loss_bad_arguments(logits_shape, targets, smoothing, error, needle, bac
 
 
 @pytest.mark.parametrize("backend", CPU)
+def test_loss_refuses_a_count_or_pad_id_it_cannot_use_alike(backend):
+    """``tokens`` (the count a data-parallel share divides by) was never checked: 0 gave inf, -1 a
+    negative loss, NaN NaN, True and 1.5 were taken, and text or 2**70 failed in each framework's
+    own words; a pad_id past int64 overflowed in each. Both refuse them with one message now (a
+    pad_id the reference's too)."""
+    logits, targets = loss_case("float32")
+    bad_tokens = [(0, ValueError, "got 0"), (-1, ValueError, "got -1"), (2**70, ValueError, f"got {2**70}"),
+                  (1.5, TypeError, "got 1.5"), (True, TypeError, "got True"),
+                  (float("nan"), TypeError, "got nan"), ("3", TypeError, "got '3'")]
+    for tokens, error, got in bad_tokens:
+        with pytest.raises(error, match=rf"^tokens: expected an int (>= 1|in \[1, 2\*\*53\]) \(the non-padding "
+                                        rf"targets to divide by\), {re.escape(got)}$"):
+            backend.training.label_smoothed_loss(backend.tensor(logits), backend.tensor(targets), 0, 0.0, tokens)
+    for pad_id in (2**63, -2**63 - 1, 2**70):
+        for loss in (lambda: _loss(backend, logits, targets, pad_id),
+                     lambda: label_smoothed_cross_entropy(logits, targets, pad_id)):
+            with pytest.raises(ValueError, match=rf"^pad_id: expected an int64 \(the id whose targets carry "
+                                                 rf"no loss\), got {pad_id}$"):
+                loss()
+    assert float(_loss(backend, logits, targets, 2**63 - 1)) > 0  # no target is padding: a loss
+
+
+@pytest.mark.parametrize("backend", CPU)
 def test_loss_names_what_is_no_array_as_the_reference_does(backend):
     """Before: None, rows of different lengths, objects and text reached TF's conversion (its
     ``ValueError``s: "Attempt to convert a value (None)", "non-rectangular Python sequence"), torch's
@@ -235,6 +258,25 @@ def test_import_moments_places_the_schedule_after_its_step(start_step, backend):
 
 
 @pytest.mark.parametrize("backend", CPU)
+def test_the_last_countable_step_is_taken_and_the_one_after_is_not_refused_after_the_fact(backend):
+    """torch_impl's scheduler computes the next step's rate after each update: the update that
+    reached 2**53 (`shared.moments.MAX_STEP`) was made, then refused (``noam_lr: step expected an
+    int in [1, 2**53]``), the weights changed; and `import_moments` at step 2**53 set every moment
+    before it refused. The rate of a step past 2**53 is 2**53's now, in both backends (TF's float64
+    step rounds to it): nothing is refused once it has happened."""
+    from shared.moments import MAX_STEP
+    model = backend.impl.Transformer(CONFIG)
+    optimizer = backend.training.make_optimizer(model, 16, 10, 0.1, MAX_STEP - 2)
+    last = noam_lr(MAX_STEP, 16, 10, 0.1)
+    assert _rates_used(backend, optimizer, 3) == [noam_lr(MAX_STEP - 1, 16, 10, 0.1), last, last]
+    moments = backend.training.export_moments(model, optimizer)
+    backend.training.import_moments(model, optimizer, moments, MAX_STEP)
+    assert _rates_used(backend, optimizer, 1) == [last]
+    with pytest.raises(ValueError, match=rf"^step: expected an int in \[0, {MAX_STEP}\]"):
+        backend.training.import_moments(model, optimizer, moments, MAX_STEP + 1)
+
+
+@pytest.mark.parametrize("backend", CPU)
 def test_optimizer_is_the_papers_adam_over_each_weight_once(backend):
     config = CONFIG.replace(share_embeddings=True, tie_output=True)
     model = backend.impl.Transformer(config)
@@ -290,6 +332,11 @@ def test_dropout_is_on_in_training_only(backend):
         model.encoder.eval()  # each module's own mode comes back, not the root's
         backend.training.train_step(model, backend.training.make_optimizer(model, warmup=10), batch)
         assert model.training and not model.encoder.training and model.decoder.training
+    # a flag, not a truth: tf_impl took "no" as dropout on, torch_impl refused only what changed
+    # the model's mode (0 on a model in eval mode passed)
+    for value in ("no", None, 0, np.float64(1.0)):
+        with pytest.raises(TypeError, match=rf"^training: expected True or False, got {re.escape(repr(value))} "):
+            gradients(model, batch, training=value)
 
 
 @pytest.mark.parametrize("backend", CPU)

@@ -100,7 +100,25 @@ def check_loss_args(caller: str, logits_shape, targets_shape, targets_dtype: str
         raise TypeError(f"targets: expected integer ids, got dtype {targets_dtype}")
     if not is_int(pad_id):
         raise TypeError(f"pad_id: expected an int (the id whose targets carry no loss), got {shown(pad_id)}")
+    if not -2**63 <= pad_id < 2**63:  # torch's ignore_index and TensorFlow's constants are int64
+        raise ValueError(f"pad_id: expected an int64 (the id whose targets carry no loss), got "
+                         f"{shown(pad_id, str)}")
     check_smoothing(smoothing)
+
+
+def check_tokens(tokens) -> None:
+    """A loss's ``tokens``, the count its sum is divided by (a data-parallel share's: the global
+    batch's non-padding targets): None (the mean over the targets given), or an int in [1, 2**53]
+    (exact as a float). Not a float: a count; 0 made the loss inf, -1 negative, NaN NaN. A
+    framework's tensor, as a data-parallel engine computes it inside its step, is its caller's."""
+    if tokens is None:
+        return
+    if not is_int(tokens):
+        raise TypeError(f"tokens: expected an int >= 1 (the non-padding targets to divide by), got "
+                        f"{shown(tokens)}")
+    if not 1 <= tokens <= 2**53:
+        raise ValueError(f"tokens: expected an int in [1, 2**53] (the non-padding targets to divide "
+                         f"by), got {shown(tokens, str)}")
 
 
 def targets_range_message(vocab, lo, hi) -> str:

@@ -33,7 +33,8 @@ def moment_names(config: TransformerConfig) -> list[str]:
     return [f"{kind}.{name}" for kind in ("m", "v") for name in weight_schema(config)]
 
 
-def _listed(names: list[str]) -> str:
+def listed_names(names: list[str]) -> str:
+    """``names`` as a message lists them: the first five, then how many in all."""
     return repr(names[:5])[:-1] + (f", ... ({len(names)} in all)]" if len(names) > 5 else "]")
 
 
@@ -56,9 +57,9 @@ def _checked(config: TransformerConfig, moments) -> tuple[list[str], dict[str, n
     missing = [n for n in expected if n not in moments]
     unexpected = [str(n) for n in moments if n not in expected]
     if missing:
-        problems.append(f"missing: {_listed(missing)}")
+        problems.append(f"missing: {listed_names(missing)}")
     if unexpected:
-        problems.append(f"unexpected: {_listed(unexpected)}")
+        problems.append(f"unexpected: {listed_names(unexpected)}")
     for name, shape in expected.items():
         if name not in moments:
             continue

@@ -26,9 +26,10 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from shared.checks import check_flag
 from shared.loss import (NO_TARGETS, as_array, check_loss_args, check_smoothing, check_some_targets,
-                         check_targets_range, ids_array, targets_range_message)
-from shared.moments import FOREIGN_OPTIMIZER, check_moments
+                         check_targets_range, check_tokens, ids_array, targets_range_message)
+from shared.moments import FOREIGN_OPTIMIZER, check_moments, listed_names
 from shared.schedule import check_start_step, noam_formula, noam_lr
 from shared.training import batch_ids, check_learning_rate
 
@@ -86,6 +87,8 @@ def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
     check_loss_args("label_smoothed_loss", logits_shape, targets_shape, targets.dtype.name,
                     targets.dtype.is_integer, smoothing, logits.dtype.name, logits.dtype.is_floating,
                     pad_id)
+    if not tf.is_tensor(tokens):
+        check_tokens(tokens)
     vocab = logits.shape[-1]
     ok = None
     if tf.executing_eagerly():
@@ -121,9 +124,7 @@ def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
 
 def _any_target(targets: tf.Tensor, pad_id: int) -> tf.Tensor:
     """Whether any of ``targets`` is not ``pad_id`` (a scalar bool), compared as int64: an id past
-    int64 is out of range anyway (refused first), and a pad_id past it equals no target."""
-    if not -2**63 <= pad_id < 2**63:
-        return tf.size(targets) > 0
+    int64 is out of range anyway (refused first), and pad_id is an int64 (`check_loss_args`)."""
     return tf.reduce_any(tf.cast(targets, tf.int64) != pad_id)
 
 
@@ -380,6 +381,7 @@ def gradients(model: Transformer, batch: Batch, smoothing: float = 0.0,
     tied weight appears once, with the sum over its uses. ``training``: dropout on (as in
     `train_step`) or off."""
     check_model(model)
+    check_flag(training, "training")
     table = weight_table(model, "gradients")
     check_smoothing(smoothing)  # before the batch and the forward pass, as torch_impl's
     src, tgt_in, tgt_out = _batch(model, batch)
@@ -394,7 +396,9 @@ def export_moments(model: Transformer, optimizer: keras.optimizers.Optimizer | N
     """Adam's moments as ``{"m.<name>": first, "v.<name>": second}`` for every canonical weight
     name, in the canonical layout (kernels ``(in, out)``, as Keras keeps them); zeros without an
     optimizer. With `import_moments` a run saved from either backend resumes in the other. Keras
-    keeps them in private slots (``_momentums``, ``_velocities``): read here and nowhere else."""
+    keeps them in private slots (``_momentums``, ``_velocities``): read here and nowhere else.
+    Zeros too for a weight the optimizer was not built with (frozen when it was made), which has
+    none, as torch_impl's zeros for a weight without state."""
     check_model(model)
     if optimizer is not None:
         check_optimizer(model, optimizer)
@@ -402,12 +406,20 @@ def export_moments(model: Transformer, optimizer: keras.optimizers.Optimizer | N
     table = weight_table(model, "export_moments")
     for kind in ("m", "v"):
         for name, variable in table.items():
-            if optimizer is None:
+            index = None if optimizer is None else _slot_index(optimizer, variable)
+            if index is None:  # no optimizer, or a weight it does not train: zeros, as torch_impl's
                 out[f"{kind}.{name}"] = np.zeros(tuple(variable.shape), dtype=model.config.dtype)
                 continue
             slots = optimizer._momentums if kind == "m" else optimizer._velocities
-            out[f"{kind}.{name}"] = np.asarray(slots[optimizer._get_variable_index(variable)].numpy())
+            out[f"{kind}.{name}"] = np.asarray(slots[index].numpy())
     return out
+
+
+def _slot_index(optimizer: keras.optimizers.Optimizer, variable) -> int | None:
+    """The index of ``variable``'s moments in the optimizer's slots, or None for a variable it was
+    not built with (frozen when `make_optimizer` ran: LoRA's kernels, a layer set untrainable),
+    which has none (Keras' ``_get_variable_index`` raised a bare KeyError)."""
+    return optimizer._trainable_variables_indices.get(optimizer._var_key(variable))
 
 
 def import_moments(model: Transformer, optimizer: keras.optimizers.Optimizer, moments, step: int) -> None:
@@ -420,17 +432,30 @@ def import_moments(model: Transformer, optimizer: keras.optimizers.Optimizer, mo
     whatever ``start_step`` the optimizer was made with and however far it ran (a saved run holds
     one step, which must place both). So ``make_optimizer(model)`` and ``make_optimizer(model,
     start_step=step)`` resume alike, from a save of either backend.
+
+    A weight the optimizer was not built with (frozen when `make_optimizer` ran) has no moments
+    here: zeros for it are passed over, other values refused (``ValueError``), before anything is
+    set. torch_impl's optimizer holds every parameter, frozen ones too, and takes them.
     """
     check_optimizer(model, optimizer)
     moments = check_moments(model.config, moments, step)  # all of it, before any state is set
     table = weight_table(model, "import_moments")
     if not optimizer.built:
         optimizer.build(model.trainable_variables)
+    indices = {name: _slot_index(optimizer, variable) for name, variable in table.items()}
+    # A weight the optimizer holds no moments for (frozen when it was made) takes zeros, as it
+    # exports them; other moments would be lost, so they are refused, before anything is set.
+    lost = [f"{kind}.{name}" for name, index in indices.items() if index is None
+            for kind in ("m", "v") if np.any(moments[f"{kind}.{name}"])]
+    if lost:
+        raise ValueError(f"moments: {listed_names(lost)} are not zero, and the optimizer holds no moments "
+                         "for their weights (not trainable when it was made); make the optimizer "
+                         "after unfreezing them")
     optimizer.iterations.assign(step)
-    for name, variable in table.items():
-        index = optimizer._get_variable_index(variable)
-        optimizer._momentums[index].assign(moments[f"m.{name}"])
-        optimizer._velocities[index].assign(moments[f"v.{name}"])
+    for name, index in indices.items():
+        if index is not None:
+            optimizer._momentums[index].assign(moments[f"m.{name}"])
+            optimizer._velocities[index].assign(moments[f"v.{name}"])
     _resume_schedule(optimizer)
 
 

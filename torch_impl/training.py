@@ -20,10 +20,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from shared.loss import (as_array, check_loss_args, check_smoothing, check_some_targets,
-                         check_targets_range, dtype_name, ids_array)
+from shared.checks import check_flag
+from shared.loss import (as_array, check_loss_args, check_smoothing, check_some_targets, check_targets_range,
+                         check_tokens, dtype_name, ids_array)
 from shared.messages import shown
-from shared.moments import FOREIGN_OPTIMIZER, check_moments
+from shared.moments import FOREIGN_OPTIMIZER, MAX_STEP, check_moments
 from shared.schedule import check_start_step, noam_lr
 from shared.training import batch_ids, check_learning_rate
 
@@ -73,6 +74,8 @@ def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int
     (targets_dtype, targets_integer, _), (logits_dtype, _, logits_floating) = map(_kind, (targets, logits))
     check_loss_args("label_smoothed_loss", logits.shape, targets.shape, targets_dtype, targets_integer,
                     smoothing, logits_dtype, logits_floating, pad_id)
+    if not isinstance(tokens, torch.Tensor):
+        check_tokens(tokens)
     logits, targets = torch.as_tensor(logits), torch.as_tensor(targets)  # checked: numbers
     vocab = logits.shape[-1]
     # Before the lookup: cross_entropy raises a bare IndexError (CUDA: an assert). One
@@ -149,7 +152,12 @@ class _NoamRate:
         self.start_step = start_step
 
     def __call__(self, s: int) -> float:
-        return noam_lr(self.start_step + s + 1, self.d_model, self.warmup, self.factor)
+        # LambdaLR asks for the next step's rate after each update, and a step past MAX_STEP (2**53)
+        # is past what noam_lr takes: that update was made, so it is not refused after the fact
+        # (the weights changed, then a ValueError). Its rate is MAX_STEP's, as tf_impl's float64
+        # schedule rounds a step past 2**53 to it (the rates of the two differ by under 1e-16).
+        step = min(self.start_step + s + 1, MAX_STEP)
+        return noam_lr(step, self.d_model, self.warmup, self.factor)
 
 
 def _resume_schedule(optimizer: torch.optim.Optimizer, step: int) -> None:
@@ -272,12 +280,23 @@ def gradients(model: Transformer, batch: Batch, smoothing: float = 0.0,
               training: bool = True) -> dict[str, np.ndarray]:
     """The gradient of `label_smoothed_loss` on ``batch`` for every canonical weight, without touching
     ``.grad``: ``{name: ndarray}`` in the canonical layout (kernels ``(in, out)``, transposed from
-    ``nn.Linear``'s ``(out, in)``); a tied weight appears once, with the sum over its uses.
-    ``training``: dropout on (as in `train_step`) or off."""
+    ``nn.Linear``'s ``(out, in)``); a tied weight appears once, with the sum over its uses; a frozen
+    one (``requires_grad`` False) too, as tf_impl's tape gives it, and it stays frozen.
+    ``training``: dropout on (as in `train_step`) or off (True or False)."""
     check_model(model)
+    check_flag(training, "training")
     table = weight_table(model, "gradients")
-    loss = _loss(model, batch, smoothing, training)
-    grads = torch.autograd.grad(loss, [param for param, _ in table.values()])
+    # a frozen weight's gradient too, as tf_impl's tape gives it (torch refused the call: "One of
+    # the differentiated Tensors does not require grad"); frozen again whatever happens
+    frozen = [param for param, _ in table.values() if not param.requires_grad]
+    try:
+        for param in frozen:
+            param.requires_grad_(True)
+        loss = _loss(model, batch, smoothing, training)
+        grads = torch.autograd.grad(loss, [param for param, _ in table.values()])
+    finally:
+        for param in frozen:
+            param.requires_grad_(False)
     return {name: np.ascontiguousarray((g.T if transposed else g).detach().cpu().numpy())
             for (name, (_, transposed)), g in zip(table.items(), grads)}
 
