@@ -378,8 +378,8 @@ def gradients(model: Transformer, batch: Batch, smoothing: float = 0.0,
               training: bool = True) -> dict[str, np.ndarray]:
     """The gradient of `label_smoothed_loss` on ``batch`` for every canonical weight (eagerly):
     ``{name: ndarray}`` in the canonical layout (kernels ``(in, out)``, as Keras stores them); a
-    tied weight appears once, with the sum over its uses. ``training``: dropout on (as in
-    `train_step`) or off."""
+    tied weight appears once, with the sum over its uses; a frozen one too (the tape watches it).
+    ``training``: dropout on (as in `train_step`) or off (True or False)."""
     check_model(model)
     check_flag(training, "training")
     table = weight_table(model, "gradients")
