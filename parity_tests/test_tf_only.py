@@ -153,6 +153,13 @@ def test_get_config_from_config_round_trip():
     np.testing.assert_array_equal(run_logits(clone, src, tgt), run_logits(model, src, tgt))
     again = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
     assert isinstance(again, tf_impl.Transformer) and again.config == config
+    # Keras' dtype was taken and ignored (float32 variables under a float64 policy); a dict that is
+    # no get_config() a bare KeyError or TypeError
+    with pytest.raises(TypeError, match=r"^dtype: the model's is config.dtype \('float64'\), .* got dtype='float32'$"):
+        tf_impl.Transformer(config, dtype="float32")
+    for bad, got in ((None, "NoneType"), ({"name": "twin"}, r"dict with keys \['name'\]")):
+        with pytest.raises(ValueError, match=rf"^config: expected the dict of get_config\(\), .* got {got}$"):
+            tf_impl.Transformer.from_config(bad)
 
 
 def test_keras_export_serves_the_forward_pass_of_any_shape(tmp_path):

@@ -73,8 +73,10 @@ class Transformer(keras.Model):
             raise TypeError(f"config: expected a TransformerConfig, got {type(config).__name__}")
         # a model this machine cannot hold: one line naming config, not the framework's own OOM
         check_buildable(config, "inference", "config")
-        kwargs.setdefault("dtype", config.dtype)
-        super().__init__(**kwargs)
+        if "dtype" in kwargs:  # Keras' layer argument: taken, and ignored by every variable made here
+            raise TypeError(f"dtype: the model's is config.dtype ({config.dtype!r}), its mixed precision "
+                            f"tf_impl.precision.set_precision's; got dtype={kwargs['dtype']!r}")
+        super().__init__(dtype=config.dtype, **kwargs)
         self.config = config
         # Inputs are converted here, without Keras' autocast (float ids must fail as float ids).
         self._convert_input_args = False
@@ -394,6 +396,10 @@ class Transformer(keras.Model):
 
     @classmethod
     def from_config(cls, config: dict) -> "Transformer":
+        if not isinstance(config, Mapping) or "config" not in config:
+            raise ValueError(f"config: expected the dict of get_config(), with the TransformerConfig "
+                             f"under 'config', got {type(config).__name__}"
+                             + (f" with keys {sorted(map(str, config))}" if isinstance(config, Mapping) else ""))
         config = dict(config)
         return cls(TransformerConfig.from_dict(config.pop("config")), **config)
 
