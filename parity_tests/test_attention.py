@@ -191,3 +191,17 @@ def test_gradients_are_finite_through_rows_with_no_key(return_weights, backend):
     assert len(grads) == 2 + 8 and all(np.isfinite(g).all() for g in grads)
     assert (grads[1][2] == 0).all()  # nothing in the all-padding memory is looked at
     assert (grads[1][0, 3:] == 0).all()  # nor the padding keys of row 0
+
+
+@pytest.mark.parametrize("backend", backends(cpu_only=True))
+def test_a_step_output_kernel_without_its_qkv_kernels_is_refused(backend):
+    """`MultiHeadAttention.extend`'s ``output`` (the step's output kernel, `step_kernels`) was
+    taken and ignored without ``qkv``: the layer's own projection ran. Refused alike now."""
+    layer = Layer(backend, "float32").layer
+    x = backend.tensor(np.ones((1, 1, D), np.float32))
+    cache = backend.tensor(np.zeros((1, H, 4, D // H), np.float32))
+    position = 0 if backend.framework == "torch" else backend.tensor(np.array(0, np.int32))
+    output = (backend.tensor(np.eye(D, dtype=np.float32)), backend.tensor(np.zeros(D, np.float32)))
+    with pytest.raises(ValueError, match="^output: the step's output kernel goes with its qkv kernels; "
+                                         "got output without qkv$"):
+        layer.extend(x, cache, cache, position, output=output)

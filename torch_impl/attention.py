@@ -372,6 +372,9 @@ class MultiHeadAttention(nn.Module):
         so that the calling code is the same in both.
         """
         if qkv is None:
+            if output is not None:  # it was ignored: the module's projection ran
+                raise ValueError("output: the step's output kernel goes with its qkv kernels; got output "
+                                 "without qkv")
             k, v = self.keys_values(query_in)  # (N, H, 1, d_k)
             key_cache[:, :, position] = k[:, :, 0]
             value_cache[:, :, position] = v[:, :, 0]
