@@ -81,6 +81,40 @@ def test_the_registrys_own_arguments_are_checked_by_name():
             call()
 
 
+def test_the_library_writers_and_builders_name_their_arguments(tmp_path):
+    """A probe of the library's writers (not the command line) found them naming nothing or the
+    wrong argument: `formats.write` to torch or tf took any path as far as Python's own words
+    ("expected str, bytes or os.PathLike object, not NoneType"; '' as "'.': is a directory"); the
+    two native writers named the weights "to_state_dict: weights" and "write_native: weights";
+    `formats.read` named a config that is no TransformerConfig "given"; the ONNX and CTranslate2
+    builders raised an AttributeError for one; `export_saved_model` named an empty checkpoint
+    path "path"; a saved-model's length penalty named "max_len", an option it does not have."""
+    from shared.exporters import ctranslate2, onnx
+    from tf_impl.saved_model import export_saved_model
+    weights = random_weights(TINY, 0)
+    pt = tmp_path / "m.pt"
+    formats.write("torch", TINY, weights, pt)
+    for call, error, message in [
+        *[(lambda f=f, p=p: formats.write(f, TINY, weights, p), error, message)
+          for f in ("torch", "tf") for p, error, message in (
+              ("", ValueError, "path: expected a path, got ''"),
+              (None, TypeError, "path: expected a str or os.PathLike path, got NoneType"))],
+        *[(lambda m=m, p=p: m.write_native(p, TINY, None), TypeError, "write_native: weights: expected a dict")
+          for m, p in ((torch_impl.checkpoints, tmp_path / "w.pt"), (tf_impl.checkpoints, tmp_path / "w.weights.h5"))],
+        (lambda: formats.read(pt, "torch", config=TINY.to_dict()), TypeError,
+         "config: expected a TransformerConfig, got dict"),
+        (lambda: onnx.build_models(None, weights), TypeError, "config: expected a TransformerConfig, got NoneType"),
+        (lambda: ctranslate2.build_spec(TINY.to_dict(), weights), TypeError,
+         "config: expected a TransformerConfig, got dict"),
+        (lambda: export_saved_model("", tmp_path / "served"), ValueError, "model: expected a path, got ''"),
+        (lambda: formats.write("saved-model", TINY, weights, tmp_path / "served", max_new=16, length_penalty=75.0),
+         ValueError, r"length_penalty: expected at most [0-9.]+ at max_new=16 "),
+    ]:
+        with pytest.raises(error, match=f"^{message}"):
+            call()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]  # nothing written by a refusal
+
+
 def test_list_formats_prints_the_registry(capsys):
     assert main(["convert", "--list-formats"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -108,13 +108,15 @@ class _Greedy:
 GREEDY = _Greedy()
 
 
-def check_search_args(config: TransformerConfig, max_len, beam_size=GREEDY, length_penalty=0.0) -> None:
+def check_search_args(config: TransformerConfig, max_len, beam_size=GREEDY, length_penalty=0.0,
+                      max_len_name: str = "max_len") -> None:
     """All decoding arguments of a model-level API, in the fixed order (after the source checks):
-    ``beam_size`` `GREEDY` for a greedy decoder, the beam search's argument as given otherwise."""
+    ``beam_size`` `GREEDY` for a greedy decoder, the beam search's argument as given otherwise.
+    ``max_len_name``: ``max_len`` as the caller names it, in the length penalty's message."""
     check_max_len(max_len, config.max_len)
     if beam_size is not GREEDY:
         check_beam_size(beam_size, config.tgt_vocab)
-    check_length_penalty(length_penalty, max_len)
+    check_length_penalty(length_penalty, max_len, max_len_name=max_len_name)
 
 
 def _check_ids(vocab: int, bos_id: int, eos_id: int, pad_id: int) -> None:

@@ -48,7 +48,7 @@ import numpy as np
 from shared import TransformerConfig
 from shared import formats
 from shared.checkpoints import NEUTRAL, CheckpointFormat, Slot, Stored, read_stored
-from shared.paths import check_source
+from shared.paths import check_path, check_source
 from shared.weights import check_fits, check_weights, config_mismatch, write_atomically
 
 from . import weights_io
@@ -184,6 +184,7 @@ def _labelled(path: str, layout) -> str:
 
 def write_native(path: str | os.PathLike, config: TransformerConfig, weights: Mapping[str, np.ndarray]) -> Path:
     """Write canonical weights as a ``.weights.h5`` (Keras layout + the config), atomically."""
+    check_path(path)  # named, as every writer names it (Python's words named none)
     weights = check_weights(config, weights, source="write_native: weights")  # read once: use the copies
     model = Transformer(config)
     model.import_weights(weights)

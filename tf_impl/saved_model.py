@@ -180,6 +180,7 @@ def export_saved_model(model: Transformer | str | os.PathLike, path: str | os.Pa
     check_flags(jit_compile=jit_compile)  # True, False or None (tf_impl's default), as the decoders
     jit_compile = None if jit_compile is None else bool(jit_compile)
     if not isinstance(model, Transformer):
+        check_path(model, "model")  # named: load_checkpoint's own check says "path"
         model = load_checkpoint(model)
     max_len = model.config.max_len if max_len is None else max_len
     check_search_args(model.config, max_len, beam_size, length_penalty)

@@ -52,7 +52,7 @@ from shared import TransformerConfig
 from shared import formats
 from shared.checkpoints import NEUTRAL, CheckpointFormat, Slot, Stored, read_stored
 from shared.checks import check_config
-from shared.paths import check_source
+from shared.paths import check_path, check_source
 from shared.importers.notes import note_widened
 from shared.weights import WeightsError, check_fits, check_weights, config_mismatch, write_atomically
 
@@ -93,10 +93,12 @@ def native_layout(config: TransformerConfig) -> dict[str, Slot]:
     return layout
 
 
-def to_state_dict(config: TransformerConfig, weights: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+def to_state_dict(config: TransformerConfig, weights: Mapping[str, np.ndarray],
+                  source: str = "to_state_dict: weights") -> dict[str, torch.Tensor]:
     """Canonical weights -> ``Transformer(config).state_dict()`` layout (CPU tensors; a tied
-    parameter is one tensor under each of its keys, as ``state_dict()`` gives it)."""
-    weights = check_weights(config, weights, source="to_state_dict: weights")  # read once: use the copies
+    parameter is one tensor under each of its keys, as ``state_dict()`` gives it). ``source``:
+    how an error names the weights (the caller's own name)."""
+    weights = check_weights(config, weights, source=source)  # read once: use the copies
     tensors: dict[str, torch.Tensor] = {}
     out = {}
     for key, slot in native_layout(config).items():
@@ -246,10 +248,11 @@ def read_native(path: str | os.PathLike, config: TransformerConfig | None = None
 
 def write_native(path: str | os.PathLike, config: TransformerConfig, weights: Mapping[str, np.ndarray]) -> Path:
     """Write canonical weights as a ``.pt`` (layout in the module docstring), atomically."""
+    check_path(path)  # named, as every writer names it (Python's words named none)
     check_config(config)  # named before its to_json, as tf_impl's (a TypeError, not AttributeError)
     path = Path(path)
     payload = {"format": PT_FORMAT, "format_version": PT_FORMAT_VERSION, "config": config.to_json(),
-               "state_dict": to_state_dict(config, weights)}  # checks the weights (finite too)
+               "state_dict": to_state_dict(config, weights, "write_native: weights")}  # checked, finite too
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:  # a file object: the archive's inner name does not vary with tmp

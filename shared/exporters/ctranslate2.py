@@ -148,6 +148,7 @@ def _stack_common(spec, config: TransformerConfig, table: np.ndarray, positions:
 def build_spec(config: TransformerConfig, weights: Mapping[str, np.ndarray]):
     """A validated ``ctranslate2.specs.TransformerSpec`` holding ``weights`` (checked against
     ``config`` first); `ExportError` naming every setting CTranslate2 cannot compute."""
+    check_config(config)  # before its fields are read (an AttributeError named nothing)
     problems = refusals(config)
     if problems:
         raise ExportError("to_ctranslate2: config", problems)

@@ -496,6 +496,7 @@ def build_models(config: TransformerConfig, weights: Mapping[str, np.ndarray], p
     only), each checked by ``onnx.checker``. ``ValueError`` naming ``precision`` for an unknown one
     or a float64 model in float16; `ExportError` naming every setting the export cannot compute
     (`refusals`: bfloat16, gelu in float64) or every kernel float16 cannot hold."""
+    check_config(config)  # before its dtype is read (an AttributeError named nothing)
     precision = check_precision(precision, config.dtype)
     problems = refusals(config, precision)
     if problems:

@@ -171,6 +171,8 @@ def read(path: str | os.PathLike, fmt: str | Format | None = None, config=None, 
     record; default: recognised from the path, `detect`). ``config``: for a native file that holds
     none (or must equal the one it holds); ``options``: the format's own (`Format.read_options`)."""
     check_source(path)  # a FIFO or a device: refused before anything reads it
+    if config is not None:  # named here: a reader's comparison named it "given"
+        check_config(config)
     record = _record(fmt, "read") if fmt is not None else detect(path, "source")
     options = check_options(record, "read", options, config)
     return record.read(path, config, **options)

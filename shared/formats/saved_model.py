@@ -45,7 +45,7 @@ def settings(config, beam_size=None, length_penalty=None, max_new=None) -> dict:
               "beam_size": min(DEFAULT_BEAM_SIZE, config.tgt_vocab - 1) if beam_size is None else beam_size,
               "length_penalty": 0.0 if length_penalty is None else length_penalty}
     try:
-        check_search_args(config, **chosen)
+        check_search_args(config, **chosen, max_len_name="max_new")
     except ValueError as err:  # "max_len: expected ..." -> "max_new: expected ..."
         name, _, rest = str(err).partition(":")
         raise ValueError(f"{'max_new' if name == 'max_len' else name}:{rest}") from None
