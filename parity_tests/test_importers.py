@@ -1,5 +1,7 @@
 """Importers: real PyTorch source models with random weights, imported, give the same logits as
 the float64 oracle; everything the canonical model cannot compute identically is refused."""
+import re
+
 import numpy as np
 import pytest
 
@@ -393,6 +395,11 @@ def test_rename_problems_are_reported(nn_sd):
     assert "both become 'tgt_tok_emb.embedding.weight'" in str(err)
     with pytest.raises(TypeError, match="rename: expected"):
         from_nn_transformer(nn_sd, norm_first=False, rename=["a=b"], **NN)
+    # a whole that is no mapping nor list of pairs: Python's "'int' object is not iterable", or a
+    # str or lone pair named by its first character or string ("got the entry 'a'")
+    for rename, got in ((5, "int 5"), ("a=b", "str 'a=b'"), (("a.", "b."), "tuple ('a.', 'b.')")):
+        with pytest.raises(TypeError, match=rf"^rename: expected .* of str key prefixes, got {re.escape(got)}$"):
+            from_nn_transformer(nn_sd, norm_first=False, rename=rename, **NN)
     # the second mapping of one OLD was dropped silently (the first won)
     with pytest.raises(ValueError, match="rename: expected each OLD prefix once, got 'src_tok_emb.' 2 times"):
         from_nn_transformer(nn_sd, norm_first=False, rename=[("src_tok_emb.", "a."), ("src_tok_emb.", "b.")], **NN)

@@ -16,6 +16,11 @@ def parse_renames(rename: Renames) -> list[tuple[str, str]]:
     """``{OLD: NEW}`` or ``[(OLD, NEW), ...]`` (key prefixes) as a list; a bad entry is a TypeError."""
     if rename is None:
         return []
+    # a str or a lone pair iterates too, into characters or strings: named as the whole it is
+    lone_pair = isinstance(rename, tuple) and len(rename) == 2 and all(isinstance(p, str) for p in rename)
+    if lone_pair or isinstance(rename, (str, bytes)) or not isinstance(rename, (Mapping, Sequence)):
+        raise TypeError(f"rename: expected {{OLD: NEW}} or [(OLD, NEW), ...] of str key prefixes, "
+                        f"got {type(rename).__name__} {rename!r}"[:300])
     pairs = list(rename.items()) if isinstance(rename, Mapping) else list(rename)
     for pair in pairs:
         if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
