@@ -109,6 +109,11 @@ def test_files_checker_and_signatures(tmp_path):
     assert outputs == {"logits": ["batch", 1, c.tgt_vocab], **kv("present", "decoder", "past_len + 1")}
     config, files = read_onnx(path)
     assert config == c and set(files) == set(GRAPHS)
+    for read in (read_onnx, export_precision):  # '' was the current directory, None Python's TypeError
+        with pytest.raises(ValueError, match="^path: expected a path, got ''$"):
+            read("")
+        with pytest.raises(TypeError, match="^path: expected a str or os.PathLike path, got NoneType$"):
+            read(None)
     generation = json.loads((path / GENERATION_FILE).read_text())
     assert (generation["decoder_start_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (
         c.start_id, c.eos_id, c.pad_id)

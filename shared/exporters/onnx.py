@@ -576,6 +576,7 @@ def _is_export_config(header: object, path: Path) -> bool:
 def read_onnx(path: str | os.PathLike) -> tuple[TransformerConfig, dict[str, Path]]:
     """An export's config (its ``config.json``) and ``{file name: path}`` of its three graphs;
     ``FileNotFoundError`` naming a missing directory or file, ``ValueError`` for a bad config."""
+    check_path(path)  # named ('' was the current directory, None Python's TypeError)
     path = Path(path)
     recover(path)
     if not path.is_dir():
@@ -591,6 +592,7 @@ def export_precision(path: str | os.PathLike) -> str:
     """What the export at ``path`` computes in: its ``config.json``'s ``precision`` ("float32"
     for an export written before float16 existed, which has none); ``ValueError`` naming the file
     for any other value. The graphs' own types say the same (`twins.onnx_runtime` reads them)."""
+    check_path(path)  # named ('' read ./config.json, None was Python's TypeError)
     config_json = Path(path) / CONFIG_FILE
     header = read_json(config_json)
     precision = header.get("precision", "float32") if isinstance(header, dict) else None
