@@ -142,7 +142,6 @@ def _check_used(args) -> None:
     for, and a file's options (``--from``, the format options) where no file is read."""
     if args.max_new is not None and not args.decode:
         raise ValueError("--max-new: the tokens --decode decodes, and --decode is not given")
-    args.max_new = DEFAULT_MAX_NEW if args.max_new is None else args.max_new
     if args.checkpoint is None:
         given = [loading.flag(name) for name in loading.given_options(args, "read")]
         if args.src_format is not None:
@@ -159,6 +158,7 @@ def run(args) -> int:
         if getattr(args, name) is not None and getattr(args, name) < 1:  # max_new: None where not given
             raise ValueError(f"--{name.replace('_', '-')}: expected a positive int, got {getattr(args, name)}")
     _check_used(args)
+    args.max_new = DEFAULT_MAX_NEW if args.max_new is None else args.max_new
     check_threads(args.threads)
     backends = [b for b in args.backends.split(",") if b]
     unknown = [b for b in backends if b not in COMPARED]
