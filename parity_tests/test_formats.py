@@ -58,6 +58,23 @@ def test_options_are_checked_and_named_as_typed():
         formats.read("x", "ctranslate2")
 
 
+def test_a_misspelt_option_is_refused_whatever_its_value(tmp_path):
+    """None stands for "not given", as the command line passes every format's options; before, it
+    hid a misspelt keyword too: ``load_checkpoint(path, n_headz=None)`` loaded the file. A name
+    that some format takes stays "not given" at None, whatever the format."""
+    config = TransformerConfig.preset("tiny")
+    models = {"torch": torch_impl.Transformer(config), "tf": tf_impl.Transformer(config)}
+    path = torch_impl.save_checkpoint(models["torch"], tmp_path / "m.pt")
+    for read in (formats.read, torch_impl.load_checkpoint, tf_impl.load_checkpoint):
+        with pytest.raises(ValueError, match="^n_headz: not an option of --from torch"):
+            read(path, n_headz=None)
+        assert read(path, n_heads=None) is not None  # nn-transformer's option, not given
+    for backend, save in (("torch", torch_impl.save_checkpoint), ("tf", tf_impl.save_checkpoint)):
+        with pytest.raises(ValueError, match="^beam_sise: not an option of --to torch"):
+            save(models[backend], tmp_path / "out.pt", beam_sise=None)
+        assert not (tmp_path / "out.pt").exists()
+
+
 def test_the_registrys_own_arguments_are_checked_by_name():
     """Before: NumPy option values crashed the filter of given options in NumPy's words ("truth
     value of an empty array is ambiguous"), a misspelt direction or role was read as another

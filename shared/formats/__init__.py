@@ -140,11 +140,14 @@ def check_options(fmt: Format, direction: str, options: Mapping[str, Any], confi
     fmt = _record(fmt, direction) if not isinstance(fmt, Format) else fmt
     if not isinstance(options, Mapping):
         raise TypeError(f"options: expected a mapping of option name -> value, got {type(options).__name__}")
-    options = given(options)
     flag = "--from" if direction == "read" else "--to"
     declared = {o.name for o in fmt.options(direction)}
+    # None means "not given" (the command line passes every format's options), but a name that no
+    # format takes is refused whatever its value: a misspelt keyword
+    unknown = [name for name in options if name not in declared and not users(name)]
+    options = given(options)
     problems = []
-    for name in options:
+    for name in list(options) + [name for name in unknown if name not in options]:
         if name in declared:
             continue
         why = fmt.hints.get(name)
