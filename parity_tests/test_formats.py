@@ -249,3 +249,20 @@ def test_rename_takes_one_mapping_with_one_equals_sign():
     for text in ("ab", "a=a", "==", "a=b=c"):
         with pytest.raises(argparse.ArgumentTypeError, match="expected OLD=NEW with OLD != NEW and one '='"):
             rename(text)
+
+
+def test_a_model_of_the_other_backend_is_named_with_its_module(tmp_path):
+    """Before: "model: expected a torch_impl.Transformer, got Transformer", the other backend's
+    class by its bare name, which is the expected one's."""
+    from tf_impl.precision import set_precision as tf_set_precision
+    from torch_impl.precision import set_precision as torch_set_precision
+    config = TransformerConfig.preset("tiny")
+    models = {"torch_impl": torch_impl.Transformer(config), "tf_impl": tf_impl.Transformer(config)}
+    for owner, impl, other in (("torch_impl", torch_impl, "tf_impl"), ("tf_impl", tf_impl, "torch_impl")):
+        set_precision = torch_set_precision if impl is torch_impl else tf_set_precision
+        for call in (lambda m: impl.save_checkpoint(m, tmp_path / "m.pt"),
+                     lambda m: impl.greedy_decode(m, [[5, 6]], 4), lambda m: set_precision(m, "bfloat16")):
+            with pytest.raises(TypeError, match=f"^model: expected a {owner}.Transformer, got "
+                                                f"{other}.model.Transformer$"):
+                call(models[other])
+    assert getattr(models["torch_impl"], "precision", "float32") == "float32" and not list(tmp_path.iterdir())

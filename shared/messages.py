@@ -26,3 +26,11 @@ def shown(value, form: Callable[[object], str] = repr) -> str:
             digits = math.floor(math.log10(abs(number))) + 1
             return f"{'a negative' if number < 0 else 'an'} int of about {digits:,} digits"
     return form(value)
+
+
+def type_shown(value) -> str:
+    """The type of ``value`` as a message names it: a built-in one by its name (``"NoneType"``,
+    ``"dict"``), any other with its module (``"tf_impl.model.Transformer"``), so that a class is not
+    taken for another of the same name (torch_impl's and tf_impl's ``Transformer``)."""
+    cls = type(value)
+    return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"

@@ -38,6 +38,7 @@ from .checks import (check_ids, check_ids_range, check_mask, check_same_batch, n
 from .config import TransformerConfig
 from .decoding import BeamResult, GreedyResult
 from .masks import make_src_mask, make_tgt_mask, padding_id, start_is_pad
+from .messages import type_shown
 from .positional import positional_table
 from .weights import check_weights, tgt_embedding_name, tgt_positions_name
 
@@ -322,7 +323,7 @@ def _decode_inputs(model, src, max_len, src_mask, beam_size=_decoding.GREEDY, le
     mask."""
     if not isinstance(model, Model):
         raise TypeError(f"model: expected a shared.reference.Model (Model(weights, config)), "
-                        f"got {type(model).__name__}")
+                        f"got {type_shown(model)}")
     config = model.config
     src = _check_tokens("src", src, config.src_vocab, config)
     _decoding.check_search_args(config, max_len, beam_size, length_penalty)

@@ -11,6 +11,7 @@ from shared import TransformerConfig
 from shared.checks import check_cache, check_ids_range, check_memory_dtype, check_memory_shape
 from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
+from shared.messages import type_shown
 from shared.weights import check_buildable
 from shared.precision import compute_dtype_name
 
@@ -456,4 +457,4 @@ def check_model(model) -> None:
     """``model`` is a `Transformer` (torch_impl's check is the same), named by type otherwise,
     before anything reads it (else ``'NoneType' object has no attribute 'config'``)."""
     if not isinstance(model, Transformer):
-        raise TypeError(f"model: expected a tf_impl.Transformer, got {type(model).__name__}")
+        raise TypeError(f"model: expected a tf_impl.Transformer, got {type_shown(model)}")

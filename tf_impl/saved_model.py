@@ -59,6 +59,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared.decoding import check_flags, check_search_args
+from shared.messages import type_shown
 from shared.paths import check_path
 from shared.saving import check_replaceable, replace_directory
 
@@ -175,7 +176,7 @@ def export_saved_model(model: Transformer | str | os.PathLike, path: str | os.Pa
     """
     if not isinstance(model, (Transformer, str, os.PathLike)):
         raise TypeError(f"model: expected a tf_impl.Transformer or a checkpoint path, got "
-                        f"{type(model).__name__}")
+                        f"{type_shown(model)}")
     check_path(path)
     check_flags(jit_compile=jit_compile)  # True, False or None (tf_impl's default), as the decoders
     jit_compile = None if jit_compile is None else bool(jit_compile)

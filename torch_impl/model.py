@@ -12,6 +12,7 @@ from shared import TransformerConfig
 from shared.checks import check_cache, check_ids_range, check_memory_dtype, check_memory_shape
 from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
+from shared.messages import type_shown
 from shared.weights import check_buildable
 
 from . import weights_io
@@ -483,4 +484,4 @@ def check_model(model) -> None:
             raise TypeError(f"model: expected a torch_impl.Transformer, got a {type(model).__name__} "
                             f"wrapping one: pass model.{attribute} (decoding runs its own steps, "
                             "never the wrapper's forward)")
-    raise TypeError(f"model: expected a torch_impl.Transformer, got {type(model).__name__}")
+    raise TypeError(f"model: expected a torch_impl.Transformer, got {type_shown(model)}")

@@ -25,6 +25,7 @@ import contextlib
 import torch
 
 from shared import TransformerConfig
+from shared.messages import type_shown
 from shared.precision import check_precision, compute_dtype_name
 
 
@@ -35,7 +36,7 @@ def set_precision(model: torch.nn.Module, precision: str) -> str:
     # `torch_impl.model.check_model`'s words; the model module imports this one, so not the function
     if not isinstance(model, torch.nn.Module) or not isinstance(getattr(model, "config", None),
                                                                 TransformerConfig):
-        raise TypeError(f"model: expected a torch_impl.Transformer, got {type(model).__name__}")
+        raise TypeError(f"model: expected a torch_impl.Transformer, got {type_shown(model)}")
     name = check_precision(precision, model.config.dtype)
     previous = getattr(model, "precision", "float32")
     model.precision = name
