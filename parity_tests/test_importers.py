@@ -230,6 +230,11 @@ def test_refuses_torch_tensors_nan_and_float16_without_dtype(nn_sd):
     assert from_nn_transformer(half, norm_first=False, dtype="float32", **NN)[0].dtype == "float32"
     err = refused(from_nn_transformer, half, norm_first=False, dtype="float16", **NN)
     assert "dtype: expected one of ('float32', 'float64') or None, got 'float16'" in str(err)
+    # "float" is float64 to NumPy and float32 to torch: neither is assumed (before: float64)
+    for spelling in ("float", float, "f8", "double", torch.float32):
+        err = refused(from_nn_transformer, half, norm_first=False, dtype=spelling, **NN)
+        assert f"dtype: expected one of ('float32', 'float64') or None, got {spelling!r}" in str(err)
+    assert from_nn_transformer(half, norm_first=False, dtype=np.float64, **NN)[0].dtype == "float64"
 
 
 def test_refuses_bias_less_model(nn_sd):

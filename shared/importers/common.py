@@ -17,6 +17,7 @@ import numpy as np
 
 from ..checks import check_flag
 from ..config import DTYPES, TransformerConfig
+from ..messages import shown
 from ..positional import positional_encoding
 from ..weights import WeightsError, check_weights
 from .near_miss import Renames, apply_renames, look_alike_hint
@@ -47,6 +48,21 @@ def _names(keys) -> str:
 
 def _transpose(a: np.ndarray) -> np.ndarray:
     return a.T  # torch Linear stores (out, in); canonical kernels are (in, out): y = x @ kernel + bias
+
+
+def _dtype_name(dtype) -> str | None:
+    """``dtype``'s name where it is one of `DTYPES` without doubt: that name, or a NumPy dtype or
+    type (``np.float32``); else None. Other spellings are refused: "float" and Python's ``float``
+    are float64 to NumPy and float32 to torch (``torch.float``); "f8" or "double" the config refuses."""
+    if isinstance(dtype, str):
+        return dtype if dtype in DTYPES else None
+    if dtype is float:
+        return None
+    try:
+        name = np.dtype(dtype).name
+    except (TypeError, ValueError):
+        return None
+    return name if name in DTYPES else None
 
 
 class SourceImport:
@@ -95,13 +111,9 @@ class SourceImport:
             listed = "; ".join(f"{d}: {_names(k)}" for d, k in sorted(by_dtype.items()))
             self.problem(f"mixed dtypes (expected one float dtype for every tensor): {listed}")
         if dtype is not None:
-            try:
-                name = np.dtype(dtype).name
-            except TypeError:
-                name = None
-            if name not in DTYPES:
-                self.problem(f"dtype: expected one of {DTYPES} or None, got {dtype!r}")
-                return None
+            name = _dtype_name(dtype)
+            if name is None:
+                self.problem(f"dtype: expected one of {DTYPES} or None, got {shown(dtype)}")
             return name
         if len(by_dtype) == 1:
             (found,) = by_dtype
@@ -146,9 +158,9 @@ class SourceImport:
         wanted = declared if declared is not None else (held[-1] + 1 if held else 0)
         if wanted <= 2 * len(held):
             return wanted
-        shown = ", ".join(map(str, held[:8])) + (", ..." if len(held) > 8 else "")
+        first = ", ".join(map(str, held[:8])) + (", ..." if len(held) > 8 else "")
         asked = f"{declared_by} is {wanted}" if declared is not None else f"layer indices up to {wanted - 1}"
-        self.problem(f"{what}: {asked}, but the weights hold {len(held)} layer(s) ({shown or 'none'}); "
+        self.problem(f"{what}: {asked}, but the weights hold {len(held)} layer(s) ({first or 'none'}); "
                      "not planned (an import plans at most twice the layers it holds)")
         if prefix is not None:
             self.ignored.update(k for k in self.sd if k.startswith(f"{prefix}."))
