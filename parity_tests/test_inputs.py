@@ -9,7 +9,7 @@ torch raises the reference's message as it is.
 import numpy as np
 import pytest
 
-from parity_tests.backends import backends
+from parity_tests.backends import backends, cached_weights
 from parity_tests.input_cases import BAD_IDS, BAD_MASKS, CONFIG, SRC, TGT, W, with_id
 from shared import reference as R
 from shared.tolerances import assert_close, bound_for
@@ -87,6 +87,18 @@ def test_other_integer_dtypes_give_the_same_logits(backend):
     for dtype in INT_DTYPES[backend.framework]:
         got = backend.logits(model, SRC.astype(dtype), TGT.astype(dtype))
         np.testing.assert_array_equal(got, want, err_msg=np.dtype(dtype).name)
+
+
+@pytest.mark.parametrize("backend", EAGER)
+def test_narrow_ids_are_masked_against_the_pad_id_as_numbers(backend):
+    """uint8 ids and pad_id 300, which uint8 cannot hold: no id is padding. torch_impl compared in
+    uint8, where 300 is 44, and masked token 44: logits 0.23 off the reference's, other tokens."""
+    config = CONFIG.replace(src_vocab=400, tgt_vocab=400, pad_id=300, dtype="float64")
+    model = backend.cached(config)
+    src, tgt = np.array([[5, 44, 7, 9]]), np.array([[1, 44, 44, 2]])
+    want = R.forward(cached_weights(config), config, src, tgt)
+    got = backend.logits(model, src.astype(np.uint8), tgt.astype(np.uint8))
+    assert_close(got, want, bound_for("float64", backend.pair))
 
 
 @pytest.mark.parametrize("backend", EAGER)

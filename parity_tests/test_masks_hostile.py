@@ -56,8 +56,7 @@ def test_bad_pad_id_is_refused_alike(impl, helper, pad_id):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("helper", ["make_src_mask", "make_tgt_mask"])
 def test_pad_id_is_checked_before_the_ids(impl, helper):
-    """Checked first, so all three name pad_id even where the ids are bad too (the backends' helpers
-    do not check ids: their models do)."""
+    """Checked first, so all three name pad_id even where the ids are bad too."""
     inputs, ids = _impl(impl)
     with pytest.raises(TypeError, match=_pad_id_message("0")):
         getattr(inputs, helper)(ids(IDS.astype(np.float32)), "0")
@@ -98,6 +97,34 @@ def test_empty_sequence_gives_an_empty_mask_everywhere(impl, pad_id, first_is_re
     tgt_mask = to_numpy(inputs.make_tgt_mask(empty, pad_id, first_is_real))
     assert src_mask.shape == (2, 1, 1, 0) and src_mask.dtype == np.bool_
     assert tgt_mask.shape == (2, 1, 0, 0) and tgt_mask.dtype == np.bool_
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32, np.uint64])
+def test_a_pad_id_the_ids_dtype_cannot_hold_masks_no_id(impl, dtype):
+    """Compared as numbers: torch_impl compared in the ids' own dtype, so pad_id 300 wrapped to 44
+    in uint8 and hid token 44 (tf_impl's helper too; its model widened the ids first, torch_impl's
+    did not: wrong logits and tokens). A pad_id the dtype holds still masks it, negative ones none."""
+    inputs, ids = _impl(impl)
+    row = np.array([[5, 44, 7, 9]], dtype)
+    for pad_id, keys in ((300, [1, 1, 1, 1]), (-212, [1, 1, 1, 1]), (2**70, [1, 1, 1, 1]), (44, [1, 0, 1, 1])):
+        np.testing.assert_array_equal(to_numpy(inputs.make_src_mask(ids(row), pad_id)).ravel(), keys)
+        np.testing.assert_array_equal(to_numpy(inputs.make_tgt_mask(ids(row), pad_id))[0, 0, -1], keys)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("helper, name", [("make_src_mask", "src"), ("make_tgt_mask", "tgt")])
+def test_ids_are_checked_alike(impl, helper, name):
+    """Before, the backends' helpers did not check their ids: rank 1 failed in each framework's
+    words (IndexError, InvalidArgumentError), float, bool or rank-3 ids gave a mask."""
+    inputs, ids = _impl(impl)
+    shape = r"token ids of shape \(batch, seq\), got shape"
+    for value, error, message in ((np.array([5, 6]), ValueError, rf"{shape} \(2,\)"),
+                                  (np.zeros((1, 2, 2), np.int64), ValueError, rf"{shape} \(1, 2, 2\)"),
+                                  (np.array([[1.0, 2.0]]), TypeError, "integer token ids, got dtype float64"),
+                                  (np.array([[True]]), TypeError, "integer token ids, got dtype bool")):
+        with pytest.raises(error, match=f"^{name}: expected {message}$"):
+            getattr(inputs, helper)(ids(value), 0)
 
 
 @pytest.mark.parametrize("helper, name", [(make_src_mask, "src"), (make_tgt_mask, "tgt"),

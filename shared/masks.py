@@ -21,6 +21,7 @@ A backend converts to another convention only at the call of a framework op that
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -47,14 +48,20 @@ def check_pad_id(pad_id) -> None:
                         f"got {shown(pad_id)}")
 
 
+def check_mask_ids(name: str, shape: Sequence, dtype: str, is_integer: bool) -> None:
+    """The ids a ``make_*_mask`` helper reads, here and in both backends (which call this, so the
+    three refuse alike): ``(batch, seq)``, of an integer dtype (bool is none); empty allowed."""
+    if len(shape) != 2:
+        raise ValueError(f"{name}: expected token ids of shape (batch, seq), got shape {tuple(shape)}")
+    if not is_integer:
+        raise TypeError(f"{name}: expected integer token ids, got dtype {dtype}")
+
+
 def _check_ids(name: str, ids: np.ndarray) -> np.ndarray:
     if (lengths := ragged_rows(ids)) is not None:  # NumPy's own error would not name the argument
         raise ValueError(ragged_message(name, lengths))
     ids = np.asarray(ids)
-    if ids.ndim != 2:
-        raise ValueError(f"{name}: expected token ids of shape (batch, seq), got shape {ids.shape}")
-    if ids.dtype.kind not in "iu":
-        raise TypeError(f"{name}: expected integer token ids, got dtype {ids.dtype}")
+    check_mask_ids(name, ids.shape, str(ids.dtype), ids.dtype.kind in "iu")
     return ids
 
 

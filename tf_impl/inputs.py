@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared import checks
-from shared.masks import check_pad_id
+from shared.masks import check_mask_ids, check_pad_id
 from shared.training import batch_ids
 
 
@@ -224,16 +224,36 @@ def check_same_batch(src: tf.Tensor, tgt: tf.Tensor, name: str = "tgt") -> tf.Te
     return runtime_check(tgt, [(tf.equal(a, b), checks.same_batch_message(name, "{}", "{}"), (a, b))])
 
 
+def _mask_ids(name: str, ids) -> tf.Tensor:
+    """The ids of a ``make_*_mask`` helper as a tensor (arrays and lists converted as `check_ids`
+    converts them) of an integer dtype and rank 2 (`shared.masks.check_mask_ids`)."""
+    ids = ids if isinstance(ids, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(batch_ids(name, ids))
+    if ids.shape.rank is None:
+        raise ValueError(f"{name}: expected token ids of shape (batch, seq), got unknown rank")
+    check_mask_ids(name, ids.shape, ids.dtype.name, ids.dtype.is_integer)
+    return ids
+
+
+def _not_pad(ids: tf.Tensor, pad_id: int | None) -> tf.Tensor:
+    """``ids != pad_id`` as numbers, all True for a ``pad_id`` of None or one that no id of the
+    dtype can equal (compared in the ids' own dtype, ``pad_id`` 300 would wrap to 44 in uint8;
+    torch_impl's masks and the reference's compare as numbers)."""
+    if pad_id is None or not ids.dtype.min <= pad_id <= ids.dtype.max:
+        return tf.ones_like(ids, dtype=tf.bool)
+    return ids != pad_id
+
+
 def make_src_mask(src: tf.Tensor, pad_id: int | None) -> tf.Tensor:
     """Source mask ``(batch, 1, 1, src_len)``: True where the key token is not padding; all True
     when ``pad_id`` is None (``config.mask_padding=False``, `shared.masks.padding_id`).
 
     Raises:
-        TypeError: ``pad_id`` neither an int nor None (the reference's message, before any work)."""
+        TypeError: ``pad_id`` neither an int nor None, or ``src`` no integer ids (the reference's
+            messages, before any work).
+        ValueError: ``src`` not of rank 2."""
     check_pad_id(pad_id)
-    if pad_id is None:
-        return tf.ones_like(src, dtype=tf.bool)[:, None, None, :]
-    return (src != pad_id)[:, None, None, :]
+    src = _mask_ids("src", src)
+    return _not_pad(src, pad_id)[:, None, None, :]
 
 
 def make_tgt_mask(tgt: tf.Tensor, pad_id: int | None, first_is_real: bool = False) -> tf.Tensor:
@@ -244,12 +264,15 @@ def make_tgt_mask(tgt: tf.Tensor, pad_id: int | None, first_is_real: bool = Fals
     ``pad_id=None`` (`shared.masks.padding_id`): no key is padding, the subsequent mask alone.
 
     Raises:
-        TypeError: ``pad_id`` neither an int nor None (the reference's message, before any work)."""
+        TypeError: ``pad_id`` neither an int nor None, or ``tgt`` no integer ids (the reference's
+            messages, before any work).
+        ValueError: ``tgt`` not of rank 2."""
     check_pad_id(pad_id)
     checks.check_flag(first_is_real, "first_is_real")  # "no" read for its truth made column 0 real
+    tgt = _mask_ids("tgt", tgt)
     positions = tf.range(dims(tgt, 2)[1])
     subsequent = positions[:, None] >= positions[None, :]  # (T, T), lower-triangular
-    keys = tf.ones_like(tgt, dtype=tf.bool) if pad_id is None else tgt != pad_id  # (B, T)
+    keys = _not_pad(tgt, pad_id)  # (B, T)
     if first_is_real:
         keys = tf.logical_or(keys, positions == 0)
     return tf.logical_and(keys[:, None, None, :], subsequent)  # (B, 1, T, T)

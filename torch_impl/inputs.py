@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from shared import checks
-from shared.masks import check_pad_id
+from shared.masks import check_mask_ids, check_pad_id
 from shared.training import batch_ids
 
 
@@ -98,16 +98,37 @@ def check_same_batch(src: torch.Tensor, tgt: torch.Tensor, name: str = "tgt") ->
     return tgt
 
 
+def _check_mask_ids(name: str, ids) -> None:
+    """The ids of a ``make_*_mask`` helper: a torch integer tensor of rank 2 (`check_ids`'s words
+    for a ragged list or a non-tensor; `shared.masks.check_mask_ids` for the rest)."""
+    if (lengths := checks.ragged_rows(ids)) is not None:
+        raise ValueError(checks.ragged_message(name, lengths))
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch tensor of token ids, got {type(ids).__name__}")
+    check_mask_ids(name, ids.shape, _dtype_name(ids.dtype), _is_integer(ids.dtype))
+
+
+def _not_pad(ids: torch.Tensor, pad_id: int | None) -> torch.Tensor:
+    """``ids != pad_id`` as numbers, all True for a ``pad_id`` of None or one that no id of the
+    dtype can equal: compared in the ids' own dtype, ``pad_id`` 300 wrapped to 44 in uint8 and hid
+    token 44 (tf_impl's and the reference's masks compare as numbers)."""
+    info = torch.iinfo(ids.dtype)
+    if pad_id is None or not info.min <= pad_id <= info.max:
+        return torch.ones_like(ids, dtype=torch.bool)
+    return ids != pad_id
+
+
 def make_src_mask(src: torch.Tensor, pad_id: int | None) -> torch.Tensor:
     """Source mask ``(batch, 1, 1, src_len)``: True where the key token is not padding; all True
     when ``pad_id`` is None (``config.mask_padding=False``, `shared.masks.padding_id`).
 
     Raises:
-        TypeError: ``pad_id`` neither an int nor None (the reference's message, before any work)."""
+        TypeError: ``pad_id`` neither an int nor None, or ``src`` no integer tensor (the reference's
+            messages, before any work).
+        ValueError: ``src`` not of rank 2."""
     check_pad_id(pad_id)
-    if pad_id is None:
-        return torch.ones_like(src, dtype=torch.bool)[:, None, None, :]
-    return (src != pad_id)[:, None, None, :]
+    _check_mask_ids("src", src)
+    return _not_pad(src, pad_id)[:, None, None, :]
 
 
 def make_tgt_mask(tgt: torch.Tensor, pad_id: int | None, first_is_real: bool = False) -> torch.Tensor:
@@ -118,12 +139,15 @@ def make_tgt_mask(tgt: torch.Tensor, pad_id: int | None, first_is_real: bool = F
     ``pad_id=None`` (`shared.masks.padding_id`): no key is padding, the subsequent mask alone.
 
     Raises:
-        TypeError: ``pad_id`` neither an int nor None (the reference's message, before any work)."""
+        TypeError: ``pad_id`` neither an int nor None, or ``tgt`` no integer tensor (the reference's
+            messages, before any work).
+        ValueError: ``tgt`` not of rank 2."""
     check_pad_id(pad_id)
     checks.check_flag(first_is_real, "first_is_real")  # "no" read for its truth made column 0 real
+    _check_mask_ids("tgt", tgt)
     t = tgt.shape[1]
     subsequent = torch.ones(t, t, dtype=torch.bool, device=tgt.device).tril()  # (T, T)
-    keys = torch.ones_like(tgt, dtype=torch.bool) if pad_id is None else tgt != pad_id  # (B, T)
+    keys = _not_pad(tgt, pad_id)  # (B, T)
     if first_is_real:
         keys = keys | (torch.arange(t, device=tgt.device) == 0)
     return keys[:, None, None, :] & subsequent  # (B, 1, T, T)
