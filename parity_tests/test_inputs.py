@@ -90,6 +90,17 @@ def test_other_integer_dtypes_give_the_same_logits(backend):
 
 
 @pytest.mark.parametrize("backend", EAGER)
+def test_return_trace_and_return_weights_are_flags(backend):
+    """Before: read for their truth, so "no" returned the trace or the weights."""
+    model = backend.cached(CONFIG)
+    with pytest.raises(TypeError, match="return_trace: expected True or False, got 'no' \\(str\\)"):
+        model(backend.tensor(SRC), backend.tensor(TGT), return_trace="no")
+    x = backend.tensor(np.ones((1, 3, CONFIG.d_model), np.float32))
+    with pytest.raises(TypeError, match="return_weights: expected True or False, got 'no' \\(str\\)"):
+        model.encoder.layers[0].self_attn(x, x, None, return_weights="no")
+
+
+@pytest.mark.parametrize("backend", EAGER)
 def test_narrow_ids_are_masked_against_the_pad_id_as_numbers(backend):
     """uint8 ids and pad_id 300, which uint8 cannot hold: no id is padding. torch_impl compared in
     uint8, where 300 is 44, and masked token 44: logits 0.23 off the reference's, other tokens."""

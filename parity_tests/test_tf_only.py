@@ -81,6 +81,25 @@ def test_call_needs_tgt():
         TF.cached(TINY)(SRC)
 
 
+def test_training_is_a_flag_or_keras_own_values():
+    """Before: ``training="no"`` (a true string) turned dropout on, in the model and its layers.
+    Keras' own values stay: None (the calling context's) and a bool tensor."""
+    model = TF.cached(TINY)
+    x = tf.ones((2, 5, TINY.d_model))
+    for call in (lambda t: model(SRC, TGT, training=t), lambda t: model.encode(SRC, training=t),
+                 lambda t: model.encoder.layers[0](x, tf.ones((2, 1, 1, 5), bool), training=t),
+                 lambda t: model.encoder.layers[0].ffn(x, training=t)):
+        with pytest.raises(TypeError, match="training: expected True or False, got 'no' \\(str\\)"):
+            call("no")
+        for keras_value in (None, tf.constant(False), np.False_):
+            call(keras_value)
+    memory = model.encode(SRC)
+    with pytest.raises(TypeError, match="training: expected True or False, got 1 \\(int\\)"):
+        model.decode(TGT, memory, tf.constant(np_src_mask(SRC, TINY.pad_id)), training=1)
+    want = np.asarray(model(SRC, TGT))
+    np.testing.assert_array_equal(np.asarray(model(SRC, TGT, training=tf.constant(False))), want)
+
+
 # -- predict --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant, shape, dtype", MODE_CASES)

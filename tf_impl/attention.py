@@ -18,8 +18,10 @@ import math
 import keras
 import tensorflow as tf
 
+from shared.checks import check_flag
+
 from .cache import dense, filled_mask, write_position
-from .inputs import dims
+from .inputs import check_training, dims
 
 
 def masked_softmax(scores: tf.Tensor, mask: tf.Tensor | None) -> tf.Tensor:
@@ -125,6 +127,8 @@ class MultiHeadAttention(keras.layers.Layer):
                return_weights: bool = False, training: bool = False) -> tuple[tf.Tensor, tf.Tensor | None]:
         """`call` with the keys and values given (``(B, H, K, d_k)``, from `keys_values` or a
         cache); the other arguments and the result are those of `call`."""
+        check_flag(return_weights, "return_weights")
+        check_training(training)
         b, q_len = dims(query_in, 2)
         q = self._heads(self.query(query_in))  # (B, H, Q, d_k)
         # Mixed precision (tf_impl.precision): softmax in float32 (`_scores`), the weights back

@@ -11,7 +11,7 @@ import tensorflow as tf
 from shared import TransformerConfig
 from shared.positional import positional_table
 
-from .inputs import dims
+from .inputs import check_training, dims
 
 
 class TokenEmbedding(keras.layers.Layer):
@@ -82,6 +82,7 @@ class PositionalEncoding(keras.layers.Layer):
     def call(self, x: tf.Tensor, positions: tf.Variable | None = None,
              training: bool = False) -> tf.Tensor:
         """x ``(B, L, d)`` -> ``(B, L, d)``; ``positions``: see `select`."""
+        check_training(training)
         table, length = self.select(positions), dims(x, 2)[1]
         if not isinstance(length, int):
             # A length known only at run time (a relaxed-shape graph) may exceed max_len: the input

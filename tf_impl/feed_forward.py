@@ -8,6 +8,7 @@ import keras
 import tensorflow as tf
 
 from .cache import dense
+from .inputs import check_training
 
 
 def _gelu(x: tf.Tensor) -> tf.Tensor:
@@ -51,6 +52,7 @@ class FeedForward(keras.layers.Layer):
         self.built = True
 
     def call(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
+        check_training(training)
         hidden = self.activation(self.inner(x))  # (B, L, d_ff)
         return self.outer(self.dropout(hidden, training=training))
 

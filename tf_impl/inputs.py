@@ -61,6 +61,15 @@ def to_tensor(name: str, value) -> tf.Tensor:
         raise TypeError(checks.not_an_array_message(name, value) + reason) from None
 
 
+def check_training(training) -> None:
+    """Keras' ``training``: True, False, None (Keras' default, the calling context's) or a bool
+    tensor; anything else is refused as `shared.checks.check_flag` refuses it ("no" turned dropout
+    on). torch_impl has no such argument (``model.train()``)."""
+    if training is None or (isinstance(training, (tf.Tensor, tf.Variable)) and training.dtype == tf.bool):
+        return
+    checks.check_flag(training, "training")
+
+
 def dims(x: tf.Tensor, n: int) -> list:
     """The first ``n`` sizes of ``x``: Python ints where known at trace time (always, eagerly), else
     scalar tensors. Cheaper than indexing ``tf.shape(x)`` on every call."""

@@ -22,6 +22,7 @@ from shared import TransformerConfig
 from .attention import MultiHeadAttention
 from .cache import LayerCache, StepWeights, projection
 from .feed_forward import FeedForward
+from .inputs import check_training
 from .norm import LayerNorm
 
 Trace = dict[str, tf.Tensor]
@@ -38,6 +39,7 @@ def sublayer_connection(x: tf.Tensor, sublayer: Sublayer, norm: LayerNorm,
                         name: str, training: bool) -> tf.Tensor:
     """One residual sublayer; ``sublayer`` maps its input to ``(output, attention weights or None)``.
     ``dropout`` None: none (a decoding step, where no layer call is spent on an inactive one)."""
+    check_training(training)
     if norm_first:
         normed = norm(x)
         record(trace, f"{name}_norm", normed)

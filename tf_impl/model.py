@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from shared import TransformerConfig
-from shared.checks import check_cache, check_ids_range, check_memory_dtype, check_memory_shape
+from shared.checks import check_cache, check_flag, check_ids_range, check_memory_dtype, check_memory_shape
 from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
 from shared.messages import type_shown
@@ -18,8 +18,8 @@ from shared.precision import compute_dtype_name
 from . import weights_io
 from .cache import DecoderCache, _as_built, check_free_position
 from .embedding import PositionalEncoding, TokenEmbedding
-from .inputs import (check_ids, check_mask, check_same_batch, dims, guarded, make_src_mask,
-                     make_tgt_mask, poison, to_tensor)
+from .inputs import (check_ids, check_mask, check_same_batch, check_training, dims, guarded,
+                     make_src_mask, make_tgt_mask, poison, to_tensor)
 from .layers import Trace, record
 from .stacks import Decoder, Encoder
 
@@ -154,6 +154,8 @@ class Transformer(keras.Model):
         """
         if tgt is None:
             src, tgt, src_mask, tgt_mask = _unpack(src, src_mask, tgt_mask)
+        check_training(training)
+        check_flag(return_trace, "return_trace")
         c = self.config
         with guarded() as failed:  # under XLA: the run-time checks, which poison the outputs
             src = check_ids("src", src, c.src_vocab, c.max_len)
@@ -175,6 +177,7 @@ class Transformer(keras.Model):
 
         ``src_mask``: bool, True = may attend, broadcastable to ``(B, H, 1, S)``; default ``src != pad_id``.
         """
+        check_training(training)
         c = self.config
         with guarded() as failed:
             src = check_ids("src", src, c.src_vocab, c.max_len)
@@ -190,6 +193,7 @@ class Transformer(keras.Model):
                 True = may attend, broadcastable to ``(B, H, T, S)``, e.g. ``make_src_mask(src, pad_id)``.
             tgt_mask: bool, broadcastable to ``(B, H, T, T)``; default padding AND subsequent.
         """
+        check_training(training)
         c = self.config
         memory = self._check_memory(memory)
         if src_mask is None:

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shared.checks import check_flag
+
 from .cache import CrossFold, _plain_linear, dense, filled_mask
 
 
@@ -269,6 +271,7 @@ class MultiHeadAttention(nn.Module):
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                 return_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`attend` from the per-head query ``(B, H, Q, d_k)``."""
+        check_flag(return_weights, "return_weights")
         b, _, q_len, _ = q.shape
         p = self.dropout if self.training else 0.0
         weights = None

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shared import TransformerConfig
-from shared.checks import check_cache, check_ids_range, check_memory_dtype, check_memory_shape
+from shared.checks import check_cache, check_flag, check_ids_range, check_memory_dtype, check_memory_shape
 from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
 from shared.messages import type_shown
@@ -227,6 +227,7 @@ class Transformer(nn.Module):
         precision no weight is cast at the call.
         """
         c = self.config
+        check_flag(return_trace, "return_trace")
         check_ids("src", src, c.src_vocab, c.max_len)
         check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
         check_same_batch(src, tgt)
