@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         served = tf.saved_model.load(str(path)).signatures["serving_default"]
         print(f"load {time.perf_counter() - start:.2f} s")
-        ids = tf.constant(src, tf.int32)
+        ids = tf.constant(src, tf.int64)
 
         def serve():
             return served(src=ids)["tokens"].numpy()

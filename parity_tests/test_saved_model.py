@@ -72,10 +72,11 @@ PLAN = {
 
 def _cases(export: str, config: TransformerConfig) -> dict[str, tuple[np.ndarray, tuple[str, ...]]]:
     """case -> (src, the signatures it is sent to): batches of several sizes and lengths with
-    padding; ``mixed`` holds a full row, a padded one, an all-padding one and two bad rows (an id
-    past the vocabulary, a negative one); then whole batches the served model must refuse."""
-    mixed = token_batch(config, config.src_vocab, 5, 7, seed=1, lengths=[7, 4, 0, 6, 3])
-    mixed[3, 2], mixed[4, 0] = config.src_vocab, -3
+    padding; ``mixed`` holds a full row, a padded one, an all-padding one and three bad rows (an id
+    past the vocabulary, a negative one, and 2**32 + 5, which an int32 signature took as 5); then
+    whole batches the served model must refuse."""
+    mixed = token_batch(config, config.src_vocab, 6, 7, seed=1, lengths=[7, 4, 0, 6, 3, 5])
+    mixed[3, 2], mixed[4, 0], mixed[5, 1] = config.src_vocab, -3, 2**32 + 5
     sources = {
         "mixed": mixed,
         "short": token_batch(config, config.src_vocab, 2, 3, seed=2),
@@ -110,7 +111,7 @@ SERVER = ISOLATED_BLOCK + textwrap.dedent("""
                         "signatures": sorted(model.signatures),
                         "inputs": {k: str(f.structured_input_signature) for k, f in model.signatures.items()}}
         for case, names in cases.items():
-            src = tf.constant(inputs[f"{export}/{case}"], tf.int32)
+            src = inputs[f"{export}/{case}"]  # NumPy int64, converted as a client's would be
             for name in names:
                 for key, value in model.signatures[name](src=src).items():
                     results[f"{export}/{case}/{name}/{key}"] = value.numpy()
@@ -120,7 +121,7 @@ SERVER = ISOLATED_BLOCK + textwrap.dedent("""
             meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], f"{work}/{export}")
             signature = meta.signature_def["serving_default"]
             fetch = {k: v.name for k, v in signature.outputs.items()}
-            src = inputs[f"{export}/mixed"].astype(np.int32)
+            src = inputs[f"{export}/mixed"]
             for key, value in session.run(fetch, {signature.inputs["src"].name: src}).items():
                 results[f"{export}/mixed/session/{key}"] = value
     np.savez(f"{work}/results.npz", **results)
@@ -205,7 +206,7 @@ def test_a_saved_model_decodes_as_tf_impl_in_a_process_without_the_project(tmp_p
         got = info[export]
         assert got["signatures"] == sorted(SIGNATURES)
         for spec in got["inputs"].values():
-            assert "TensorSpec(shape=(None, None), dtype=tf.int32, name='src')" in spec
+            assert "TensorSpec(shape=(None, None), dtype=tf.int64, name='src')" in spec
         assert TransformerConfig.from_dict(got["config"]) == config
         assert got["decoding"] == {**settings, "length_penalty": float(settings["length_penalty"]),
                                    "invalid": INVALID}
@@ -247,7 +248,7 @@ def test_nan_logits_flag_every_row_where_tf_impl_raises():
     with pytest.raises(ValueError, match="NaN"):
         tf_impl.greedy_decode(model, src, 4, jit_compile=False)
     serve = signatures(model, 4, 2, 0.0, jit_compile=False)["serving_default"]
-    got = serve(src=tf.constant(src, tf.int32))
+    got = serve(src=tf.constant(src, tf.int64))
     assert (got["lengths"].numpy() == INVALID).all() and (got["tokens"].numpy() == INVALID).all()
 
 
@@ -263,6 +264,19 @@ def test_bad_settings_are_refused_before_writing(tmp_path, settings, message):
     model = tf_impl.Transformer(TransformerConfig.preset("tiny"))
     with pytest.raises(ValueError, match=message):
         export_saved_model(model, tmp_path / "out", **settings)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_nan_weights_are_refused_before_writing(tmp_path):
+    """As `save_checkpoint` and `twins convert` refuse them: the export took them, and answered
+    every request with the sentinel."""
+    config = TransformerConfig.preset("tiny")
+    weights = random_weights(config, 0)
+    weights["generator.bias"][5] = np.nan
+    model = tf_impl.Transformer(config)
+    weights_io.import_weights(model, weights, allow_nonfinite=True)
+    with pytest.raises(ValueError, match=r"(?s)^export_saved_model: weights: .*generator.bias: contains NaN or Inf"):
+        export_saved_model(model, tmp_path / "out", max_len=3, jit_compile=False)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -298,6 +312,12 @@ def test_a_path_that_is_not_a_saved_model_is_not_replaced(tmp_path):
                "not-a-pb": {"saved_model.pb": b"my notes", "assets/a.txt": b"keep"},
                "empty-pb": {"saved_model.pb": b"", "variables/": None},  # parses, as an empty message
                "pb-folder": {"saved_model.pb/": None}}
+    # SavedModels with what an export does not write: a vocabulary, TF Serving's warm-up requests
+    tf.saved_model.save(tf.Module(), str(tmp_path / "with-assets"))
+    (tmp_path / "with-assets" / "assets" / "vocab.txt").write_bytes(b"keep")
+    tf.saved_model.save(tf.Module(), str(tmp_path / "with-extra"))
+    (tmp_path / "with-extra" / "assets.extra").mkdir()
+    (tmp_path / "with-extra" / "assets.extra" / "tf_serving_warmup_requests").write_bytes(b"keep")
     for name, files in folders.items():
         for entry, content in files.items():
             target = tmp_path / name / entry
@@ -305,8 +325,8 @@ def test_a_path_that_is_not_a_saved_model_is_not_replaced(tmp_path):
             target.mkdir() if content is None else target.write_bytes(content)
     (tmp_path / "file").write_text("keep")
     before = _snapshot(tmp_path)
-    for target in (*folders, "file"):
-        with pytest.raises(FileExistsError, match="not a SavedModel directory"):
+    for target in (*folders, "file", "with-assets", "with-extra"):
+        with pytest.raises(FileExistsError, match="(not a SavedModel directory|files in assets/)"):
             export_saved_model(model, tmp_path / target, max_len=3, jit_compile=False)
     assert _snapshot(tmp_path) == before
 

@@ -1,9 +1,13 @@
 """Export a `tf_impl.Transformer` as a TensorFlow SavedModel that decodes, for TF Serving or any
 TensorFlow program: ``tf.saved_model.load(path)`` needs neither this project nor torch.
 
-Two signatures, both taking ``src``, int32 source ids ``(batch, src_len)`` (any batch size, any
+Two signatures, both taking ``src``, int64 source ids ``(batch, src_len)`` (any batch size, any
 length up to ``config.max_len``, padded with ``config.pad_id``; the source mask is ``src != pad_id``,
-all True for a model made with ``mask_padding=False``, `shared.masks.padding_id`):
+all True for a model made with ``mask_padding=False``, `shared.masks.padding_id`). int64, the
+project's id dtype: TensorFlow converts a NumPy array or a list to the signature's dtype before
+the signature sees it, and an int32 input wrapped an id of 2**32 + 5 to 5, a plausible token. It
+truncates floats the same way (5.7 to 5): send integer ids; an int32 tensor is refused by
+TensorFlow (``tf.cast(src, tf.int64)`` first).
 
 =================== ============================================================================
 ``serving_default`` greedy decoding: ``tf_impl.greedy_decode(model, src, max_len)``
@@ -62,6 +66,7 @@ from shared.decoding import check_flags, check_search_args
 from shared.messages import type_shown
 from shared.paths import check_path
 from shared.saving import check_replaceable, replace_directory
+from shared.weights import check_weights
 
 from .checkpoints import load_checkpoint
 from .decoding import beam_search, beam_search_tensors, greedy_decode, greedy_decode_tensors
@@ -71,7 +76,10 @@ INVALID = -1  # lengths and tokens of a row whose source was refused
 SIGNATURES = ("serving_default", "beam_search")
 # What tf.saved_model.save writes; an existing directory holding anything else is not replaced,
 # nor one holding only these names without a saved_model.pb TensorFlow wrote (`is_saved_model`).
-SAVED_MODEL_ENTRIES = {"saved_model.pb", "variables", "assets", "assets.extra", "fingerprint.pb"}
+# What `tf.saved_model.save` writes for an export (``assets/`` empty: an export has no assets).
+# Not ``assets.extra/``, which TensorFlow never writes: by its convention a user's (TF Serving's
+# warm-up requests), which a replaced export would delete.
+SAVED_MODEL_ENTRIES = {"saved_model.pb", "variables", "assets", "fingerprint.pb"}
 SAVED_MODEL_PB = "saved_model.pb"
 
 
@@ -99,16 +107,23 @@ def is_saved_model(proto) -> bool:
 
 def check_replaceable_export(path: str | os.PathLike) -> None:
     """``path`` may receive an export: absent, an empty directory, or a SavedModel TensorFlow
-    wrote (its ``saved_model.pb`` beside only `SAVED_MODEL_ENTRIES`); else ``FileExistsError``
-    naming it, nothing changed (`shared.saving.check_replaceable`)."""
+    wrote (its ``saved_model.pb`` beside only `SAVED_MODEL_ENTRIES`, ``assets/`` empty); else
+    ``FileExistsError`` naming it, nothing changed (`shared.saving.check_replaceable`). A
+    SavedModel with assets (a vocabulary) is not an export of this project, and replacing it would
+    delete them."""
     check_replaceable(path, SAVED_MODEL_ENTRIES, "a SavedModel directory", is_saved_model,
                       marker=SAVED_MODEL_PB, read=read_saved_model_pb)
+    assets = Path(path) / "assets"
+    if assets.is_dir() and not assets.is_symlink() and any(assets.iterdir()):
+        raise FileExistsError(f"{str(path)!r} is a SavedModel with files in assets/, which an export "
+                              "does not write; refusing to overwrite it (expected a new path, an "
+                              "empty directory or a SavedModel without assets)")
 
 
 def checked_source(src: tf.Tensor, config) -> tuple[tf.Tensor, tf.Tensor]:
     """The source a signature decodes, and which rows are valid (module docstring, "Bad input").
 
-    Shape: src ``(B, S)`` int32 -> ids ``(B, S')`` int64 with ``S' = min(max(S, 1), max_len)``
+    Shape: src ``(B, S)`` int64 -> ids ``(B, S')`` int64 with ``S' = min(max(S, 1), max_len)``
     (``S`` itself for a valid length), invalid rows all ``pad_id``; valid ``(B,)`` bool.
     """
     pad = tf.constant(config.pad_id, src.dtype)
@@ -117,7 +132,7 @@ def checked_source(src: tf.Tensor, config) -> tuple[tf.Tensor, tf.Tensor]:
     valid = tf.logical_and(in_range, tf.logical_and(width >= 1, width <= config.max_len))
     ids = tf.where(valid[:, None], src, pad)[:, : config.max_len]  # (B, <= max_len)
     ids = tf.pad(ids, [[0, 0], [0, tf.maximum(1 - width, 0)]], constant_values=config.pad_id)
-    return tf.cast(ids, tf.int64), valid
+    return ids, valid
 
 
 def _flagged(outputs: dict, valid: tf.Tensor, score: str) -> dict[str, tf.Tensor]:
@@ -134,7 +149,7 @@ def signatures(model: Transformer, max_len: int, beam_size: int, length_penalty:
                jit_compile: bool | None = None) -> dict[str, tf.types.experimental.ConcreteFunction]:
     """The two signature functions (module docstring), traced for ``src`` of shape ``(None, None)``."""
     config = model.config
-    spec = tf.TensorSpec((None, None), tf.int32, name="src")
+    spec = tf.TensorSpec((None, None), tf.int64, name="src")
 
     @tf.function(input_signature=[spec], autograph=False)
     def greedy(src):
@@ -170,8 +185,9 @@ def export_saved_model(model: Transformer | str | os.PathLike, path: str | os.Pa
 
     Returns the path. Raises ``TypeError`` / ``ValueError`` for an argument of the wrong type or
     out of range (``jit_compile`` is True, False or None, never read for its truth: "false" is
-    refused) and ``FileExistsError`` for a ``path`` that exists and is not a SavedModel directory
-    (`check_replaceable_export`: a folder holding only ``assets/`` is a user's), before writing
+    refused), `shared.weights.WeightsError` for NaN or Inf weights (as `save_checkpoint`), and
+    ``FileExistsError`` for a ``path`` that exists and is not an export's (`check_replaceable_export`:
+    a folder holding only ``assets/`` is a user's, as is a SavedModel with assets), before writing
     anything.
     """
     if not isinstance(model, (Transformer, str, os.PathLike)):
@@ -185,6 +201,9 @@ def export_saved_model(model: Transformer | str | os.PathLike, path: str | os.Pa
         model = load_checkpoint(model)
     max_len = model.config.max_len if max_len is None else max_len
     check_search_args(model.config, max_len, beam_size, length_penalty)
+    # as save_checkpoint's: NaN or Inf weights (a diverged run) would answer every request with
+    # the sentinel
+    check_weights(model.config, model.export_weights(), source="export_saved_model: weights")
     # Python numbers from here, as the decoders take them: a NumPy int64 traced into the program
     # meets int32 tensors, and JSON (decoding_json) stores no NumPy scalar.
     max_len, beam_size, length_penalty = int(max_len), int(beam_size), float(length_penalty)
@@ -222,14 +241,14 @@ def compare_export(model: Transformer, path: str | os.PathLike, src) -> dict[str
     loaded = tf.saved_model.load(str(path))
     settings = json.loads(loaded.decoding_json.numpy())
     src = np.asarray(src)
-    ids, valid = (t.numpy() for t in checked_source(tf.constant(src, tf.int32), model.config))
+    ids, valid = (t.numpy() for t in checked_source(tf.constant(src, tf.int64), model.config))
     kwargs = {"max_len": settings["max_len"], "jit_compile": settings["jit_compile"]}
     expected = {"serving_default": greedy_decode(model, ids, **kwargs),
                 "beam_search": beam_search(model, ids, beam_size=settings["beam_size"],
                                            length_penalty=settings["length_penalty"], **kwargs)}
     report = {}
     for name, want in expected.items():
-        got = {k: v.numpy() for k, v in loaded.signatures[name](src=tf.constant(src, tf.int32)).items()}
+        got = {k: v.numpy() for k, v in loaded.signatures[name](src=tf.constant(src, tf.int64)).items()}
         score = "log_probs" if name == "serving_default" else "scores"
         report[name] = {
             "tokens": bool(np.array_equal(got["tokens"][valid], want.tokens[valid])),
