@@ -87,6 +87,8 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
         "inputs:to_tensor": "TF also takes arrays and lists (converted without casting); torch takes "
                             "tensors only",
         "inputs:dims": "static-or-dynamic sizes for graph mode; torch shapes are always concrete",
+        "inputs:check_training": "Keras passes dropout's mode as the training argument, which a "
+                                 "string would turn on; torch reads module.training",
         "inputs:in_xla_context": "XLA compiles asserts to no-ops; torch has no such mode",
         "inputs:runtime_check": "sizes unknown at trace time (tf.function with None dimensions) are "
                                 "checked when the graph runs; torch sizes are known when it checks",
@@ -155,6 +157,16 @@ FRAMEWORK_ARGS: dict[str, dict[str, dict[str, str]]] = {
     },
 }
 
+# Callables whose framework-only arguments may come before shared ones ("module:Qualified.name"
+# -> the reason); elsewhere a framework-only argument is keyword-only or last, so that a positional
+# call means one thing in both backends.
+POSITIONS_FREE: dict[str, str] = {
+    "cache:LayerCache": "made by the model's init_cache (and the decoders' reorders) with every field "
+                        "named; a user reads a cache, never builds one",
+    "training:noam_schedule": "torch's schedulers take the optimizer they drive first "
+                              "(LambdaLR(optimizer, ...)); the shared arguments follow in one order",
+}
+
 # Modules one backend has and the other cannot: framework -> {module: reason}.
 FRAMEWORK_ONLY_MODULES: dict[str, dict[str, str]] = {
     "torch": {"graphs": "cached decoding steps replayed from one CUDA graph (kernel launches, not "
@@ -180,12 +192,19 @@ def test_a_module_in_one_backend_only_is_listed_with_its_reason():
 
 
 def _params(fn) -> list[str]:
+    """The argument names, ``"*"`` before the keyword-only ones (as a signature spells them)."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return []
-    return [p.name for p in sig.parameters.values()
-            if p.name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    names = []
+    for p in sig.parameters.values():
+        if p.name in ("self", "cls") or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.kind == p.KEYWORD_ONLY and "*" not in names:
+            names.append("*")
+        names.append(p.name)
+    return names
 
 
 def api_of(module_name: str) -> dict[str, list[str] | None]:
@@ -232,7 +251,21 @@ def _exempt(framework: str, module: str, qualname: str) -> bool:
 def _compared(framework: str, module: str, qualname: str, args: list[str], other: list[str]) -> list[str]:
     table = FRAMEWORK_ARGS[framework]
     drop = set(table.get("*", {})) | set(table.get(f"{module}:{qualname}", {}))
-    return [a for a in args if a not in drop or a in other]
+    kept = [a for a in args if a not in drop or a in other]
+    return kept[:-1] if kept[-1:] == ["*"] else kept  # keyword-only arguments all dropped
+
+
+def _misplaced(framework: str, module: str, qualname: str, args: list[str], other: list[str]) -> list[tuple]:
+    """``(argument, the last compared one)`` for each framework-only argument placed before a
+    compared one: torch_impl's ``MultiHeadAttention(d, h, p, 8)`` took 8 as its dtype, tf_impl's
+    as its head_dim."""
+    if f"{module}:{qualname}" in POSITIONS_FREE:
+        return []
+    positional = args[:args.index("*")] if "*" in args else args
+    kept = [arg for arg in _compared(framework, module, qualname, args, other) if arg in positional]
+    if not kept:
+        return []
+    return [(arg, kept[-1]) for arg in positional[:positional.index(kept[-1])] if arg not in kept]
 
 
 def mirror_differences(module: str, torch_api: dict, tf_api: dict) -> list[str]:
@@ -249,6 +282,10 @@ def mirror_differences(module: str, torch_api: dict, tf_api: dict) -> list[str]:
         if (a is None) != (b is None):
             out.append(f"{module}: {name} is a property in {'torch_impl' if a is None else 'tf_impl'} only")
         elif a is not None:
+            for framework, args, other in (("torch", a, b), ("tf", b, a)):
+                out += [f"{module}: {name}: {framework}_impl's {arg} comes before {last}, so a "
+                        f"positional call means another thing in each backend"
+                        for arg, last in _misplaced(framework, module, name, args, other)]
             a, b = _compared("torch", module, name, a, b), _compared("tf", module, name, b, a)
             if a != b:
                 out.append(f"{module}: {name} arguments differ: torch_impl ({', '.join(a)}) vs "
@@ -286,11 +323,15 @@ def test_every_exception_is_still_needed():
 def test_differences_name_the_module_the_name_and_the_arguments():
     """The report itself, on made-up APIs: one line per difference, framework-only names and args
     left out."""
-    torch_api = {"f": ["a", "b"], "C": ["d", "dtype"], "C.go": ["x"], "C.forward": ["x"], "C.p": None}
-    tf_api = {"f": ["a", "c"], "C": ["d"], "C.call": ["x", "training"], "C.p": ["y"], "g": []}
+    torch_api = {"f": ["a", "b"], "C": ["d", "dtype"], "C.go": ["x"], "C.forward": ["x"], "C.p": None,
+                 "D": ["a", "dtype", "b"], "E": ["a", "*", "dtype"], "F": ["a", "*", "b"]}
+    tf_api = {"f": ["a", "c"], "C": ["d"], "C.call": ["x", "training"], "C.p": ["y"], "g": [],
+              "D": ["a", "b"], "E": ["a"], "F": ["a", "b"]}
     assert mirror_differences("m", torch_api, tf_api) == [
         "m: C.go is in torch_impl only",
         "m: g is in tf_impl only",
         "m: C.p is a property in torch_impl only",
+        "m: D: torch_impl's dtype comes before b, so a positional call means another thing in each backend",
+        "m: F arguments differ: torch_impl (a, *, b) vs tf_impl (a, b)",
         "m: f arguments differ: torch_impl (a, b) vs tf_impl (a, c)",
     ]

@@ -207,8 +207,8 @@ def _decode_inputs(model, src, max_len, src_mask, beam_size=GREEDY, length_penal
 
 
 def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cache: bool = True,
-                  compiled: bool = True, jit_compile: bool | None = None,
-                  observe: search.Observe | None = None) -> GreedyResult:
+                  observe: search.Observe | None = None, *, compiled: bool = True,
+                  jit_compile: bool | None = None) -> GreedyResult:
     """Greedy decoding (algorithm: `shared.decoding`); mirrors `shared.reference.greedy_decode`.
 
     Args:
@@ -237,8 +237,8 @@ def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cach
 
 def beam_search(model: Transformer, src, max_len: int, beam_size: int = 4, length_penalty: float = 0.0,
                 return_all: bool = False, src_mask=None, use_cache: bool = True,
-                compiled: bool = True, jit_compile: bool | None = None,
-                observe: search.Observe | None = None) -> BeamResult:
+                observe: search.Observe | None = None, *, compiled: bool = True,
+                jit_compile: bool | None = None) -> BeamResult:
     """Beam search (algorithm: `shared.decoding`); mirrors `shared.reference.beam_search`.
 
     Args:

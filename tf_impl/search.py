@@ -197,8 +197,8 @@ def greedy_result(outputs: dict) -> GreedyResult:
 
 
 def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, pad_id: int,
-                  compiled: bool = False, jit_compile: bool = False,
-                  observe: Observe | None = None) -> GreedyResult:
+                  observe: Observe | None = None, *, compiled: bool = False,
+                  jit_compile: bool = False) -> GreedyResult:
     """Greedy decoding over ``step``; the algorithm of `shared.decoding.greedy_search`, with its
     argument checks (`shared.decoding.check_greedy_args`).
 
@@ -319,8 +319,8 @@ def beam_result(outputs: dict, return_all: bool) -> BeamResult:
 
 def beam_search(step: Step, batch: int, max_len: int, beam_size: int, bos_id: int, eos_id: int,
                 pad_id: int, length_penalty: float = 0.0, return_all: bool = False,
-                compiled: bool = False, jit_compile: bool = False,
-                observe: Observe | None = None) -> BeamResult:
+                observe: Observe | None = None, *, compiled: bool = False,
+                jit_compile: bool = False) -> BeamResult:
     """Beam search over ``step`` (rows ``item * beam_size + beam``); the algorithm of
     `shared.decoding.beam_search`, in the step's dtype, with its argument checks
     (`shared.decoding.check_beam_args`). ``compiled``, ``jit_compile``: as `greedy_search`.

@@ -160,8 +160,8 @@ class MultiHeadAttention(nn.Module):
         head_dim: per-head width (``config.head_dim``); None = ``d_model // n_heads``.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float, dtype: torch.dtype | None = None,
-                 head_dim: int | None = None):
+    def __init__(self, d_model: int, n_heads: int, dropout: float, head_dim: int | None = None, *,
+                 dtype: torch.dtype | None = None):
         super().__init__()
         if head_dim is None and d_model % n_heads:
             raise ValueError(f"MultiHeadAttention: d_model expected a multiple of n_heads={n_heads}, "

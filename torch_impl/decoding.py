@@ -187,7 +187,7 @@ def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cach
                                                            c.eos_id, c.pad_id))
         step = _step(model, src, src_mask, 1, max_len, use_cache)
         return search.greedy_search(step, src.shape[0], max_len, c.start_id, c.eos_id, c.pad_id,
-                                    model._device, observe)
+                                    observe, device=model._device)
 
 
 def beam_search(model: Transformer, src, max_len: int, beam_size: int = 4, length_penalty: float = 0.0,
@@ -213,4 +213,4 @@ def beam_search(model: Transformer, src, max_len: int, beam_size: int = 4, lengt
     with _inference(model):
         step = _step(model, src, src_mask, beam_size, max_len, use_cache)
         return search.beam_search(step, src.shape[0], max_len, beam_size, c.start_id, c.eos_id,
-                                  c.pad_id, length_penalty, return_all, model._device, observe)
+                                  c.pad_id, length_penalty, return_all, observe, device=model._device)

@@ -22,8 +22,8 @@ class TokenEmbedding(nn.Module):
     ``{src,tgt}_embed.positions``), added by `PositionalEncoding`; otherwise ``positions`` is None.
     """
 
-    def __init__(self, vocab: int, d_model: int, dtype: torch.dtype | None = None, scale: bool = True,
-                 max_len: int | None = None):
+    def __init__(self, vocab: int, d_model: int, scale: bool = True, max_len: int | None = None, *,
+                 dtype: torch.dtype | None = None):
         super().__init__()
         self.table = nn.Embedding(vocab, d_model, dtype=dtype)
         self.scale = math.sqrt(d_model) if scale else None

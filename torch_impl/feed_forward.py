@@ -38,8 +38,8 @@ class FeedForward(nn.Module):
         ``(B, L, d_model)`` -> ``(B, L, d_model)``.
     """
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float, dtype: torch.dtype | None = None,
-                 activation: str = "relu"):
+    def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str = "relu", *,
+                 dtype: torch.dtype | None = None):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"FeedForward: activation expected one of {tuple(ACTIVATIONS)}, "

@@ -71,10 +71,10 @@ class EncoderLayer(nn.Module):
         super().__init__()
         dtype = getattr(torch, config.dtype)
         self.norm_first = config.norm_first
-        self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout, dtype,
-                                           config.head_dim)
+        self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout,
+                                           config.head_dim, dtype=dtype)
         self.self_attn_norm = norm_layer(config)
-        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout, dtype, config.activation)
+        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout, config.activation, dtype=dtype)
         self.ffn_norm = norm_layer(config)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -125,13 +125,13 @@ class DecoderLayer(nn.Module):
         super().__init__()
         dtype = getattr(torch, config.dtype)
         self.norm_first = config.norm_first
-        self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout, dtype,
-                                           config.head_dim)
+        self.self_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout,
+                                           config.head_dim, dtype=dtype)
         self.self_attn_norm = norm_layer(config)
-        self.cross_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout, dtype,
-                                           config.head_dim)
+        self.cross_attn = MultiHeadAttention(config.d_model, config.n_heads, config.dropout,
+                                           config.head_dim, dtype=dtype)
         self.cross_attn_norm = norm_layer(config)
-        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout, dtype, config.activation)
+        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout, config.activation, dtype=dtype)
         self.ffn_norm = norm_layer(config)
         self.dropout = nn.Dropout(config.dropout)
         # What `step` reads besides the cache, in one tuple (see there): pre-norm, the standard

@@ -104,11 +104,11 @@ class Transformer(nn.Module):
         dtype = getattr(torch, config.dtype)
         self.config = config
         positions = config.max_len if config.positional == "learned" else None
-        self.src_embed = TokenEmbedding(config.src_vocab, config.d_model, dtype, config.embed_scale,
-                                        positions)
+        self.src_embed = TokenEmbedding(config.src_vocab, config.d_model, config.embed_scale, positions,
+                                        dtype=dtype)
         self.tgt_embed = (self.src_embed if config.share_embeddings
-                          else TokenEmbedding(config.tgt_vocab, config.d_model, dtype,
-                                              config.embed_scale, positions))
+                          else TokenEmbedding(config.tgt_vocab, config.d_model, config.embed_scale,
+                                              positions, dtype=dtype))
         self.positional = PositionalEncoding(config)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)

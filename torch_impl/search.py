@@ -245,8 +245,8 @@ def _greedy_update(logits: torch.Tensor, prefixes: torch.Tensor, log_probs: torc
 
 
 def greedy_loop(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, pad_id: int,
-                device: torch.device | str = "cpu",
-                observe: Observe | None = None) -> dict[str, torch.Tensor]:
+                observe: Observe | None = None, *,
+                device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """The greedy loop of `shared.decoding.greedy_search` on tensors (no argument checks: see
     `greedy_search`). Returns tensors ``tokens (B, T)`` int64, ``log_probs (B, T)`` in
     ``step.dtype``, ``lengths (B,)`` int64 (T = max_len columns whatever step the loop stops at)."""
@@ -277,7 +277,7 @@ def greedy_result(outputs: dict) -> GreedyResult:
 
 
 def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, pad_id: int,
-                  device: torch.device | str = "cpu", observe: Observe | None = None) -> GreedyResult:
+                  observe: Observe | None = None, *, device: torch.device | str = "cpu") -> GreedyResult:
     """Greedy decoding over ``step``; the algorithm of `shared.decoding.greedy_search`, with its
     argument checks (`shared.decoding.check_greedy_args`), on ``device``.
 
@@ -285,7 +285,7 @@ def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int
     lengths ``(B,)`` int64 (T = max_len columns whatever step the loop stops at).
     """
     check_greedy_args(step, batch, max_len, bos_id, eos_id, pad_id)
-    return greedy_result(greedy_loop(step, batch, max_len, bos_id, eos_id, pad_id, device, observe))
+    return greedy_result(greedy_loop(step, batch, max_len, bos_id, eos_id, pad_id, observe, device=device))
 
 
 # -- beam search ----------------------------------------------------------------------------------
@@ -298,8 +298,8 @@ def _merge(finished: Hypotheses, new: Hypotheses, k: int) -> Hypotheses:
 
 
 def beam_loop(step: Step, batch: int, max_len: int, beam_size: int, bos_id: int, eos_id: int,
-              pad_id: int, length_penalty: float = 0.0, device: torch.device | str = "cpu",
-              observe: Observe | None = None) -> dict[str, torch.Tensor]:
+              pad_id: int, length_penalty: float = 0.0, observe: Observe | None = None, *,
+              device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """The beam loop of `shared.decoding.beam_search` on tensors, K alive and K finished hypotheses
     per item (no argument checks: see `beam_search`). Returns the tensors of every `BeamResult`
     field (``all_*`` included)."""
@@ -370,7 +370,7 @@ def beam_result(outputs: dict, return_all: bool) -> BeamResult:
 
 def beam_search(step: Step, batch: int, max_len: int, beam_size: int, bos_id: int, eos_id: int,
                 pad_id: int, length_penalty: float = 0.0, return_all: bool = False,
-                device: torch.device | str = "cpu", observe: Observe | None = None) -> BeamResult:
+                observe: Observe | None = None, *, device: torch.device | str = "cpu") -> BeamResult:
     """Beam search over ``step`` (rows ``item * beam_size + beam``); the algorithm of
     `shared.decoding.beam_search`, in the step's dtype, with its argument checks
     (`shared.decoding.check_beam_args`), on ``device``. Returns NumPy arrays, shapes as
@@ -378,4 +378,4 @@ def beam_search(step: Step, batch: int, max_len: int, beam_size: int, bos_id: in
     """
     check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id, length_penalty)
     return beam_result(beam_loop(step, batch, max_len, beam_size, bos_id, eos_id, pad_id,
-                                 length_penalty, device, observe), return_all)
+                                 length_penalty, observe, device=device), return_all)
