@@ -119,6 +119,27 @@ def test_an_unrepairable_interrupted_save_names_where_the_data_is(tmp_path, monk
     assert _which(load_checkpoint(path)[1]) == "new"
 
 
+@pytest.mark.parametrize("step", ["marked", "moved-old", "swapped"])
+def test_an_exception_between_the_renames_loses_nothing(tmp_path, monkeypatch, step):
+    """The marker protocol stopped by an exception, not a kill (the second rename or its fsync
+    failing, Ctrl-C): before the second rename the old checkpoint is put back, after it the new
+    one stays; no temporary is left. Before, an exception after the first rename removed both
+    copies: the path was gone, and the marker named two folders that no longer existed."""
+    path = tmp_path / "ckpt"
+    save_checkpoint(path, CONFIG, init_weights(CONFIG, seed=1))
+
+    def stop(at):
+        if at == step:
+            raise KeyboardInterrupt
+    monkeypatch.setenv("TWINS_NO_EXCHANGE", "1")
+    monkeypatch.setattr(saving, "fault_point", stop)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, CONFIG, init_weights(CONFIG, seed=2))
+    monkeypatch.undo()
+    assert _which(load_checkpoint(path)[1]) == ("new" if step == "swapped" else "old")
+    assert _temporaries(path) == []
+
+
 def test_a_live_process_staging_folder_is_never_removed(tmp_path):
     path = tmp_path / "ckpt"
     live = tmp_path / f".ckpt.twins-{os.getpid()}-abc.new"

@@ -483,12 +483,27 @@ def replace_directory(path: str | os.PathLike, fill: Callable[[Path], None],
     except OSError as err:
         raise naming(err, path) from err
     finally:
-        for p in (staging, old):
-            if p is not None and p.exists():
-                _rmtree(p, ignore_errors=True)
+        if old is not None and not path.exists() and old.exists():
+            _put_back(path, old)
+        if old is None or path.exists():  # nothing moved away, or one copy in place: the rest goes
+            for p in (staging, old):
+                if p is not None and p.exists():
+                    _rmtree(p, ignore_errors=True)
         remove_made(made)  # after a failure; after success, one that holds no result (new/../X)
     fault_point("cleaned")
     return path
+
+
+def _put_back(path: Path, old: Path) -> None:
+    """A save stopped between its two renames by an exception (an OSError of the second rename or
+    its fsync, Ctrl-C): the old directory back at ``path`` and the marker gone, so that nothing
+    was changed. Before, both copies were then removed, the old and the new. Where even this
+    rename fails, both stay, for `recover` (the marker names them)."""
+    try:
+        os.rename(old, path)
+        _marker(path).unlink()
+    except OSError:
+        pass
 
 
 def _write_marker(path: Path, names: dict) -> None:
