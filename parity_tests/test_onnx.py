@@ -416,6 +416,46 @@ def test_optimum_generates_the_same_tokens(tmp_path):
     np.testing.assert_array_equal(theirs, ours.tokens)
 
 
+def test_verify_of_a_short_model_and_of_logits_that_overflow(capsys, tmp_path):
+    """Before: a model of max_len 2 failed ``--verify`` as an error naming src_lengths (its batch
+    held a row of 3), and float16 logits that overflow ended it with exit 2 half-way through its
+    table instead of a FAIL line and exit 1."""
+    from twins.onnx_runtime import verify
+    short = TransformerConfig.preset("tiny", max_len=2)
+    weights = random_weights(short, 0)
+    assert verify(short, weights, to_onnx(short, weights, tmp_path / "short")) == 0
+    config = TransformerConfig.preset("tiny")
+    weights = random_weights(config, 0)
+    weights["generator.kernel"][:] = 6e4  # fits float16; the logits do not
+    weights["generator.kernel"][:, 5] = -6e4
+    weights["decoder.final_norm.beta"][:] = 1
+    capsys.readouterr()
+    assert verify(config, weights, to_onnx(config, weights, tmp_path / "wide", precision="float16")) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].split() == ["greedy", "tokens", "(8", "new)", "NaN", "or", "+inf", "logits", "FAIL"]
+    assert out[-1] == "FAIL"
+
+
+def test_decode_finishes_an_interrupted_export_first(tmp_path, capsys):
+    """An export replaced by a process killed between the two renames (the marker protocol):
+    ``twins decode`` judged the path before anything recovered it, took it for no export, and the
+    reader, which recovered it, then refused it as "an ONNX export, which is written, never read
+    back"."""
+    from parity_tests.importable import project_environ
+    from twins.cli import main
+    config = TransformerConfig.preset("tiny")
+    path = to_onnx(config, random_weights(config, 0), tmp_path / "export")
+    code = ("import sys; from shared import TransformerConfig; from shared.weights import random_weights; "
+            "from shared.exporters.onnx import to_onnx; c = TransformerConfig.preset('tiny'); "
+            "to_onnx(c, random_weights(c, 1), sys.argv[1])")
+    env = project_environ(ROOT, TWINS_FAULT_AT="moved-old", TWINS_NO_EXCHANGE="1")
+    killed = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, timeout=120)
+    assert killed.returncode == -9 and not path.exists(), killed.stderr[-2000:]
+    capsys.readouterr()
+    assert main(["decode", "--checkpoint", str(path), "--backend", "onnx", "--src", "3 4"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_verify_reports_pass_and_fail(demo, capsys, tmp_path):
     """`twins.onnx_runtime.verify` (``twins convert --to onnx --verify``) passes on the export of
     the weights it is given, and fails when the export holds other weights."""
@@ -582,19 +622,34 @@ def test_a_damaged_export_is_named_by_its_file(demo, demo16, tmp_path):
                       r"tensor\(float\), decoder_with_past_model.onnx computing in tensor\(float16\)",
              "mislabelled": r"mislabelled/config.json': precision: the config says 'float16', the graphs "
                             r"compute in float32",
-             # sizes no session declares: failed at the first input using them, or sliced the
-             # positional table short and raised IndexError in the search
-             "src_vocab": r"src_vocab/config.json': src_vocab=1000, .*: expected sizes the graphs' tables hold",
+             # a field each graph's doc string holds otherwise: before, an edited pad_id decoded
+             # other tokens without a word, a graph of another config failed in the search
+             "src_vocab": r"src_vocab/config.json': src_vocab: the config says 1000, encoder_model.onnx "
+                          r"was exported with \d+$",
+             "pad_id": r"pad_id/config.json': pad_id: the config says \d+, encoder_model.onnx was "
+                       r"exported with \d+$",
+             "swapped": r"'.*swapped': graphs: decoder_with_past_model.onnx holds decoder_model.onnx$",
+             # graphs without that doc string (not this project's) and sizes no session declares:
+             # failed at the first input using them, or sliced the positional table short and
+             # raised IndexError in the search
              "max_len": r"max_len/config.json': .*max_len=1000: expected sizes the graphs' tables hold"}
     for name, needle in cases.items():
         shutil.copytree(export, tmp_path / name)
     os.truncate(tmp_path / "truncated" / "decoder_with_past_model.onnx", 1000)
     shutil.copy(Path(demo16) / "decoder_with_past_model.onnx", tmp_path / "mixed")
+    shutil.copy(Path(export) / "decoder_model.onnx", tmp_path / "swapped" / "decoder_with_past_model.onnx")
     header = json.loads((tmp_path / "mislabelled" / "config.json").read_text())
     (tmp_path / "mislabelled" / "config.json").write_text(json.dumps({**header, "precision": "float16"}))
-    for field in ("src_vocab", "max_len"):
-        (tmp_path / field / "config.json").write_text(json.dumps(
-            {**header, "config": {**header["config"], field: 1000}}))
+    config = header["config"]
+    edits = {"src_vocab": 1000, "max_len": 1000,
+             "pad_id": next(i for i in range(config["tgt_vocab"]) if i not in (config["pad_id"], config["bos_id"],
+                                                                             config["eos_id"]))}
+    for field, value in edits.items():
+        (tmp_path / field / "config.json").write_text(json.dumps({**header, "config": {**config, field: value}}))
+    for graph in (tmp_path / "max_len").glob("*.onnx"):
+        model = onnx.load(graph)
+        model.doc_string = ""
+        onnx.save(model, graph)
     for name, needle in cases.items():
         with pytest.raises(ValueError, match=needle):
             OnnxRuntimeModel.load(tmp_path / name)

@@ -30,7 +30,7 @@ from shared.devices import DEFAULT as DEFAULT_DEVICE
 from shared.exporters.onnx import export_precision, read_onnx
 from shared.formats import onnx as onnx_formats
 from shared.paths import read_text, utf8_text
-from shared.saving import write_atomically
+from shared.saving import recover, write_atomically
 from shared.precision import PRECISIONS, check_precision
 from shared.threads import check_threads
 
@@ -198,6 +198,9 @@ def run(args) -> int:
     if args.json is not None and args.json != "-":  # before the work, not after it
         loading.check_output("--json", args.json, {"--checkpoint": args.checkpoint, "--src-file":
                                                    None if args.src_file == "-" else args.src_file})
+    # an interrupted save of the path finished first: else a half-swapped export was no export
+    # here, then recovered by the reader and refused as "an ONNX export, never read back"
+    recover(args.checkpoint)
     if onnx_formats.is_export(args.checkpoint):  # served as it is: ONNX Runtime alone
         if args.backend != "onnx":
             raise ValueError(f"--checkpoint {args.checkpoint!r} is an ONNX export: decode it with "
