@@ -196,7 +196,8 @@ def test_gradients_are_finite_through_rows_with_no_key(return_weights, backend):
 @pytest.mark.parametrize("backend", backends(cpu_only=True))
 def test_a_step_output_kernel_without_its_qkv_kernels_is_refused(backend):
     """`MultiHeadAttention.extend`'s ``output`` (the step's output kernel, `step_kernels`) was
-    taken and ignored without ``qkv``: the layer's own projection ran. Refused alike now."""
+    taken and ignored without ``qkv``: the layer's own projection ran; ``qkv`` without ``output``
+    failed in Python's words. Refused alike now."""
     layer = Layer(backend, "float32").layer
     x = backend.tensor(np.ones((1, 1, D), np.float32))
     cache = backend.tensor(np.zeros((1, H, 4, D // H), np.float32))
@@ -205,3 +206,9 @@ def test_a_step_output_kernel_without_its_qkv_kernels_is_refused(backend):
     with pytest.raises(ValueError, match="^output: the step's output kernel goes with its qkv kernels; "
                                          "got output without qkv$"):
         layer.extend(x, cache, cache, position, output=output)
+    # and the other way round: Python's "Value after * must be an iterable, not NoneType"
+    qkv = (backend.tensor(np.zeros((D, 3 * D), np.float32)), backend.tensor(np.zeros(3 * D, np.float32)))
+    with pytest.raises(ValueError, match="^output: the step's output kernel goes with its qkv kernels; "
+                                         "got qkv without output$"):
+        layer.extend(x, cache, cache, position, qkv=qkv)
+    assert not backend.numpy(cache).any()  # refused before anything is written

@@ -195,6 +195,9 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         if mask is None:
             mask = filled_mask(key_cache.shape[2], position)  # (1, 1, 1, capacity)
+        if qkv is not None and output is None:  # was Python's "Value after * must be an iterable"
+            raise ValueError("output: the step's output kernel goes with its qkv kernels; got qkv "
+                             "without output")
         if qkv is None:
             if output is not None:  # it was ignored: the layer's projection ran
                 raise ValueError("output: the step's output kernel goes with its qkv kernels; got output "

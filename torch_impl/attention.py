@@ -374,6 +374,9 @@ class MultiHeadAttention(nn.Module):
         key_cache, value_cache)``: the buffers written, returned as tf_impl returns its new ones,
         so that the calling code is the same in both.
         """
+        if qkv is not None and output is None:  # was Python's "Value after * must be an iterable"
+            raise ValueError("output: the step's output kernel goes with its qkv kernels; got qkv "
+                             "without output")
         if qkv is None:
             if output is not None:  # it was ignored: the module's projection ran
                 raise ValueError("output: the step's output kernel goes with its qkv kernels; got output "
