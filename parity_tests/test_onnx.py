@@ -456,6 +456,31 @@ def test_decode_finishes_an_interrupted_export_first(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_the_runtime_model_checks_its_own_arguments(demo):
+    """`OnnxRuntimeModel`'s arguments, named: before, threads 0 or "2" were taken and 10**12
+    failed in pybind's words, options={} and graphs without a file failed as an AttributeError or
+    a KeyError, step(beams=0) was taken and beams=-1 failed in NumPy's words, and
+    return_all="no" returned every hypothesis."""
+    config, _, export = demo
+    graphs = {name: str(Path(export) / name) for name in (ENCODER, DECODER, DECODER_WITH_PAST)}
+    for kwargs, error, message in (
+            (dict(threads=0), ValueError, "threads: expected an int >= 1, got 0"),
+            (dict(threads="2"), ValueError, "threads: expected an int >= 1, got '2'"),
+            (dict(threads=10**12), ValueError, "threads 1000000000000: expected at most"),
+            (dict(options={}), TypeError, "options: expected an onnxruntime.SessionOptions or None, got dict"),
+            (dict(graphs={ENCODER: graphs[ENCODER]}), ValueError, f"graphs: expected a mapping of {ENCODER}, "),
+            (dict(config=None), TypeError, "config: expected a TransformerConfig, got NoneType")):
+        with pytest.raises(error, match=f"^{re.escape(message)}"):
+            OnnxRuntimeModel(**{"config": config, "graphs": graphs, **kwargs})
+    model = OnnxRuntimeModel(config, graphs)
+    src = np.array([[4, 5, 6]])
+    for beams in (0, -1, 2.0):
+        with pytest.raises(ValueError, match=f"^beams: expected an int >= 1, got {beams!r}$"):
+            model.step(src, beams)
+    with pytest.raises(TypeError, match="^return_all: expected True or False, got 'no' \\(str\\)$"):
+        model.beam(src, 4, 2, return_all="no")
+
+
 def test_verify_reports_pass_and_fail(demo, capsys, tmp_path):
     """`twins.onnx_runtime.verify` (``twins convert --to onnx --verify``) passes on the export of
     the weights it is given, and fails when the export holds other weights."""

@@ -49,11 +49,13 @@ import numpy as np
 
 from shared import TransformerConfig
 from shared import decoding as search
-from shared.checks import check_ids, check_ids_range, check_mask
+from shared.checks import check_config, check_ids, check_ids_range, check_mask
 from shared.decoding import BeamResult, GreedyResult
-from shared.decoding_args import bad_step_message
-from shared.exporters.onnx import (DECODER, DECODER_WITH_PAST, ENCODER, export_precision, past_names, read_onnx,
-                                   source_mask)
+from shared.decoding_args import bad_step_message, check_beam_size, check_flags
+from shared.exporters.onnx import (DECODER, DECODER_WITH_PAST, ENCODER, GRAPHS, export_precision, past_names,
+                                   read_onnx, source_mask)
+from shared.messages import type_shown
+from shared.threads import check_threads
 
 FORMAT = "onnx"
 
@@ -134,10 +136,18 @@ class OnnxRuntimeModel:
         ``onnxruntime.SessionOptions`` in place of `session_options` (``threads``), used as given
         and never changed; a float64 model refuses a level above ``ORT_ENABLE_BASIC``
         (`check_options`)."""
+        check_config(config)
+        check_threads(threads, "threads")  # 0 and "2" were taken, 10**12 failed in pybind's words
+        if not isinstance(graphs, Mapping) or sorted(graphs) != sorted(GRAPHS):
+            got = sorted(graphs) if isinstance(graphs, Mapping) else type_shown(graphs)
+            raise ValueError(f"graphs: expected a mapping of {', '.join(GRAPHS)} to a path or a "
+                             f"serialized graph each, got {got}")
         try:
             import onnxruntime as ort
         except ImportError as err:
             raise ImportError(f"the onnx backend is not installed ({err}); install the 'onnx' extra") from None
+        if options is not None and not isinstance(options, ort.SessionOptions):
+            raise TypeError(f"options: expected an onnxruntime.SessionOptions or None, got {type_shown(options)}")
         self.config, self.threads = config, threads
         if options is None:
             options = session_options(threads, dtype=config.dtype)
@@ -322,6 +332,7 @@ class OnnxRuntimeModel:
 
     def step(self, src, beams: int = 1, src_mask=None) -> "OnnxStep":
         """A checked source encoded once, as an `OnnxStep` with ``beams`` rows per item."""
+        check_beam_size(beams, self.config.tgt_vocab, name="beams")  # 0 was taken, -1 NumPy's error
         src, mask = self._source(src, src_mask)
         return OnnxStep(self, self._encode(src, mask), mask, beams)
 
@@ -338,6 +349,7 @@ class OnnxRuntimeModel:
         """Beam search (`shared.decoding.beam_search`): K alive and K finished hypotheses per item."""
         c = self.config
         src, mask = self._source(src, src_mask, max_len, beam_size, length_penalty)
+        check_flags(return_all=return_all)  # "no" returned every hypothesis
         step = OnnxStep(self, self._encode(src, mask), mask, beam_size)
         return search.beam_search(step, src.shape[0], max_len, beam_size, c.start_id, c.eos_id, c.pad_id,
                                   length_penalty, return_all)
