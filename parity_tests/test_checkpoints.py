@@ -405,6 +405,7 @@ def test_allow_nonfinite_takes_true_or_false_only(tmp_path, backend, call):
     (7, TypeError, "path: expected a str or os.PathLike path, got int"),
     (b"m.pt", TypeError, r"path: expected a str or os.PathLike path, got bytes b'm.pt' \(decode it"),
     ("", ValueError, "path: expected a path, got ''"),
+    ("m\0.pt", ValueError, r"path: expected a path without a NUL character, got 'm\\x00.pt'"),
 ])
 def test_a_path_that_is_no_path_is_refused_by_name(backend, path, error, message):
     """Before: Python's own words ("stat: path should be string, ..."), naming no argument; an

@@ -115,6 +115,9 @@ def test_the_shared_path_and_preset_types():
     assert arguments.path("x.json") == "x.json" and arguments.preset("tiny") == "tiny"
     with pytest.raises(argparse.ArgumentTypeError, match=r"^expected a path, got ''$"):
         arguments.path("")
+    with pytest.raises(argparse.ArgumentTypeError,
+                       match=r"^expected a path without a NUL character, got 'a\\x00b'$"):
+        arguments.path("a\0b")  # Python's "embedded null byte" named nothing
     for bad in ("", "foo"):
         with pytest.raises(argparse.ArgumentTypeError,
                            match=rf"^expected one of base, big, small, tiny, got {bad!r}$"):

@@ -41,6 +41,8 @@ def check_path(path, name: str = "path") -> None:
         raise TypeError(f"{name}: expected a str or os.PathLike path, got {type(path).__name__}")
     if not text:
         raise ValueError(f"{name}: expected a path, got ''")
+    if "\0" in text:  # else Python's "embedded null byte", naming nothing, from the first os call
+        raise ValueError(f"{name}: expected a path without a NUL character, got {text!r}")
 
 
 def check_source(path: str | os.PathLike, what: str = "", directory: bool = True) -> None:

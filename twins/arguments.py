@@ -36,6 +36,8 @@ def path(text: str) -> str:
     directory, and an empty option read as "not given" ran the default preset, model or config."""
     if text == "":
         raise argparse.ArgumentTypeError("expected a path, got ''")
+    if "\0" in text:  # only from main(argv) in a program: a shell cannot pass one
+        raise argparse.ArgumentTypeError(f"expected a path without a NUL character, got {text!r}")
     return text
 
 
