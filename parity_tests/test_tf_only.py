@@ -100,6 +100,23 @@ def test_training_is_a_flag_or_keras_own_values():
     np.testing.assert_array_equal(np.asarray(model(SRC, TGT, training=tf.constant(False))), want)
 
 
+@pytest.mark.filterwarnings("ignore:Layer .* does not support masking:UserWarning")  # Keras', as it should
+def test_a_keras_mask_on_the_input_is_not_the_encoder_s_mask():
+    """The encoder's layers took their mask as ``mask``, which Keras fills from the input's own
+    mask (an Embedding's ``mask_zero``) when it is None: the padding of that mask was attended
+    away where None (all keys) was asked, and ``layer(x, None)`` failed with "got multiple values
+    for argument 'mask'". Masks come from the arguments alone (docs/design.md, convention 2)."""
+    model = TF.cached(TINY)
+    ids = np.array([[3, 4, 5, 0, 0], [3, 4, 0, 0, 0]])
+    masked = keras.layers.Embedding(TINY.src_vocab, TINY.d_model, mask_zero=True)(ids)
+    plain = tf.constant(masked.numpy())  # the same values without the mask
+    assert getattr(masked, "_keras_mask", None) is not None
+    for layer in (model.encoder.layers[0], model.encoder):
+        want = np.asarray(layer(plain, None))
+        np.testing.assert_array_equal(np.asarray(layer(masked, None)), want)
+        np.testing.assert_array_equal(np.asarray(layer(masked, src_mask=None)), want)
+
+
 # -- predict --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant, shape, dtype", MODE_CASES)

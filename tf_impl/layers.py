@@ -87,7 +87,8 @@ class _TracingLayer(keras.layers.Layer):
 class EncoderLayer(_TracingLayer):
     """Self-attention then feed-forward, each in a residual connection.
 
-    Shape: x ``(B, S, d)``, mask bool (True = may attend) broadcastable to ``(B, H, S, S)`` -> ``(B, S, d)``.
+    Shape: x ``(B, S, d)``, src_mask bool (True = may attend) broadcastable to ``(B, H, S, S)`` ->
+    ``(B, S, d)``.
     """
 
     def __init__(self, config: TransformerConfig, **kwargs):
@@ -102,11 +103,13 @@ class EncoderLayer(_TracingLayer):
         self.dropout = keras.layers.Dropout(c.dropout, dtype=c.dtype)
         self.built = True
 
-    def call(self, x: tf.Tensor, mask: tf.Tensor, trace: Trace | None = None,
+    def call(self, x: tf.Tensor, src_mask: tf.Tensor, trace: Trace | None = None,
              prefix: str = "encoder.layer", training: bool = False) -> tf.Tensor:
+        # src_mask, not Keras' "mask": an argument of that name is filled from the input's Keras
+        # mask (an Embedding's mask_zero) when None, and `layer(x, None)` was "got multiple values"
         want = trace is not None
         x = sublayer_connection(
-            x, lambda h: self.self_attn(h, h, mask, return_weights=want, training=training),
+            x, lambda h: self.self_attn(h, h, src_mask, return_weights=want, training=training),
             self.self_attn_norm, self.dropout, self.norm_first, trace, f"{prefix}.self_attn", training)
         return sublayer_connection(
             x, lambda h: (self.ffn(h, training=training), None), self.ffn_norm, self.dropout,

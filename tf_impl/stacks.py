@@ -19,7 +19,7 @@ def _final_norm(config: TransformerConfig) -> LayerNorm | None:
 class Encoder(_TracingLayer):
     """``layers`` (a list of `EncoderLayer`) then the optional ``final_norm``.
 
-    Shape: x ``(B, S, d)`` (embedded source), mask bool (True = may attend) broadcastable to
+    Shape: x ``(B, S, d)`` (embedded source), src_mask bool (True = may attend) broadcastable to
     ``(B, H, S, S)`` -> memory ``(B, S, d)``.
     """
 
@@ -29,10 +29,10 @@ class Encoder(_TracingLayer):
         self.final_norm = _final_norm(config)
         self.built = True
 
-    def call(self, x: tf.Tensor, mask: tf.Tensor, trace: Trace | None = None,
+    def call(self, x: tf.Tensor, src_mask: tf.Tensor, trace: Trace | None = None,
              training: bool = False) -> tf.Tensor:
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask, trace=trace, prefix=f"encoder.layers.{i}", training=training)
+            x = layer(x, src_mask, trace=trace, prefix=f"encoder.layers.{i}", training=training)
         if self.final_norm is not None:
             x = self.final_norm(x)
             record(trace, "encoder.final_norm", x)

@@ -64,7 +64,8 @@ def norm_layer(config: TransformerConfig) -> LayerNorm:
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each in a residual connection.
 
-    Shape: x ``(B, S, d)``, mask bool (True = may attend) broadcastable to ``(B, H, S, S)`` -> ``(B, S, d)``.
+    Shape: x ``(B, S, d)``, src_mask bool (True = may attend) broadcastable to ``(B, H, S, S)`` ->
+    ``(B, S, d)``.
     """
 
     def __init__(self, config: TransformerConfig):
@@ -78,10 +79,10 @@ class EncoderLayer(nn.Module):
         self.ffn_norm = norm_layer(config)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, trace: Trace | None = None,
+    def forward(self, x: torch.Tensor, src_mask: torch.Tensor, trace: Trace | None = None,
                 prefix: str = "encoder.layer") -> torch.Tensor:
         want = trace is not None
-        x = sublayer_connection(x, lambda h: self.self_attn(h, h, mask, want), self.self_attn_norm,
+        x = sublayer_connection(x, lambda h: self.self_attn(h, h, src_mask, want), self.self_attn_norm,
                                 self.dropout, self.norm_first, trace, f"{prefix}.self_attn")
         return sublayer_connection(x, lambda h: (self.ffn(h), None), self.ffn_norm,
                                    self.dropout, self.norm_first, trace, f"{prefix}.ffn")

@@ -21,7 +21,7 @@ def _final_norm(config: TransformerConfig) -> LayerNorm | None:
 class Encoder(nn.Module):
     """``layers`` (a ModuleList of `EncoderLayer`) then the optional ``final_norm``.
 
-    Shape: x ``(B, S, d)`` (embedded source), mask bool (True = may attend) broadcastable to
+    Shape: x ``(B, S, d)`` (embedded source), src_mask bool (True = may attend) broadcastable to
     ``(B, H, S, S)`` -> memory ``(B, S, d)``.
     """
 
@@ -30,9 +30,9 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
         self.final_norm = _final_norm(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, trace: Trace | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, src_mask: torch.Tensor, trace: Trace | None = None) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask, trace, f"encoder.layers.{i}")
+            x = layer(x, src_mask, trace, f"encoder.layers.{i}")
         if self.final_norm is not None:
             x = self.final_norm(x)
             record(trace, "encoder.final_norm", x)
