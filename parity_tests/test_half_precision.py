@@ -174,6 +174,64 @@ def test_the_step_weights_are_cast_once_and_float32_comes_back(framework, case):
     assert {w.dtype for w in model.export_weights().values()} == {np.dtype("float32")}
 
 
+@pytest.mark.parametrize("framework", ["torch", "tf"])
+@pytest.mark.parametrize("precision", HALF)
+def test_the_pass_in_parts_is_the_forward_pass_and_traces_score_in_float32(framework, precision, case,
+                                                                           half_model):
+    """``generator(decode(encode(src)))`` is the forward pass to the bit (docs/design.md): torch_impl's
+    generator called on its own computed in float32 (1.5e-2 of bfloat16's logits away). A trace's
+    attention weights are float32 (scores from the half query and key): torch_impl's float16
+    traces computed them in float16, where large scores overflowed and the untraced pass's did not."""
+    pytest.importorskip("torch" if framework == "torch" else "tensorflow")
+    weights, src, tgt = case[:3]
+    be = ModelBackend("torch" if framework == "torch" else "tf-eager")
+    model = half_model(be, weights, precision)
+    s, t = be.tensor(src), be.tensor(tgt)
+    mask = be.tensor(reference.make_src_mask(src, CONFIG.pad_id))
+    with be.no_grad():
+        whole = model(s, t)
+        parts = model.generator(model.decode(t, model.encode(s), mask))
+        _, trace = model(s, t, return_trace=True)
+    assert dtype_name(parts) == dtype_name(whole) == precision
+    np.testing.assert_array_equal(as_f64(be, parts), as_f64(be, whole))
+    assert dtype_name(trace["encoder.layers.0.self_attn.weights"]) == "float32"
+
+
+@pytest.mark.parametrize("framework", ["torch", "tf"])
+def test_a_quantized_model_keeps_its_precision(framework, case):
+    """Before: Keras' policy set over a quantized Dense dropped the quantization, its int8 values
+    read as the weights (the logits 1.46 of their scale from the oracle's); torch's quantized
+    modules failed in autocast ("expected scalar type Float but found BFloat16")."""
+    pytest.importorskip("torch" if framework == "torch" else "tensorflow")
+    be = ModelBackend("torch" if framework == "torch" else "tf-eager")
+    model = be.build(CONFIG, case[0])
+    if framework == "torch":
+        import torch
+        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    else:
+        model.quantize("int8")
+    for precision in HALF + ("float32",):
+        with pytest.raises(ValueError, match=r"^model: expected no quantized projection, got "
+                                             r"encoder.layers.0.self_attn.query, .* \(3\d in all\): a "
+                                             r"quantized kernel computes in the dtype it was quantized for"):
+            set_precision(be, model, precision)
+    assert getattr(model, "precision", "float32") == "float32"
+
+
+def test_torch_half_precision_needs_float32_parameters(case):
+    """A model made ``.half()`` or ``.double()`` (torch's idiom for computing in the parameters'
+    dtype): a half precision over it failed in autocast ("Unexpected floating ScalarType"), or
+    computed in float64 while `compute_dtype` said bfloat16."""
+    pytest.importorskip("torch")
+    be = ModelBackend("torch")
+    for convert, got in (("half", "float16"), ("double", "float64")):
+        model = getattr(be.build(CONFIG, case[0]), convert)()
+        with pytest.raises(TypeError, match=f"^model: expected float32 parameters for bfloat16 .*, got {got} "):
+            set_precision(be, model, "bfloat16")
+        assert getattr(model, "precision", "float32") == "float32"
+        set_precision(be, model, "float32")  # computing in the parameters' dtype stays possible
+
+
 # -- the command line: twins compare --dtype and twins decode --precision -------------------------
 @pytest.mark.parametrize("precision", HALF)
 def test_twins_compare_runs_each_half_precision_against_its_bounds(precision, capsys):

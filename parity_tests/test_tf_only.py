@@ -198,6 +198,26 @@ def test_get_config_from_config_round_trip():
             tf_impl.Transformer.from_config(bad)
 
 
+def test_copies_and_keras_files_keep_the_precision(tmp_path):
+    """Before: a copy, a pickle, a ``.keras`` file and ``clone_model`` of a bfloat16 model were
+    float32 models (torch_impl's copies keep it); get_config holds it now."""
+    import copy
+    import pickle
+    from tf_impl.precision import set_precision
+    model = tf_impl.Transformer(TINY.replace(dropout=0.0))
+    model.import_weights(random_weights(TINY, 0))
+    set_precision(model, "bfloat16")
+    want = model(SRC, TGT).numpy()
+    model.save(tmp_path / "m.keras")
+    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model)),
+                   keras.models.load_model(tmp_path / "m.keras")):
+        assert copied.precision == "bfloat16"
+        np.testing.assert_array_equal(copied(SRC, TGT).numpy(), want)
+    assert keras.models.clone_model(model).precision == "bfloat16"  # the same model, new weights
+    older = {"name": "old", "config": TINY.to_dict()}  # a get_config() of before: float32
+    assert getattr(tf_impl.Transformer.from_config(older), "precision", "float32") == "float32"
+
+
 def test_keras_export_serves_the_forward_pass_of_any_shape(tmp_path):
     """``model.export(path)`` needs no ``input_signature`` (Keras would infer one from a first
     call's shapes, which a model built at construction never records): the artifact's

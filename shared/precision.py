@@ -36,6 +36,16 @@ ALIASES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat1
            "fp16": "float16", "float16": "float16"}
 
 
+def quantized_message(names: list[str]) -> str:
+    """``set_precision``'s refusal of a model with quantized projections (``names``, canonical
+    prefixes), the same in both backends: a quantized kernel computes in the dtype it was quantized
+    for (torch's quantized modules take float32 alone and failed in autocast; a Keras policy set
+    over one dropped the quantization, and its int8 values were read as the weights)."""
+    shown = ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
+    return (f"model: expected no quantized projection, got {shown}: a quantized kernel computes "
+            "in the dtype it was quantized for, which set_precision cannot change")
+
+
 def check_precision(precision: str, dtype: str) -> str:
     """The canonical name of ``precision`` (``fp32``/``bf16``/``fp16`` accepted; not "half", which names neither); a half
     precision needs a float32 model (its float32 weights are the master copy; a float64 model has

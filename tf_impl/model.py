@@ -397,7 +397,10 @@ class Transformer(keras.Model):
 
     # -- Keras serialisation ----------------------------------------------------------------------
     def get_config(self) -> dict:
-        return {"name": self.name, "trainable": self.trainable, "config": self.config.to_dict()}
+        """With the precision (`tf_impl.precision.set_precision`): a ``.keras`` file, a copy, a
+        pickle and ``clone_model`` were float32 models, where torch_impl's copies keep it."""
+        return {"name": self.name, "trainable": self.trainable, "config": self.config.to_dict(),
+                "precision": getattr(self, "precision", "float32")}
 
     @classmethod
     def from_config(cls, config: dict) -> "Transformer":
@@ -406,7 +409,12 @@ class Transformer(keras.Model):
                              f"under 'config', got {type(config).__name__}"
                              + (f" with keys {sorted(map(str, config))}" if isinstance(config, Mapping) else ""))
         config = dict(config)
-        return cls(TransformerConfig.from_dict(config.pop("config")), **config)
+        precision = config.pop("precision", "float32")  # absent from a file of an earlier version
+        model = cls(TransformerConfig.from_dict(config.pop("config")), **config)
+        if precision != "float32":
+            from .precision import set_precision  # that module imports this one
+            set_precision(model, precision)
+        return model
 
 
 def _structure(model: Transformer) -> tuple:

@@ -32,9 +32,10 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from shared.precision import check_precision, compute_dtype_name
+from shared.precision import check_precision, compute_dtype_name, quantized_message
 
 from .model import Generator, check_model
+from .weights_io import quantized_projections
 
 POLICIES = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 
@@ -45,6 +46,9 @@ def set_precision(model: keras.Model, precision: str) -> str:
     The variables are untouched (float32)."""
     check_model(model)
     name = check_precision(precision, model.config.dtype)
+    quantized = quantized_projections(model)
+    if quantized:
+        raise ValueError(quantized_message(quantized))
     previous = getattr(model, "precision", "float32")
     policy = POLICIES.get(name, model.config.dtype)
     for layer in model._flatten_layers(include_self=False):

@@ -26,13 +26,15 @@ class _Tree:
     """What the table is built for, and the layers found changed after building on the way."""
 
     def __init__(self, values_only: bool):
-        self.values_only, self.problems = values_only, []
+        self.values_only, self.problems, self.quantized = values_only, [], []
 
 
 def _dense(table: Table, prefix: str, dense: keras.layers.Layer, tree: _Tree) -> None:
     got = _changed(dense, tree.values_only)
     if got:
         tree.problems.append(changed_layer(prefix, got, tree.values_only))
+        if getattr(dense, "quantization_mode", None) is not None:  # Model.quantize's
+            tree.quantized.append(prefix)
         return
     table[f"{prefix}.kernel"] = dense.kernel  # (in, out) here and in the canonical schema
     table[f"{prefix}.bias"] = dense.bias
@@ -75,8 +77,26 @@ def weight_table(model: keras.Model, source: str = "weight_table", values_only: 
     `shared.weights.WeightsError` from ``source`` lists every such layer, before anything is read
     or written. ``values_only`` (an export): a Dense with LoRA enabled is read, its ``kernel``
     (the adapter merged in)."""
-    c = model.config
     tree = _Tree(values_only)
+    table = _walk(model, tree)
+    if tree.problems:
+        raise WeightsError(source, tree.problems)
+    if list(table) != list(weight_schema(model.config)):  # the layer tree and the schema must never drift
+        raise AssertionError("tf_impl.weights_io: variable table does not match weight_schema")
+    return table
+
+
+def quantized_projections(model: keras.Model) -> list[str]:
+    """The canonical prefixes (``encoder.layers.0.self_attn.query``) of the projections quantized
+    after building (``Model.quantize``), in schema order."""
+    tree = _Tree(values_only=True)
+    _walk(model, tree)
+    return tree.quantized
+
+
+def _walk(model: keras.Model, tree: _Tree) -> Table:
+    """`weight_table`'s table, the changed layers found on the way in ``tree``."""
+    c = model.config
     table: Table = {"src_embed.embeddings": model.src_embed.embeddings}
     if model.src_embed.positions is not None:  # learned positions (config.positional)
         table["src_embed.positions"] = model.src_embed.positions
@@ -105,10 +125,6 @@ def weight_table(model: keras.Model, source: str = "weight_table", values_only: 
     if model.generator.kernel is not None:  # absent when tied to the embedding table
         table["generator.kernel"] = model.generator.kernel
     table["generator.bias"] = model.generator.bias
-    if tree.problems:
-        raise WeightsError(source, tree.problems)
-    if list(table) != list(weight_schema(c)):  # the layer tree and the schema must never drift
-        raise AssertionError("tf_impl.weights_io: variable table does not match weight_schema")
     return table
 
 

@@ -275,10 +275,11 @@ class MultiHeadAttention(nn.Module):
         b, _, q_len, _ = q.shape
         p = self.dropout if self.training else 0.0
         weights = None
-        if return_weights and q.dtype == torch.bfloat16:
-            # Mixed precision (autocast): scores and softmax in float32 from the bfloat16 query and
-            # key (their products are exact in float32), weights back to bfloat16 for the product
-            # with the values: what SDPA's CPU kernel does, and so what tf_impl does too.
+        if return_weights and q.dtype in (torch.bfloat16, torch.float16):
+            # Mixed precision (autocast): scores and softmax in float32 from the half query and key
+            # (their products are exact in float32), weights back to the half dtype for the product
+            # with the values: what SDPA's CPU kernel does, and so what tf_impl does too (float16
+            # scores overflowed where the untraced pass's did not).
             with torch.autocast(q.device.type, enabled=False):
                 scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(self.d_k)  # (B, H, Q, K)
                 weights = masked_softmax(scores, mask)

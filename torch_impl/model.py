@@ -38,6 +38,7 @@ class Generator(nn.Module):
                  dtype: torch.dtype | None = None):
         super().__init__()
         self._tied = [tied] if tied is not None else []  # a list: not registered as a submodule
+        self.precision = "float32"  # the model's (`torch_impl.precision.set_precision`)
         self.kernel = None if tied is not None else nn.Linear(d_model, vocab, bias=False, dtype=dtype)
         self.bias = nn.Parameter(torch.zeros(vocab, dtype=dtype))
 
@@ -48,7 +49,12 @@ class Generator(nn.Module):
         """``(B, T, d)`` -> ``(B, T, V)``. In eval mode without gradients to record (`torch_impl.
         cache._inferring`) from the kernel `_laid_out` for the ``B * T`` rows, in the products'
         dtype (`torch_impl.precision._products_dtype`: autocast's where it is on, as it would
-        cast): the same values to rounding."""
+        cast): the same values to rounding. Called on its own, it computes in the model's precision
+        (`torch_impl.precision.set_precision` sets it here too), as inside `Transformer.forward`:
+        ``generator(decode(encode(src)))`` is the forward pass to the bit (docs/design.md)."""
+        if self.precision != "float32" and not torch.is_autocast_enabled(x.device.type):
+            with autocast(self):
+                return self.forward(x)
         tied = [self._tied[0].table.weight] if self._tied else []  # outside this module's tree
         if not _inferring(self, x, *tied):
             return self._linear(x)

@@ -26,7 +26,7 @@ import torch
 
 from shared import TransformerConfig
 from shared.messages import type_shown
-from shared.precision import check_precision, compute_dtype_name
+from shared.precision import check_precision, compute_dtype_name, quantized_message
 
 
 def set_precision(model: torch.nn.Module, precision: str) -> str:
@@ -38,8 +38,19 @@ def set_precision(model: torch.nn.Module, precision: str) -> str:
                                                                 TransformerConfig):
         raise TypeError(f"model: expected a torch_impl.Transformer, got {type_shown(model)}")
     name = check_precision(precision, model.config.dtype)
+    from .weights_io import quantized_projections  # the weights_io module imports the model's
+    quantized = quantized_projections(model)
+    if quantized:
+        raise ValueError(quantized_message(quantized))
+    if name != "float32":  # on .half() or .double() parameters autocast failed, or computed nothing
+        held = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
+                       if p.dtype != torch.float32})
+        if held:
+            raise TypeError(f"model: expected float32 parameters for {name} (the master copy a half "
+                            f"precision computes from), got {', '.join(held)} (.half(), .bfloat16(), "
+                            f".double() or .to()); convert back first (model.float())")
     previous = getattr(model, "precision", "float32")
-    model.precision = name
+    model.precision = model.generator.precision = name  # the generator: called on its own too
     return previous
 
 

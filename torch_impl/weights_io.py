@@ -29,13 +29,15 @@ class _Tree:
     """What the table is built for, and the layers found changed after building on the way."""
 
     def __init__(self, values_only: bool):
-        self.values_only, self.problems = values_only, []
+        self.values_only, self.problems, self.quantized = values_only, [], []
 
 
 def _linear(table: Table, prefix: str, linear: nn.Module, tree: _Tree, bias: bool = True) -> None:
     got = _changed(linear, tree.values_only)
     if got:
         tree.problems.append(changed_layer(prefix, got, tree.values_only))
+        if type(linear).__module__.startswith("torch.ao.nn.quantized"):  # quantize_dynamic's modules
+            tree.quantized.append(prefix)
         return
     table[f"{prefix}.kernel"] = (linear.weight, True)  # (out, in) here, (in, out) canonical
     if bias:
@@ -80,8 +82,26 @@ def weight_table(model: nn.Module, source: str = "weight_table", values_only: bo
     can name: one `shared.weights.WeightsError` from ``source`` lists every such layer, before
     anything is read or written. ``values_only`` (an export): a parametrized Linear is read, its
     computed weight (an adapter merged in)."""
-    c = model.config
     tree = _Tree(values_only)
+    table = _walk(model, tree)
+    if tree.problems:
+        raise WeightsError(source, tree.problems)
+    if list(table) != list(weight_schema(model.config)):  # the module tree and the schema must never drift
+        raise AssertionError("torch_impl.weights_io: parameter table does not match weight_schema")
+    return table
+
+
+def quantized_projections(model: nn.Module) -> list[str]:
+    """The canonical prefixes (``encoder.layers.0.self_attn.query``) of the projections quantized
+    after building (``torch.ao.quantization.quantize_dynamic``), in schema order."""
+    tree = _Tree(values_only=True)
+    _walk(model, tree)
+    return tree.quantized
+
+
+def _walk(model: nn.Module, tree: _Tree) -> Table:
+    """`weight_table`'s table, the changed layers found on the way in ``tree``."""
+    c = model.config
     table: Table = {"src_embed.embeddings": (model.src_embed.table.weight, False)}
     if model.src_embed.positions is not None:  # learned positions (config.positional)
         table["src_embed.positions"] = (model.src_embed.positions, False)
@@ -110,10 +130,6 @@ def weight_table(model: nn.Module, source: str = "weight_table", values_only: bo
     if model.generator.kernel is not None:  # absent when tied to the embedding table
         _linear(table, "generator", model.generator.kernel, tree, bias=False)  # its own bias, next
     table["generator.bias"] = (model.generator.bias, False)
-    if tree.problems:
-        raise WeightsError(source, tree.problems)
-    if list(table) != list(weight_schema(c)):  # the module tree and the schema must never drift
-        raise AssertionError("torch_impl.weights_io: parameter table does not match weight_schema")
     return table
 
 
