@@ -174,6 +174,13 @@ def test_exported_model_loads_cleanly_and_computes_the_project_logits(dtype, tmp
             plain = model.generate(input_ids=torch.as_tensor(src), attention_mask=torch.as_tensor(src != 20),
                                    num_beams=1, do_sample=False, max_new_tokens=8).numpy()
         np.testing.assert_array_equal(plain[:, 1:], H.hf_greedy(model, src, 8, 20)[:, : plain.shape[1] - 1])
+        # beam search too: transformers' default length_penalty (1.0) chose other hypotheses
+        want = R.beam_search(R.Model(weights, config), src, 8, beam_size=3)
+        with torch.no_grad():
+            beams = model.generate(input_ids=torch.as_tensor(src), attention_mask=torch.as_tensor(src != 20),
+                                   num_beams=3, do_sample=False, max_new_tokens=8).numpy()
+        for row, tokens, length in zip(beams[:, 1:], want.tokens, want.lengths):
+            np.testing.assert_array_equal(row[:length], tokens[:length])
 
 
 def test_shared_untied_exports_as_two_equal_tables(tmp_path, capsys):

@@ -103,10 +103,12 @@ def marian_config(config: TransformerConfig) -> dict:
 
 def generation_config(config: TransformerConfig) -> dict:
     """Greedy and beam search in transformers as in the project: start token, EOS, pad never
-    generated, no EOS forced at the length limit."""
+    generated, no EOS forced at the length limit, and hypotheses ranked by their log-probability
+    (``length_penalty`` 0: transformers' default 1.0 divides by the length, which the project's
+    default, GNMT alpha 0, does not; another alpha has no transformers equivalent)."""
     return {"decoder_start_token_id": config.start_id, "bos_token_id": config.bos_id,
             "eos_token_id": config.eos_id, "pad_token_id": config.pad_id,
-            "forced_eos_token_id": None, "bad_words_ids": [[config.pad_id]]}
+            "forced_eos_token_id": None, "bad_words_ids": [[config.pad_id]], "length_penalty": 0.0}
 
 
 def marian_tensors(config: TransformerConfig, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
