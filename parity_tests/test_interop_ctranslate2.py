@@ -313,6 +313,28 @@ def test_twins_convert_to_ctranslate2_with_verify(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "one"), str(tmp_path / "one.ct2"), "--to", "ctranslate2",
                  "--verify"]) == 0
     assert capsys.readouterr().out.rstrip().endswith("PASS")
+    # three source ids (pad, BOS, EOS) and max_len 2: the batch --verify drew held a row CTranslate2
+    # does not run ([EOS, BOS]), and the command ended in an error naming a src the user never gave
+    tiny = config.replace(src_vocab=3, tgt_vocab=3, max_len=2, pad_id=1, decoder_start_id=1)
+    save_checkpoint(tmp_path / "tiny", tiny, random_weights(tiny))
+    assert main(["convert", str(tmp_path / "tiny"), str(tmp_path / "tiny.ct2"), "--to", "ctranslate2",
+                 "--verify"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("PASS")
+
+
+def test_ctranslate2s_length_is_unsigned(tmp_path):
+    """BOS equal to EOS: CTranslate2 counts ``[2, 5]`` as 2 - 1 (BOS) - 2 (EOS before a last
+    token), a size_t that wraps, and runs the row; ct2_skips said it would not, and the decoding
+    helpers refused the row as having "no content"."""
+    config = CONFIGS["post-relu"].replace(bos_id=2, eos_id=2)
+    translator = ctranslate2.Translator(str(X.to_ctranslate2(config, random_weights(config), tmp_path / "m")),
+                                        compute_type="float32")
+    for row in ([2, 5], [2, 1, 3], [5, 2, 4], [2], [2, 2], [2, 5, 2]):
+        runs = translator.translate_batch([[X.token(i) for i in row]], max_decoding_length=3,
+                                          **X.GREEDY)[0].hypotheses[0] != []
+        assert X.ct2_skips(config, row) == (not runs), row
+    tokens, _ = X.greedy(translator, config, np.array([[2, 5]]), 3)
+    assert tokens.shape == (1, 3)
 
 
 def test_twins_convert_refusal_is_one_line(tmp_path, capsys):

@@ -227,14 +227,22 @@ def to_ctranslate2(config: TransformerConfig, weights: Mapping[str, np.ndarray],
 def ct2_skips(config: TransformerConfig, row: Sequence[int]) -> bool:
     """True when CTranslate2 returns the empty hypothesis for source ``row`` without running the
     model: no content once a leading BOS and a trailing EOS (or an EOS before a last token, a
-    language code) are discounted (its ``get_source_length``)."""
+    language code) are discounted (its ``get_source_length``). Its length is a ``size_t``: a
+    count below 0 (``[bos, eos, x]`` with BOS equal to EOS) wraps to a huge one, and that row
+    runs; only a count of exactly 0 is skipped."""
     n = len(row)
     if n == 1:
         n -= row[0] in (config.bos_id, config.eos_id)
     elif n >= 2:
         n -= row[0] == config.bos_id
         n -= 1 if row[-1] == config.eos_id else 2 if row[-2] == config.eos_id else 0
-    return n <= 0
+    return n == 0
+
+
+def skipped_rows(config: TransformerConfig, src) -> list[int]:
+    """The rows of ``src`` (B, S), padded at the end, that CTranslate2 would not run (`ct2_skips`)."""
+    rows = (np.trim_zeros(np.asarray(row) - config.pad_id, "b") + config.pad_id for row in np.asarray(src))
+    return [b for b, row in enumerate(rows) if ct2_skips(config, row.tolist())]
 
 
 def _rows(config: TransformerConfig, ids, name: str, vocab: int, source: bool) -> list[list[int]]:
