@@ -337,6 +337,24 @@ def test_ctranslate2s_length_is_unsigned(tmp_path):
     assert tokens.shape == (1, 3)
 
 
+def test_the_helpers_name_lengths_the_positional_table_cannot_take(tmp_path):
+    """Before: CTranslate2's own "No position encodings are defined for positions >= 4" and "The
+    maximum decoding length must be > 0"; torch_impl names the argument in the same cases."""
+    config = CONFIGS["post-relu"].replace(max_len=4)
+    translator = ctranslate2.Translator(str(X.to_ctranslate2(config, random_weights(config), tmp_path / "m")),
+                                        compute_type="float32")
+    src = np.array([[4, 5]])
+    for call, message in (
+            (lambda: X.greedy(translator, config, src, 5), r"max_len: expected at most config.max_len=4"),
+            (lambda: X.greedy(translator, config, src, 0), r"max_len: expected an int >= 1, got 0"),
+            (lambda: X.greedy(translator, config, np.full((1, 5), 4), 2), r"src: expected at most max_len=4 tokens"),
+            (lambda: X.score(translator, config, src, np.full((1, 4), 4)),
+             r"tgt: expected at most config.max_len - 1 = 3 tokens \(they follow the start token\), got 4")):
+        with pytest.raises(ValueError, match=f"^{message}"):
+            call()
+    assert X.score(translator, config, src, np.full((1, 3), 4)).shape == (1, 4)
+
+
 def test_twins_convert_refusal_is_one_line(tmp_path, capsys):
     from twins.cli import main
     config = CONFIGS["post-relu"].replace(norm_style="annotated")

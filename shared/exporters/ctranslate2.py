@@ -60,7 +60,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..checks import check_config
+from ..checks import check_config, too_long_message
+from ..decoding_args import check_max_len
 from ..config import TransformerConfig
 from ..paths import check_path
 from ..positional import positional_table
@@ -254,6 +255,12 @@ def _rows(config: TransformerConfig, ids, name: str, vocab: int, source: bool) -
                          f"{a.dtype} {a.shape}")
     if a.size and (a.min() < 0 or a.max() >= vocab):
         raise ValueError(f"{name}: expected ids in [0, {vocab}), got {a.min()}..{a.max()}")
+    # else CTranslate2's "No position encodings are defined for positions >= ..."
+    if source and a.shape[1] > config.max_len:
+        raise ValueError(too_long_message(name, config.max_len, a.shape[1]))
+    if not source and a.shape[1] >= config.max_len:  # fed after the start token
+        raise ValueError(f"{name}: expected at most config.max_len - 1 = {config.max_len - 1} tokens "
+                         f"(they follow the start token), got {a.shape[1]}")
     rows = []
     for b, row in enumerate(a.tolist()):
         while row and row[-1] == config.pad_id:
@@ -306,6 +313,7 @@ def project_scores(logits_fn, config: TransformerConfig, src, tgt) -> np.ndarray
 def greedy(translator, config: TransformerConfig, src, max_len: int) -> tuple[np.ndarray, np.ndarray]:
     """``translator.translate_batch`` under `GREEDY`, laid out as this project's greedy decoding:
     tokens (B, max_len) int64, EOS included, pad after; lengths (B,) generated tokens with EOS."""
+    check_max_len(max_len, config.max_len)  # else CTranslate2's "No position encodings ..."
     results = translator.translate_batch(source_tokens(config, src), max_decoding_length=max_len,
                                          **GREEDY)
     tokens = np.full((len(results), max_len), config.pad_id, np.int64)
