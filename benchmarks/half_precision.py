@@ -18,7 +18,7 @@ with ``--backends ... onnx`` ONNX Runtime (CPU) on a float16 ONNX export built i
 Every difference is ``max|a - b| / max(max|b|, 1)``, the rule of `shared.tolerances`.
 
     PYTHONPATH=. python benchmarks/half_precision.py parity [--presets tiny small] [--seeds 0 1 2]
-        [--device cpu|cuda] [--backends torch tf onnx] [--precisions float16]
+        [--variants all|NAME ...] [--device cpu|cuda] [--backends torch tf onnx] [--precisions float16]
     PYTHONPATH=. python benchmarks/half_precision.py agreement --checkpoint runs/copy runs/dates
         [--device cpu|cuda] [--backends torch tf]
 """
@@ -37,6 +37,7 @@ import torch  # noqa: E402
 import torch_impl  # noqa: E402
 from shared import TransformerConfig, reference  # noqa: E402
 from shared.batches import src_tgt  # noqa: E402
+from shared.masks import padding_id  # noqa: E402
 from shared.tolerances import max_rel_diff  # noqa: E402
 from shared.weights import random_weights  # noqa: E402
 from torch_impl.precision import set_precision as torch_set_precision  # noqa: E402
@@ -70,9 +71,11 @@ def build(backend: str, config, weights, precision: str, device: str):
 
 
 def inputs(config, seed: int):
-    """(src (4, 12) with padding and an all-padding row, tgt (4, 10) without padding)."""
-    src, tgt = src_tgt(config, batch=4, src_len=12, tgt_len=10, seed=seed, src_lengths=[12, 9, 4, 0],
-                       tgt_lengths=[10] * 4)
+    """(src (4, 12) with padding and an all-padding row, tgt (4, 10) without padding; as long as
+    ``config.max_len`` allows)."""
+    s, t = min(12, config.max_len), min(10, config.max_len)
+    src, tgt = src_tgt(config, batch=4, src_len=s, tgt_len=t, seed=seed, src_lengths=[s, 3 * s // 4, s // 3, 0],
+                       tgt_lengths=[t] * 4)
     return src, tgt
 
 
@@ -89,7 +92,7 @@ def forward_and_steps(backend: str, model, src: np.ndarray, tgt: np.ndarray, dev
         s, t = torch.from_numpy(src).to(device), torch.from_numpy(tgt).to(device)
         with torch.inference_mode():
             logits, trace = model(s, t, return_trace=True)
-            cache = model.init_cache(model.encode(s), torch_impl.inputs.make_src_mask(s, model.config.pad_id),
+            cache = model.init_cache(model.encode(s), torch_impl.inputs.make_src_mask(s, padding_id(model.config)),
                                      t.shape[1])
             steps = []
             for i in range(t.shape[1]):
@@ -98,7 +101,7 @@ def forward_and_steps(backend: str, model, src: np.ndarray, tgt: np.ndarray, dev
         return as_f64(logits), {k: as_f64(v) for k, v in trace.items()}, as_f64(torch.stack(steps, 1))
     from tf_impl.inputs import make_src_mask
     logits, trace = model(src, tgt, return_trace=True)
-    cache = model.init_cache(model.encode(src), make_src_mask(src, model.config.pad_id), tgt.shape[1])
+    cache = model.init_cache(model.encode(src), make_src_mask(src, padding_id(model.config)), tgt.shape[1])
     steps = []
     for i in range(tgt.shape[1]):
         out, cache = model.decode_step(tgt[:, i], cache)
@@ -118,11 +121,13 @@ def parity(args) -> None:
     print("| precision | backend | preset | seed | logits vs f64 | every intermediate | cached steps' logits |")
     print("|---|---|---|---|---|---|---|")
     order = {"onnx": 0, "torch": 1, "tf": 2}  # pairs named as shared/tolerances.py names them
+    from parity_tests import variant_configs as VC
+    configs = {name: TransformerConfig.preset(name, dropout=0.0) for name in args.presets}
+    configs |= {name: VC.config(name, "float32") for name in args.variants}
     for precision in args.precisions:
         backends = [b for b in args.backends if b != "onnx" or precision in ONNX_PRECISIONS]
-        for preset in args.presets:
+        for preset, config in configs.items():
             for seed in args.seeds:
-                config = TransformerConfig.preset(preset, dropout=0.0)
                 weights = random_weights(config, seed)
                 src, tgt = inputs(config, seed)
                 f64 = config.replace(dtype="float64")
@@ -189,7 +194,9 @@ def agreement(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", choices=["parity", "agreement"])
-    parser.add_argument("--presets", nargs="+", default=["tiny", "small"])
+    parser.add_argument("--presets", nargs="*", default=["tiny", "small"])
+    parser.add_argument("--variants", nargs="*", default=[],
+                        help="parity: convention-15 variants (parity_tests/variant_configs.py), or 'all'")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--precisions", nargs="+", default=list(HALF), choices=HALF)
     parser.add_argument("--device", default="cpu", help="torch_impl's device (tf_impl runs on its own)")
@@ -199,6 +206,9 @@ def main() -> None:
     parser.add_argument("--heldout", type=int, default=500, help="agreement: held-out sources per task")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = parser.parse_args()
+    if args.variants == ["all"]:
+        from parity_tests import variant_configs as VC
+        args.variants = list(VC.VARIANTS)
     torch.set_num_threads(args.threads)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     print(f"torch {torch.__version__} on {args.device} ({gpu}), {torch.get_num_threads()} CPU threads; "
