@@ -13,7 +13,7 @@ from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
 from shared.messages import type_shown
 from shared.weights import check_buildable
-from shared.precision import compute_dtype_name
+from shared.precision import check_precision, compute_dtype_name
 
 from . import weights_io
 from .cache import DecoderCache, _as_built, check_free_position
@@ -22,6 +22,10 @@ from .inputs import (check_ids, check_mask, check_same_batch, check_training, di
                      make_src_mask, make_tgt_mask, poison, to_tensor)
 from .layers import Trace, record
 from .stacks import Decoder, Encoder
+
+
+# The Keras policy of each half precision (`tf_impl.precision`; shared.precision's rule).
+POLICIES = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 
 
 class Generator(keras.layers.Layer):
@@ -411,10 +415,18 @@ class Transformer(keras.Model):
         config = dict(config)
         precision = config.pop("precision", "float32")  # absent from a file of an earlier version
         model = cls(TransformerConfig.from_dict(config.pop("config")), **config)
-        if precision != "float32":
-            from .precision import set_precision  # that module imports this one
-            set_precision(model, precision)
+        model._compute_in(check_precision(precision, model.config.dtype))
         return model
+
+    def _compute_in(self, precision: str) -> None:
+        """The Keras policies of ``precision`` (a name `shared.precision.check_precision` returned)
+        on every layer whose products it sets (the Dense layers and the generator), and the name
+        in ``self.precision``: `tf_impl.precision.set_precision` after its checks, and `from_config`."""
+        policy = POLICIES.get(precision, self.config.dtype)
+        for layer in self._flatten_layers(include_self=False):
+            if isinstance(layer, (keras.layers.Dense, Generator)):
+                layer.dtype_policy = policy
+        object.__setattr__(self, "precision", precision)  # a plain value, past Keras' attribute tracking
 
 
 def _structure(model: Transformer) -> tuple:

@@ -34,10 +34,8 @@ import tensorflow as tf
 
 from shared.precision import check_precision, compute_dtype_name, quantized_message
 
-from .model import Generator, check_model
+from .model import check_model
 from .weights_io import quantized_projections
-
-POLICIES = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 
 
 def set_precision(model: keras.Model, precision: str) -> str:
@@ -50,11 +48,7 @@ def set_precision(model: keras.Model, precision: str) -> str:
     if quantized:
         raise ValueError(quantized_message(quantized))
     previous = getattr(model, "precision", "float32")
-    policy = POLICIES.get(name, model.config.dtype)
-    for layer in model._flatten_layers(include_self=False):
-        if isinstance(layer, (keras.layers.Dense, Generator)):
-            layer.dtype_policy = policy
-    object.__setattr__(model, "precision", name)  # a plain value, past Keras' attribute tracking
+    model._compute_in(name)
     return previous
 
 
