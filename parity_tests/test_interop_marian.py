@@ -228,6 +228,15 @@ def test_export_refuses_what_marian_cannot_express_and_writes_nothing(tmp_path):
     with pytest.raises(FileExistsError, match="is not a Marian export"):
         to_marian(tmp_path / "other", ok, random_weights(ok))
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+    # a Marian model transformers saved holds the export's three files (config.json saying marian):
+    # it was replaced, a user's OPUS-MT model deleted
+    to_marian(tmp_path / "ours", ok, random_weights(ok))
+    load_export(tmp_path / "ours").save_pretrained(tmp_path / "saved")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "saved").iterdir()}
+    with pytest.raises(FileExistsError, match="is not a Marian export"):
+        to_marian(tmp_path / "saved", ok, random_weights(ok, 1))
+    assert {p.name: p.read_bytes() for p in (tmp_path / "saved").iterdir()} == before
+    to_marian(tmp_path / "ours", ok, random_weights(ok, 1))  # an earlier export is replaced
 
 
 # -- what the importer refuses --------------------------------------------------------------------

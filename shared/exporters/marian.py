@@ -168,8 +168,11 @@ def to_marian(path, config: TransformerConfig, weights: Mapping[str, np.ndarray]
         raise ExportError(f"to_marian({str(path)!r})", problems)
     weights = check_weights(config, weights, source="to_marian: weights")
     path = Path(path)
-    check_replaceable(path, FILES, "a Marian export",  # not a neutral checkpoint or an ONNX export
-                      lambda c: c.get("model_type") == "marian" and "format_version" not in c)
+    # Not a neutral checkpoint or an ONNX export (format_version), nor a Marian model transformers
+    # saved (save_pretrained writes transformers_version; this export does not): the same three
+    # files, a user's model, which a replace would delete
+    check_replaceable(path, FILES, "a Marian export", lambda c: c.get("model_type") == "marian"
+                      and "format_version" not in c and "transformers_version" not in c)
     tensors = marian_tensors(config, weights)
 
     def fill(staging: Path) -> None:
