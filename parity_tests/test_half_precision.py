@@ -197,6 +197,7 @@ def test_the_pass_in_parts_is_the_forward_pass_and_traces_score_in_float32(frame
     assert dtype_name(trace["encoder.layers.0.self_attn.weights"]) == "float32"
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")  # the quantizers'
 @pytest.mark.parametrize("framework", ["torch", "tf"])
 def test_a_quantized_model_keeps_its_precision(framework, case):
     """Before: Keras' policy set over a quantized Dense dropped the quantization, its int8 values
@@ -209,7 +210,8 @@ def test_a_quantized_model_keeps_its_precision(framework, case):
         import torch
         model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
     else:
-        model.quantize("int8")
+        from .adapters import keras_int8
+        keras_int8(model)
     for precision in HALF + ("float32",):
         with pytest.raises(ValueError, match=r"^model: expected no quantized projection, got "
                                              r"encoder.layers.0.self_attn.query, .* \(3\d in all\): a "
