@@ -51,7 +51,7 @@ from shared.exporters.onnx import (CONFIG_FILE, DECODER, DECODER_WITH_PAST, ENCO
                                    GRAPHS, export_precision, read_onnx, source_mask, to_onnx)
 from shared.loss import log_softmax  # noqa: E402
 from shared.tolerances import assert_close, bound_for  # noqa: E402
-from shared.weights import WeightsError, random_weights  # noqa: E402
+from shared.weights import WeightsError, random_weights, save_checkpoint  # noqa: E402
 from twins.onnx_runtime import OnnxRuntimeModel  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,11 +109,19 @@ def test_files_checker_and_signatures(tmp_path):
     assert outputs == {"logits": ["batch", 1, c.tgt_vocab], **kv("present", "decoder", "past_len + 1")}
     config, files = read_onnx(path)
     assert config == c and set(files) == set(GRAPHS)
+    # a path under a file was Python's NotADirectoryError, a neutral checkpoint "float32"
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "file").write_text("mine")
+    save_checkpoint(elsewhere / "neutral", c, w)
     for read in (read_onnx, export_precision):  # '' was the current directory, None Python's TypeError
         with pytest.raises(ValueError, match="^path: expected a path, got ''$"):
             read("")
         with pytest.raises(TypeError, match="^path: expected a str or os.PathLike path, got NoneType$"):
             read(None)
+        for other in (elsewhere / "file", elsewhere / "file" / "x", elsewhere / "neutral"):
+            with pytest.raises(FileNotFoundError, match=f"^{read.__name__}: (no ONNX export directory at|missing) "):
+                read(other)
     generation = json.loads((path / GENERATION_FILE).read_text())
     assert (generation["decoder_start_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (
         c.start_id, c.eos_id, c.pad_id)
@@ -504,7 +512,6 @@ def test_twins_convert_to_onnx_verifies_and_decode_serves_it_without_the_framewo
     the source checkpoint, greedy and beam."""
     pytest.importorskip("torch")
     from parity_tests import importable
-    from shared.weights import save_checkpoint
     from twins.cli import main
     config, weights, _ = demo
     save_checkpoint(tmp_path / "model", config, weights)

@@ -138,7 +138,7 @@ def _leftovers(path: Path) -> list[Path]:
     out = []
     try:
         names = os.listdir(path.parent)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no folder there: nothing beside the path
         return out
     for name in names:
         if not name.startswith(prefix) or name == _marker(path).name:

@@ -593,7 +593,12 @@ def export_precision(path: str | os.PathLike) -> str:
     for an export written before float16 existed, which has none); ``ValueError`` naming the file
     for any other value. The graphs' own types say the same (`twins.onnx_runtime` reads them)."""
     check_path(path)  # named ('' read ./config.json, None was Python's TypeError)
-    config_json = Path(path) / CONFIG_FILE
+    path = Path(path)
+    if not all((path / name).is_file() for name in (*GRAPHS, CONFIG_FILE)):
+        # a neutral checkpoint was "float32", a file Python's NotADirectoryError
+        raise FileNotFoundError(f"export_precision: no ONNX export directory at {str(path)!r} (expected "
+                                f"{', '.join(GRAPHS)} and {CONFIG_FILE})")
+    config_json = path / CONFIG_FILE
     header = read_json(config_json)
     precision = header.get("precision", "float32") if isinstance(header, dict) else None
     if precision not in ("float32", "float16"):
