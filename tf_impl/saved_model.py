@@ -74,11 +74,10 @@ from .model import Transformer
 
 INVALID = -1  # lengths and tokens of a row whose source was refused
 SIGNATURES = ("serving_default", "beam_search")
-# What tf.saved_model.save writes; an existing directory holding anything else is not replaced,
-# nor one holding only these names without a saved_model.pb TensorFlow wrote (`is_saved_model`).
-# What `tf.saved_model.save` writes for an export (``assets/`` empty: an export has no assets).
-# Not ``assets.extra/``, which TensorFlow never writes: by its convention a user's (TF Serving's
-# warm-up requests), which a replaced export would delete.
+# What tf.saved_model.save writes for an export (``assets/`` empty: an export has no assets); an
+# existing directory holding anything else is not replaced, nor one holding only these names
+# without a saved_model.pb TensorFlow wrote (`is_saved_model`). Not ``assets.extra/``, which
+# TensorFlow never writes: by its convention a user's (TF Serving's warm-up requests).
 SAVED_MODEL_ENTRIES = {"saved_model.pb", "variables", "assets", "fingerprint.pb"}
 SAVED_MODEL_PB = "saved_model.pb"
 
