@@ -37,6 +37,15 @@ def check_flag(value, name: str) -> None:
         raise TypeError(f"{name}: expected True or False, got {shown(value)} ({type(value).__name__})")
 
 
+def check_step_kernels(qkv, output) -> None:
+    """`MultiHeadAttention.extend`'s ``qkv`` and ``output`` (a step's kernels, `step_kernels`),
+    both or neither, in both backends: ``output`` alone was ignored (the layer's own projections
+    ran), ``qkv`` alone failed in Python's words ("Value after * must be an iterable")."""
+    if (qkv is None) != (output is None):
+        got = "output without qkv" if qkv is None else "qkv without output"
+        raise ValueError(f"output: the step's output kernel goes with its qkv kernels; got {got}")
+
+
 def check_config(config, name: str = "config") -> None:
     """A `TransformerConfig`, checked before any of its fields is read (None or a dict would fail
     later as an ``AttributeError`` naming a field, not the argument)."""

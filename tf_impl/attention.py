@@ -18,7 +18,7 @@ import math
 import keras
 import tensorflow as tf
 
-from shared.checks import check_flag
+from shared.checks import check_flag, check_step_kernels
 
 from .cache import dense, filled_mask, write_position
 from .inputs import check_training, dims
@@ -195,13 +195,8 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         if mask is None:
             mask = filled_mask(key_cache.shape[2], position)  # (1, 1, 1, capacity)
-        if qkv is not None and output is None:  # was Python's "Value after * must be an iterable"
-            raise ValueError("output: the step's output kernel goes with its qkv kernels; got qkv "
-                             "without output")
+        check_step_kernels(qkv, output)
         if qkv is None:
-            if output is not None:  # it was ignored: the layer's projection ran
-                raise ValueError("output: the step's output kernel goes with its qkv kernels; got output "
-                                 "without qkv")
             k, v = self.keys_values(query_in)  # (N, H, 1, d_k)
             key_cache = write_position(key_cache, k[:, :, 0], position)
             value_cache = write_position(value_cache, v[:, :, 0], position)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shared.checks import check_flag
+from shared.checks import check_flag, check_step_kernels
 
 from .cache import CrossFold, _plain_linear, dense, filled_mask
 
@@ -375,13 +375,8 @@ class MultiHeadAttention(nn.Module):
         key_cache, value_cache)``: the buffers written, returned as tf_impl returns its new ones,
         so that the calling code is the same in both.
         """
-        if qkv is not None and output is None:  # was Python's "Value after * must be an iterable"
-            raise ValueError("output: the step's output kernel goes with its qkv kernels; got qkv "
-                             "without output")
+        check_step_kernels(qkv, output)
         if qkv is None:
-            if output is not None:  # it was ignored: the module's projection ran
-                raise ValueError("output: the step's output kernel goes with its qkv kernels; got output "
-                                 "without qkv")
             k, v = self.keys_values(query_in)  # (N, H, 1, d_k)
             key_cache[:, :, position] = k[:, :, 0]
             value_cache[:, :, position] = v[:, :, 0]
