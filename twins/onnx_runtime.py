@@ -156,9 +156,11 @@ class OnnxRuntimeModel:
         self.encoder = _session(ort, graphs[ENCODER], options)
         self.decoder = _session(ort, graphs[DECODER], options)
         self.decoder_with_past = _session(ort, graphs[DECODER_WITH_PAST], options)
-        self._check_graph_files()
+        sessions = {ENCODER: self.encoder, DECODER: self.decoder, DECODER_WITH_PAST: self.decoder_with_past}
+        exported = {name: self._exported(session) for name, session in sessions.items()}
+        self._check_graph_files(exported)
         self._check_graphs()
-        self._check_exported_config()
+        self._check_exported_config(exported)
         self._present = [o.name for o in self.decoder.get_outputs()]
         self._past = past_names(config.n_decoder_layers, "past_key_values")
         self._with_past_out = [o.name for o in self.decoder_with_past.get_outputs()]
@@ -186,9 +188,6 @@ class OnnxRuntimeModel:
             raise ValueError("graphs: expected one precision, got " + ", ".join(
                 f"{name} computing in {kind}" for name, kind in kinds.items()))
 
-    def _sessions(self) -> tuple:
-        return ((ENCODER, self.encoder), (DECODER, self.decoder), (DECODER_WITH_PAST, self.decoder_with_past))
-
     @staticmethod
     def _exported(session) -> tuple[str, TransformerConfig | None]:
         """What a graph's doc string says it is (`shared.exporters.onnx`: ``"decoder_model.onnx
@@ -200,27 +199,27 @@ class OnnxRuntimeModel:
         except (ValueError, TypeError, KeyError):
             return graph, None
 
-    def _check_graph_files(self) -> None:
-        """Each graph is the file it is opened as: a decoder_model.onnx copied over
-        decoder_with_past_model.onnx was blamed on config.json's layer count."""
-        for name, session in self._sessions():
-            graph, exported = self._exported(session)
-            if exported is not None and graph != name:
+    @staticmethod
+    def _check_graph_files(exported: dict) -> None:
+        """Each graph is the file it is opened as (``exported``: file name -> `_exported`): a
+        decoder_model.onnx copied over decoder_with_past_model.onnx was blamed on config.json's
+        layer count."""
+        for name, (graph, config) in exported.items():
+            if config is not None and graph != name:
                 raise ValueError(f"graphs: {name} holds {graph}")
 
-    def _check_exported_config(self) -> None:
-        """The config is the one each graph was exported with, field by field (`_exported`). An
+    def _check_exported_config(self, exported: dict) -> None:
+        """The config is the one each graph was exported with, field by field (``exported``). An
         edited config.json (pad_id, decoder_start_id, mask_padding: what the search and the source
         mask read outside the graphs) decoded other tokens without a word, and a graph of another
         export failed half-way through a decode in ONNX Runtime's words."""
         c, problems, named = self.config, [], set()
-        for name, session in self._sessions():
-            exported = self._exported(session)[1]
-            for field in c.to_dict() if exported is not None else ():
-                if field not in named and getattr(c, field) != getattr(exported, field):
+        for name, (_, config) in exported.items():
+            for field in c.to_dict() if config is not None else ():
+                if field not in named and getattr(c, field) != getattr(config, field):
                     named.add(field)  # once, with the first graph that says otherwise
                     problems.append(f"{field}: the config says {getattr(c, field)!r}, {name} was "
-                                    f"exported with {getattr(exported, field)!r}")
+                                    f"exported with {getattr(config, field)!r}")
         if problems:
             raise ValueError(f"config: {'; '.join(problems)}")
 
