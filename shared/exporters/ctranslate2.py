@@ -240,10 +240,17 @@ def ct2_skips(config: TransformerConfig, row: Sequence[int]) -> bool:
     return n == 0
 
 
+def _unpadded(config: TransformerConfig, row: list[int]) -> list[int]:
+    """``row`` without its trailing pads (CTranslate2 masks padding by length)."""
+    end = len(row)
+    while end and row[end - 1] == config.pad_id:
+        end -= 1
+    return row[:end]
+
+
 def skipped_rows(config: TransformerConfig, src) -> list[int]:
     """The rows of ``src`` (B, S), padded at the end, that CTranslate2 would not run (`ct2_skips`)."""
-    rows = (np.trim_zeros(np.asarray(row) - config.pad_id, "b") + config.pad_id for row in np.asarray(src))
-    return [b for b, row in enumerate(rows) if ct2_skips(config, row.tolist())]
+    return [b for b, row in enumerate(np.asarray(src).tolist()) if ct2_skips(config, _unpadded(config, row))]
 
 
 def _rows(config: TransformerConfig, ids, name: str, vocab: int, source: bool) -> list[list[int]]:
@@ -263,8 +270,7 @@ def _rows(config: TransformerConfig, ids, name: str, vocab: int, source: bool) -
                          f"(they follow the start token), got {a.shape[1]}")
     rows = []
     for b, row in enumerate(a.tolist()):
-        while row and row[-1] == config.pad_id:
-            row.pop()
+        row = _unpadded(config, row)
         if config.pad_id in row:
             raise ValueError(f"{name}[{b}]: pad_id={config.pad_id} before the end of the row; "
                              "CTranslate2 masks padding by length only, it would attend to it")
