@@ -22,7 +22,6 @@ from shared import TransformerConfig
 from .attention import MultiHeadAttention
 from .cache import LayerCache, StepWeights, projection
 from .feed_forward import FeedForward
-from .inputs import check_training
 from .norm import LayerNorm
 
 Trace = dict[str, tf.Tensor]
@@ -38,8 +37,8 @@ def sublayer_connection(x: tf.Tensor, sublayer: Sublayer, norm: LayerNorm,
                         dropout: keras.layers.Dropout | None, norm_first: bool, trace: Trace | None,
                         name: str, training: bool) -> tf.Tensor:
     """One residual sublayer; ``sublayer`` maps its input to ``(output, attention weights or None)``.
-    ``dropout`` None: none (a decoding step, where no layer call is spent on an inactive one)."""
-    check_training(training)
+    ``dropout`` None: none (a decoding step, where no layer call is spent on an inactive one).
+    ``training`` is checked by the sublayers it is passed to first (`tf_impl.inputs.check_training`)."""
     if norm_first:
         normed = norm(x)
         record(trace, f"{name}_norm", normed)
