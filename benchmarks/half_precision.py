@@ -38,7 +38,8 @@ import torch_impl  # noqa: E402
 from shared import TransformerConfig, reference  # noqa: E402
 from shared.batches import src_tgt  # noqa: E402
 from shared.masks import padding_id  # noqa: E402
-from shared.tolerances import max_rel_diff  # noqa: E402
+from shared.conditioning import norm_conditioning  # noqa: E402
+from shared.tolerances import bound_for, max_rel_diff, trace_bounds  # noqa: E402
 from shared.weights import random_weights  # noqa: E402
 from torch_impl.precision import set_precision as torch_set_precision  # noqa: E402
 
@@ -109,17 +110,26 @@ def forward_and_steps(backend: str, model, src: np.ndarray, tgt: np.ndarray, dev
     return as_f64(logits), {k: as_f64(v) for k, v in trace.items()}, np.stack(steps, 1)
 
 
-def _row(a, b, names) -> tuple:
-    """(logits, every intermediate or None, steps) of run ``a`` against ``b``."""
+def _row(a, b, written: float, bounds) -> tuple:
+    """(logits, every intermediate or None, steps, the largest difference as a fraction of its
+    conditioned bound, the largest difference divided by its bound's growth) of run ``a`` against
+    ``b``; ``written`` the bound's rtol as written, ``bounds`` each traced name's conditioned
+    `Bound` (`trace_bounds`)."""
     (al, at, as_), (bl, bt, bs) = a, b
-    inner = None if at is None or bt is None else max(max_rel_diff(at[k], bt[k]) for k in names)
-    return max_rel_diff(al, bl), inner, max_rel_diff(as_, bs)
+    diffs = {"logits": max_rel_diff(al, bl), "steps": max_rel_diff(as_, bs)}
+    if at is not None and bt is not None:
+        diffs |= {k: max_rel_diff(at[k], bt[k]) for k in bounds}
+    inner = None if at is None or bt is None else max(v for k, v in diffs.items() if k != "steps")
+    rtol = {k: bounds["logits" if k == "steps" else k].rtol for k in diffs}
+    return (diffs["logits"], inner, diffs["steps"], max(diffs[k] / rtol[k] for k in diffs),
+            max(diffs[k] * written / rtol[k] for k in diffs))
 
 
 def parity(args) -> None:
-    worst: dict[str, float] = {}
-    print("| precision | backend | preset | seed | logits vs f64 | every intermediate | cached steps' logits |")
-    print("|---|---|---|---|---|---|---|")
+    worst: dict[str, tuple[float, float, float]] = {}
+    print("| precision | backend | model | seed | kappa | logits vs f64 | every intermediate "
+          "| cached steps' logits | of the bound |")
+    print("|---|---|---|---|---|---|---|---|---|")
     order = {"onnx": 0, "torch": 1, "tf": 2}  # pairs named as shared/tolerances.py names them
     from parity_tests import variant_configs as VC
     configs = {name: TransformerConfig.preset(name, dropout=0.0) for name in args.presets}
@@ -133,22 +143,30 @@ def parity(args) -> None:
                 f64 = config.replace(dtype="float64")
                 ref_logits, ref = reference.forward({k: v.astype(np.float64) for k, v in weights.items()},
                                                     f64, src, tgt, return_trace=True)
-                ran = {}
+                kappa = norm_conditioning(config, weights, ref)
+                ran = {"reference": (ref_logits, ref, ref_logits)}
                 for backend in backends:
                     model = build(backend, config, weights, precision, args.device)
                     ran[backend] = forward_and_steps(backend, model, src, tgt, args.device)
-                    rows = [(f"{backend}:reference", backend, _row(ran[backend], (ref_logits, ref, ref_logits), ref))]
-                    for other in [b for b in ran if b != backend]:
-                        pair = sorted((backend, other), key=order.get)
-                        rows.append((":".join(pair), " vs ".join(pair), _row(ran[pair[0]], ran[pair[1]], ref)))
-                    for key, label, row in rows:
+                    pairs = [(backend, "reference")] + [tuple(sorted((backend, other), key=order.get))
+                                                        for other in ran if other not in (backend, "reference")]
+                    for a, b in pairs:
+                        key = f"{a}:{b}"
+                        bound = bound_for(precision, key)
+                        row = _row(ran[a], ran[b], bound.rtol, trace_bounds(bound, kappa, ref))
                         inner = "-" if row[1] is None else f"{row[1]:.1e}"
-                        print(f"| {precision} | {label} | {preset} | {seed} | {row[0]:.1e} | {inner} | {row[2]:.1e} |")
-                        worst[f"{precision} {key}"] = max(worst.get(f"{precision} {key}", 0.0),
-                                                          *(v for v in row if v is not None))
-    print("\nmaxima (every intermediate, logits and steps):")
-    for key, value in worst.items():
-        print(f"  {key}: {value:.2e}")
+                        label = a if b == "reference" else f"{a} vs {b}"
+                        print(f"| {precision} | {label} | {preset} | {seed} | {max(kappa.values(), default=0.0):.2f} "
+                              f"| {row[0]:.1e} | {inner} | {row[2]:.1e} | {row[3]:.2f} |")
+                        raw = max(v for v in row[:3] if v is not None)
+                        before = worst.get(f"{precision} {key}", (0.0, 0.0, 0.0))
+                        worst[f"{precision} {key}"] = (max(before[0], raw), max(before[1], row[4]),
+                                                       max(before[2], row[3]))
+    print("\nmaxima (every intermediate, logits and steps): the largest difference; the largest "
+          "difference divided by its bound's growth (shared.conditioning); the largest fraction of "
+          "its conditioned bound:")
+    for key, (raw, shrunk, fraction) in worst.items():
+        print(f"  {key}: {raw:.2e}; {shrunk:.2e}; {fraction:.2f}")
 
 
 def decode(backend: str, model, src: np.ndarray, max_len: int, device: str, beam: bool) -> np.ndarray:

@@ -12,6 +12,7 @@ from typing import Mapping, NamedTuple
 import numpy as np
 
 from . import reference
+from .conditioning import norm_conditioning
 from .config import TransformerConfig
 from .loss import log_softmax
 
@@ -57,12 +58,26 @@ def first_divergence(tokens_a, tokens_b, log_probs=None) -> list[Divergence]:
     return out
 
 
+def _teacher_forced(config: TransformerConfig, tokens: np.ndarray) -> np.ndarray:
+    """The decoder input that reproduces the decoded ``tokens`` ``(B, T)`` step by step: the start
+    token, then each token but the last. After EOS any non-pad id will do as an input (its steps
+    are not read), so a pad there is fed as EOS; column 0 is the start token, which may be pad."""
+    inputs = np.where(tokens[:, :-1] == config.pad_id, config.eos_id, tokens[:, :-1])
+    return np.concatenate([np.full((tokens.shape[0], 1), config.start_id), inputs], axis=1)
+
+
 def oracle_log_probs(weights: Mapping[str, np.ndarray], config: TransformerConfig, src: np.ndarray,
                      tokens: np.ndarray) -> np.ndarray:
     """The float64 oracle's step log-probs ``(B, T, V)`` along its own decoded ``tokens`` ``(B, T)``
     of ``src`` (teacher forcing): the ``log_probs`` that give `first_divergence` its margins when
-    ``tokens_a`` is the oracle's. After EOS any non-pad id will do as an input (its steps are not
-    read), so a pad there is fed as EOS; column 0 is the start token, which may be pad."""
-    inputs = np.where(tokens[:, :-1] == config.pad_id, config.eos_id, tokens[:, :-1])
-    tgt = np.concatenate([np.full((src.shape[0], 1), config.start_id), inputs], axis=1)
-    return log_softmax(reference.forward(weights, config, src, tgt))
+    ``tokens_a`` is the oracle's."""
+    return log_softmax(reference.forward(weights, config, src, _teacher_forced(config, tokens)))
+
+
+def oracle_conditioning(weights: Mapping[str, np.ndarray], config: TransformerConfig, src: np.ndarray,
+                        tokens: np.ndarray) -> float:
+    """The largest layer-norm conditioning (`shared.conditioning`) of the oracle's pass along its
+    decoded ``tokens`` ``(B, T)`` of ``src``: what a half-precision decode margin grows with
+    (`shared.tolerances.Bound.conditioned`); 0.0 for a model without layer norms."""
+    _, trace = reference.forward(weights, config, src, _teacher_forced(config, tokens), return_trace=True)
+    return max(norm_conditioning(config, weights, trace).values(), default=0.0)

@@ -11,7 +11,8 @@ import numpy as np
 
 from shared.batches import src_tgt
 from shared.threads import check_threads
-from shared.tolerances import bound_for, max_abs_diff, max_rel_diff
+from shared.conditioning import norm_conditioning
+from shared.tolerances import bound_for, max_abs_diff, max_rel_diff, trace_bounds
 from shared import TransformerConfig
 from shared.config import PRESETS
 from shared.devices import DEFAULT as DEFAULT_DEVICE
@@ -206,6 +207,8 @@ def run(args) -> int:
     bounds_dtype = args.dtype if args.dtype in HALF_PRECISIONS else config.dtype
     traces = {name: a.trace(src, tgt) for name, a in adapters.items()}
     names = list(traces["reference"])
+    # A half-precision bound grows past an ill-conditioned layer norm (shared.conditioning).
+    conditioning = norm_conditioning(config, weights, traces["reference"])
     # Pairs read "torch:reference", "tf:reference", "torch:tf" (and "onnx:reference", "onnx:torch",
     # "onnx:tf"), as the tolerance table names them.
     order = {"onnx": 0, "torch": 1, "tf": 2, "reference": 3}
@@ -214,13 +217,15 @@ def run(args) -> int:
     # Nothing compared is no agreement: every backend skipped (not installed), or none asked for
     # (--backends '': the reference's intermediates alone) fails, as the table says.
     rows, first_parting, ok = [], None, bool(pairs)
+    written = {f"{a}:{b}": bound_for(bounds_dtype, f"{a}:{b}") for a, b in pairs}
+    bounds = {pair: trace_bounds(bound, conditioning, names) for pair, bound in written.items()}
     for name in names:
         ref = traces["reference"][name]
         row = {"name": name, "shape": list(ref.shape), "pairs": {},
                "reference": {"mean": float(ref.mean()), "std": float(ref.std()),
                              "max_abs": float(np.abs(ref).max())}}
         for a, b in pairs:
-            bound = bound_for(bounds_dtype, f"{a}:{b}")
+            bound = bounds[f"{a}:{b}"][name]
             if "onnx" in (a, b) and name not in traces["onnx"]:  # the logits alone: nothing to compare
                 row["pairs"][f"{a}:{b}"] = {"absent": True, "pass": True}
                 continue
@@ -240,14 +245,15 @@ def run(args) -> int:
         rows.append(row)
     timings = {name: a.time_forward(src, tgt) for name, a in adapters.items()}
 
-    _print_table(config, args, rows, pairs, skipped, first_parting, timings, out)
+    _print_table(config, args, rows, pairs, skipped, first_parting, timings, out,
+                 _growth_note(written, bounds, conditioning))
     decoding = None
     if args.decode:
         decoding = compare_decoding(config, weights, adapters, src, args.max_new, out, bounds_dtype)
         ok = ok and all(d["pass"] for d in decoding.values())
     if args.json:
         result = {"config": config.to_dict(), "batch": args.batch, "src_len": args.src_len,
-                  "tgt_len": args.tgt_len, "rows": rows, "skipped": skipped,
+                  "tgt_len": args.tgt_len, "rows": rows, "norm_conditioning": conditioning, "skipped": skipped,
                   "first_parting": first_parting, "forward_seconds": timings, "decoding": decoding,
                   "pass": ok}
         text = json.dumps(result, indent=2)
@@ -272,7 +278,8 @@ def diverging(row: dict) -> str:
     return max(versus, key=lambda impl: versus[impl]["max_rel"] / max(versus[impl]["bound"], 1e-300))
 
 
-def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out=sys.stdout) -> None:
+def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out=sys.stdout,
+                 growth: str | None = None) -> None:
     mixed = f" ({args.dtype} mixed precision)" if args.dtype in HALF_PRECISIONS else ""
     print(f"config: d_model={config.d_model} heads={config.n_heads} layers={config.n_encoder_layers}+"
           f"{config.n_decoder_layers} norm_first={config.norm_first} norm_style={config.norm_style} "
@@ -304,6 +311,8 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out
     if pairs:
         print("(each cell: max abs diff, max diff relative to the tensor's scale, verdict against "
               "shared/tolerances.py)", file=out)
+        if growth:
+            print(growth, file=out)
         if first_parting:
             failed = ", ".join(p.replace(":", " vs ") for p in first_parting["pairs"])
             hint = "" if config.dtype == "float64" else (
@@ -322,6 +331,21 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out
           + ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in timings.items()), file=out)
 
 
+def _growth_note(written: dict, bounds: dict, conditioning: dict) -> str | None:
+    """A line saying where the pairs' bounds grew with the layer norms' conditioning
+    (`shared.conditioning`; half precision's bounds only) and by how much; None where none grew."""
+    grown = {pair: max(b.rtol for b in per_name.values()) / written[pair].rtol for pair, per_name in bounds.items()}
+    grown = {pair: growth for pair, growth in grown.items() if growth > 1.0}
+    if not grown:
+        return None
+    pair = next(iter(grown))
+    first = next(name for name, b in bounds[pair].items() if b.rtol > written[pair].rtol)
+    worst = max(conditioning, key=conditioning.get)
+    return (f"bounds grown with the layer norms' conditioning (shared/conditioning.py): from {first} on, "
+            f"up to x{max(grown.values()):.3g} for {', '.join(p.replace(':', ' vs ') for p in grown)}; "
+            f"the largest conditioning {conditioning[worst]:.3g}, at {worst}")
+
+
 def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int, out=None,
                      precision: str | None = None) -> dict:
     """Greedy-decode ``src`` in every implementation and compare each with the float64 oracle.
@@ -329,18 +353,23 @@ def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int, o
     Identical tokens pass. Where a backend parts from the oracle, the report gives the item, the
     step, both candidate tokens and the oracle's log-prob margin between them: a margin inside the
     error bound of the arithmetic that ran (``decode-margin`` of ``precision``, default the
-    config's dtype) is a near-tie, which that arithmetic may break either way, and is reported as
-    such; a larger margin is a failure. The report is printed to ``out`` (stdout).
+    config's dtype; a half precision's grown by the layer-norm conditioning of the oracle's pass
+    along its tokens, `shared.conditioning`) is a near-tie, which that arithmetic may break either
+    way, and is reported as such; a larger margin is a failure. The report is printed to ``out``
+    (stdout).
     """
     precision = precision or config.dtype
     out = sys.stdout if out is None else out
-    from shared.divergence import first_divergence, oracle_log_probs
+    from shared.divergence import first_divergence, oracle_conditioning, oracle_log_probs
 
     results = {name: adapter.greedy(src, max_new) for name, adapter in adapters.items()}
     report = {}
     ref = results["reference"]
     log_probs = oracle_log_probs(weights, config, src, ref.tokens)  # margins for divergences
-    margin_bound = bound_for(precision, "decode-margin").rtol
+    margin = bound_for(precision, "decode-margin")
+    if margin.conditioning is not None:
+        margin = margin.conditioned(oracle_conditioning(weights, config, src, ref.tokens))
+    margin_bound = margin.rtol
     print(f"decode: greedy, {max_new} new tokens, batch {src.shape[0]}; oracle tokens:", file=out)
     for row in ref.tokens:
         print("   ", " ".join(str(t) for t in row), file=out)

@@ -1,0 +1,113 @@
+"""`shared.conditioning` (each layer norm's conditioning, read from the oracle's trace) and the bounds
+it grows (`shared.tolerances.Bound.conditioned`, `trace_bounds`). NumPy only: the half-precision
+runs that need the growth are test_half_precision.py's."""
+import math
+
+import numpy as np
+import pytest
+
+from shared import TransformerConfig, reference
+from shared.conditioning import layer_norm_conditioning, norm_conditioning, norm_inputs
+from shared.tolerances import HALF_CONDITIONING, Bound, bound_for, trace_bounds
+from shared.weights import random_weights
+
+from . import variant_configs as VC
+
+CONFIGS = {
+    "pre-norm standard": VC.config("no-pad-mask"),
+    "post-norm, no final norm": VC.config("all-sinusoidal"),
+    "post-norm with final norms": VC.config("all-sinusoidal").replace(final_norm=True),
+    "pre-norm annotated (tiny)": TransformerConfig.preset("tiny", dropout=0.0, dtype="float64"),
+}
+
+
+def oracle(config: TransformerConfig, seed: int = 0):
+    weights = random_weights(config, seed)
+    src = np.array([[5, 6, 7, 8, 2, 0], [9, 4, 2, 0, 0, 0]]) % config.src_vocab
+    tgt = np.array([[1, 5, 6, 7], [1, 9, 4, 2]]) % config.tgt_vocab
+    return weights, reference.forward(weights, config, src, tgt, return_trace=True)[1]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_norm_inputs_are_the_arrays_the_oracle_normalised(name, monkeypatch):
+    config = CONFIGS[name]
+    seen = {}
+    normalise = reference.Model.norm
+
+    def recording(self, x, prefix):
+        seen[prefix] = x
+        return normalise(self, x, prefix)
+    monkeypatch.setattr(reference.Model, "norm", recording)
+    weights, trace = oracle(config)
+    rebuilt = norm_inputs(config, trace)
+    assert list(rebuilt) == [n for n in trace if n.endswith("_norm")] and set(rebuilt) == set(seen)
+    for norm, x in seen.items():
+        np.testing.assert_array_equal(rebuilt[norm], x, err_msg=norm)  # the same float64 sums
+    kappas = norm_conditioning(config, weights, trace)
+    assert list(kappas) == list(rebuilt)
+    for norm, kappa in kappas.items():
+        assert kappa == layer_norm_conditioning(seen[norm], trace[norm], weights[f"{norm}.gamma"],
+                                                config.norm_style, config.norm_eps)
+
+
+def test_one_norm_by_hand():
+    """Rows ``[1, -1, 1, -1]`` and ``[3, 1, 3, 1]`` spread by 1 each: the input's scale is 3, the
+    output's ``max|gamma|`` = 2 (beta 0), so an input error of 1e-3 of 3 can leave the norm as
+    3e-3 / 1 * 2 absolute, 1.5e-3 of the output's scale 2: kappa 3 / 2 * 2 / 1 = 3."""
+    x = np.array([[1.0, -1, 1, -1], [3, 1, 3, 1]])
+    gamma, beta = np.array([2.0, 1, 1, 1]), np.zeros(4)
+    for style, eps, spread in (("standard", 1e-6, math.sqrt(1 + 1e-6)),
+                               ("annotated", 1e-6, math.sqrt(4 / 3) + 1e-6)):
+        y = reference.layer_norm(x, gamma, beta, style, eps)
+        want = 3 * 2 / (spread * max(np.abs(y).max(), 1))
+        assert layer_norm_conditioning(x, y, gamma, style, eps) == pytest.approx(want, rel=1e-12)
+    # a row that barely spreads: kappa grows as its spread shrinks
+    tight = np.array([[1.0, -1, 1, -1], [3, 2.9, 3, 2.9]])
+    y = reference.layer_norm(tight, gamma, beta, "standard", 1e-6)
+    assert layer_norm_conditioning(tight, y, gamma, "standard", 1e-6) > 19 * 3 / 2
+
+
+def test_a_constant_row_is_finite():
+    """A row without spread is divided by ``sqrt(eps)``: kappa large, never inf or NaN."""
+    x = np.array([[2.0, 2, 2, 2]])
+    y = reference.layer_norm(x, np.ones(4), np.zeros(4), "standard", 1e-6)
+    kappa = layer_norm_conditioning(x, y, np.ones(4), "standard", 1e-6)
+    assert kappa == pytest.approx(2 / math.sqrt(1e-6))
+
+
+def test_a_bound_grows_past_its_conditioning_only():
+    bound = bound_for("float16", "torch:reference")
+    assert bound.conditioning == HALF_CONDITIONING
+    assert bound.conditioned(0.0) is bound and bound.conditioned(HALF_CONDITIONING) is bound
+    grown = bound.conditioned(3 * HALF_CONDITIONING)
+    assert grown.rtol == pytest.approx(3 * bound.rtol) and grown.conditioning == bound.conditioning
+    assert grown.reason.startswith(bound.reason) and "grown x3" in grown.reason
+    fixed = bound_for("float32", "torch:reference")  # measured over every model: never grows
+    assert fixed.conditioning is None and fixed.conditioned(1e6) is fixed
+
+
+@pytest.mark.parametrize("kappa", [math.nan, math.inf, -1.0, True, "2", None])
+def test_a_conditioning_that_is_no_finite_number_is_refused(kappa):
+    with pytest.raises(ValueError, match=r"^kappa: expected a finite float >= 0, got "):
+        bound_for("bfloat16", "tf:reference").conditioned(kappa)
+
+
+def test_trace_bounds_take_the_worst_norm_computed_so_far():
+    bound = Bound(rtol=1e-2, reason="r", conditioning=2.0)
+    names = ["embed", "a_norm", "a", "b_norm", "b", "logits"]
+    bounds = trace_bounds(bound, {"a_norm": 6.0, "b_norm": 4.0}, names)
+    assert list(bounds) == names
+    assert [round(b.rtol, 12) for b in bounds.values()] == [1e-2, 3e-2, 3e-2, 3e-2, 3e-2, 3e-2]
+    unconditioned = Bound(rtol=1e-2, reason="r")
+    assert all(b is unconditioned for b in trace_bounds(unconditioned, {"a_norm": 6.0}, names).values())
+
+
+def test_inputs_that_name_no_norm_input_are_refused():
+    config = CONFIGS["post-norm, no final norm"]
+    _, trace = oracle(config)
+    with pytest.raises(ValueError, match=r"^trace: expected an embed entry before 'encoder.layers.0"):
+        norm_inputs(config, {k: v for k, v in trace.items() if k != "encoder.embed"})
+    with pytest.raises(ValueError, match=r"^trace: expected encoder.layers.0.self_attn.output before"):
+        norm_inputs(config, {k: v for k, v in trace.items() if k != "encoder.layers.0.self_attn.output"})
+    with pytest.raises(ValueError, match=r"^x, y: expected one shape \(\.\.\., d\) with d >= 2, got \(2, 3\) "):
+        layer_norm_conditioning(np.zeros((2, 3)), np.zeros((2, 4)), np.ones(3), "standard", 1e-6)
