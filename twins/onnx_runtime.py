@@ -448,11 +448,13 @@ def verify(config: TransformerConfig, weights: Mapping[str, np.ndarray], path, s
         print("FAIL")
         return 1
     parts = first_divergence(oracle, tokens, oracle_log_probs(weights, config, src, oracle))
-    # float32 / float64 exports: identical tokens; float16's margin grows past an ill-conditioned
-    # layer norm (shared.conditioning), as every half-precision bound does
-    kappa = oracle_conditioning(weights, config, src, oracle)
-    margin = bound_for("float16", "decode-margin").conditioned(kappa).rtol
-    passed = not parts or (precision == "float16" and all(abs(d.margin) <= margin for d in parts))
+    # float32 / float64 exports: identical tokens; float16's near-ties within its margin, grown
+    # past an ill-conditioned layer norm (shared.conditioning) as every half-precision bound is
+    passed = not parts
+    if parts and precision == "float16":
+        kappa = oracle_conditioning(weights, config, src, oracle)
+        margin = bound_for("float16", "decode-margin").conditioned(kappa).rtol
+        passed = all(abs(d.margin) <= margin for d in parts)
     result = "identical" if not parts else "near-ties" if passed else "DIFFER"
     print(f"{label:<34} {result:>31}  {'pass' if passed else 'FAIL'}")
     for d in parts:
