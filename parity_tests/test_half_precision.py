@@ -22,7 +22,6 @@ CONFIG = TransformerConfig.preset("tiny", dropout=0.0)
 HALF = ("bfloat16", "float16")
 
 
-
 @pytest.fixture(params=["torch", "torch-cuda", "tf-eager", "tf-xla"])
 def be(request) -> ModelBackend:
     pytest.importorskip("torch" if request.param.startswith("torch") else "tensorflow")

@@ -404,7 +404,8 @@ def verify(config: TransformerConfig, weights: Mapping[str, np.ndarray], path, s
     ``(config.dtype, "onnx:reference")`` (``("float16", "onnx:reference")`` for a float16 export),
     and its greedy tokens with the oracle's: identical, or, from a float16 export, parted only at a
     near-tie of the oracle's within ``("float16", "decode-margin")``, grown by the oracle's
-    layer-norm conditioning (each parting printed with its margin). Prints the table; the exit status (0 when every line passes)."""
+    layer-norm conditioning (each parting printed with its margin). Prints the table; the exit
+    status (0 when every line passes)."""
     import onnxruntime
 
     from shared import reference as R
