@@ -2,6 +2,8 @@
 with no allowed key at zero context (the output is the output bias exactly), causal and per-head
 masks, the plain path (no weights asked; torch: SDPA) equal to the weighted one, dropout only in
 training, and no NaN forward or backward. (torch's SDPA-specific checks: test_torch_only.py.)"""
+import re
+
 import numpy as np
 import pytest
 
@@ -212,3 +214,21 @@ def test_a_step_output_kernel_without_its_qkv_kernels_is_refused(backend):
                                          "got qkv without output$"):
         layer.extend(x, cache, cache, position, qkv=qkv)
     assert not backend.numpy(cache).any()  # refused before anything is written
+
+
+@pytest.mark.parametrize("backend", backends(cpu_only=True))
+@pytest.mark.parametrize("position", [-1, 4, 2.7, True, None])
+def test_a_step_position_outside_the_cache_is_refused(backend, position):
+    """`MultiHeadAttention.extend` at a ``position`` given as a number: torch wrote -1 into the last
+    slot and attended to it alone, TF wrote 2.7 at 2 and True at 1; out of range each failed in
+    its own words (IndexError, InvalidArgumentError). Refused alike now, before any write; a
+    NumPy integer in range is taken (torch_impl's DecoderLayer.step checks the same)."""
+    layer = Layer(backend, "float32").layer
+    x = backend.tensor(np.ones((1, 1, D), np.float32))
+    key, value = (backend.tensor(np.zeros((1, H, 4, D // H), np.float32)) for _ in range(2))
+    with pytest.raises(ValueError, match=rf"^position: expected an int in \[0, 4\) \(the cache's capacity\), "
+                                         rf"got {re.escape(repr(position))}$"):
+        layer.extend(x, key, value, position)
+    assert not backend.numpy(key).any() and not backend.numpy(value).any()
+    _, key, value = layer.extend(x, key, value, np.int64(3))
+    assert backend.numpy(key)[0, :, 3].any() and not backend.numpy(key)[0, :, :3].any()

@@ -46,6 +46,15 @@ def check_step_kernels(qkv, output) -> None:
         raise ValueError(f"output: the step's output kernel goes with its qkv kernels; got {got}")
 
 
+def check_position(position, capacity: int) -> None:
+    """A cached step's ``position`` given as a number (`MultiHeadAttention.extend`,
+    `DecoderLayer.step`; a tensor position, a CUDA graph's or a compiled step's, is its caller's):
+    an int in ``[0, capacity)``, the same in both backends. torch wrote -1 into the last slot and
+    attended to it alone; TF wrote 2.7 at 2 and True at 1."""
+    if not is_int(position) or not 0 <= position < capacity:
+        raise ValueError(f"position: expected an int in [0, {capacity}) (the cache's capacity), got {position!r}")
+
+
 def check_config(config, name: str = "config") -> None:
     """A `TransformerConfig`, checked before any of its fields is read (None or a dict would fail
     later as an ``AttributeError`` naming a field, not the argument)."""

@@ -18,7 +18,7 @@ import math
 import keras
 import tensorflow as tf
 
-from shared.checks import check_flag, check_step_kernels
+from shared.checks import check_flag, check_position, check_step_kernels
 
 from .cache import dense, filled_mask, write_position
 from .inputs import check_training, dims
@@ -193,9 +193,11 @@ class MultiHeadAttention(keras.layers.Layer):
         ``mask`` is the step's `tf_impl.cache.filled_mask`, made once for every layer by
         `Decoder.step` (made here when not given).
         """
+        check_step_kernels(qkv, output)
+        if not tf.is_tensor(position):
+            check_position(position, key_cache.shape[2])
         if mask is None:
             mask = filled_mask(key_cache.shape[2], position)  # (1, 1, 1, capacity)
-        check_step_kernels(qkv, output)
         if qkv is None:
             k, v = self.keys_values(query_in)  # (N, H, 1, d_k)
             key_cache = write_position(key_cache, k[:, :, 0], position)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shared.checks import check_flag, check_step_kernels
+from shared.checks import check_flag, check_position, check_step_kernels
 
 from .cache import CrossFold, _plain_linear, dense, filled_mask
 
@@ -376,6 +376,8 @@ class MultiHeadAttention(nn.Module):
         so that the calling code is the same in both.
         """
         check_step_kernels(qkv, output)
+        if not isinstance(position, torch.Tensor):
+            check_position(position, key_cache.shape[2])
         if qkv is None:
             k, v = self.keys_values(query_in)  # (N, H, 1, d_k)
             key_cache[:, :, position] = k[:, :, 0]

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from shared import TransformerConfig
+from shared.checks import check_position
 
 from .attention import MultiHeadAttention, _attend_filled, _attend_folded, _attend_source, _write_position
 from .cache import EncoderWeights, LayerCache, StepWeights, dense, projection
@@ -211,7 +212,10 @@ class DecoderLayer(nn.Module):
         # (docs/performance.md, "A step's Python").
         w, ((g1, b1), (g2, b2), (g3, b3)) = cache.weights, cache.norms
         pre, standard, eps, activation = self._step_settings
-        n, heads, _, d_k = cache.self_key.shape
+        n, heads, capacity, d_k = cache.self_key.shape
+        if type(position) is not int or not 0 <= position < capacity:  # one test at a step's speed
+            if not isinstance(position, torch.Tensor):
+                check_position(position, capacity)
         width = heads * d_k
         h = _normalize(x, g1, b1, standard, eps) if pre else x
         qkv = dense(h, w.qkv_kernel, w.qkv_bias).view(n, 3, heads, 1, d_k).transpose(0, 1)  # (3, N, H, 1, d_k)
