@@ -1,14 +1,16 @@
-"""`shared.conditioning` (each layer norm's conditioning, read from the oracle's trace) and the bounds
-it grows (`shared.tolerances.Bound.conditioned`, `trace_bounds`). NumPy only: the half-precision
-runs that need the growth are test_half_precision.py's."""
+"""`shared.conditioning` (each layer norm's conditioning and each attention's largest score, read from
+the oracle's trace) and the bounds they grow (`shared.tolerances.Bound.conditioned`,
+`trace_bounds`). NumPy only: the runs that need the growth are test_half_precision.py's and
+test_attention_scores.py's."""
 import math
 
 import numpy as np
 import pytest
 
 from shared import TransformerConfig, reference
-from shared.conditioning import layer_norm_conditioning, norm_conditioning, norm_inputs
-from shared.tolerances import HALF_CONDITIONING, Bound, bound_for, trace_bounds
+from shared.conditioning import (attention_inputs, attention_scores, forward_conditioning,
+                                 layer_norm_conditioning, norm_conditioning, norm_inputs)
+from shared.tolerances import HALF_CONDITIONING, SCORE_EXPONENT, SCORE_LIMIT, Bound, bound_for, trace_bounds
 from shared.weights import random_weights
 
 from . import variant_configs as VC
@@ -82,7 +84,7 @@ def test_a_bound_grows_past_its_conditioning_only():
     grown = bound.conditioned(3 * HALF_CONDITIONING)
     assert grown.rtol == pytest.approx(3 * bound.rtol) and grown.conditioning == bound.conditioning
     assert grown.reason.startswith(bound.reason) and "grown x3" in grown.reason
-    fixed = bound_for("float32", "torch:reference")  # measured over every model: never grows
+    fixed = bound_for("float32", "torch:reference")  # measured over the variants: no growth with the norms
     assert fixed.conditioning is None and fixed.conditioned(1e6) is fixed
 
 
@@ -90,6 +92,81 @@ def test_a_bound_grows_past_its_conditioning_only():
 def test_a_conditioning_that_is_no_finite_number_is_refused(kappa):
     with pytest.raises(ValueError, match=r"^kappa: expected a finite float >= 0, got "):
         bound_for("bfloat16", "tf:reference").conditioned(kappa)
+    with pytest.raises(ValueError, match=r"^score: expected a finite float >= 0, got "):
+        bound_for("float32", "tf:reference").conditioned(0.0, kappa)
+
+
+def test_a_bound_grows_past_its_score_limit_and_the_two_excesses_add():
+    bound = bound_for("float32", "torch:reference")
+    assert bound.score_limit == SCORE_LIMIT and bound.grown is None
+    assert bound.conditioned(0.0, SCORE_LIMIT) is bound and bound.conditioned(1e6, 0.0) is bound
+    grown = bound.conditioned(0.0, 4 * SCORE_LIMIT)
+    assert grown.rtol == pytest.approx(bound.rtol * 4 ** SCORE_EXPONENT) == pytest.approx(8 * bound.rtol)
+    assert grown.grown.startswith("grown x8: an attention upstream scores 30 > 7.5")
+    assert grown.reason == f"{bound.reason}; {grown.grown}"
+    half = bound_for("bfloat16", "torch:tf")
+    both = half.conditioned(3 * HALF_CONDITIONING, 4 * SCORE_LIMIT)  # 1 + (3 - 1) + (8 - 1)
+    assert both.rtol == pytest.approx(10 * half.rtol)
+    assert "a layer norm upstream has conditioning 4.5 > 1.5 and an attention upstream scores 30" in both.grown
+    for never in (bound_for("float64", "torch:reference"), bound_for("float32", "grad:torch:tf"),
+                  bound_for("bfloat16", "train:torch:tf")):  # float64's and the training bounds
+        assert never.conditioned(1e6, 1e6) is never
+
+
+def test_trace_bounds_take_the_largest_score_computed_so_far():
+    bound = Bound(rtol=1e-2, reason="r", conditioning=2.0, score_limit=5.0)
+    names = ["embed", "a.weights", "a", "b_norm", "b.weights", "logits"]
+    bounds = trace_bounds(bound, {"b_norm": 4.0}, names, {"a.weights": 20.0, "b.weights": 10.0})
+    # 8 = (20 / 5) ** 1.5 from a.weights on; b_norm's conditioning adds 4 / 2 - 1
+    assert [round(b.rtol, 12) for b in bounds.values()] == [1e-2, 8e-2, 8e-2, 9e-2, 9e-2, 9e-2]
+    assert trace_bounds(bound, {}, names) == trace_bounds(bound, {}, names, {})  # scores optional
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_attention_inputs_reproduce_the_oracle_weights(name):
+    """The rebuilt query input, memory and allowed keys, run through the oracle's own attention,
+    give the traced weights bit for bit (pre- and post-norm, cross-attention's memory, masks)."""
+    config = CONFIGS[name]
+    weights, trace = oracle(config)
+    inputs = attention_inputs(config, trace)
+    assert list(inputs) == [n for n in trace if n.endswith("attn.weights")]
+    for weights_name, (query, memory, allowed) in inputs.items():
+        prefix = weights_name[:-len(".weights")]
+        _, again = reference.attention(query, memory, allowed, weights, prefix, config.n_heads, config.head_dim)
+        np.testing.assert_array_equal(again, trace[weights_name], err_msg=weights_name)
+
+
+def test_attention_scores_weigh_each_row_by_its_softmax():
+    config = CONFIGS["pre-norm annotated (tiny)"]
+    weights, trace = oracle(config)
+    scores = attention_scores(config, weights, trace)
+    assert list(scores) == [n for n in trace if n.endswith("attn.weights")]
+    width = config.d_model // config.n_heads
+    for name, (query, memory, allowed) in attention_inputs(config, trace).items():
+        prefix = name[:-len(".weights")]
+        q = (query @ weights[f"{prefix}.query.kernel"] + weights[f"{prefix}.query.bias"]).reshape(
+            *query.shape[:2], config.n_heads, width)
+        k = (memory @ weights[f"{prefix}.key.kernel"] + weights[f"{prefix}.key.bias"]).reshape(
+            *memory.shape[:2], config.n_heads, width)
+        s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(width)
+        rows = (trace[name] * np.abs(s)).sum(-1)[allowed.sum(-1) >= 2]
+        assert scores[name] == pytest.approx(rows.max(), rel=1e-12)
+    # kernels times 3: scores 9 times larger, where random weights stay below the limit
+    scaled = {n: v * 3 if n.endswith((".query.kernel", ".key.kernel")) else v for n, v in weights.items()}
+    src, tgt = np.array([[5, 6, 7, 8, 2]]), np.array([[1, 5, 6, 7]])
+    assert forward_conditioning(weights, config, src, tgt)[1] < SCORE_LIMIT
+    assert forward_conditioning(scaled, config, src, tgt)[1] > 3 * SCORE_LIMIT
+
+
+def test_a_row_of_one_key_carries_no_score():
+    """A decoder of one position attends to itself alone: weight 1 whatever the score."""
+    config = CONFIGS["pre-norm annotated (tiny)"]
+    weights = random_weights(config, 0)
+    scaled = {n: v * 100 if n.endswith((".query.kernel", ".key.kernel")) else v for n, v in weights.items()}
+    _, trace = reference.forward(scaled, config, np.array([[5, 6, 2]]), np.array([[1]]), return_trace=True)
+    scores = attention_scores(config, scaled, trace)
+    assert scores["decoder.layers.0.self_attn.weights"] == 0.0
+    assert scores["encoder.layers.0.self_attn.weights"] > 100
 
 
 def test_trace_bounds_take_the_worst_norm_computed_so_far():

@@ -10,7 +10,7 @@ import pytest
 
 from shared import TransformerConfig, reference
 from shared.batches import src_tgt
-from shared.conditioning import norm_conditioning
+from shared.conditioning import attention_scores, norm_conditioning
 from shared.masks import padding_id
 from shared.tolerances import assert_close, bound_for, max_rel_diff, trace_bounds
 from shared.weights import random_weights
@@ -75,11 +75,13 @@ def as_f64(be: ModelBackend, x) -> np.ndarray:
 def check_against_the_oracle(be: ModelBackend, model, config: TransformerConfig, weights, src, tgt,
                              precision: str) -> dict:
     """The forward pass (traced and not) and the cached steps of ``model`` against the oracle,
-    each tensor within its bound grown by the conditioning of the norms before it; the bounds."""
+    each tensor within its bound grown by the conditioning of the norms and the scores of the
+    attentions before it; the bounds."""
     ref_logits, ref_trace = reference.forward({k: v.astype(np.float64) for k, v in weights.items()},
                                               config.replace(dtype="float64"), src, tgt, return_trace=True)
     bounds = trace_bounds(bound_for(precision, f"{be.framework}:reference"),
-                          norm_conditioning(config, weights, ref_trace), ref_trace)
+                          norm_conditioning(config, weights, ref_trace), ref_trace,
+                          attention_scores(config, weights, ref_trace))
     s, t = be.tensor(src), be.tensor(tgt)
     with be.no_grad():
         logits, trace = model(s, t, return_trace=True)
@@ -296,7 +298,7 @@ def test_twins_compare_grows_the_bounds_of_an_ill_conditioned_model(tmp_path, ca
                  "--src-len", "10", "--tgt-len", "10", "--decode", "--max-new", "6",
                  "--json", str(tmp_path / "out.json")]) == 0
     out = capsys.readouterr().out
-    assert "bounds grown with the layer norms' conditioning (shared/conditioning.py): from " in out
+    assert "bounds grown with the model (shared/conditioning.py): from " in out and "a layer norm's conditioning" in out
     assert "PASS: all" in out
     result = json.loads((tmp_path / "out.json").read_text())
     kappa = max(result["norm_conditioning"].values())

@@ -82,7 +82,7 @@ def test_same_implementation_must_match_exactly(tmp_path, capsys):
     capsys.readouterr()
     assert main(["convert", str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), "--verify"]) == 0
     row = table_rows(capsys.readouterr().out)[0]
-    assert "0.00e+00   0.00e+00    0e+00  pass" in row
+    assert "0.00e+00   0.00e+00  0.0e+00  pass" in row
 
 
 def test_verify_fails_with_exit_1_when_parity_fails(tmp_path, capsys, monkeypatch):

@@ -1,13 +1,16 @@
-"""How much each layer norm of a model magnifies the rounding of its input, read from the float64
-oracle's trace: what the half-precision bounds of `shared.tolerances` grow with. NumPy only.
+"""How much a model magnifies rounding, read from the float64 oracle's trace: what the bounds of
+`shared.tolerances` grow with (`Bound.conditioned`, `trace_bounds`). Two measures, each a property
+of the model and its input, not of an implementation, so they apply to every backend alike. NumPy
+only.
 
-A layer norm divides its centred input by each row's spread, ``y = gamma * (x - mean) / s + beta``
-with ``s`` the row's standard deviation (with eps, as `shared.reference.layer_norm` computes it).
-An error ``dx`` in the input comes out, to first order, as ``gamma * dx / s`` less its projections
-on the mean and on the normalised row. The comparison rule of `shared.tolerances` measures an error
-against its tensor's scale ``max(max|.|, 1)``, so an input error of ``r`` times the input's scale
-leaves the norm as about ``kappa * r`` times the output's scale at most (a first-order estimate for
-the worst row, not a proof: the projections can add or take away a small factor), with
+**Layer norms** (half precision's bounds). A layer norm divides its centred input by each row's
+spread, ``y = gamma * (x - mean) / s + beta`` with ``s`` the row's standard deviation (with eps,
+as `shared.reference.layer_norm` computes it). An error ``dx`` in the input comes out, to first
+order, as ``gamma * dx / s`` less its projections on the mean and on the normalised row. The
+comparison rule of `shared.tolerances` measures an error against its tensor's scale
+``max(max|.|, 1)``, so an input error of ``r`` times the input's scale leaves the norm as about
+``kappa * r`` times the output's scale at most (a first-order estimate for the worst row, not a
+proof: the projections can add or take away a small factor), with
 
     kappa = max(max|x|, 1) * max|gamma| / (min over rows of s * max(max|y|, 1))
 
@@ -15,8 +18,17 @@ A row whose features spread little (``s`` small against the largest value of the
 kappa large. In half precision the stream entering a norm carries the products' rounding (an
 8-bit significand for bfloat16), and an ill-conditioned norm passes it on magnified: models of 8
 or 10 features have kappa up to 7.7, the presets tiny and small up to 3.2 (benchmarks/
-half_precision.py parity). kappa is a property of the model and its input, not of an
-implementation, so it is read from the oracle's float64 trace and applies to every backend alike.
+half_precision.py parity).
+
+**Attention scores** (the inference bounds of float32 and half precision). A softmax turns an
+error ``ds`` in its scores into ``p * (ds - sum(p * ds))`` in its weights, and a score's error is
+about its rounding, and its inputs' relative error, times the score: so a row passes on about
+``sum_k p_k |s_k|`` times that relative error, and an attention's ``S`` is the largest such sum
+over its rows (keys of negligible weight do not count; a row of one key passes on nothing).
+The error of an earlier attention comes back through the queries and keys of a later one and is
+multiplied again, so over a stack of attentions the excess grows faster than ``S``: the bounds
+grow as ``S ** 1.5`` (`shared.tolerances.SCORE_EXPONENT`, measured in docs/performance.md,
+"Bounds and attention scores"). Random weights reach ``S`` of 2.8 to 7.6, the demo models 33.
 """
 from __future__ import annotations
 
@@ -24,6 +36,7 @@ from typing import Mapping
 
 import numpy as np
 
+from . import reference
 from .config import TransformerConfig
 
 
@@ -79,3 +92,73 @@ def norm_conditioning(config: TransformerConfig, weights: Mapping[str, np.ndarra
     return {name: layer_norm_conditioning(x, trace[name], weights[f"{name}.gamma"], config.norm_style,
                                           config.norm_eps)
             for name, x in norm_inputs(config, trace).items()}
+
+
+def attention_inputs(config: TransformerConfig, trace: Mapping[str, np.ndarray]
+                     ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each attention's query input ``(B, Q, d)``, memory ``(B, K, d)`` and the keys it allowed
+    ``(B, H, Q, K)`` (bool), keyed by its weights' trace name (``decoder.layers.0.cross_attn.weights``),
+    rebuilt from ``trace`` (`shared.reference.forward`'s, names in computation order). The query
+    input is the normalised stream (pre-norm) or the stream (post-norm); cross-attention's memory
+    is ``encoder.output``, self-attention's its query input. A key is allowed where the oracle's
+    weight is above 0: a masked key gets exactly 0, and an allowed one only where ``exp``
+    underflows (a score 745 below its row's largest), which then carries no weight to err in."""
+    inputs, stream = {}, None
+    for name, value in trace.items():
+        if name.endswith(".embed") or name.endswith(".residual"):
+            stream = value
+        elif name.endswith("attn.weights"):
+            sublayer = name[:-len(".weights")]
+            query = trace.get(f"{sublayer}_norm") if config.norm_first else stream
+            if query is None:
+                raise ValueError(f"trace: expected the input of {sublayer} before {name!r}, got none "
+                                 "(names in computation order, as shared.reference.forward returns them)")
+            memory = trace.get("encoder.output") if ".cross_attn" in sublayer else query
+            if memory is None:
+                raise ValueError(f"trace: expected encoder.output before {name!r}, got none")
+            inputs[name] = (query, memory, value > 0)
+    return inputs
+
+
+def attention_scores(config: TransformerConfig, weights: Mapping[str, np.ndarray],
+                     trace: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """``S`` (the module docstring) of every attention of the oracle's ``trace`` of the model
+    ``config`` / ``weights``, keyed by its weights' trace name, in computation order: over the
+    query rows that allowed two keys or more, the largest ``sum_k p_k |s_k|``, with ``s`` the
+    scores ``q . k / sqrt(d_k)`` (recomputed in float64 as `shared.reference.attention` computes
+    them) and ``p`` the oracle's weights. 0.0 where no row allowed two keys: a row of one key
+    weighs it 1 whatever its score."""
+    heads = config.n_heads
+    width = config.head_dim if config.head_dim is not None else config.d_model // heads
+
+    def project(x: np.ndarray, prefix: str) -> np.ndarray:  # (B, L, d) -> (B, H, L, d_k)
+        y = np.asarray(x, np.float64) @ np.asarray(weights[f"{prefix}.kernel"], np.float64) \
+            + np.asarray(weights[f"{prefix}.bias"], np.float64)
+        return y.reshape(y.shape[0], y.shape[1], heads, width).transpose(0, 2, 1, 3)
+
+    scores = {}
+    for name, (query, memory, allowed) in attention_inputs(config, trace).items():
+        sublayer = name[:-len(".weights")]
+        s = project(query, f"{sublayer}.query") @ project(memory, f"{sublayer}.key").transpose(0, 1, 3, 2)
+        mean = (np.asarray(trace[name], np.float64) * np.abs(s)).sum(axis=-1) / np.sqrt(width)  # (B, H, Q)
+        scores[name] = float(np.max(mean, where=allowed.sum(axis=-1) >= 2, initial=0.0))
+    return scores
+
+
+def largest(config: TransformerConfig, weights: Mapping[str, np.ndarray],
+            trace: Mapping[str, np.ndarray]) -> tuple[float, float]:
+    """``(kappa, S)``: the largest layer-norm conditioning and the largest attention score of the
+    oracle's ``trace`` (0.0 where the model has none): what the bound of its last tensor, the
+    logits, grows with (`shared.tolerances.Bound.conditioned`)."""
+    f64 = {name: np.asarray(value, np.float64) for name, value in weights.items()}
+    return (max(norm_conditioning(config, f64, trace).values(), default=0.0),
+            max(attention_scores(config, f64, trace).values(), default=0.0))
+
+
+def forward_conditioning(weights: Mapping[str, np.ndarray], config: TransformerConfig, src: np.ndarray,
+                         tgt: np.ndarray) -> tuple[float, float]:
+    """`largest` of the oracle's float64 pass of ``src`` ``(B, S)`` and ``tgt`` ``(B, T)``
+    (default masks): for checks of a model's logits or log-probs (`twins convert --verify`, decode
+    margins) that hold no trace of their own."""
+    _, trace = reference.forward(weights, config, src, tgt, return_trace=True)
+    return largest(config, weights, trace)

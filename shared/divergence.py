@@ -12,7 +12,7 @@ from typing import Mapping, NamedTuple
 import numpy as np
 
 from . import reference
-from .conditioning import norm_conditioning
+from .conditioning import forward_conditioning
 from .config import TransformerConfig
 from .loss import log_softmax
 
@@ -75,9 +75,8 @@ def oracle_log_probs(weights: Mapping[str, np.ndarray], config: TransformerConfi
 
 
 def oracle_conditioning(weights: Mapping[str, np.ndarray], config: TransformerConfig, src: np.ndarray,
-                        tokens: np.ndarray) -> float:
-    """The largest layer-norm conditioning (`shared.conditioning`) of the oracle's pass along its
-    decoded ``tokens`` ``(B, T)`` of ``src``: what a half-precision decode margin grows with
-    (`shared.tolerances.Bound.conditioned`); 0.0 for a model without layer norms."""
-    _, trace = reference.forward(weights, config, src, _teacher_forced(config, tokens), return_trace=True)
-    return max(norm_conditioning(config, weights, trace).values(), default=0.0)
+                        tokens: np.ndarray) -> tuple[float, float]:
+    """``(kappa, S)``: the largest layer-norm conditioning and the largest attention score
+    (`shared.conditioning.forward_conditioning`) of the oracle's pass along its decoded ``tokens``
+    ``(B, T)`` of ``src``: what a decode margin grows with (`shared.tolerances.Bound.conditioned`)."""
+    return forward_conditioning(weights, config, src, _teacher_forced(config, tokens))

@@ -5,10 +5,12 @@ The bounds are part of the product, not of the tests alone: `twins compare` and 
 
 A comparison passes when ``max|actual - expected| <= rtol * max(max|expected|, 1)``: the difference
 is measured against the scale of the tensor (attention weights are <= 1; embeddings are O(sqrt(d))),
-so one number per dtype covers every intermediate without being loose on small ones. Half
-precision's bounds also grow with the model's layer-norm conditioning (`shared.conditioning`,
-`Bound.conditioned`, `trace_bounds`): a norm over rows that spread little magnifies the rounding
-it receives, in every implementation alike.
+so one number per dtype covers every intermediate without being loose on small ones. The bounds
+were measured on random weights; on a model that magnifies rounding more, they grow with it
+(`shared.conditioning`, `Bound.conditioned`, `trace_bounds`), in every implementation alike: the
+inference bounds of float32 and half precision with its attention scores (a trained model's
+softmax is sharper than random weights'), and half precision's also with its layer norms'
+conditioning (a norm over rows that spread little magnifies the rounding it receives).
 
 Never loosen a bound to make a test pass: find the cause first (dtype, op order, TF32, oneDNN) and
 write the measurement here. The `twins compare` command uses these same bounds.
@@ -26,12 +28,18 @@ import numpy as np
 class Bound:
     """``rtol`` and the measurement behind it. ``conditioning``: where set, the largest layer-norm
     conditioning (`shared.conditioning`) the bound holds at as written; a tensor computed through a
-    worse conditioned norm gets the bound `conditioned` grows to. None: the bound never grows
-    (float32's were measured over the convention-15 variants, norms of conditioning up to 7.7 among
-    them; not over trained models' larger attention scores, docs/performance.md)."""
+    worse conditioned norm gets the bound `conditioned` grows to. None: it does not grow with the
+    norms (float32's were measured over the convention-15 variants, norms of conditioning up to 7.7
+    among them). ``score_limit``: where set, the largest attention score (`shared.conditioning`) it
+    holds at as written (`SCORE_LIMIT`, above every random-weight model measured); a tensor computed
+    after a larger one gets a bound grown by ``(score / score_limit) ** SCORE_EXPONENT``. None: it
+    does not grow with the scores (float64's, which have orders of magnitude to spare; the
+    training bounds, measured on training runs, not on a given model's forward pass)."""
     rtol: float
     reason: str
     conditioning: float | None = None
+    score_limit: float | None = None
+    grown: str | None = None  # set by `conditioned`: by how much and why; None as written
 
     def scale(self, expected: np.ndarray) -> float:
         expected = np.asarray(expected)
@@ -40,31 +48,46 @@ class Bound:
     def allows(self, actual: np.ndarray, expected: np.ndarray) -> bool:
         return max_abs_diff(actual, expected) <= self.rtol * self.scale(expected)
 
-    def conditioned(self, kappa: float) -> "Bound":
+    def conditioned(self, kappa: float, score: float = 0.0) -> "Bound":
         """This bound for a tensor whose computation passed layer norms of conditioning at most
-        ``kappa``: ``rtol * kappa / conditioning`` where that is larger (a norm multiplies its
-        input's relative error by about ``kappa`` at most, `shared.conditioning`), else this bound."""
-        if isinstance(kappa, bool) or not isinstance(kappa, (int, float, np.floating, np.integer)) \
-                or not 0.0 <= kappa < math.inf:
-            raise ValueError(f"kappa: expected a finite float >= 0, got {kappa!r}")
-        if self.conditioning is None or kappa <= self.conditioning:
+        ``kappa`` and attentions scoring at most ``score`` (`shared.conditioning`): ``rtol`` times
+        ``1 + (kappa / conditioning - 1) + ((score / score_limit) ** SCORE_EXPONENT - 1)``, each
+        term where above 0 and its limit set. A norm multiplies its input's relative error by about
+        ``kappa``; a softmax passes on its scores' error in proportion to them, compounded over the
+        attentions stacked after it; the two excesses add. This bound itself where neither grows."""
+        for name, value in (("kappa", kappa), ("score", score)):
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
+                    or not 0.0 <= value < math.inf:
+                raise ValueError(f"{name}: expected a finite float >= 0, got {value!r}")
+        growth, why = 1.0, []
+        if self.conditioning is not None and kappa > self.conditioning:
+            growth += float(kappa) / self.conditioning - 1.0
+            why.append(f"a layer norm upstream has conditioning {float(kappa):.3g} > {self.conditioning:g}")
+        if self.score_limit is not None and score > self.score_limit:
+            growth += (float(score) / self.score_limit) ** SCORE_EXPONENT - 1.0
+            why.append(f"an attention upstream scores {float(score):.3g} > {self.score_limit:g}")
+        if growth == 1.0:
             return self
-        growth = float(kappa) / self.conditioning
-        return replace(self, rtol=self.rtol * growth,
-                       reason=f"{self.reason}; grown x{growth:.3g}: a layer norm upstream has conditioning "
-                              f"{float(kappa):.3g} > {self.conditioning:g} (shared.conditioning)")
+        grown = f"grown x{growth:.3g}: {' and '.join(why)} (shared.conditioning)"
+        return replace(self, rtol=self.rtol * growth, reason=f"{self.reason}; {grown}", grown=grown)
 
 
-def trace_bounds(bound: Bound, conditioning: Mapping[str, float], names: Iterable[str]) -> dict[str, Bound]:
+def trace_bounds(bound: Bound, conditioning: Mapping[str, float], names: Iterable[str],
+                 scores: Mapping[str, float] | None = None) -> dict[str, Bound]:
     """The bound of each traced tensor in ``names`` (computation order, as
     `shared.reference.forward` returns them): ``bound`` `Bound.conditioned` by the largest
     ``conditioning`` (`shared.conditioning.norm_conditioning`, keyed by the norms' trace names) of
-    the norms computed at or before it. The decoder's tensors count the encoder's norms (the memory
-    they attend to passed them); cached steps' logits take the ``logits`` entry's."""
-    bounds, worst = {}, 0.0
+    the norms computed at or before it, and by the largest of ``scores``
+    (`shared.conditioning.attention_scores`, keyed by the attention weights' trace names) of the
+    attentions computed at or before it. The decoder's tensors count the encoder's norms and
+    attentions (the memory they attend to passed them); cached steps' logits take the ``logits``
+    entry's."""
+    scores = {} if scores is None else scores
+    bounds, worst, sharpest = {}, 0.0, 0.0
     for name in names:
         worst = max(worst, conditioning.get(name, 0.0))
-        bounds[name] = bound.conditioned(worst)
+        sharpest = max(sharpest, scores.get(name, 0.0))
+        bounds[name] = bound.conditioned(worst, sharpest)
     return bounds
 
 
@@ -112,6 +135,27 @@ SEARCH_FLOAT64 = Bound(rtol=2e-15, reason="float64 search on fixed tables: one l
 # by kappa / 1.5 where above 1, are in each half bound's reason.
 HALF_CONDITIONING = 1.5
 
+# An attention whose rows weigh large scores (`shared.conditioning.attention_scores`: S, the
+# largest sum_k p_k |s_k| of a row) passes on its scores' rounding, and its inputs' relative error,
+# multiplied by about S; a later attention multiplies what reaches its queries and keys again. The
+# inference bounds were measured on random weights, which score S 2.8-7.6 (presets tiny seeds 0-7,
+# small 0-3, base 0-1; the 13 variants with pad_id 0 and 3, seeds 0-3), and hold as written up to
+# their `score_limit`; past it they grow by (S / score_limit) ** SCORE_EXPONENT (`Bound.conditioned`,
+# added to the norms' growth). Measured by benchmarks/attention_scores.py (torch 2.13 and TF 2.21
+# CPU, one thread; torch and TF against the oracle and each other, every intermediate) on tiny,
+# small and base with their query and key kernels or every kernel scaled (S up to 137) and on the
+# trained demo models (copy and dates, S 33), whose float32 comparisons failed the bounds as written
+# by up to 1.28x (copy; tiny with every kernel x5: 21.9x): with exponent 1 the excess still reached
+# 4.36 (float32), 2.38 (bfloat16) and 2.89 (float16) of the grown bounds; with 1.5 every model is
+# within 0.74 (bfloat16) and 0.84 (float16) of them, and within 0.48 in float32 but one: small with
+# its query and key kernels x5, a stack of six attentions each scoring 50 to 87, reaches 1.28 (the
+# excess compounds layer by layer there: torch against the oracle, 1.0, 4.3, 1.3, 4.9, 16.7 and
+# 50.5 times the written bound at the six attentions' weights). The random weights themselves:
+# 0.47 / 0.57 / 0.53. The rule is a measured fit between a first-order exponent of 1 and two
+# attentions compounding, 2; not a proof.
+SCORE_LIMIT = 7.5
+SCORE_EXPONENT = 1.5
+
 # Keyed by (dtype, pair). A pair names what is compared: "torch:reference" (torch_impl vs the
 # float64 oracle), "tf:reference", "torch:tf". Each float32 entry is measured; see its reason.
 BOUNDS: dict[tuple[str, str], Bound] = {
@@ -131,75 +175,78 @@ BOUNDS: dict[tuple[str, str], Bound] = {
     # grow with the model's layer-norm conditioning (shared.conditioning, Bound.conditioned).
     # bfloat16 mixed precision: float32 weights, bfloat16 products; bfloat16's 8-bit significand
     # (a relative rounding of up to 2**-9 = 2e-3 per operation) sets these, not the algorithm.
-    ("bfloat16", "torch:reference"): Bound(rtol=3e-2, reason="every intermediate, the logits and cached decoding steps' logits vs the float64 oracle: measured max 1.1e-2 on the presets (tiny seed 0, the steps); over the presets and the 13 variants the largest difference divided by its growth (kappa / 1.5) 1.05e-2 (no-pad-mask seed 0, decoder.final_norm: 4.84e-2 at kappa 6.9), at most 0.35 of the grown bound; benchmarks/half_precision.py parity --presets tiny small --variants all --seeds 0 1 2 3, torch 2.13 CPU 1 thread, TF 2.21 CPU, bfloat16 mixed precision (shared.precision)", conditioning=HALF_CONDITIONING),
-    ("bfloat16", "tf:reference"): Bound(rtol=3e-2, reason="as bfloat16 torch:reference for TF (mixed_bfloat16 policy): measured max 1.14e-2 on the presets; divided by its growth 1.18e-2 (all-learned seed 2, decoder.layers.1.ffn_norm), at most 0.39 of the grown bound; benchmarks/half_precision.py parity --presets tiny small --variants all --seeds 0 1 2 3, torch 2.13 CPU 1 thread, TF 2.21 CPU", conditioning=HALF_CONDITIONING),
-    ("bfloat16", "torch:tf"): Bound(rtol=3e-2, reason="bfloat16 torch vs bfloat16 TF, every intermediate, logits and steps: measured max 1.42e-2 on the presets; divided by its growth 1.36e-2 (tiny seed 2, encoder.layers.0.self_attn.output, no growth there), at most 0.45 of the grown bound; the bias of a projection is added before torch's one rounding and after TF's (docs/design.md section 12); benchmarks/half_precision.py parity --presets tiny small --variants all --seeds 0 1 2 3, torch 2.13 CPU 1 thread, TF 2.21 CPU", conditioning=HALF_CONDITIONING),
+    ("bfloat16", "torch:reference"): Bound(rtol=3e-2, reason="every intermediate, the logits and cached decoding steps' logits vs the float64 oracle: measured max 1.1e-2 on the presets (tiny seed 0, the steps); over the presets and the 13 variants the largest difference divided by its growth (kappa / 1.5) 1.05e-2 (no-pad-mask seed 0, decoder.final_norm: 4.84e-2 at kappa 6.9), at most 0.35 of the grown bound; benchmarks/half_precision.py parity --presets tiny small --variants all --seeds 0 1 2 3, torch 2.13 CPU 1 thread, TF 2.21 CPU, bfloat16 mixed precision (shared.precision)", conditioning=HALF_CONDITIONING, score_limit=SCORE_LIMIT),
+    ("bfloat16", "tf:reference"): Bound(rtol=3e-2, reason="as bfloat16 torch:reference for TF (mixed_bfloat16 policy): measured max 1.14e-2 on the presets; divided by its growth 1.18e-2 (all-learned seed 2, decoder.layers.1.ffn_norm), at most 0.39 of the grown bound; benchmarks/half_precision.py parity --presets tiny small --variants all --seeds 0 1 2 3, torch 2.13 CPU 1 thread, TF 2.21 CPU", conditioning=HALF_CONDITIONING, score_limit=SCORE_LIMIT),
+    ("bfloat16", "torch:tf"): Bound(rtol=3e-2, reason="bfloat16 torch vs bfloat16 TF, every intermediate, logits and steps: measured max 1.42e-2 on the presets; divided by its growth 1.36e-2 (tiny seed 2, encoder.layers.0.self_attn.output, no growth there), at most 0.45 of the grown bound; the bias of a projection is added before torch's one rounding and after TF's (docs/design.md section 12); benchmarks/half_precision.py parity --presets tiny small --variants all --seeds 0 1 2 3, torch 2.13 CPU 1 thread, TF 2.21 CPU", conditioning=HALF_CONDITIONING, score_limit=SCORE_LIMIT),
     # Half-precision inference (shared.precision: half products, float32 residual stream, layer
     # norm, softmax and search), benchmarks/half_precision.py parity: presets tiny and small and
     # the 13 convention-15 variants, random_weights seeds 0-3, a padded batch with an all-padding
     # source row; the forward logits, every intermediate, and the logits of cached decoding steps
     # (teacher-forced). The bfloat16 bounds above cover it (their reasons give its figures);
     # float16 (11-bit significand) is about 8x closer:
-    ("float16", "torch:reference"): Bound(rtol=4e-3, reason="every intermediate, the logits and cached decoding steps' logits vs the float64 oracle: measured max 1.27e-3 on the presets (tiny seed 0, an intermediate); divided by its growth 1.23e-3 (start-pad seed 0, the steps: 4.21e-3 at kappa 5.2), at most 0.31 of the grown bound; benchmarks/half_precision.py parity --presets tiny small --variants all --seeds 0 1 2 3, torch 2.13 CPU 1 thread, TF 2.21 CPU, float16 mixed precision (shared.precision)", conditioning=HALF_CONDITIONING),
-    ("float16", "tf:reference"): Bound(rtol=4e-3, reason="as float16 torch:reference for TF (mixed_float16 policy): measured max 1.51e-3 on the presets (tiny seed 2, an intermediate); divided by its growth 2.06e-3 (no-pad-mask seed 0, decoder.final_norm: 9.5e-3 at kappa 6.9), at most 0.51 of the grown bound; benchmarks/half_precision.py parity --presets tiny small --variants all --seeds 0 1 2 3, torch 2.13 CPU 1 thread, TF 2.21 CPU", conditioning=HALF_CONDITIONING),
-    ("float16", "torch:tf"): Bound(rtol=4e-3, reason="float16 torch vs float16 TF, every intermediate, logits and steps: measured max 1.61e-3 on the presets (tiny seed 2); divided by its growth 1.85e-3 (no-pad-mask seed 0, decoder.output: 8.54e-3), at most 0.46 of the grown bound; the bias of a projection is added before torch's one rounding and after TF's (docs/design.md, Mixed precision); benchmarks/half_precision.py parity --presets tiny small --variants all --seeds 0 1 2 3, torch 2.13 CPU 1 thread, TF 2.21 CPU", conditioning=HALF_CONDITIONING),
+    ("float16", "torch:reference"): Bound(rtol=4e-3, reason="every intermediate, the logits and cached decoding steps' logits vs the float64 oracle: measured max 1.27e-3 on the presets (tiny seed 0, an intermediate); divided by its growth 1.23e-3 (start-pad seed 0, the steps: 4.21e-3 at kappa 5.2), at most 0.31 of the grown bound; benchmarks/half_precision.py parity --presets tiny small --variants all --seeds 0 1 2 3, torch 2.13 CPU 1 thread, TF 2.21 CPU, float16 mixed precision (shared.precision)", conditioning=HALF_CONDITIONING, score_limit=SCORE_LIMIT),
+    ("float16", "tf:reference"): Bound(rtol=4e-3, reason="as float16 torch:reference for TF (mixed_float16 policy): measured max 1.51e-3 on the presets (tiny seed 2, an intermediate); divided by its growth 2.06e-3 (no-pad-mask seed 0, decoder.final_norm: 9.5e-3 at kappa 6.9), at most 0.51 of the grown bound; benchmarks/half_precision.py parity --presets tiny small --variants all --seeds 0 1 2 3, torch 2.13 CPU 1 thread, TF 2.21 CPU", conditioning=HALF_CONDITIONING, score_limit=SCORE_LIMIT),
+    ("float16", "torch:tf"): Bound(rtol=4e-3, reason="float16 torch vs float16 TF, every intermediate, logits and steps: measured max 1.61e-3 on the presets (tiny seed 2); divided by its growth 1.85e-3 (no-pad-mask seed 0, decoder.output: 8.54e-3), at most 0.46 of the grown bound; the bias of a projection is added before torch's one rounding and after TF's (docs/design.md, Mixed precision); benchmarks/half_precision.py parity --presets tiny small --variants all --seeds 0 1 2 3, torch 2.13 CPU 1 thread, TF 2.21 CPU", conditioning=HALF_CONDITIONING, score_limit=SCORE_LIMIT),
     # A log-prob margin under which a half-precision decoding may break a tie otherwise than the
     # oracle: measured max |half log-softmax - float64 log-softmax| over cached steps
     # (benchmarks/half_precision.py's batches, the presets and variants, seeds 0-3, torch 2.13 and
     # TF 2.21 CPU), grown with the logits' conditioning as the bounds above. Two candidates'
     # errors can point opposite ways, hence about twice the largest, with margin:
-    ("bfloat16", "decode-margin"): Bound(rtol=1e-1, reason="an absolute log-prob margin: measured max |bfloat16 - float64 log-softmax| per cached step 2.79e-2 (torch), 2.57e-2 (TF) on the presets; over the presets and the 13 variants, divided by the logits' growth (kappa / 1.5), 3.2e-2 (torch, no-pad-mask seed 0: 1.48e-1 at kappa 6.9), 2.82e-2 (TF); two candidates err oppositely", conditioning=HALF_CONDITIONING),
-    ("float16", "decode-margin"): Bound(rtol=1.5e-2, reason="an absolute log-prob margin: measured max |float16 - float64 log-softmax| per cached step 2.9e-3 (TF), 2.2e-3 (torch) on the presets; over the presets and the 13 variants, divided by the logits' growth (kappa / 1.5), 3.93e-3 (TF, no-pad-mask seed 0: 1.81e-2), 3.01e-3 (torch); two candidates err oppositely", conditioning=HALF_CONDITIONING),
+    ("bfloat16", "decode-margin"): Bound(rtol=1e-1, reason="an absolute log-prob margin: measured max |bfloat16 - float64 log-softmax| per cached step 2.79e-2 (torch), 2.57e-2 (TF) on the presets; over the presets and the 13 variants, divided by the logits' growth (kappa / 1.5), 3.2e-2 (torch, no-pad-mask seed 0: 1.48e-1 at kappa 6.9), 2.82e-2 (TF); two candidates err oppositely", conditioning=HALF_CONDITIONING, score_limit=SCORE_LIMIT),
+    ("float16", "decode-margin"): Bound(rtol=1.5e-2, reason="an absolute log-prob margin: measured max |float16 - float64 log-softmax| per cached step 2.9e-3 (TF), 2.2e-3 (torch) on the presets; over the presets and the 13 variants, divided by the logits' growth (kappa / 1.5), 3.93e-3 (TF, no-pad-mask seed 0: 1.81e-2), 3.01e-3 (torch); two candidates err oppositely", conditioning=HALF_CONDITIONING, score_limit=SCORE_LIMIT),
     ("bfloat16", "grad:torch:reference"): Bound(rtol=1e-1, reason="gradients (label smoothing 0.1, padded batch) divided by the float64 gradient's largest entry, vs torch_impl float64 (= the oracle to 1e-12): measured max 4.2e-2 (tiny seed 1, small seed 0); the backward's products run in bfloat16 too; benchmarks/bf16_parity.py, presets tiny and small, random_weights seeds 0-2, torch 2.13 vs TF 2.21 CPU (oneDNN), bfloat16 mixed precision (docs/design.md section 12)"),
     ("bfloat16", "grad:tf:reference"): Bound(rtol=2e-1, reason="as grad:torch:reference for TF: measured max 8.2e-2 (small seed 0, the largest of the three); not traced to one operation yet; benchmarks/bf16_parity.py, presets tiny and small, random_weights seeds 0-2, torch 2.13 vs TF 2.21 CPU (oneDNN), bfloat16 mixed precision (docs/design.md section 12)"),
     ("bfloat16", "grad:torch:tf"): Bound(rtol=2.5e-1, reason="bfloat16 torch vs bfloat16 TF gradients on the float64 gradient's scale: measured max 1.2e-1 (small seed 0); the two backwards' bfloat16 roundings add; benchmarks/bf16_parity.py, presets tiny and small, random_weights seeds 0-2, torch 2.13 vs TF 2.21 CPU (oneDNN), bfloat16 mixed precision (docs/design.md section 12)"),
     ("bfloat16", "train:torch:reference"): Bound(rtol=6e-2, reason="weights (scale max(|w|, 1)) after 20 Adam+Noam steps (warmup 10, factor 0.1, copy batches) vs a float64 torch run: measured max 2.9e-2 (small seed 2); key biases excluded (gradient-free); benchmarks/bf16_parity.py, presets tiny and small, random_weights seeds 0-2, torch 2.13 vs TF 2.21 CPU (oneDNN), bfloat16 mixed precision (docs/design.md section 12)"),
     ("bfloat16", "train:tf:reference"): Bound(rtol=6e-2, reason="as train:torch:reference for TF: measured max 3.3e-2 (small seed 2); benchmarks/bf16_parity.py, presets tiny and small, random_weights seeds 0-2, torch 2.13 vs TF 2.21 CPU (oneDNN), bfloat16 mixed precision (docs/design.md section 12)"),
     ("bfloat16", "train:torch:tf"): Bound(rtol=6e-2, reason="bfloat16 torch vs bfloat16 TF weights after 20 steps: measured max 3.2e-2 (small seed 2); benchmarks/bf16_parity.py, presets tiny and small, random_weights seeds 0-2, torch 2.13 vs TF 2.21 CPU (oneDNN), bfloat16 mixed precision (docs/design.md section 12)"),
-    ("float32", "decode-margin"): Bound(rtol=1e-5, reason="an absolute log-prob margin, not relative: measured max |float32 - float64 log-softmax| per decoding step 1.8e-6 (tiny, 8 variants x seeds 0-7, 12 steps, cached and recompute) and 2.0e-6 (base, seeds 0-1, 16 steps), torch 2.13 CPU; each of two candidates moves by at most that, so a top-two margin above 2 x 2.0e-6 cannot flip in float32; 1e-5 leaves 2.5x. Beam search compares sums of t+1 step log-probs: scaled by t+1"),
-    ("float32", "torch:tf"): Bound(rtol=5e-6, reason="measured max rel diff 1.6e-6 (base, seeds 0-1, decoder.layers.5.ffn_norm) and 6.5e-7 (tiny, seeds 0-2) over the matrix, torch 2.13 vs TF 2.21 eager, CPU: both float32 roundings, about the sum of the two backends' own errors against the oracle; docs/design.md (tolerance policy) records 2.9e-6 abs after six d=512 encoder layers"),
-    ("float32", "tf:reference"): Bound(rtol=6e-6, reason="measured max rel diff 2.05e-6 (base, XLA, batch 4-8 x 17-64 tokens, encoder.layers.3.ffn.output), 1.51e-6 (base, matrix shape, eager, decoder.layers.5.ffn_norm) and 4.9e-7 (tiny) over the matrix at seed 0; seeds 1-7: tiny 9.6e-7, base (seed 1) 1.0e-6; eager/tf.function/XLA, TF 2.21 CPU, oneDNN on and off (deterministic either way): float32 rounding through 6+6 layers and 512/2048-long dot products vs the float64 oracle; XLA's own dot kernels give the largest"),
+    ("float32", "decode-margin"): Bound(rtol=1e-5, reason="an absolute log-prob margin, not relative: measured max |float32 - float64 log-softmax| per decoding step 1.8e-6 (tiny, 8 variants x seeds 0-7, 12 steps, cached and recompute) and 2.0e-6 (base, seeds 0-1, 16 steps), torch 2.13 CPU; each of two candidates moves by at most that, so a top-two margin above 2 x 2.0e-6 cannot flip in float32; 1e-5 leaves 2.5x. Beam search compares sums of t+1 step log-probs: scaled by t+1", score_limit=SCORE_LIMIT),
+    ("float32", "torch:tf"): Bound(rtol=5e-6, reason="measured max rel diff 1.6e-6 (base, seeds 0-1, decoder.layers.5.ffn_norm) and 6.5e-7 (tiny, seeds 0-2) over the matrix, torch 2.13 vs TF 2.21 eager, CPU: both float32 roundings, about the sum of the two backends' own errors against the oracle; docs/design.md (tolerance policy) records 2.9e-6 abs after six d=512 encoder layers", score_limit=SCORE_LIMIT),
+    ("float32", "tf:reference"): Bound(rtol=6e-6, reason="measured max rel diff 2.05e-6 (base, XLA, batch 4-8 x 17-64 tokens, encoder.layers.3.ffn.output), 1.51e-6 (base, matrix shape, eager, decoder.layers.5.ffn_norm) and 4.9e-7 (tiny) over the matrix at seed 0; seeds 1-7: tiny 9.6e-7, base (seed 1) 1.0e-6; eager/tf.function/XLA, TF 2.21 CPU, oneDNN on and off (deterministic either way): float32 rounding through 6+6 layers and 512/2048-long dot products vs the float64 oracle; XLA's own dot kernels give the largest", score_limit=SCORE_LIMIT),
     # CTranslate2 (an exported model, `shared.exporters.ctranslate2`): per-token log-probs of
     # score_batch against the project's log-softmax of the same weights, scale max(|log-prob|, 1).
-    ("float32", "ctranslate2:reference"): Bound(rtol=1e-6, reason="score_batch log-probs vs the float64 reference on the float32 weights: measured max rel diff 2.3e-7 (post-final-gelu-learned, seed 2) over 4 tiny configs (post/pre-norm, relu/gelu/swish, halves/t2t/offset/learned positions, head_dim, tied) x random_weights seeds 0-3 x 50 sources, ctranslate2 4.8.5 CPU float32, intra_threads 1: CTranslate2's float32 rounding through 1-2+1-2 layers (about torch's own, 2.6e-7 at most on the same cases)"),
-    ("float32", "ctranslate2:torch"): Bound(rtol=1e-6, reason="score_batch log-probs vs torch_impl float32 logits (log-softmax in float64): measured max rel diff 2.9e-7 (post-final-gelu-learned, seed 2), same matrix as ctranslate2:reference, torch 2.13 CPU: two float32 roundings"),
-    ("float32", "ctranslate2:tf"): Bound(rtol=1e-6, reason="score_batch log-probs vs tf_impl float32 logits (log-softmax in float64): measured max rel diff 2.7e-7 (post-final-gelu-learned, seed 2), same matrix as ctranslate2:reference, TF 2.21 CPU eager: two float32 roundings"),
+    # Its 4 configs x seeds 0-3 score up to S 10.3 (post-relu), so these grow past 10.
+    ("float32", "ctranslate2:reference"): Bound(rtol=1e-6, reason="score_batch log-probs vs the float64 reference on the float32 weights: measured max rel diff 2.3e-7 (post-final-gelu-learned, seed 2) over 4 tiny configs (post/pre-norm, relu/gelu/swish, halves/t2t/offset/learned positions, head_dim, tied) x random_weights seeds 0-3 x 50 sources, ctranslate2 4.8.5 CPU float32, intra_threads 1: CTranslate2's float32 rounding through 1-2+1-2 layers (about torch's own, 2.6e-7 at most on the same cases)", score_limit=10.0),
+    ("float32", "ctranslate2:torch"): Bound(rtol=1e-6, reason="score_batch log-probs vs torch_impl float32 logits (log-softmax in float64): measured max rel diff 2.9e-7 (post-final-gelu-learned, seed 2), same matrix as ctranslate2:reference, torch 2.13 CPU: two float32 roundings", score_limit=10.0),
+    ("float32", "ctranslate2:tf"): Bound(rtol=1e-6, reason="score_batch log-probs vs tf_impl float32 logits (log-softmax in float64): measured max rel diff 2.7e-7 (post-final-gelu-learned, seed 2), same matrix as ctranslate2:reference, TF 2.21 CPU eager: two float32 roundings", score_limit=10.0),
     # transformers (Marian / FSMT, torch CPU) against the project on imported weights, logits.
     # Measured by parity_tests/test_interop_{marian,fsmt}.py's cases (Marian: 3 cases, FSMT: 2,
     # d 16-32, 1-2 layers) x random weights seeds 0-2 x 2 batches, float32, torch 2.13, TF 2.21, CPU.
+    # Their attentions score up to S 10.2 (FSMT; Marian 7.3), so these grow past 10.
     ("float64", "transformers:reference"): FLOAT64,
     ("float64", "transformers:torch"): FLOAT64,
     ("float64", "transformers:tf"): FLOAT64,
-    ("float32", "transformers:reference"): Bound(rtol=2e-6, reason="measured max rel diff 4.5e-7 (Marian separate-relu) and 4.2e-7 (FSMT tied-swish) against the float64 oracle: the source's float32 rounding through 1+2 / 2+2 post-norm layers"),
-    ("float32", "transformers:torch"): Bound(rtol=2e-6, reason="measured max rel diff 0.0 for Marian (transformers and torch_impl call the same torch kernels in the same order) and 5.8e-7 for FSMT (it scales the query before the product, torch_impl the scores after): float32 rounding of two orders"),
-    ("float32", "transformers:tf"): Bound(rtol=2e-6, reason="measured max rel diff 6.5e-7 (Marian tied-gelu) and 5.1e-7 (FSMT tied-swish): both frameworks' float32 rounding, about the sum of each one's error against the oracle"),
+    ("float32", "transformers:reference"): Bound(rtol=2e-6, reason="measured max rel diff 4.5e-7 (Marian separate-relu) and 4.2e-7 (FSMT tied-swish) against the float64 oracle: the source's float32 rounding through 1+2 / 2+2 post-norm layers", score_limit=10.0),
+    ("float32", "transformers:torch"): Bound(rtol=2e-6, reason="measured max rel diff 0.0 for Marian (transformers and torch_impl call the same torch kernels in the same order) and 5.8e-7 for FSMT (it scales the query before the product, torch_impl the scores after): float32 rounding of two orders", score_limit=10.0),
+    ("float32", "transformers:tf"): Bound(rtol=2e-6, reason="measured max rel diff 6.5e-7 (Marian tied-gelu) and 5.1e-7 (FSMT tied-swish): both frameworks' float32 rounding, about the sum of each one's error against the oracle", score_limit=10.0),
     # ONNX Runtime on an ONNX export (`shared.exporters.onnx`): logits of decoder_model (the full
     # pass) and of the cached steps (decoder_with_past) against the float64 oracle on the same
     # weights; the sweep is `python -m benchmarks.onnx_bounds`.
     ("float64", "onnx:reference"): FLOAT64,
-    ("float32", "onnx:reference"): Bound(rtol=3e-6, reason="measured max rel diff 1.02e-6 full pass (no-pad-mask) and 1.22e-6 cached steps (swish) over the 13 convention-15 variants of parity_tests/variant_configs.py plus pad_id 3 (with and without a pad start), 7.9e-7 over the 8 tiny matrix variants, random_weights seeds 0-3, the matrix shapes (padded and all-padding rows); base seeds 0-1 6.4e-7; onnxruntime 1.32.0 CPU, ORT_ENABLE_ALL: MLAS's float32 rounding (its own GEMM blocking and fused kernels) through 1-2+2 layers; float64 graphs agree to 2.8e-14"),
+    ("float32", "onnx:reference"): Bound(rtol=3e-6, reason="measured max rel diff 1.02e-6 full pass (no-pad-mask) and 1.22e-6 cached steps (swish) over the 13 convention-15 variants of parity_tests/variant_configs.py plus pad_id 3 (with and without a pad start), 7.9e-7 over the 8 tiny matrix variants, random_weights seeds 0-3, the matrix shapes (padded and all-padding rows); base seeds 0-1 6.4e-7; onnxruntime 1.32.0 CPU, ORT_ENABLE_ALL: MLAS's float32 rounding (its own GEMM blocking and fused kernels) through 1-2+2 layers; float64 graphs agree to 2.8e-14", score_limit=SCORE_LIMIT),
     ("float64", "onnx:torch"): FLOAT64,
     ("float64", "onnx:tf"): FLOAT64,
-    ("float32", "onnx:torch"): Bound(rtol=5e-6, reason="decoder_model logits vs torch_impl float32 logits (SDPA path): measured max rel diff 1.67e-6 (swish, parity_tests/variant_configs.py) over the convention-15 variants, pad_id 3 and the 8 tiny matrix variants on the matrix shapes, random_weights seeds 0-1, and 8.9e-7 on base (seeds 0-1), python3 dev.py bench onnx_bounds --pairs; onnxruntime 1.32.0, torch 2.13 CPU: both float32 roundings, about the sum of each one's error against the oracle"),
-    ("float32", "onnx:tf"): Bound(rtol=5e-6, reason="decoder_model logits vs tf_impl float32 eager logits: measured max rel diff 9.0e-7 over the same cases as onnx:torch and 7.2e-7 on base; onnxruntime 1.32.0, TF 2.21 CPU: both float32 roundings"),
+    ("float32", "onnx:torch"): Bound(rtol=5e-6, reason="decoder_model logits vs torch_impl float32 logits (SDPA path): measured max rel diff 1.67e-6 (swish, parity_tests/variant_configs.py) over the convention-15 variants, pad_id 3 and the 8 tiny matrix variants on the matrix shapes, random_weights seeds 0-1, and 8.9e-7 on base (seeds 0-1), python3 dev.py bench onnx_bounds --pairs; onnxruntime 1.32.0, torch 2.13 CPU: both float32 roundings, about the sum of each one's error against the oracle", score_limit=SCORE_LIMIT),
+    ("float32", "onnx:tf"): Bound(rtol=5e-6, reason="decoder_model logits vs tf_impl float32 eager logits: measured max rel diff 9.0e-7 over the same cases as onnx:torch and 7.2e-7 on base; onnxruntime 1.32.0, TF 2.21 CPU: both float32 roundings", score_limit=SCORE_LIMIT),
     # A float16 export (shared.exporters.onnx, precision="float16": shared.precision's rule, float16
     # kernels and cache, float32 stream, norms and softmax) of the float32 model. On the CPU, ONNX
     # Runtime runs its products in float32 between float16 tensors (docs/formats/onnx.md), so
     # float16's 11-bit significand at those boundaries and the float16 logits set these; the
     # random-weight variants (random norm gains and biases) part further than the presets, for
     # torch float16 too (3.2e-3 on the same variants, seeds 0-3).
-    ("float16", "onnx:reference"): Bound(rtol=1e-2, reason="full pass and cached steps' logits vs the float64 oracle: measured max 4.46e-3 (start-pad, the convention-15 variants, pad_id 3 and the matrix shapes, random_weights seeds 0-3, python3 dev.py bench onnx_bounds --dtypes float16), 8.2e-4 on presets tiny and small seeds 0-2 (benchmarks/half_precision.py parity --backends torch tf onnx --precisions float16), base 7.4e-4; onnxruntime 1.32.0 CPU, ORT_ENABLE_ALL"),
-    ("float16", "onnx:torch"): Bound(rtol=1e-2, reason="decoder_model logits vs torch_impl float16 mixed precision (set_precision): measured max 3.51e-3 (start-pad, seeds 0-3; 3.24e-3 over the variants and the 8 tiny matrix variants, seeds 0-1, onnx_bounds --dtypes float16 --pairs), 8.5e-4 on presets tiny and small seeds 0-2 (half_precision.py parity, logits and cached steps); onnxruntime 1.32.0, torch 2.13 CPU: each one's float16 roundings (torch adds a projection's bias before its one rounding)"),
-    ("float16", "onnx:tf"): Bound(rtol=1e-2, reason="decoder_model logits vs tf_impl float16 (mixed_float16 policy): measured max 3.98e-3 (learned, the variants and tiny matrix variants, seeds 0-1, onnx_bounds --dtypes float16 --pairs), 1.03e-3 on presets tiny and small seeds 0-2 (half_precision.py parity); onnxruntime 1.32.0, TF 2.21 CPU"),
-    ("float32", "torch:reference"): Bound(rtol=3e-6, reason="measured max rel diff 9.5e-7 (base, decoder.layers.3.ffn.output) and 7.0e-7 (tiny) over the matrix, random_weights seeds 0-7 (base 0-2), torch 2.13 CPU: float32 rounding accumulated through 6+6 layers and 512/2048-long dot products vs the float64 oracle"),
+    ("float16", "onnx:reference"): Bound(rtol=1e-2, reason="full pass and cached steps' logits vs the float64 oracle: measured max 4.46e-3 (start-pad, the convention-15 variants, pad_id 3 and the matrix shapes, random_weights seeds 0-3, python3 dev.py bench onnx_bounds --dtypes float16), 8.2e-4 on presets tiny and small seeds 0-2 (benchmarks/half_precision.py parity --backends torch tf onnx --precisions float16), base 7.4e-4; onnxruntime 1.32.0 CPU, ORT_ENABLE_ALL", score_limit=SCORE_LIMIT),
+    ("float16", "onnx:torch"): Bound(rtol=1e-2, reason="decoder_model logits vs torch_impl float16 mixed precision (set_precision): measured max 3.51e-3 (start-pad, seeds 0-3; 3.24e-3 over the variants and the 8 tiny matrix variants, seeds 0-1, onnx_bounds --dtypes float16 --pairs), 8.5e-4 on presets tiny and small seeds 0-2 (half_precision.py parity, logits and cached steps); onnxruntime 1.32.0, torch 2.13 CPU: each one's float16 roundings (torch adds a projection's bias before its one rounding)", score_limit=SCORE_LIMIT),
+    ("float16", "onnx:tf"): Bound(rtol=1e-2, reason="decoder_model logits vs tf_impl float16 (mixed_float16 policy): measured max 3.98e-3 (learned, the variants and tiny matrix variants, seeds 0-1, onnx_bounds --dtypes float16 --pairs), 1.03e-3 on presets tiny and small seeds 0-2 (half_precision.py parity); onnxruntime 1.32.0, TF 2.21 CPU", score_limit=SCORE_LIMIT),
+    ("float32", "torch:reference"): Bound(rtol=3e-6, reason="measured max rel diff 9.5e-7 (base, decoder.layers.3.ffn.output) and 7.0e-7 (tiny) over the matrix, random_weights seeds 0-7 (base 0-2), torch 2.13 CPU: float32 rounding accumulated through 6+6 layers and 512/2048-long dot products vs the float64 oracle", score_limit=SCORE_LIMIT),
 
     # A Keras source model (the TF tutorial's Transformer, a KerasHub seq2seq model) against its
     # import, run in the reference / torch_impl / tf_impl (parity_tests/test_interop_*.py). Both
     # sides float32 except the reference; the KerasHub side compares log-probabilities (its final
     # Dense has a softmax). Measured over tiny models of each family, seeds 0-3 (python -m parity_tests.measure_keras_bounds):
-    ("float32", "keras-source:reference"): Bound(rtol=3e-6, reason="imported Keras models, logits (tutorial) or log-probs (KerasHub, real positions): measured max rel diff 7.4e-7 (tutorial, 3 layers, d=32, seeds 0-3) and 4.8e-7 (KerasHub, d=8-32, 1-3 layers, pre/post-norm, relu/gelu/swish, seeds 0-3), Keras 3.15 / TF 2.21 CPU vs the float64 oracle: the Keras side's float32 rounding (its MultiHeadAttention scales the query, not the scores)"),
-    ("float32", "keras-source:torch"): Bound(rtol=4e-6, reason="as keras-source:reference, torch_impl float32 against the Keras source: measured max 1.08e-6 (tutorial, 3 layers, d=32, seed 3) and 5.8e-7 (KerasHub), torch 2.13 CPU: both sides' float32 rounding"),
-    ("float32", "keras-source:tf"): Bound(rtol=3e-6, reason="as keras-source:reference, tf_impl float32 eager against the Keras source: measured max 6.5e-7 (tutorial) and 5.1e-7 (KerasHub), TF 2.21 CPU: both sides' float32 rounding"),
+    # Keras' random initialisation scores up to S 32.1 (tutorial) and 46.3 (KerasHub), so these grow past 32.
+    ("float32", "keras-source:reference"): Bound(rtol=3e-6, reason="imported Keras models, logits (tutorial) or log-probs (KerasHub, real positions): measured max rel diff 7.4e-7 (tutorial, 3 layers, d=32, seeds 0-3) and 4.8e-7 (KerasHub, d=8-32, 1-3 layers, pre/post-norm, relu/gelu/swish, seeds 0-3), Keras 3.15 / TF 2.21 CPU vs the float64 oracle: the Keras side's float32 rounding (its MultiHeadAttention scales the query, not the scores)", score_limit=32.0),
+    ("float32", "keras-source:torch"): Bound(rtol=4e-6, reason="as keras-source:reference, torch_impl float32 against the Keras source: measured max 1.08e-6 (tutorial, 3 layers, d=32, seed 3) and 5.8e-7 (KerasHub), torch 2.13 CPU: both sides' float32 rounding", score_limit=32.0),
+    ("float32", "keras-source:tf"): Bound(rtol=3e-6, reason="as keras-source:reference, tf_impl float32 eager against the Keras source: measured max 6.5e-7 (tutorial) and 5.1e-7 (KerasHub), TF 2.21 CPU: both sides' float32 rounding", score_limit=32.0),
 }
 
 

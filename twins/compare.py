@@ -11,7 +11,7 @@ import numpy as np
 
 from shared.batches import src_tgt
 from shared.threads import check_threads
-from shared.conditioning import norm_conditioning
+from shared.conditioning import attention_scores, norm_conditioning
 from shared.tolerances import bound_for, max_abs_diff, max_rel_diff, trace_bounds
 from shared import TransformerConfig
 from shared.config import PRESETS
@@ -207,8 +207,11 @@ def run(args) -> int:
     bounds_dtype = args.dtype if args.dtype in HALF_PRECISIONS else config.dtype
     traces = {name: a.trace(src, tgt) for name, a in adapters.items()}
     names = list(traces["reference"])
-    # A half-precision bound grows past an ill-conditioned layer norm (shared.conditioning).
+    # The bounds grow on a model that magnifies rounding more than the random weights they were
+    # measured on: past large attention scores, and in half precision past ill-conditioned layer
+    # norms (shared.conditioning).
     conditioning = norm_conditioning(config, weights, traces["reference"])
+    scores = attention_scores(config, weights, traces["reference"])
     # Pairs read "torch:reference", "tf:reference", "torch:tf" (and "onnx:reference", "onnx:torch",
     # "onnx:tf"), as the tolerance table names them.
     order = {"onnx": 0, "torch": 1, "tf": 2, "reference": 3}
@@ -218,7 +221,7 @@ def run(args) -> int:
     # (--backends '': the reference's intermediates alone) fails, as the table says.
     rows, first_parting, ok = [], None, bool(pairs)
     written = {f"{a}:{b}": bound_for(bounds_dtype, f"{a}:{b}") for a, b in pairs}
-    bounds = {pair: trace_bounds(bound, conditioning, names) for pair, bound in written.items()}
+    bounds = {pair: trace_bounds(bound, conditioning, names, scores) for pair, bound in written.items()}
     for name in names:
         ref = traces["reference"][name]
         row = {"name": name, "shape": list(ref.shape), "pairs": {},
@@ -246,14 +249,15 @@ def run(args) -> int:
     timings = {name: a.time_forward(src, tgt) for name, a in adapters.items()}
 
     _print_table(config, args, rows, pairs, skipped, first_parting, timings, out,
-                 _growth_note(written, bounds, conditioning))
+                 _growth_note(written, bounds, conditioning, scores))
     decoding = None
     if args.decode:
         decoding = compare_decoding(config, weights, adapters, src, args.max_new, out, bounds_dtype)
         ok = ok and all(d["pass"] for d in decoding.values())
     if args.json:
         result = {"config": config.to_dict(), "batch": args.batch, "src_len": args.src_len,
-                  "tgt_len": args.tgt_len, "rows": rows, "norm_conditioning": conditioning, "skipped": skipped,
+                  "tgt_len": args.tgt_len, "rows": rows, "norm_conditioning": conditioning,
+                  "attention_scores": scores, "skipped": skipped,
                   "first_parting": first_parting, "forward_seconds": timings, "decoding": decoding,
                   "pass": ok}
         text = json.dumps(result, indent=2)
@@ -331,19 +335,28 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out
           + ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in timings.items()), file=out)
 
 
-def _growth_note(written: dict, bounds: dict, conditioning: dict) -> str | None:
-    """A line saying where the pairs' bounds grew with the layer norms' conditioning
-    (`shared.conditioning`; half precision's bounds only) and by how much; None where none grew."""
+def _growth_note(written: dict, bounds: dict, conditioning: dict, scores: dict) -> str | None:
+    """A line saying where the pairs' bounds grew, by how much and with what: the layer norms'
+    conditioning (half precision's bounds) or the attentions' scores (`shared.conditioning`);
+    None where none grew."""
     grown = {pair: max(b.rtol for b in per_name.values()) / written[pair].rtol for pair, per_name in bounds.items()}
     grown = {pair: growth for pair, growth in grown.items() if growth > 1.0}
     if not grown:
         return None
     pair = next(iter(grown))
     first = next(name for name, b in bounds[pair].items() if b.rtol > written[pair].rtol)
-    worst = max(conditioning, key=conditioning.get)
-    return (f"bounds grown with the layer norms' conditioning (shared/conditioning.py): from {first} on, "
-            f"up to x{max(grown.values()):.3g} for {', '.join(p.replace(':', ' vs ') for p in grown)}; "
-            f"the largest conditioning {conditioning[worst]:.3g}, at {worst}")
+    causes = []
+    norm = max(conditioning, key=conditioning.get, default=None)
+    if norm is not None and any(b.conditioning is not None and conditioning[norm] > b.conditioning
+                                for b in written.values()):
+        causes.append(f"a layer norm's conditioning {conditioning[norm]:.3g} at {norm}")
+    attention = max(scores, key=scores.get, default=None)
+    if attention is not None and any(b.score_limit is not None and scores[attention] > b.score_limit
+                                     for b in written.values()):
+        causes.append(f"an attention's score {scores[attention]:.3g} at {attention}")
+    return (f"bounds grown with the model (shared/conditioning.py): from {first} on, up to "
+            f"x{max(grown.values()):.3g} for {', '.join(p.replace(':', ' vs ') for p in grown)}; "
+            f"the largest: {' and '.join(causes)}")
 
 
 def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int, out=None,
@@ -353,10 +366,10 @@ def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int, o
     Identical tokens pass. Where a backend parts from the oracle, the report gives the item, the
     step, both candidate tokens and the oracle's log-prob margin between them: a margin inside the
     error bound of the arithmetic that ran (``decode-margin`` of ``precision``, default the
-    config's dtype; a half precision's grown by the layer-norm conditioning of the oracle's pass
-    along its tokens, `shared.conditioning`) is a near-tie, which that arithmetic may break either
-    way, and is reported as such; a larger margin is a failure. The report is printed to ``out``
-    (stdout).
+    config's dtype; grown by the attention scores, and a half precision's by the layer-norm
+    conditioning, of the oracle's pass along its tokens, `shared.conditioning`) is a near-tie,
+    which that arithmetic may break either way, and is reported as such; a larger margin is a
+    failure. The report is printed to ``out`` (stdout).
     """
     precision = precision or config.dtype
     out = sys.stdout if out is None else out
@@ -367,8 +380,8 @@ def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int, o
     ref = results["reference"]
     log_probs = oracle_log_probs(weights, config, src, ref.tokens)  # margins for divergences
     margin = bound_for(precision, "decode-margin")
-    if margin.conditioning is not None:
-        margin = margin.conditioned(oracle_conditioning(weights, config, src, ref.tokens))
+    if margin.conditioning is not None or margin.score_limit is not None:
+        margin = margin.conditioned(*oracle_conditioning(weights, config, src, ref.tokens))
     margin_bound = margin.rtol
     print(f"decode: greedy, {max_new} new tokens, batch {src.shape[0]}; oracle tokens:", file=out)
     for row in ref.tokens:

@@ -404,12 +404,15 @@ def verify(config: TransformerConfig, weights: Mapping[str, np.ndarray], path, s
     ``(config.dtype, "onnx:reference")`` (``("float16", "onnx:reference")`` for a float16 export),
     and its greedy tokens with the oracle's: identical, or, from a float16 export, parted only at a
     near-tie of the oracle's within ``("float16", "decode-margin")``, grown by the oracle's
-    layer-norm conditioning (each parting printed with its margin). Prints the table; the exit
+    layer-norm conditioning and attention scores (each parting printed with its margin). The
+    logits' bound grows with the model's, read from the oracle's pass of the batch
+    (`shared.conditioning`). Prints the table; the exit
     status (0 when every line passes)."""
     import onnxruntime
 
     from shared import reference as R
     from shared.batches import src_tgt
+    from shared.conditioning import largest
     from shared.divergence import first_divergence, oracle_conditioning, oracle_log_probs
     from shared.tolerances import bound_for, max_abs_diff, max_rel_diff
 
@@ -417,13 +420,14 @@ def verify(config: TransformerConfig, weights: Mapping[str, np.ndarray], path, s
     precision = config.dtype if model.precision == "float32" else model.precision
     length = min(7, config.max_len)  # a model of max_len 2 has no row of 3 to pad
     src, tgt = src_tgt(config, 3, length, length, seed, [length, min(3, length), 0], [length] * 3)
-    expected = R.forward(weights, config, src, tgt)
+    expected, trace = R.forward(weights, config, src, tgt, return_trace=True)
     step = model.step(src)
     state, steps = step.initial_state(), []
     for t in range(tgt.shape[1]):
         logits, state = step(tgt, t, state)
         steps.append(logits)
     bound = bound_for(precision, "onnx:reference")
+    bound = bound.conditioned(*largest(config, weights, trace))  # grown with the model: shared.conditioning
     print(f"verify: DST = {path} ({precision}) in onnxruntime {onnxruntime.__version__}, against the float64 "
           f"reference on the source weights; one batch of 3 x {length} source tokens (a padded and "
           f"an all-padding row) and 3 x {length} target tokens (seed {seed})")
@@ -434,7 +438,9 @@ def verify(config: TransformerConfig, weights: Mapping[str, np.ndarray], path, s
         passed = bound.allows(got, expected)
         ok &= passed
         print(f"{name:<34} {max_abs_diff(got, expected):>9.2e}  {max_rel_diff(got, expected):>9.2e}  "
-              f"{bound.rtol:>7.0e}  {'pass' if passed else 'FAIL'}")
+              f"{bound.rtol:>7.1e}  {'pass' if passed else 'FAIL'}")
+    if bound.grown:
+        print(f"  (bound {bound.grown})")
     max_len = min(8, config.max_len)
     oracle = R.greedy_decode(R.Model(weights, config), src, max_len).tokens
     label = f"greedy tokens ({max_len} new)"
@@ -450,11 +456,11 @@ def verify(config: TransformerConfig, weights: Mapping[str, np.ndarray], path, s
         return 1
     parts = first_divergence(oracle, tokens, oracle_log_probs(weights, config, src, oracle))
     # float32 / float64 exports: identical tokens; float16's near-ties within its margin, grown
-    # past an ill-conditioned layer norm (shared.conditioning) as every half-precision bound is
+    # with the model's conditioning (shared.conditioning) as every half-precision bound is
     passed = not parts
     if parts and precision == "float16":
-        kappa = oracle_conditioning(weights, config, src, oracle)
-        margin = bound_for("float16", "decode-margin").conditioned(kappa).rtol
+        margin = bound_for("float16", "decode-margin").conditioned(
+            *oracle_conditioning(weights, config, src, oracle)).rtol
         passed = all(abs(d.margin) <= margin for d in parts)
     result = "identical" if not parts else "near-ties" if passed else "DIFFER"
     print(f"{label:<34} {result:>31}  {'pass' if passed else 'FAIL'}")
