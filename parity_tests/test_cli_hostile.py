@@ -250,6 +250,21 @@ def test_integer_options_refuse_other_digits(argv, expected, capsys, tmp_path, m
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("value", ["-inf", "-nan", "-1e3"])
+def test_a_number_argparse_reads_as_an_option_reaches_the_options_own_check(value, capsys, tiny_checkpoint):
+    """Before: ``--length-penalty -inf`` got argparse's "expected one argument" (it takes ``-1``
+    and ``-0.5`` for numbers, not ``-inf``, ``-nan`` or ``-1e3``) while ``--length-penalty=-inf``
+    got the option's own message; now both spellings get the latter, and a flag that takes no
+    value still refuses the token."""
+    expected = refused(capsys, "decode", "--length-penalty: expected a finite float >= 0", "--checkpoint",
+                       str(tiny_checkpoint), "--heldout", "1", "--beam", "2", f"--length-penalty={value}")
+    assert refused(capsys, "decode", "", "--checkpoint", str(tiny_checkpoint), "--heldout", "1", "--beam",
+                   "2", "--length-penalty", value) == expected
+    refused(capsys, "compare", f"unrecognized arguments: {value}", "--preset", "tiny", "--decode", value)
+    refused(capsys, "compare", f"argument --src-len: expected an int (ASCII digits), got '{value}'",
+            "--preset", "tiny", "--src-len", value)
+
+
 # -- 7. the option as typed -------------------------------------------------------------------------
 def test_a_directory_that_is_no_checkpoint_names_the_option(tmp_path, capsys, monkeypatch):
     """Before: "load_checkpoint: missing 'config.json'" (a function's name, no option, no path)."""

@@ -63,12 +63,39 @@ def build_parser() -> Parser:
     return parser
 
 
+def _numbers_as_values(parser: Parser, argv: list[str]) -> list[str]:
+    """``argv`` with ``--OPTION -inf`` written ``--OPTION=-inf`` where the option takes one value
+    and the token is a number argparse reads as an option (it takes ``-1`` and ``-0.5`` as
+    numbers, not ``-inf``, ``-nan`` or ``-1e3``, and answered "expected one argument"): the value
+    then reaches the option's own check, which names what it expects."""
+    command = next((parser.commands[a] for a in argv if a in parser.commands), None)
+    actions = {**parser._option_string_actions, **(command._option_string_actions if command else {})}
+    out = []
+    for token in argv:
+        previous = actions.get(out[-1]) if out else None
+        if (previous is not None and previous.nargs is None and token.startswith("-")
+                and token not in actions and _is_number(token)):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     """The command line parsed; an argument no option takes is an error of its command's
     (``twins train: error: unrecognized arguments: --bogus``), not of ``twins``; with no command,
     an error of ``twins`` naming the commands and what was given instead."""
     parser = build_parser()
-    args, extras = parser.parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extras = parser.parse_known_args(_numbers_as_values(parser, argv))
     if args.command is None:
         got = f"unrecognized arguments: {' '.join(extras)}; " if extras else ""
         parser.error(f"{got}expected a command ({', '.join(COMMANDS)})")
