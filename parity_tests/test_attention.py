@@ -232,3 +232,21 @@ def test_a_step_position_outside_the_cache_is_refused(backend, position):
     assert not backend.numpy(key).any() and not backend.numpy(value).any()
     _, key, value = layer.extend(x, key, value, np.int64(3))
     assert backend.numpy(key)[0, :, 3].any() and not backend.numpy(key)[0, :, :3].any()
+
+
+@pytest.mark.parametrize("backend", backends(cpu_only=True))
+def test_a_mask_with_an_int_position_is_refused(backend):
+    """The step's ``mask`` (its ``filled_mask``) goes with a tensor position: torch ignored one
+    given with an int position (it cut the filled positions instead), TF applied it. Refused
+    alike now, before any write."""
+    layer = Layer(backend, "float32").layer
+    x = backend.tensor(np.ones((1, 1, D), np.float32))
+    key, value = (backend.tensor(np.zeros((1, H, 4, D // H), np.float32)) for _ in range(2))
+    allowed = np.arange(4) <= 1
+    mask = (backend.tensor(np.where(allowed, 0.0, -np.inf).astype(np.float32)) if backend.framework == "torch"
+            else backend.tensor(allowed))[None, None, None]  # each backend's filled_mask form
+    with pytest.raises(ValueError, match=r"^mask: expected None with an int position \(1: the step attends to "
+                                         r"positions 0 \.\. position; a filled_mask goes with a tensor "
+                                         r"position\), got a mask$"):
+        layer.extend(x, key, value, 1, mask=mask)
+    assert not backend.numpy(key).any() and not backend.numpy(value).any()

@@ -865,3 +865,8 @@ def test_a_layer_step_at_a_position_outside_the_cache_is_refused(position):
             model.decoder.layers[0].step(torch.ones(1, config.d_model), layer, position, cache.src_mask,
                                          cache.src_keep)
         assert not layer.self_key.any() and not layer.self_value.any()
+        mask = torch_impl.cache.filled_mask(4, torch.tensor(1), layer.self_key.dtype)  # a tensor position's
+        with pytest.raises(ValueError, match=r"^mask: expected None with an int position \(1: "):
+            model.decoder.layers[0].step(torch.ones(1, config.d_model), layer, 1, cache.src_mask,
+                                         cache.src_keep, mask)
+        assert not layer.self_key.any() and not layer.self_value.any()

@@ -46,13 +46,17 @@ def check_step_kernels(qkv, output) -> None:
         raise ValueError(f"output: the step's output kernel goes with its qkv kernels; got {got}")
 
 
-def check_position(position, capacity: int) -> None:
+def check_position(position, capacity: int, mask=None) -> None:
     """A cached step's ``position`` given as a number (`MultiHeadAttention.extend`,
     `DecoderLayer.step`; a tensor position, a CUDA graph's or a compiled step's, is its caller's):
     an int in ``[0, capacity)``, the same in both backends. torch wrote -1 into the last slot and
-    attended to it alone; TF wrote 2.7 at 2 and True at 1."""
+    attended to it alone; TF wrote 2.7 at 2 and True at 1. ``mask``, the step's ``filled_mask``,
+    goes with a tensor position only: torch ignored one given with an int position, TF applied it."""
     if not is_int(position) or not 0 <= position < capacity:
         raise ValueError(f"position: expected an int in [0, {capacity}) (the cache's capacity), got {position!r}")
+    if mask is not None:
+        raise ValueError(f"mask: expected None with an int position ({position}: the step attends to "
+                         "positions 0 .. position; a filled_mask goes with a tensor position), got a mask")
 
 
 def check_config(config, name: str = "config") -> None:

@@ -195,7 +195,7 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         check_step_kernels(qkv, output)
         if not tf.is_tensor(position):
-            check_position(position, key_cache.shape[2])
+            check_position(position, key_cache.shape[2], mask)
         if mask is None:
             mask = filled_mask(key_cache.shape[2], position)  # (1, 1, 1, capacity)
         if qkv is None:

@@ -377,7 +377,7 @@ class MultiHeadAttention(nn.Module):
         """
         check_step_kernels(qkv, output)
         if not isinstance(position, torch.Tensor):
-            check_position(position, key_cache.shape[2])
+            check_position(position, key_cache.shape[2], mask)
         if qkv is None:
             k, v = self.keys_values(query_in)  # (N, H, 1, d_k)
             key_cache[:, :, position] = k[:, :, 0]

@@ -213,9 +213,9 @@ class DecoderLayer(nn.Module):
         w, ((g1, b1), (g2, b2), (g3, b3)) = cache.weights, cache.norms
         pre, standard, eps, activation = self._step_settings
         n, heads, capacity, d_k = cache.self_key.shape
-        if type(position) is not int or not 0 <= position < capacity:  # one test at a step's speed
+        if type(position) is not int or not 0 <= position < capacity or self_mask is not None:  # at a step's speed
             if not isinstance(position, torch.Tensor):
-                check_position(position, capacity)
+                check_position(position, capacity, self_mask)
         width = heads * d_k
         h = _normalize(x, g1, b1, standard, eps) if pre else x
         qkv = dense(h, w.qkv_kernel, w.qkv_bias).view(n, 3, heads, 1, d_k).transpose(0, 1)  # (3, N, H, 1, d_k)
