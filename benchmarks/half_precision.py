@@ -38,7 +38,7 @@ import torch_impl  # noqa: E402
 from shared import TransformerConfig, reference  # noqa: E402
 from shared.batches import src_tgt  # noqa: E402
 from shared.masks import padding_id  # noqa: E402
-from shared.conditioning import norm_conditioning  # noqa: E402
+from shared.conditioning import attention_scores, norm_conditioning  # noqa: E402
 from shared.tolerances import bound_for, max_rel_diff, trace_bounds  # noqa: E402
 from shared.weights import random_weights  # noqa: E402
 from torch_impl.precision import set_precision as torch_set_precision  # noqa: E402
@@ -144,6 +144,7 @@ def parity(args) -> None:
                 ref_logits, ref = reference.forward({k: v.astype(np.float64) for k, v in weights.items()},
                                                     f64, src, tgt, return_trace=True)
                 kappa = norm_conditioning(config, weights, ref)
+                scores = attention_scores(config, weights, ref)  # below SCORE_LIMIT for random weights
                 ran = {"reference": (ref_logits, ref, ref_logits)}
                 for backend in backends:
                     model = build(backend, config, weights, precision, args.device)
@@ -153,7 +154,7 @@ def parity(args) -> None:
                     for a, b in pairs:
                         key = f"{a}:{b}"
                         bound = bound_for(precision, key)
-                        row = _row(ran[a], ran[b], bound.rtol, trace_bounds(bound, kappa, ref))
+                        row = _row(ran[a], ran[b], bound.rtol, trace_bounds(bound, kappa, ref, scores))
                         inner = "-" if row[1] is None else f"{row[1]:.1e}"
                         label = a if b == "reference" else f"{a} vs {b}"
                         print(f"| {precision} | {label} | {preset} | {seed} | {max(kappa.values(), default=0.0):.2f} "
