@@ -31,8 +31,8 @@ class Bound:
     worse conditioned norm gets the bound `conditioned` grows to. None: it does not grow with the
     norms (float32's were measured over the convention-15 variants, norms of conditioning up to 7.7
     among them). ``score_limit``: where set, the largest attention score (`shared.conditioning`) it
-    holds at as written (`SCORE_LIMIT`, above every random-weight model measured); a tensor computed
-    after a larger one gets a bound grown by ``(score / score_limit) ** SCORE_EXPONENT``. None: it
+    holds at as written (`SCORE_LIMIT`, or the largest score its own measurement reached); a tensor
+    computed after a larger one gets a bound grown by ``(score / score_limit) ** SCORE_EXPONENT``. None: it
     does not grow with the scores (float64's, which have orders of magnitude to spare; the
     training bounds, measured on training runs, not on a given model's forward pass)."""
     rtol: float
