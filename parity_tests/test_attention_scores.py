@@ -14,20 +14,11 @@ from shared.masks import padding_id
 from shared.tolerances import SCORE_LIMIT, assert_close, bound_for, max_rel_diff, trace_bounds
 from shared.weights import random_weights
 
-from .decoding_backends import ModelBackend
+from .decoding_backends import MODEL_BACKENDS, model_backend  # noqa: F401  (the fixture)
 
 CONFIG = TransformerConfig.preset("tiny", dropout=0.0)
 SEED = 2
-
-
-@pytest.fixture(params=["torch", "torch-cuda", "tf-eager"])
-def be(request) -> ModelBackend:
-    pytest.importorskip("torch" if request.param.startswith("torch") else "tensorflow")
-    if request.param == "torch-cuda":
-        import torch
-        if not torch.cuda.is_available():
-            pytest.skip("no CUDA device")
-    return ModelBackend(request.param)
+BACKENDS = [b for b in MODEL_BACKENDS if b in ("torch", "torch-cuda", "tf-eager")]  # CUDA where present
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +33,10 @@ def case():
     return weights, src, tgt, logits, trace, norm_conditioning(CONFIG, f64, trace), scores
 
 
+@pytest.mark.parametrize("model_backend", BACKENDS, indirect=True)
 @pytest.mark.parametrize("precision", ["float32", "bfloat16", "float16"])
-def test_large_scores_within_the_grown_bounds_and_past_the_written_ones(be, precision, case):
-    weights, src, tgt, ref_logits, ref_trace, kappas, scores = case
+def test_large_scores_within_the_grown_bounds_and_past_the_written_ones(model_backend, precision, case):
+    be, (weights, src, tgt, ref_logits, ref_trace, kappas, scores) = model_backend, case
     model = be.build(CONFIG, weights)
     if precision != "float32":
         import importlib
