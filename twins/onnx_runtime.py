@@ -406,8 +406,7 @@ def verify(config: TransformerConfig, weights: Mapping[str, np.ndarray], path, s
     near-tie of the oracle's within ``("float16", "decode-margin")``, grown by the oracle's
     layer-norm conditioning and attention scores (each parting printed with its margin). The
     logits' bound grows with the model's, read from the oracle's pass of the batch
-    (`shared.conditioning`). Prints the table; the exit
-    status (0 when every line passes)."""
+    (`shared.conditioning`). Prints the table; the exit status (0 when every line passes)."""
     import onnxruntime
 
     from shared import reference as R
