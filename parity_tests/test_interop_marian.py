@@ -174,11 +174,12 @@ def test_exported_model_loads_cleanly_and_computes_the_project_logits(dtype, tmp
             plain = model.generate(input_ids=torch.as_tensor(src), attention_mask=torch.as_tensor(src != 20),
                                    num_beams=1, do_sample=False, max_new_tokens=8).numpy()
         np.testing.assert_array_equal(plain[:, 1:], H.hf_greedy(model, src, 8, 20)[:, : plain.shape[1] - 1])
-        # beam search too: transformers' default length_penalty (1.0) chose other hypotheses
+        # beam search too, given alpha 0 at the call (transformers' default length_penalty, 1.0,
+        # chose other hypotheses; the export leaves it out: `generation_config`)
         want = R.beam_search(R.Model(weights, config), src, 8, beam_size=3)
         with torch.no_grad():
             beams = model.generate(input_ids=torch.as_tensor(src), attention_mask=torch.as_tensor(src != 20),
-                                   num_beams=3, do_sample=False, max_new_tokens=8).numpy()
+                                   num_beams=3, length_penalty=0.0, do_sample=False, max_new_tokens=8).numpy()
         for row, tokens, length in zip(beams[:, 1:], want.tokens, want.lengths):
             np.testing.assert_array_equal(row[:length], tokens[:length])
 
@@ -231,7 +232,9 @@ def test_export_refuses_what_marian_cannot_express_and_writes_nothing(tmp_path):
     # a Marian model transformers saved holds the export's three files (config.json saying marian):
     # it was replaced, a user's OPUS-MT model deleted
     to_marian(tmp_path / "ours", ok, random_weights(ok))
-    load_export(tmp_path / "ours").save_pretrained(tmp_path / "saved")
+    loaded = load_export(tmp_path / "ours")
+    loaded.generation_config.validate(strict=True)  # what transformers 5.17 to 5.22 check on saving
+    loaded.save_pretrained(tmp_path / "saved")
     before = {p.name: p.read_bytes() for p in (tmp_path / "saved").iterdir()}
     with pytest.raises(FileExistsError, match="is not a Marian export"):
         to_marian(tmp_path / "saved", ok, random_weights(ok, 1))

@@ -24,8 +24,9 @@ n_heads`` and no final norms. Everything else maps (the importer's table, read b
   the project's table in the model's dtype): transformers would otherwise rebuild them through
   float32, which a float64 model must not.
 
-``generation_config.json`` makes ``generate`` decode as the project does: no forced EOS at the
-length limit, and pad never generated (``bad_words_ids``).
+``generation_config.json`` makes ``generate`` decode greedily as the project does: no forced EOS
+at the length limit, and pad never generated (``bad_words_ids``); beam search as the project's also
+takes ``length_penalty=0.0`` at the call (`generation_config`).
 """
 from __future__ import annotations
 
@@ -102,13 +103,17 @@ def marian_config(config: TransformerConfig) -> dict:
 
 
 def generation_config(config: TransformerConfig) -> dict:
-    """Greedy and beam search in transformers as in the project: start token, EOS, pad never
-    generated, no EOS forced at the length limit, and hypotheses ranked by their log-probability
-    (``length_penalty`` 0: transformers' default 1.0 divides by the length, which the project's
-    default, GNMT alpha 0, does not; another alpha has no transformers equivalent)."""
+    """Greedy decoding in transformers as in the project: start token, EOS, pad never generated, no
+    EOS forced at the length limit.
+
+    Beam search as the project's default (GNMT alpha 0, hypotheses ranked by their log-probability)
+    also needs ``length_penalty=0.0`` at the call: transformers' default 1.0 divides by the length.
+    It is not written here: with ``num_beams`` unset, transformers 5.17 to 5.22 refuse to
+    ``save_pretrained`` a generation config that holds a ``length_penalty`` other than 1.0, so a
+    loaded export could not be saved again. Another alpha has no transformers equivalent."""
     return {"decoder_start_token_id": config.start_id, "bos_token_id": config.bos_id,
             "eos_token_id": config.eos_id, "pad_token_id": config.pad_id,
-            "forced_eos_token_id": None, "bad_words_ids": [[config.pad_id]], "length_penalty": 0.0}
+            "forced_eos_token_id": None, "bad_words_ids": [[config.pad_id]]}
 
 
 def marian_tensors(config: TransformerConfig, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
