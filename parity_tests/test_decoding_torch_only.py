@@ -801,8 +801,8 @@ def test_cuda_greedy_reads_a_step_late_and_still_names_the_bad_step():
     from torch_impl import search
     with pytest.raises(ValueError, match=re.escape(bad_step_message(3))):
         search.greedy_search(_NaNAt(3, 99), 2, 8, 1, 2, 0, device="cuda")
-    on_gpu, stub = search.greedy_search(_NaNAt(None, 4), 2, 8, 1, 2, 0, "cuda"), _NaNAt(None, 4)
-    on_cpu = search.greedy_search(stub, 2, 8, 1, 2, 0, "cpu")
+    on_gpu, stub = search.greedy_search(_NaNAt(None, 4), 2, 8, 1, 2, 0, device="cuda"), _NaNAt(None, 4)
+    on_cpu = search.greedy_search(stub, 2, 8, 1, 2, 0, device="cpu")
     np.testing.assert_array_equal(on_gpu.tokens, on_cpu.tokens)
     np.testing.assert_array_equal(on_gpu.lengths, on_cpu.lengths)
     # each device's own logsumexp: the same log-probs to float32 rounding
