@@ -258,6 +258,39 @@ def test_a_quantized_model_keeps_its_precision(framework, case):
     assert getattr(model, "precision", "float32") == "float32"
 
 
+def test_torch_names_a_half_precision_set_before_its_projections_were_quantized(case):
+    """The other order than the test above's: ``set_precision``, then ``quantize_dynamic`` (which
+    copies the model, its precision too). torch's quantized modules take float32 alone: the
+    forward pass and decoding failed in autocast ("expected scalar type Float but found
+    BFloat16"). They now name the cause and the way out, which works. (Keras computes int8 kernels
+    in a mixed policy, so tf_impl runs such a model.)"""
+    torch = pytest.importorskip("torch")
+    import torch_impl
+    be = ModelBackend("torch")
+    weights, src, tgt = case[:3]
+    src, tgt = torch.as_tensor(src), torch.as_tensor(tgt)
+    model = be.build(CONFIG, weights)
+    try:
+        for precision in HALF:
+            set_precision(be, model, precision)
+            quantized = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+            refusal = (rf"^model: expected precision 'float32' for quantized projections, got '{precision}' "
+                       r"with encoder.layers.0.self_attn.query, .* \(3\d in all\) quantized: torch's quantized "
+                       r"modules compute in float32 alone; quantize a float32 model")
+            for call in (lambda: quantized(src, tgt), lambda: quantized.encode(src),
+                         lambda: torch_impl.greedy_decode(quantized, src, 4),
+                         lambda: torch_impl.beam_search(quantized, src, 4, 2)):
+                with pytest.raises(ValueError, match=refusal), torch.no_grad():
+                    call()
+        set_precision(be, model, "float32")  # the way out the message names
+        quantized = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        with torch.no_grad():
+            logits = quantized(src, tgt)
+        assert logits.dtype == torch.float32 and bool(torch.isfinite(logits).all())
+    finally:
+        set_precision(be, model, "float32")
+
+
 def test_torch_half_precision_needs_float32_parameters(case):
     """A model made ``.half()`` or ``.double()`` (torch's idiom for computing in the parameters'
     dtype): a half precision over it failed in autocast ("Unexpected floating ScalarType"), or

@@ -41,15 +41,19 @@ def quantized_message(names: list[str]) -> str:
     prefixes), the same in both backends: a quantized kernel computes in the dtype it was quantized
     for (torch's quantized modules take float32 alone and failed in autocast; a Keras policy set
     over one dropped the quantization, and its int8 values were read as the weights)."""
-    shown = ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
-    return (f"model: expected no quantized projection, got {shown}: a quantized kernel computes "
-            "in the dtype it was quantized for, which set_precision cannot change")
+    return (f"model: expected no quantized projection, got {names_shown(names)}: a quantized kernel "
+            "computes in the dtype it was quantized for, which set_precision cannot change")
+
+
+def names_shown(names: list[str]) -> str:
+    """The first three of ``names``, and how many there are in all where there are more."""
+    return ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
 
 
 def check_precision(precision: str, dtype: str) -> str:
-    """The canonical name of ``precision`` (``fp32``/``bf16``/``fp16`` accepted; not "half", which names neither); a half
-    precision needs a float32 model (its float32 weights are the master copy; a float64 model has
-    no mixed mode)."""
+    """The canonical name of ``precision`` (``fp32``/``bf16``/``fp16`` accepted; not "half", which
+    names neither); a half precision needs a float32 model (its float32 weights are the master
+    copy; a float64 model has no mixed mode)."""
     if not isinstance(precision, str) or precision not in ALIASES:  # a list is no key (unhashable)
         raise ValueError(f"precision: expected one of {sorted(ALIASES)}, got {precision!r}")
     name = ALIASES[precision]

@@ -26,7 +26,7 @@ import torch
 
 from shared import TransformerConfig
 from shared.messages import type_shown
-from shared.precision import check_precision, compute_dtype_name, quantized_message
+from shared.precision import check_precision, compute_dtype_name, names_shown, quantized_message
 
 
 def set_precision(model: torch.nn.Module, precision: str) -> str:
@@ -38,8 +38,7 @@ def set_precision(model: torch.nn.Module, precision: str) -> str:
                                                                 TransformerConfig):
         raise TypeError(f"model: expected a torch_impl.Transformer, got {type_shown(model)}")
     name = check_precision(precision, model.config.dtype)
-    from .weights_io import quantized_projections  # the weights_io module imports the model's
-    quantized = quantized_projections(model)
+    quantized = _quantized(model)
     if quantized:
         raise ValueError(quantized_message(quantized))
     if name != "float32":  # on .half() or .double() parameters autocast failed, or computed nothing
@@ -76,4 +75,35 @@ def autocast(model: torch.nn.Module):
     if precision == "float32":
         return contextlib.nullcontext()
     device = next(model.parameters()).device.type
-    return torch.autocast(device_type=device, dtype=getattr(torch, precision))
+    return _half_precision(model, torch.autocast(device_type=device, dtype=getattr(torch, precision)))
+
+
+@contextlib.contextmanager
+def _half_precision(model: torch.nn.Module, cast: torch.autocast):
+    """``cast``, which names the cause where ``model``'s projections were quantized after its half
+    precision was set (`set_precision` refuses the other order): torch's quantized modules take
+    float32 alone, and under autocast failed with "expected scalar type Float but found
+    BFloat16". Looked for only once the pass has failed, so a working pass pays nothing.
+    (Keras computes int8 kernels in a mixed policy: tf_impl runs such a model.)"""
+    try:
+        with cast:
+            yield
+    except RuntimeError as error:
+        quantized = _quantized(model)
+        if not quantized:
+            raise
+        raise ValueError(
+            f"model: expected precision 'float32' for quantized projections, got {model.precision!r} "
+            f"with {names_shown(quantized)} quantized: torch's quantized modules compute in float32 "
+            "alone; quantize a float32 model (set_precision(model, 'float32') before "
+            "quantize_dynamic)") from error
+
+
+def _quantized(model: torch.nn.Module) -> list[str]:
+    """The canonical prefixes of ``model``'s quantized projections; ``model`` a Transformer or
+    its generator called on its own."""
+    from .weights_io import quantized_projections  # the weights_io module imports the model's
+    if isinstance(getattr(model, "config", None), TransformerConfig) and hasattr(model, "src_embed"):
+        return quantized_projections(model)
+    kernel = getattr(model, "kernel", None)
+    return ["generator"] if type(kernel).__module__.startswith("torch.ao.nn.quantized") else []
