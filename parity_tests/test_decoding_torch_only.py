@@ -665,6 +665,7 @@ def _graphs_on_cpu(monkeypatch) -> list:
     monkeypatch.setattr(graphs, "_capture", lambda work, where: captures.append(where) or
                         _capture_on_cpu(work, where))
     monkeypatch.setattr(graphs, "usable", lambda where: graphs.ENABLED)
+    _lagged_on_cpu(monkeypatch)  # greedy's graph loop reads a step late on CUDA: here too
     return captures
 
 
@@ -792,22 +793,37 @@ class _NaNAt:
         return state
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the lagged read is CUDA's")
-def test_cuda_greedy_reads_a_step_late_and_still_names_the_bad_step():
-    """On CUDA greedy reads step t's flags at step t + 1 (`torch_impl.search._LaggedReads`): a NaN
-    step still raises naming its own step, and the results are the one-read-a-step results (at
-    most one step more runs after every row finished)."""
+def _lagged_on_cpu(monkeypatch) -> None:
+    """Greedy's loops (eager and graphed) read each step's flags one step late on the CPU too, as
+    on CUDA (`torch_impl.search._LaggedReads` with ``lag=True``: plain copies, no pinned memory
+    or events), so that a machine without a GPU runs the lagged loop's logic."""
+    from torch_impl import search
+    lagged = search._LaggedReads
+    monkeypatch.setattr(search, "_LaggedReads", lambda where: lagged(where, lag=True))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_greedy_reads_a_step_late_and_still_names_the_bad_step(device, monkeypatch):
+    """On CUDA greedy reads step t's flags at step t + 1 (`torch_impl.search._LaggedReads`; on the
+    CPU forced, `_lagged_on_cpu`): a NaN step still raises naming its own step, and the results
+    are the one-read-a-step results, with one step more run after every row finished."""
     from shared.decoding import bad_step_message
     from torch_impl import search
+    at_once = _NaNAt(None, 4)
+    want = search.greedy_search(at_once, 2, 8, 1, 2, 0, device="cpu")
+    assert at_once.calls == 5  # each step read at once: steps 0-4, the last one EOS
+    if device == "cpu":
+        _lagged_on_cpu(monkeypatch)
     with pytest.raises(ValueError, match=re.escape(bad_step_message(3))):
-        search.greedy_search(_NaNAt(3, 99), 2, 8, 1, 2, 0, device="cuda")
-    on_gpu, stub = search.greedy_search(_NaNAt(None, 4), 2, 8, 1, 2, 0, device="cuda"), _NaNAt(None, 4)
-    on_cpu = search.greedy_search(stub, 2, 8, 1, 2, 0, device="cpu")
-    np.testing.assert_array_equal(on_gpu.tokens, on_cpu.tokens)
-    np.testing.assert_array_equal(on_gpu.lengths, on_cpu.lengths)
+        search.greedy_search(_NaNAt(3, 99), 2, 8, 1, 2, 0, device=device)
+    lagged = _NaNAt(None, 4)
+    got = search.greedy_search(lagged, 2, 8, 1, 2, 0, device=device)
+    assert lagged.calls == 6  # step 4's flags were read at step 5, which had run
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_array_equal(got.lengths, want.lengths)
     # each device's own logsumexp: the same log-probs to float32 rounding
-    np.testing.assert_allclose(on_gpu.log_probs, on_cpu.log_probs, rtol=0, atol=1e-6)
-    assert stub.calls == 5  # the CPU read each step at once: steps 0-4, the last one EOS
+    np.testing.assert_allclose(got.log_probs, want.log_probs, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])

@@ -116,13 +116,19 @@ class _LaggedReads:
     while the GPU still runs step ``t`` instead of the two taking turns. The price is at most one
     step after every row finished, which changes no output (a finished row takes pad at log-prob 0
     and keeps its length); a bad step still raises, naming its own step. Elsewhere (the CPU, where
-    nothing runs ahead) each step's flags are read at once."""
+    nothing runs ahead) each step's flags are read at once.
 
-    def __init__(self, device: torch.device):
-        self.lag = device.type == "cuda"
-        if self.lag:  # two pinned buffers, written in turn (allocating pinned memory is slow)
-            self.host = [torch.empty(2, dtype=torch.bool, pin_memory=True) for _ in range(2)]
-            self.events = [torch.cuda.Event(), torch.cuda.Event()]
+    ``lag``: None for the device's way; True on the CPU reads one step late too, through plain
+    copies, so that a machine without a GPU tests the lagged loop (parity_tests)."""
+
+    def __init__(self, device: torch.device, lag: bool | None = None):
+        self.lag = device.type == "cuda" if lag is None else lag
+        self.events = None
+        if self.lag:  # two host buffers, written in turn (allocating pinned memory is slow)
+            pinned = device.type == "cuda"
+            self.host = [torch.empty(2, dtype=torch.bool, pin_memory=pinned) for _ in range(2)]
+            if pinned:
+                self.events = [torch.cuda.Event(), torch.cuda.Event()]
         self.pending: int | None = None  # the step whose flags are in flight
 
     def over(self, invalid: torch.Tensor, over: torch.Tensor, t: int) -> bool:
@@ -130,7 +136,8 @@ class _LaggedReads:
             return _over(invalid, over, t)
         slot = t % 2
         self.host[slot].copy_(torch.stack([invalid, over]), non_blocking=True)
-        self.events[slot].record()
+        if self.events is not None:
+            self.events[slot].record()
         previous, self.pending = self.pending, t
         return previous is not None and self._read(previous)
 
@@ -140,7 +147,8 @@ class _LaggedReads:
             self._read(self.pending)
 
     def _read(self, t: int) -> bool:
-        self.events[t % 2].synchronize()
+        if self.events is not None:
+            self.events[t % 2].synchronize()
         bad, done = self.host[t % 2].tolist()
         if bad:
             raise ValueError(bad_step_message(t))
