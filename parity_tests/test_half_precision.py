@@ -258,6 +258,7 @@ def test_a_quantized_model_keeps_its_precision(framework, case):
     assert getattr(model, "precision", "float32") == "float32"
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")  # the quantizers'
 def test_torch_names_a_half_precision_set_before_its_projections_were_quantized(case):
     """The other order than the test above's: ``set_precision``, then ``quantize_dynamic`` (which
     copies the model, its precision too). torch's quantized modules take float32 alone: the
