@@ -102,8 +102,7 @@ def _half_precision(model: torch.nn.Module, cast: torch.autocast):
 def _quantized(model: torch.nn.Module) -> list[str]:
     """The canonical prefixes of ``model``'s quantized projections; ``model`` a Transformer or
     its generator called on its own."""
-    from .weights_io import quantized_projections  # the weights_io module imports the model's
+    from .weights_io import is_quantized, quantized_projections  # weights_io imports the model's
     if isinstance(getattr(model, "config", None), TransformerConfig) and hasattr(model, "src_embed"):
         return quantized_projections(model)
-    kernel = getattr(model, "kernel", None)
-    return ["generator"] if type(kernel).__module__.startswith("torch.ao.nn.quantized") else []
+    return ["generator"] if is_quantized(getattr(model, "kernel", None)) else []

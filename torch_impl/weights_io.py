@@ -36,12 +36,17 @@ def _linear(table: Table, prefix: str, linear: nn.Module, tree: _Tree, bias: boo
     got = _changed(linear, tree.values_only)
     if got:
         tree.problems.append(changed_layer(prefix, got, tree.values_only))
-        if type(linear).__module__.startswith("torch.ao.nn.quantized"):  # quantize_dynamic's modules
+        if is_quantized(linear):
             tree.quantized.append(prefix)
         return
     table[f"{prefix}.kernel"] = (linear.weight, True)  # (out, in) here, (in, out) canonical
     if bias:
         table[f"{prefix}.bias"] = (linear.bias, False)
+
+
+def is_quantized(module) -> bool:
+    """Whether ``module`` is one of ``torch.ao.quantization.quantize_dynamic``'s modules."""
+    return type(module).__module__.startswith("torch.ao.nn.quantized")
 
 
 def _changed(linear: nn.Module, values_only: bool) -> str | None:
