@@ -102,7 +102,7 @@ def _half_precision(model: torch.nn.Module, cast: torch.autocast):
 def _quantized(model: torch.nn.Module) -> list[str]:
     """The canonical prefixes of ``model``'s quantized projections; ``model`` a Transformer or
     its generator called on its own."""
-    from .weights_io import is_quantized, quantized_projections  # weights_io imports the model's
+    from .weights_io import _is_quantized, quantized_projections  # weights_io imports the model's
     if isinstance(getattr(model, "config", None), TransformerConfig) and hasattr(model, "src_embed"):
         return quantized_projections(model)
-    return ["generator"] if is_quantized(getattr(model, "kernel", None)) else []
+    return ["generator"] if _is_quantized(getattr(model, "kernel", None)) else []

@@ -36,7 +36,7 @@ def _linear(table: Table, prefix: str, linear: nn.Module, tree: _Tree, bias: boo
     got = _changed(linear, tree.values_only)
     if got:
         tree.problems.append(changed_layer(prefix, got, tree.values_only))
-        if is_quantized(linear):
+        if _is_quantized(linear):
             tree.quantized.append(prefix)
         return
     table[f"{prefix}.kernel"] = (linear.weight, True)  # (out, in) here, (in, out) canonical
@@ -44,7 +44,7 @@ def _linear(table: Table, prefix: str, linear: nn.Module, tree: _Tree, bias: boo
         table[f"{prefix}.bias"] = (linear.bias, False)
 
 
-def is_quantized(module) -> bool:
+def _is_quantized(module) -> bool:
     """Whether ``module`` is one of ``torch.ao.quantization.quantize_dynamic``'s modules."""
     return type(module).__module__.startswith("torch.ao.nn.quantized")
 
