@@ -4,6 +4,10 @@ Python refuses to turn an int of more than 4300 digits into text (``sys.set_int_
 an f-string that formats one raises its own ``ValueError`` ("Exceeds the limit (4300 digits) for
 integer string conversion"), so a message that quotes the bad value would hide the argument it
 names. `shown` is the value as a message quotes it, with such an int shown by its sign and size.
+
+A NumPy number is quoted with its type, as NumPy 2 writes it (``np.float64(1.0)``, ``np.True_``),
+on NumPy 1 too, whose ``repr`` is the bare number (``1.0``, ``True``): "expected an int, got 1.0"
+would not say that a NumPy float came, and the messages would differ with the NumPy installed.
 Imports nothing of the project (`shared.config` uses it).
 """
 from __future__ import annotations
@@ -12,8 +16,12 @@ import math
 import numbers
 from typing import Callable
 
+import numpy as np
+
 # Ints of this many digits or more are shown by their size: a number that long is not read.
 LONGEST_SHOWN = 100
+# NumPy 1's repr of a NumPy number is the bare number; `shown` writes NumPy 2's form on it.
+_NUMPY_2 = int(np.__version__.split(".")[0]) >= 2
 
 
 def shown(value, form: Callable[[object], str] = repr) -> str:
@@ -25,6 +33,8 @@ def shown(value, form: Callable[[object], str] = repr) -> str:
         if abs(number) >= 10 ** LONGEST_SHOWN:
             digits = math.floor(math.log10(abs(number))) + 1
             return f"{'a negative' if number < 0 else 'an'} int of about {digits:,} digits"
+    if form is repr and not _NUMPY_2 and isinstance(value, (np.bool_, np.number)):
+        return _numpy_2_repr(value)
     return form(value)
 
 
@@ -34,3 +44,20 @@ def type_shown(value) -> str:
     taken for another of the same name (torch_impl's and tf_impl's ``Transformer``)."""
     cls = type(value)
     return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _numpy_2_repr(value: np.bool_ | np.number) -> str:
+    """NumPy 2's ``repr`` of a NumPy bool or number, written on NumPy 1 (whose ``repr`` is the bare
+    number): ``np.True_``, ``np.int64(3)``, ``np.float32(-0.5)``, ``np.complex128(1+2j)``,
+    ``np.longdouble('1.5')``. The number inside is NumPy's ``str`` of it, the shortest digits that
+    read back (NumPy 1 writes a few large float32 positionally, ``123456790.0`` for NumPy 2's
+    ``1.2345679e+08``: the same number)."""
+    name = type(value).__name__
+    if isinstance(value, np.bool_):
+        return f"np.{bool(value)}_"
+    text = str(value)
+    if isinstance(value, np.complexfloating) and text.startswith("("):
+        text = text[1:-1]
+    if isinstance(value, (np.longdouble, np.clongdouble)):  # more digits than a Python float holds
+        return f"np.{name}('{text}')"
+    return f"np.{name}({text})"
