@@ -14,6 +14,7 @@ import shared.masks
 from shared import make_src_mask, make_tgt_mask, padding_mask, positional_encoding, subsequent_mask
 from shared.config import POSITIONAL_TABLE_LIMIT
 from shared.masks import SUBSEQUENT_MASK_LIMIT
+from shared.messages import shown
 from shared.positional import inverse_frequencies
 from twins.backends import to_numpy
 
@@ -41,12 +42,14 @@ BAD_PAD_IDS = ["0", 0.5, float("nan"), np.float64(0.5), True, np.bool_(False), [
 
 
 def _pad_id_message(value) -> str:
-    return re.escape(f"pad_id: expected an int (the padding id) or None (no padding masked), got {value!r}")
+    """The value quoted as every message quotes it (`shared.messages.shown`: NumPy 2's repr of a
+    NumPy number, on NumPy 1 too)."""
+    return re.escape(f"pad_id: expected an int (the padding id) or None (no padding masked), got {shown(value)}")
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("helper", ["make_src_mask", "make_tgt_mask"])
-@pytest.mark.parametrize("pad_id", BAD_PAD_IDS, ids=repr)
+@pytest.mark.parametrize("pad_id", BAD_PAD_IDS, ids=shown)
 def test_bad_pad_id_is_refused_alike(impl, helper, pad_id):
     inputs, ids = _impl(impl)
     with pytest.raises(TypeError, match=_pad_id_message(pad_id)):
@@ -62,7 +65,7 @@ def test_pad_id_is_checked_before_the_ids(impl, helper):
         getattr(inputs, helper)(ids(IDS.astype(np.float32)), "0")
 
 
-@pytest.mark.parametrize("pad_id", BAD_PAD_IDS, ids=repr)
+@pytest.mark.parametrize("pad_id", BAD_PAD_IDS, ids=shown)
 def test_padding_mask_bad_pad_id(pad_id):
     with pytest.raises(TypeError, match=_pad_id_message(pad_id)):
         padding_mask(IDS, pad_id)

@@ -13,6 +13,7 @@ import pytest
 from parity_tests.backends import backends, dtype_name
 from shared import TransformerConfig, noam_lr, tasks
 from shared.loss import label_smoothed_cross_entropy
+from shared.messages import shown
 from shared.tolerances import FLOAT64, assert_close, bound_for
 from shared.weights import random_weights
 
@@ -335,7 +336,7 @@ def test_dropout_is_on_in_training_only(backend):
     # a flag, not a truth: tf_impl took "no" as dropout on, torch_impl refused only what changed
     # the model's mode (0 on a model in eval mode passed)
     for value in ("no", None, 0, np.float64(1.0)):
-        with pytest.raises(TypeError, match=rf"^training: expected True or False, got {re.escape(repr(value))} "):
+        with pytest.raises(TypeError, match=rf"^training: expected True or False, got {re.escape(shown(value))} "):
             gradients(model, batch, training=value)
 
 
