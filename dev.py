@@ -8,9 +8,13 @@
                                  masks, reference decoding), for "I changed tf_impl"
     python3 dev.py bench NAME    set up if needed, then run benchmarks/NAME.py
     python3 dev.py setup         create .venv and install the project with pinned versions
+    python3 dev.py floors [ARGS] the parity suite on the oldest versions pyproject.toml admits
+                                 (.venv-floors, pinned by floors.txt; about 3 GB more, and
+                                 downloads; for a change of a dependency's range, not for CI)
 
 Set-up creates ``.venv`` beside this file and installs the project in editable mode with every
-extra, pinned by ``constraints.txt``. It is redone only when pyproject.toml or constraints.txt change.
+extra, pinned by ``constraints.txt`` (``.venv-floors`` and ``floors.txt`` for ``floors``). It is
+redone only when pyproject.toml or the constraints file change.
 """
 from __future__ import annotations
 
@@ -20,12 +24,25 @@ import shutil
 import subprocess
 import sys
 import venv
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-VENV = ROOT / ".venv"
-BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
-PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
+
+
+@dataclass(frozen=True)
+class Env:
+    """A virtual environment dev.py creates and runs in, and the constraints file that pins it."""
+    venv: Path
+    constraints: Path
+
+    @property
+    def python(self) -> Path:
+        return self.venv / ("Scripts" if os.name == "nt" else "bin") / ("python.exe" if os.name == "nt" else "python")
+
+
+PINNED = Env(ROOT / ".venv", ROOT / "constraints.txt")  # development and CI
+FLOORS = Env(ROOT / ".venv-floors", ROOT / "floors.txt")  # each range's lower bound (docs/compatibility.md)
 EXTRAS = "torch,tf-cpu,test,demo,interop,onnx"
 # `dev.py test --quick`: the contract parity tests of both backends, without the slow cases (the
 # base-sized model, the compiled modes); measured in docs/performance.md.
@@ -45,12 +62,12 @@ EDITABLE = ("--config-settings", "editable_mode=compat")
 NEW_VENV_BYTES = int(3.5 * 2**30)
 
 
-def _stamp() -> Path:
+def _stamp(env: Env) -> Path:
     digest = hashlib.sha256()
-    for name in ("pyproject.toml", "constraints.txt"):
-        digest.update((ROOT / name).read_bytes())
+    for path in (ROOT / "pyproject.toml", env.constraints):
+        digest.update(path.read_bytes())
     digest.update(EXTRAS.encode() + repr(NO_DEPS).encode() + repr(EDITABLE).encode())
-    return VENV / f".installed-{digest.hexdigest()[:16]}"
+    return env.venv / f".installed-{digest.hexdigest()[:16]}"
 
 
 def _free() -> str:
@@ -62,11 +79,11 @@ def _free() -> str:
     return ", ".join(f"{free / 2**30:.1f} GiB free in {place}" for place, free in places.values())
 
 
-def _check_disk() -> None:
+def _check_disk(env: Env) -> None:
     """Refuse to start a new .venv that cannot fit: pip would fail part-way, after minutes."""
     free = shutil.disk_usage(ROOT).free
     if free < NEW_VENV_BYTES:
-        sys.exit(f"dev.py: a new {VENV} needs about {NEW_VENV_BYTES / 2**30:.1f} GiB of disk; {_free()}")
+        sys.exit(f"dev.py: a new {env.venv} needs about {NEW_VENV_BYTES / 2**30:.1f} GiB of disk; {_free()}")
 
 
 def _run(cmd: list[str], **kwargs) -> int:
@@ -75,26 +92,24 @@ def _run(cmd: list[str], **kwargs) -> int:
     return subprocess.call([str(c) for c in cmd], cwd=ROOT, **kwargs)
 
 
-def setup() -> None:
+def setup(env: Env = PINNED) -> None:
     if sys.version_info < (3, 11):  # constraints.txt's pins (numpy 2.4, hypothesis) need 3.11
         sys.exit(f"dev.py: Python >= 3.11 is required, this is {sys.version.split()[0]}")
-    stamp = _stamp()
+    stamp = _stamp(env)
     if stamp.exists():
         return
-    if not PYTHON.exists():
-        _check_disk()
-        print(f"creating {VENV} and installing the project (about 2 minutes; pip is quiet)",
+    if not env.python.exists():
+        _check_disk(env)
+        print(f"creating {env.venv} and installing the project (about 2 minutes; pip is quiet)",
               file=sys.stderr, flush=True)
-        venv.EnvBuilder(with_pip=True).create(VENV)
-    env = {**os.environ, "PIP_CONSTRAINT": str(ROOT / "constraints.txt"),
-           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    cmd = [PYTHON, "-m", "pip", "install", "-q", "-c", ROOT / "constraints.txt", *EDITABLE, "-e", f".[{EXTRAS}]"]
-    if _run(cmd, env=env) != 0:
+        venv.EnvBuilder(with_pip=True).create(env.venv)
+    pip_env = {**os.environ, "PIP_CONSTRAINT": str(env.constraints), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    pip = [env.python, "-m", "pip", "install", "-q", "-c", env.constraints]
+    if _run([*pip, *EDITABLE, "-e", f".[{EXTRAS}]"], env=pip_env) != 0:
         sys.exit(f"dev.py: installing the project failed (see pip's output above); {_free()}")
-    cmd = [PYTHON, "-m", "pip", "install", "-q", "--no-deps", "-c", ROOT / "constraints.txt", *NO_DEPS]
-    if _run(cmd, env=env) != 0:
+    if _run([*pip, "--no-deps", *NO_DEPS], env=pip_env) != 0:
         sys.exit(f"dev.py: installing {', '.join(NO_DEPS)} failed (see pip's output above)")
-    for old in VENV.glob(".installed-*"):
+    for old in env.venv.glob(".installed-*"):
         old.unlink()
     stamp.touch()
 
@@ -116,24 +131,27 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 0
     command, args = argv[0], argv[1:]
-    if command not in ("setup", "demo", "test", "bench"):
-        print(f"dev.py: unknown command {command!r}; expected setup, demo, test or bench", file=sys.stderr)
+    if command not in ("setup", "demo", "test", "bench", "floors"):
+        print(f"dev.py: unknown command {command!r}; expected setup, demo, test, bench or floors",
+              file=sys.stderr)
         return 2
-    setup()
+    where = FLOORS if command == "floors" else PINNED
+    setup(where)
+    python = where.python
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
     if command == "setup":
         return 0
     if command == "demo":
-        return _run([PYTHON, "-m", "twins", "compare", *args], env=env)
+        return _run([python, "-m", "twins", "compare", *args], env=env)
     if command == "bench":
         if not args:
             names = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_"))
             print(f"dev.py bench: expected a benchmark name, one of {names}", file=sys.stderr)
             return 2
-        return _run([PYTHON, ROOT / "benchmarks" / f"{args[0]}.py", *args[1:]], env=env)
+        return _run([python, ROOT / "benchmarks" / f"{args[0]}.py", *args[1:]], env=env)
     if "--quick" in args:
         args = QUICK + [a for a in args if a != "--quick"]
-    code = _run([PYTHON, "-m", "pytest", *_workers(args), *args], env=env)
+    code = _run([python, "-m", "pytest", *_workers(args), *args], env=env)
     if code == 5:  # pytest: no tests were collected; never a pass
         print("dev.py test: pytest collected no tests; failing", file=sys.stderr)
         return 1

@@ -326,21 +326,68 @@ def test_the_launcher_exits_141_silently_when_rank_0_met_a_closed_stdout(monkeyp
     assert capsys.readouterr().err == ""
 
 
-def test_setup_refuses_a_new_venv_that_cannot_fit(monkeypatch, tmp_path):
-    """`dev.py` checks the disk before it creates .venv: pip on a full disk fails after minutes,
-    leaving a half-installed environment (CI's record: "[Errno 28] No space left on device")."""
+def _dev():
+    """dev.py as a module (it is a script beside the project, not a package of it)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("dev_under_test", ROOT / "dev.py")
     dev = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(dev)
-    monkeypatch.setattr(dev, "VENV", tmp_path / ".venv")
-    monkeypatch.setattr(dev, "PYTHON", tmp_path / ".venv" / "bin" / "python")
-    monkeypatch.setattr(dev, "_stamp", lambda: tmp_path / ".venv" / ".installed-x")
+    sys.modules[spec.name] = dev  # where @dataclass looks its module up, while it runs
+    try:
+        spec.loader.exec_module(dev)
+    finally:
+        del sys.modules[spec.name]
+    return dev
+
+
+@pytest.mark.parametrize("which", ["PINNED", "FLOORS"])
+def test_setup_refuses_a_new_venv_that_cannot_fit(monkeypatch, tmp_path, which):
+    """`dev.py` checks the disk before it creates .venv: pip on a full disk fails after minutes,
+    leaving a half-installed environment (CI's record: "[Errno 28] No space left on device")."""
+    dev = _dev()
+    where = dev.Env(tmp_path / ".venv", getattr(dev, which).constraints)
     created = []
     monkeypatch.setattr(dev.venv.EnvBuilder, "create", lambda self, path: created.append(path))
     monkeypatch.setattr(dev, "NEW_VENV_BYTES", dev.shutil.disk_usage(dev.ROOT).free + 2**40)
     with pytest.raises(SystemExit) as caught:
-        dev.setup()
+        dev.setup(where)
     message = str(caught.value)
     assert message.startswith(f"dev.py: a new {tmp_path / '.venv'} needs about "), message
     assert " GiB free in " in message and not created
+
+
+# The floors that `dev.py floors` pins but are not their ranges' lower bounds (floors.txt says why).
+ABOVE_FLOOR = {"safetensors": "0.8.0", "torch": "2.13.0"}
+
+
+def test_floors_pin_each_declared_lower_bound():
+    """floors.txt pins every dependency of pyproject.toml (its extras too) at its range's lower bound
+    (``>=1.26``: a 1.26 release), but those of `ABOVE_FLOOR`; ``tensorflow`` is the full
+    distribution of ``tensorflow-cpu``, which the floors install. So a range that moves without its
+    floor, or a floor written for nothing, fails here, not unseen in `dev.py floors`."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {}
+    for line in project["dependencies"] + sum(project["optional-dependencies"].values(), []):
+        requirement = Requirement(line)
+        name = canonicalize_name(requirement.name)
+        bounds = [Version(s.version) for s in requirement.specifier if s.operator == ">="]
+        assert len(bounds) == 1 and len(requirement.specifier) == 1, f"{line}: expected one >= bound"
+        assert declared.setdefault(name, bounds[0]) == bounds[0], f"{name}: two floors"
+    assert declared.pop("tensorflow") == declared["tensorflow-cpu"]
+    pinned = {}
+    for line in (ROOT / "floors.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            requirement = Requirement(line)
+            (spec,) = requirement.specifier
+            assert spec.operator == "==", line
+            pinned[canonicalize_name(requirement.name)] = Version(spec.version)
+    assert sorted(pinned) == sorted(declared)
+    for name, floor in declared.items():
+        if name in ABOVE_FLOOR:
+            assert pinned[name] == Version(ABOVE_FLOOR[name]) and pinned[name] > floor, name
+        else:
+            assert pinned[name].release[:len(floor.release)] == floor.release, (name, pinned[name], floor)
