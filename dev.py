@@ -38,7 +38,9 @@ class Env:
 
     @property
     def python(self) -> Path:
-        return self.venv / ("Scripts" if os.name == "nt" else "bin") / ("python.exe" if os.name == "nt" else "python")
+        if os.name == "nt":
+            return self.venv / "Scripts" / "python.exe"
+        return self.venv / "bin" / "python"
 
 
 PINNED = Env(ROOT / ".venv", ROOT / "constraints.txt")  # development and CI
@@ -153,7 +155,7 @@ def main(argv: list[str]) -> int:
         args = QUICK + [a for a in args if a != "--quick"]
     code = _run([python, "-m", "pytest", *_workers(args), *args], env=env)
     if code == 5:  # pytest: no tests were collected; never a pass
-        print("dev.py test: pytest collected no tests; failing", file=sys.stderr)
+        print(f"dev.py {command}: pytest collected no tests; failing", file=sys.stderr)
         return 1
     return code
 
