@@ -155,7 +155,8 @@ def test_read_only_folders_inside_the_old_copy_are_removed_with_it():
             if demote is None:
                 raise
             pytest.skip(f"the user nobody cannot run this interpreter ({err})")
-        if demote is not None and done.returncode == 127 and "error while loading shared libraries" in done.stderr:
+        unloadable = done.returncode == 127 and "error while loading shared libraries" in done.stderr
+        if demote is not None and unloadable:
             # a venv outside /root whose interpreter links a libpython under it (a pyenv build's):
             # the loader, not the test, fails
             pytest.skip(f"the user nobody cannot load this interpreter's libraries ({done.stderr.strip()})")
