@@ -206,6 +206,38 @@ def test_a_source_that_is_no_array_is_named_alike_by_every_decoder():
         assert decode([[3, 4, 5]]).tokens.shape == (1, 3), name
 
 
+def test_a_numpy_duration_is_named_alike_by_every_decoder():
+    """NumPy counts a ``timedelta64`` an integer: as ``max_len``, ``beam_size`` or
+    ``length_penalty`` it failed in ``int()``'s or a ufunc's words, alike in the three decoders and
+    so no difference to the fuzzer, until its rule asked that a refusal name its argument. Ids of
+    that dtype were refused by name already."""
+    from shared import reference as R
+    config, weights = _tiny()
+    decoders = {"reference": (R, R.Model(weights, config))}
+    for name in ("torch_impl", "tf_impl"):
+        try:
+            impl = __import__(name)
+        except ImportError:
+            continue
+        model = impl.Transformer(config)
+        model.import_weights(weights)
+        decoders[name] = (impl, model)
+    src, duration, shown = np.array([[3, 4, 5]]), np.timedelta64(3, "s"), r"np\.timedelta64\(3,'s'\)"
+    cases = [
+        (lambda m, model: m.greedy_decode(model, src, duration), rf"^max_len: expected an int >= 1, got {shown}$"),
+        (lambda m, model: m.beam_search(model, src, 3, beam_size=duration),
+         rf"^beam_size: expected an int >= 1, got {shown}$"),
+        (lambda m, model: m.beam_search(model, src, 3, beam_size=2, length_penalty=duration),
+         rf"^length_penalty: expected a finite float >= 0 \(GNMT alpha; 0 = none\), got {shown}$"),
+        (lambda m, model: m.greedy_decode(model, src.astype("m8[s]"), 3),
+         r"^src: expected integer token ids, got dtype timedelta64\[s\]$")]
+    for name, (package, model) in decoders.items():
+        for call, message in cases:
+            with pytest.raises((ValueError, TypeError), match=message):
+                call(package, model)
+        assert package.greedy_decode(model, src, np.int64(3)).tokens.shape == (1, 3), name
+
+
 def test_an_unsigned_id_past_int64_is_reported_as_given_in_torch_as_in_the_reference():
     torch = pytest.importorskip("torch")
     import torch_impl

@@ -262,7 +262,8 @@ def test_task_examples_check_their_seed(seed, error):
 # -- NumPy numbers in messages --------------------------------------------------------------------
 # NumPy 1's repr of a NumPy number is the bare number: "seed: expected an int >= 0, got 1.0" for
 # np.float64(1.0), against NumPy 2's "got np.float64(1.0)"; run at the declared floor (numpy 1.26),
-# eight message tests failed. `shared.messages.shown` writes NumPy 2's form on either.
+# eight message tests failed. `shared.messages.shown` writes NumPy 2's form on either, of strings,
+# dates and durations too (NumPy 1: 'pre', numpy.datetime64(...)).
 NUMPY_SHOWN = [(np.float64(1.0), "np.float64(1.0)"), (np.float32(-0.5), "np.float32(-0.5)"),
                (np.float32(0.1), "np.float32(0.1)"), (np.float16(0.1), "np.float16(0.1)"),
                (np.float64(np.nan), "np.float64(nan)"), (np.float32(-np.inf), "np.float32(-inf)"),
@@ -270,7 +271,10 @@ NUMPY_SHOWN = [(np.float64(1.0), "np.float64(1.0)"), (np.float32(-0.5), "np.floa
                (np.int64(3), "np.int64(3)"), (np.uint8(7), "np.uint8(7)"), (np.int8(-5), "np.int8(-5)"),
                (np.True_, "np.True_"), (np.False_, "np.False_"),
                (np.complex128(1 + 2j), "np.complex128(1+2j)"), (np.complex64(2j), "np.complex64(2j)"),
-               (np.longdouble(1.5), "np.longdouble('1.5')"), (np.clongdouble(1 + 1j), "np.clongdouble('1+1j')")]
+               (np.longdouble(1.5), "np.longdouble('1.5')"), (np.clongdouble(1 + 1j), "np.clongdouble('1+1j')"),
+               (np.str_("pre"), "np.str_('pre')"), (np.str_("it's"), 'np.str_("it\'s")'),
+               (np.bytes_(b"x"), "np.bytes_(b'x')"), (np.datetime64("2020-01-01"), "np.datetime64('2020-01-01')"),
+               (np.timedelta64(3, "s"), "np.timedelta64(3,'s')")]
 
 
 @pytest.mark.parametrize("value, text", NUMPY_SHOWN, ids=[text for _, text in NUMPY_SHOWN])
@@ -280,7 +284,8 @@ def test_a_numpy_number_is_shown_as_numpy_2_writes_it_on_either_numpy(value, tex
     assert shown(value, str) == str(value)  # a message that formats plainly stays plain
     if int(np.__version__.split(".")[0]) >= 2:  # the table is NumPy 2's own
         assert repr(value) == text
-    if not isinstance(value, np.integer):  # and so in a message: an int is a seed, this is not
+    if not isinstance(value, np.integer) or isinstance(value, np.timedelta64):  # and so in a message: an
+        # int is a seed, this is not
         with pytest.raises(TypeError, match=rf"^seed: expected an int >= 0, got {re.escape(text)}$"):
             check_seed(value)
 
@@ -340,6 +345,19 @@ def test_an_int_too_long_to_print_is_named_by_its_size(name, sign):
         call(sign * HUGE)
     message = str(caught.value)
     assert message.startswith(names) and "int of about 5,001 digits" in message, message
+
+
+@pytest.mark.parametrize("name", list(_huge_calls()))
+def test_a_numpy_duration_is_no_int(name):
+    """NumPy counts a ``timedelta64`` an integer (``numbers.Integral``, ``np.integer``): taken for
+    one, it failed in ``int()``'s or a ufunc's words ("int() argument must be a string, a
+    bytes-like object or a real number, not 'datetime.timedelta'"), naming nothing. Found by the
+    fuzzer once its rule asked that every refusal name its argument."""
+    call, names = _huge_calls()[name]
+    names = {"batch of workers": "batch"}.get(name, names)  # a huge batch is divided; this is no int
+    with pytest.raises((ValueError, TypeError)) as caught:
+        call(np.timedelta64(3, "s"))
+    assert str(caught.value).startswith(names), str(caught.value)
 
 
 def test_a_batch_larger_than_the_memory_is_refused_by_name(monkeypatch):

@@ -11,13 +11,23 @@ import numbers
 import re
 from typing import Sequence
 
+import numpy as np
+
 from .config import TransformerConfig  # imports nothing of the project's: no cycle
 from .messages import shown
 
 
 def is_int(value) -> bool:
-    """A Python or NumPy integer, not a bool (``True`` is an ``int`` to Python, and no count)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    """A Python or NumPy integer, not a bool (``True`` is an ``int`` to Python, and no count) and
+    not a NumPy ``timedelta64`` (a duration: NumPy counts it an integer, and ``int()`` of one with
+    a unit makes a ``datetime.timedelta``)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.timedelta64))
+
+
+def is_real(value) -> bool:
+    """A Python or NumPy real number (an int or a float), not a bool and not a NumPy
+    ``timedelta64`` (`is_int`)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.timedelta64))
 
 
 def check_seed(seed, name: str = "seed") -> None:
@@ -32,8 +42,7 @@ def check_seed(seed, name: str = "seed") -> None:
 def check_flag(value, name: str) -> None:
     """A flag is True or False (a NumPy bool too). Anything else is refused rather than read for
     its truth: ``allow_nonfinite="no"`` is a true string, and would load NaN weights."""
-    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
-    if not (isinstance(value, bool) or numpy_bool):  # NumPy's bool, without importing NumPy here
+    if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name}: expected True or False, got {shown(value)} ({type(value).__name__})")
 
 

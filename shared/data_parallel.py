@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import numbers
 
 import numpy as np
 
-from .checks import is_int
+from .checks import is_int, is_real
 from .messages import shown
 
 # Seconds a worker waits for the others in one collective (torch's process group) before it fails
@@ -41,7 +40,7 @@ def check_timeout(timeout, option: str = "timeout") -> None:
     process and wait on no peer, but its ``init_workers`` takes the values torch's does (the mirror
     rule)."""
     expected = f"{option}: expected a positive number of seconds, at most {TIMEOUT_MAX_S:,}"
-    if not isinstance(timeout, numbers.Real) or isinstance(timeout, bool):
+    if not is_real(timeout):
         raise TypeError(f"{expected}, got {shown(timeout)}")
     if not 0 < timeout <= TIMEOUT_MAX_S:  # NaN too; compared as it is (a huge int is no float)
         raise ValueError(f"{expected}, got {shown(timeout, str)}")
@@ -56,6 +55,8 @@ def check_worker_count(workers, option: str = "workers") -> None:
 def check_workers(batch: int, workers: int, option: str = "--workers") -> None:
     """A worker count of at least 1 that divides the global batch (every worker takes equal rows)."""
     check_worker_count(workers, option)
+    if not is_int(batch):  # the batch is a count of rows: a NumPy duration failed in a ufunc's words
+        raise TypeError(f"batch: expected an int (the global batch's examples), got {shown(batch)}")
     if batch % workers:
         w, b = shown(workers, str), shown(batch, str)
         raise ValueError(f"{option} {w}: expected a number of workers that divides the global batch "

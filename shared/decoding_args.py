@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .checks import check_flag, is_int
+from .checks import check_flag, is_int, is_real
 from .config import FLOAT32_MAX, TransformerConfig  # a search runs in float32 at the narrowest
 from .messages import shown
 
@@ -63,7 +63,7 @@ def check_length_penalty(alpha, max_len: int | None = None, name: str = "length_
     where a float32 one gives inf, so the backends would part). ``name``: the argument as the
     caller's user wrote it (``--length-penalty`` on the command line), ``max_len_name`` that of
     ``max_len`` (``--max-new``)."""
-    real = isinstance(alpha, (int, float, np.integer, np.floating)) and not isinstance(alpha, (bool, np.bool_))
+    real = is_real(alpha)
     try:
         finite = real and math.isfinite(float(alpha))
     except OverflowError:  # an int past float64's range (10**400)

@@ -9,11 +9,10 @@ excluding the true class and padding, and sums; that is a different number.)
 """
 from __future__ import annotations
 
-import numbers
 
 import numpy as np
 
-from .checks import ids_range_message, is_int, not_an_array_message, ragged_message, ragged_rows
+from .checks import ids_range_message, is_int, is_real, not_an_array_message, ragged_message, ragged_rows
 from .messages import shown
 
 
@@ -149,6 +148,6 @@ def check_some_targets(any_target: bool) -> None:
 def check_smoothing(smoothing: float) -> None:
     """Label smoothing eps must be a number in [0, 1). The message shows the value as ``repr``
     writes it, with its type: str() showed the string ``"0.5"`` as 0.5, a value in range."""
-    if isinstance(smoothing, bool) or not isinstance(smoothing, numbers.Real) or not 0.0 <= smoothing < 1.0:
+    if not is_real(smoothing) or not 0.0 <= smoothing < 1.0:
         raise ValueError(f"smoothing: expected a value in [0, 1), got {shown(smoothing)} "
                          f"({type(smoothing).__name__})")

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checks import check_config
+from .checks import check_config, is_int
 from .config import PE_LAYOUTS, PE_TIMESCALES, POSITIONAL_TABLE_LIMIT, TransformerConfig
 from .messages import shown
 
 
 def _check_int(name: str, value, low: int, caller: str = "positional_encoding") -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+    if not is_int(value) or value < low:
         kind = "a positive int" if low == 1 else f"an int >= {low}"
         raise ValueError(f"{caller}: {name} expected {kind}, got {shown(value)}")
 

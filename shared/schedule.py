@@ -8,12 +8,11 @@ than silently returning 0 (the Annotated Transformer guards it with ``if step ==
 """
 from __future__ import annotations
 
-import numbers
 import sys
 
 import numpy as np
 
-from .checks import is_int
+from .checks import is_int, is_real
 from .config import FLOAT32_MAX, FLOAT32_TINY
 from .messages import shown
 
@@ -29,8 +28,7 @@ def noam_lr(step, d_model: int, warmup: int, factor: float = 1.0):
     # a float (Python's OverflowError), and inf or NaN is no rate.
     # NumPy's numbers too (np.float32(0.5)), as TransformerConfig takes them, compared and computed
     # as Python's (a float32 compared with float64's largest would overflow in the cast)
-    value = (int(factor) if isinstance(factor, numbers.Integral) else float(factor)) \
-        if isinstance(factor, numbers.Real) and not isinstance(factor, bool) else None
+    value = (int(factor) if is_int(factor) else float(factor)) if is_real(factor) else None
     if value is None or not 0 < value <= sys.float_info.max:
         raise ValueError(f"noam_lr: factor expected a positive float (at most "
                          f"{sys.float_info.max:.4g}, a float64's largest), got {shown(factor)}")

@@ -23,6 +23,8 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from .checks import is_real
+
 
 @dataclass(frozen=True)
 class Bound:
@@ -56,8 +58,7 @@ class Bound:
         ``kappa``; a softmax passes on its scores' error in proportion to them, compounded over the
         attentions stacked after it; the two excesses add. This bound itself where neither grows."""
         for name, value in (("kappa", kappa), ("score", score)):
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
-                    or not 0.0 <= value < math.inf:
+            if not is_real(value) or not 0.0 <= value < math.inf:
                 raise ValueError(f"{name}: expected a finite float >= 0, got {value!r}")
         growth, why = 1.0, []
         if self.conditioning is not None and kappa > self.conditioning:

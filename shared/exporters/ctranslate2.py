@@ -257,7 +257,7 @@ def _rows(config: TransformerConfig, ids, name: str, vocab: int, source: bool) -
     """Rows of ``ids`` (B, L) with trailing pads removed; a pad inside a row (CTranslate2 would
     attend to it) and, for a source, a row CTranslate2 would not run (`ct2_skips`) are refused."""
     a = np.asarray(ids)
-    if a.ndim != 2 or not np.issubdtype(a.dtype, np.integer):
+    if a.ndim != 2 or a.dtype.kind not in "iu":
         raise ValueError(f"{name}: expected integer ids of shape (batch, length), got "
                          f"{a.dtype} {a.shape}")
     if a.size and (a.min() < 0 or a.max() >= vocab):

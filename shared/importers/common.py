@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
-from ..checks import check_flag
+from ..checks import check_flag, is_int
 from ..config import DTYPES, TransformerConfig
 from ..messages import shown
 from ..positional import positional_encoding
@@ -325,7 +325,7 @@ def _first_differing_row(table: np.ndarray, expected: ExpectedTable) -> int | No
 
 
 def n_heads_problem(n_heads, d: int | None) -> str | None:
-    if isinstance(n_heads, bool) or not isinstance(n_heads, (int, np.integer)) or n_heads < 1:
+    if not is_int(n_heads) or n_heads < 1:
         return f"n_heads: expected a positive int, got {n_heads!r}"
     if d is not None and d % n_heads:
         return f"n_heads: expected a divisor of d_model={d}, got {n_heads}"
