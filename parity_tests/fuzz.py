@@ -1,6 +1,6 @@
 """Random hostile input for both backends, checked against the project's rules: the same call in
-torch_impl and tf_impl succeeds in both or raises the same type with the same message; a refused
-call changes nothing; a damaged file given to ``twins`` ends in one line and exit status 2, never a
+torch_impl and tf_impl succeeds in both or raises the same type with the same message, which names
+what it refuses first (``max_len: expected ...``); a refused call changes nothing; a damaged file given to ``twins`` ends in one line and exit status 2, never a
 traceback or an error of an unexpected kind. Every finding is printed with what produced it.
 
     python -m parity_tests.fuzz [--surfaces decoders steps forward weights train files runs] [--cases 200]
@@ -40,7 +40,8 @@ now: a sparse tensor in a foreign state dict, and h5py's RuntimeError on a Keras
 (test_hostile_inputs.py); torch's warnings printed above the refusal of a damaged ``.pt``
 (test_torch_weights.py); a resumed run whose config.json or log step had changed, trained as it
 stood (test_train_hostile.py: found by reading the resumes that succeeded; the `runs` surface
-judges them since).
+judges them since); a NumPy ``timedelta64`` taken for an int, refused alike in ``int()``'s words
+(test_shared_hostile.py, test_hostile_inputs.py: found once refusals had to name their argument).
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -66,8 +68,10 @@ from shared.weights import random_weights, save_checkpoint
 
 CONFIG = TransformerConfig.preset("tiny", n_encoder_layers=1, n_decoder_layers=1, src_vocab=20,
                                   tgt_vocab=20, max_len=16, dropout=0.0)
+# np.timedelta64: NumPy counts a duration an integer (numbers.Integral); it passed as a size and
+# then failed in int()'s words, naming nothing.
 HOSTILE_SCALARS = [0, 1, 3, 16, 17, -1, 2**40, 1.5, 2.0, float("nan"), float("inf"), None, "3", True,
-                   np.int64(3), np.float32(2), [3]]
+                   np.int64(3), np.float32(2), np.timedelta64(3, "s"), [3]]
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,6 +101,19 @@ def _outcome(call) -> str:
         return f"{type(err).__name__}: {err}"
 
 
+# A refusal's message starts with what it refuses: "src: ...", "TransformerConfig.d_model: ...",
+# "noam_lr: step ...". Both backends failing alike in NumPy's or Python's words ("int() argument
+# must be ...", for a np.timedelta64 taken for an int) named nothing and was no difference.
+_NAMED = re.compile(r"^\w+: [^\s:]+: ")
+
+
+def _unnamed(name: str, outcome: str) -> list[str]:
+    """A finding where ``name``'s refusal does not start with what it refuses."""
+    if outcome == "ok" or _NAMED.match(outcome):
+        return []
+    return [f"{name}: a refusal that names no argument: {outcome[:400]}"]
+
+
 def _optimizer_steps(name: str) -> float:
     """The steps the backend's optimizer has counted (torch: its parameters' ``step``; Keras:
     ``iterations``)."""
@@ -107,8 +124,9 @@ def _optimizer_steps(name: str) -> float:
 
 
 def _differential(what: str, calls: dict) -> str | None:
-    """Run the same call in both backends; a finding where the outcomes differ, or where a refused
-    call changed the model's weights or its optimizer's step count."""
+    """Run the same call in both backends; a finding where the outcomes differ, where a refusal
+    names no argument, or where a refused call changed the model's weights or its optimizer's step
+    count."""
     results, changed = {}, []
     for name, call in calls.items():
         model = _backends()[name][1]
@@ -123,6 +141,7 @@ def _differential(what: str, calls: dict) -> str | None:
     if results["torch"] != results["tf"]:
         problems.append(f"torch: {results['torch'][:400]}\n    tf:    {results['tf'][:400]}")
     problems += [f"{name}: refused, but its weights or its optimizer's step count changed" for name in changed]
+    problems += [problem for name, outcome in results.items() for problem in _unnamed(name, outcome)]
     return f"{what}\n    " + "\n    ".join(problems) if problems else None
 
 
@@ -134,7 +153,7 @@ def _ids(rng: random.Random):
         lambda: [[1.5, 2.0]], lambda: [[True, False]], lambda: [[3, 4, 5]], lambda: np.array([["a", "b"]]),
         lambda: np.array([[1, None]], dtype=object),
         lambda: np.full(shape, rng.choice([-1, 20, 2**40, 0, 1]), np.int64),
-        lambda: np.ones(shape, rng.choice([np.float32, np.bool_, np.uint8, np.int16, np.uint64])),
+        lambda: np.ones(shape, rng.choice([np.float32, np.bool_, np.uint8, np.int16, np.uint64, "m8[s]"])),
         lambda: np.ones(shape, np.int32) * 5, lambda: np.ones((2, 4), np.int64) * 7,
     ])()
 
@@ -270,10 +289,11 @@ def forward(rng: random.Random) -> str | None:
             given = _backends()[name][0].inputs.make_src_mask(source, CONFIG.pad_id) if given is None else given
             return model.decode(t, model.encode(source), given, args.get("tgt_mask"))
         outcomes[name] = _outcome(call)
-    if _keras_says(outcomes["torch"], outcomes["tf"]):
-        return None
-    return (f"{what}(src={_shown(src)}, tgt={_shown(tgt)}, {_shown(masks)})\n"
-            f"    torch: {outcomes['torch'][:400]}\n    tf:    {outcomes['tf'][:400]}")
+    problems = _unnamed("torch", outcomes["torch"])  # Keras wraps tf's; _keras_says finds torch's in it
+    if not _keras_says(outcomes["torch"], outcomes["tf"]):
+        problems.append(f"torch: {outcomes['torch'][:400]}\n    tf:    {outcomes['tf'][:400]}")
+    return (f"{what}(src={_shown(src)}, tgt={_shown(tgt)}, {_shown(masks)})\n    " + "\n    ".join(problems)
+            if problems else None)
 
 
 # -- weights and training ---------------------------------------------------------------------------
