@@ -284,8 +284,8 @@ def test_a_numpy_number_is_shown_as_numpy_2_writes_it_on_either_numpy(value, tex
     assert shown(value, str) == str(value)  # a message that formats plainly stays plain
     if int(np.__version__.split(".")[0]) >= 2:  # the table is NumPy 2's own
         assert repr(value) == text
-    if not isinstance(value, np.integer) or isinstance(value, np.timedelta64):  # and so in a message: an
-        # int is a seed, this is not
+    # And so in a message: an int is a seed, this is not (a duration is no int: is_int)
+    if not isinstance(value, np.integer) or isinstance(value, np.timedelta64):
         with pytest.raises(TypeError, match=rf"^seed: expected an int >= 0, got {re.escape(text)}$"):
             check_seed(value)
 
