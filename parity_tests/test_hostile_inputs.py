@@ -64,7 +64,7 @@ def test_huge_threads_and_workers_are_refused_at_once_with_nothing_started(tmp_p
         flag = "--threads" if "--threads" in argv else "--workers"
         assert result["rc"] == 2 and result["seconds"] < 5 and result["frameworks"] == [], (argv, result)
         assert error.startswith(f"twins {argv[0]}: error: {flag} {HUGE}: expected at most "), error
-        assert f"logical CPU" in error and error.endswith(f"got {HUGE}"), error
+        assert "logical CPU" in error and error.endswith(f"got {HUGE}"), error
     assert "global batch (128;" in errors[3] and f"global batch ({HUGE};" in errors[4]
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run directory, no torchelastic_* entries
 
@@ -153,6 +153,23 @@ def _tiny():
     return config, random_weights(config, 0)
 
 
+def _tiny_decoders() -> dict:
+    """``{name: (package, model)}``: the tiny model in the reference and in each backend installed,
+    the same weights; each package has ``greedy_decode`` and ``beam_search``."""
+    from shared import reference as R
+    config, weights = _tiny()
+    decoders = {"reference": (R, R.Model(weights, config))}
+    for name in ("torch_impl", "tf_impl"):
+        try:
+            impl = __import__(name)
+        except ImportError:
+            continue
+        model = impl.Transformer(config)
+        model.import_weights(weights)
+        decoders[name] = (impl, model)
+    return decoders
+
+
 def test_a_ragged_list_is_named_with_its_row_lengths_in_the_reference_and_torch():
     from shared import reference as R
     config, weights = _tiny()
@@ -175,17 +192,8 @@ def test_a_source_that_is_no_array_is_named_alike_by_every_decoder():
     words, then as "expected a tensor or array, got ndarray" (it is one): an array of objects is
     named by its dtype. One exception type and message for each, in all three; a list decodes
     everywhere."""
-    from shared import reference as R
-    config, weights = _tiny()
-    decoders = [("reference", lambda src: R.greedy_decode(R.Model(weights, config), src, 3))]
-    for name in ("torch_impl", "tf_impl"):
-        try:
-            impl = __import__(name)
-        except ImportError:
-            continue
-        model = impl.Transformer(config)
-        model.import_weights(weights)
-        decoders.append((name, lambda src, impl=impl, model=model: impl.greedy_decode(model, src, 3)))
+    decoders = [(name, lambda src, package=package, model=model: package.greedy_decode(model, src, 3))
+                for name, (package, model) in _tiny_decoders().items()]
     # Whole messages ($): tf_impl added TensorFlow's reason to the first and last, named a list
     # mixing numbers and text "got list" and Python floats "dtype float32" (found by a differential
     # fuzz of the two backends' decoders).
@@ -211,17 +219,6 @@ def test_a_numpy_duration_is_named_alike_by_every_decoder():
     ``length_penalty`` it failed in ``int()``'s or a ufunc's words, alike in the three decoders and
     so no difference to the fuzzer, until its rule asked that a refusal name its argument. Ids of
     that dtype were refused by name already."""
-    from shared import reference as R
-    config, weights = _tiny()
-    decoders = {"reference": (R, R.Model(weights, config))}
-    for name in ("torch_impl", "tf_impl"):
-        try:
-            impl = __import__(name)
-        except ImportError:
-            continue
-        model = impl.Transformer(config)
-        model.import_weights(weights)
-        decoders[name] = (impl, model)
     src, duration, shown = np.array([[3, 4, 5]]), np.timedelta64(3, "s"), r"np\.timedelta64\(3,'s'\)"
     cases = [
         (lambda m, model: m.greedy_decode(model, src, duration), rf"^max_len: expected an int >= 1, got {shown}$"),
@@ -231,7 +228,7 @@ def test_a_numpy_duration_is_named_alike_by_every_decoder():
          rf"^length_penalty: expected a finite float >= 0 \(GNMT alpha; 0 = none\), got {shown}$"),
         (lambda m, model: m.greedy_decode(model, src.astype("m8[s]"), 3),
          r"^src: expected integer token ids, got dtype timedelta64\[s\]$")]
-    for name, (package, model) in decoders.items():
+    for name, (package, model) in _tiny_decoders().items():
         for call, message in cases:
             with pytest.raises((ValueError, TypeError), match=message):
                 call(package, model)
