@@ -14,6 +14,7 @@ from shared import reference as R
 from shared.batches import token_batch
 from shared.weights import random_weights
 
+
 def tiny_configs() -> dict[str, TransformerConfig]:
     return {name: config for name, config in VARIANTS.items() if name != "base"}
 

@@ -31,8 +31,6 @@ BACKEND = "torch" if importable.present("torch") else "tf"
 SMALL = ["--src-len", "3", "--tgt-len", "2"]
 
 
-
-
 def refused(capsys, command: str, expected: str, *argv) -> str:
     """``twins COMMAND ARGV`` fails as a usage error: exit 2, one line (argparse's own errors too)
     ``twins COMMAND: error: ...`` containing ``expected``."""
@@ -288,7 +286,6 @@ def test_a_missing_config_file_names_the_option(argv, tmp_path, capsys, monkeypa
     monkeypatch.chdir(tmp_path)
     refused(capsys, argv[0], "--config 'nonexist.json': no such file or directory", *argv[1:])
     assert not list(tmp_path.iterdir())
-
 
 
 def test_decode_and_convert_take_paths_and_integers_as_typed(capsys, tiny_checkpoint, tmp_path,

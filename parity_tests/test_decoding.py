@@ -184,7 +184,6 @@ def test_decode_step_checks_its_arguments(model_backend):
             model.init_cache(np.zeros((5, 7, d), np.float32), mask, 4)
 
 
-
 @pytest.mark.parametrize("model_backend", CACHE_BACKENDS, indirect=True)
 def test_a_cache_of_another_models_shape_is_refused_naming_what_differs(model_backend):
     """A cache made by a model of another vocabulary or depth used to decode silently (logits of
@@ -242,6 +241,7 @@ def test_reorder_beams_checks_its_rows(model_backend):
     cache = cache.reorder_beams(be.tensor(np.array([2, 2, 0, 3, 3, 3], np.int32)))  # any integer dtype
     for layer, key in zip(cache.layers, before):
         np.testing.assert_array_equal(be.numpy(layer.self_key)[:, :, :1], key[[2, 2, 0, 3, 3, 3], :, :1])
+
 
 # -- parity with the float64 oracle ---------------------------------------------------------------
 # torch: every tiny variant, cached and recompute. TF: every decode variant compiled (tf.function)

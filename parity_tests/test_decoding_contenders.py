@@ -164,6 +164,8 @@ def test_oracle_log_probs_follow_the_tokens_given():
     assert log_probs.shape == (2, 6, CONFIG.tgt_vocab) and log_probs.dtype == np.float64
     np.testing.assert_array_equal(log_probs.argmax(axis=-1), tokens[rows])
     assert (log_probs[..., CONFIG.pad_id] == -np.inf).all()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present: the contenders run there")
 @pytest.mark.parametrize("name, library", [("torch", "torch"), ("transformers", "transformers"),
                                            ("ct2-float32", "ctranslate2"), ("onnx", "onnxruntime")])

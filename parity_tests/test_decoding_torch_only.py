@@ -52,6 +52,7 @@ def test_one_host_sync_per_step(kind, monkeypatch):
     config = model.config
     src = torch.from_numpy(sources(config, 0))
     reads = []
+
     def counted(name):
         original = getattr(torch.Tensor, name)
         return lambda self: reads.append(name) or original(self)

@@ -21,8 +21,6 @@ pytestmark = [pytest.mark.torch,
               pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")]
 
 
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     """A tiny copy run of 2 steps in torch (the tiny preset, no held-out evaluation)."""

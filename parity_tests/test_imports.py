@@ -397,7 +397,6 @@ def test_commands_import_no_command_and_reach_backends_through_the_adapter():
             assert not backends, (path.name, backends)
 
 
-
 def test_a_worker_that_exits_without_finalizing_still_runs_every_exit_handler(tmp_path, monkeypatch):
     """conftest's fast exit: registered in an xdist worker whose tests ran (passed or failed),
     never elsewhere nor under PARITY_FULL_EXIT=1; at exit it runs every other exit handler

@@ -271,4 +271,3 @@ def test_adam_update_is_algorithm_1(dtype):
         w = w - lr * (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.98 ** t)) + 1e-9)
     bound = FLOAT64 if dtype == "float64" else bound_for(dtype, "tf:reference")
     assert_close(variable.numpy(), w, bound, "variable after 30 Adam steps")
-

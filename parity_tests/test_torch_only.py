@@ -102,7 +102,6 @@ def test_noam_schedule_needs_base_rate_one():
             training.make_optimizer(torch_impl.Transformer(config), 16, 10, start_step=start_step)
 
 
-
 def test_torch_export_runs_the_forward_pass_for_any_batch_and_length():
     """``torch.export.export`` with a dynamic batch, source and target length: the program (the
     modules' pass: a tracer takes no kept weights) gives the model's logits for shapes other than

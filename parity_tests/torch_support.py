@@ -31,4 +31,3 @@ def build(config: TransformerConfig, weights: Mapping[str, np.ndarray] | None = 
     if weights is not None:
         model.import_weights(weights)
     return model.to(device).eval()
-

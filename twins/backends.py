@@ -433,7 +433,6 @@ class TF(_Framework):
             self._compiled(tf.constant(src), tf.constant(tgt)).numpy()
 
 
-
 class OnnxRuntime:
     """ONNX Runtime serving the ONNX export of a model (`twins.onnx_runtime`; imports neither torch
     nor TensorFlow): decoding and logits, no trace or training. Built from canonical weights (the

@@ -232,4 +232,3 @@ def resolve_task(given: str | None, log: dict | None, config: TransformerConfig)
         raise ValueError(f"--task {given}: the checkpoint's train log says {log.get('task')}")
     check_config(task, config)
     return task
-
