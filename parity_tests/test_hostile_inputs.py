@@ -221,7 +221,8 @@ def test_a_numpy_duration_is_named_alike_by_every_decoder():
     that dtype were refused by name already."""
     src, duration, shown = np.array([[3, 4, 5]]), np.timedelta64(3, "s"), r"np\.timedelta64\(3,'s'\)"
     cases = [
-        (lambda m, model: m.greedy_decode(model, src, duration), rf"^max_len: expected an int >= 1, got {shown}$"),
+        (lambda m, model: m.greedy_decode(model, src, duration),
+         rf"^max_len: expected an int >= 1, got {shown}$"),
         (lambda m, model: m.beam_search(model, src, 3, beam_size=duration),
          rf"^beam_size: expected an int >= 1, got {shown}$"),
         (lambda m, model: m.beam_search(model, src, 3, beam_size=2, length_penalty=duration),

@@ -271,9 +271,11 @@ NUMPY_SHOWN = [(np.float64(1.0), "np.float64(1.0)"), (np.float32(-0.5), "np.floa
                (np.int64(3), "np.int64(3)"), (np.uint8(7), "np.uint8(7)"), (np.int8(-5), "np.int8(-5)"),
                (np.True_, "np.True_"), (np.False_, "np.False_"),
                (np.complex128(1 + 2j), "np.complex128(1+2j)"), (np.complex64(2j), "np.complex64(2j)"),
-               (np.longdouble(1.5), "np.longdouble('1.5')"), (np.clongdouble(1 + 1j), "np.clongdouble('1+1j')"),
+               (np.longdouble(1.5), "np.longdouble('1.5')"),
+               (np.clongdouble(1 + 1j), "np.clongdouble('1+1j')"),
                (np.str_("pre"), "np.str_('pre')"), (np.str_("it's"), 'np.str_("it\'s")'),
-               (np.bytes_(b"x"), "np.bytes_(b'x')"), (np.datetime64("2020-01-01"), "np.datetime64('2020-01-01')"),
+               (np.bytes_(b"x"), "np.bytes_(b'x')"),
+               (np.datetime64("2020-01-01"), "np.datetime64('2020-01-01')"),
                (np.timedelta64(3, "s"), "np.timedelta64(3,'s')")]
 
 
