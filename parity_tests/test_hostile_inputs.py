@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -154,8 +155,9 @@ def _tiny():
 
 
 def _tiny_decoders() -> dict:
-    """``{name: (package, model)}``: the tiny model in the reference and in each backend installed,
-    the same weights; each package has ``greedy_decode`` and ``beam_search``."""
+    """``{name: (package, model)}``: the tiny model in the reference, in each backend installed and
+    in ONNX Runtime (`twins.onnx_runtime`, where onnx and onnxruntime import), the same weights;
+    each package has ``greedy_decode`` and ``beam_search`` (ONNX Runtime's methods, as such)."""
     from shared import reference as R
     config, weights = _tiny()
     decoders = {"reference": (R, R.Model(weights, config))}
@@ -167,6 +169,14 @@ def _tiny_decoders() -> dict:
         model = impl.Transformer(config)
         model.import_weights(weights)
         decoders[name] = (impl, model)
+    try:
+        from twins.onnx_runtime import OnnxRuntimeModel
+        runtime = OnnxRuntimeModel.from_weights(config, weights)
+    except ImportError:
+        return decoders
+    methods = SimpleNamespace(greedy_decode=lambda model, src, max_len, **kw: model.greedy(src, max_len, **kw),
+                              beam_search=lambda model, src, max_len, **kw: model.beam(src, max_len, **kw))
+    decoders["onnx_runtime"] = (methods, runtime)
     return decoders
 
 
@@ -190,8 +200,11 @@ def test_a_source_that_is_no_array_is_named_alike_by_every_decoder():
     """None, text, objects and lists given to greedy_decode: the reference said "rank 0" for None,
     torch_impl refused lists (which the others decode) and named NumPy object arrays in NumPy's
     words, then as "expected a tensor or array, got ndarray" (it is one): an array of objects is
-    named by its dtype. One exception type and message for each, in all three; a list decodes
-    everywhere."""
+    named by its dtype. One exception type and message for each, in all four; a list decodes
+    everywhere. Lists ragged below their rows, and a dict, failed in NumPy's words in the
+    reference and ONNX Runtime, whose source check (its own) also named text ``<U1``, an object
+    array "dtype object", None and a dict "rank 0" and ragged rows in NumPy's words (found by the
+    fuzzer once it ran the NumPy decoders beside torch_impl's)."""
     decoders = [(name, lambda src, package=package, model=model: package.greedy_decode(model, src, 3))
                 for name, (package, model) in _tiny_decoders().items()]
     # Whole messages ($): tf_impl added TensorFlow's reason to the first and last, named a list
@@ -206,7 +219,13 @@ def test_a_source_that_is_no_array_is_named_alike_by_every_decoder():
               r"^src: expected a tensor or array of numbers, got an ndarray of dtype object$"),
              (np.array([[1, 2]], dtype=object), TypeError,  # numbers as objects: none converts them
               r"^src: expected a tensor or array of numbers, got an ndarray of dtype object$"),
-             ([[1, None]], TypeError, r"^src: expected a tensor or array, got list$")]
+             ([[1, None]], TypeError, r"^src: expected a tensor or array, got list$"),
+             ([[1, 2], [3]], ValueError, r"^src: expected token ids of shape \(batch, seq\), every row of one "
+              r"length, got rows of lengths \[2, 1\]; pad the rows to one length \(with pad_id\)$"),
+             ([[1, [2, 3]]], TypeError, r"^src: expected a tensor or array, got list$"),
+             ([[1, 2], 3], TypeError, r"^src: expected a tensor or array, got list$"),
+             ([[2**70, 3]], TypeError, r"^src: expected a tensor or array, got list$"),
+             ({"src": [[1, 2]]}, TypeError, r"^src: expected a tensor or array, got dict$")]
     for name, decode in decoders:
         for src, error, needle in cases:
             with pytest.raises(error, match=needle):

@@ -487,6 +487,18 @@ def test_the_runtime_model_checks_its_own_arguments(demo):
             model.step(src, beams)
     with pytest.raises(TypeError, match="^return_all: expected True or False, got 'no' \\(str\\)$"):
         model.beam(src, 4, 2, return_all="no")
+    # The full pass checks src, tgt, then the mask, in the reference's order and words (it checked
+    # the mask before tgt, and named a batch that differed in words of its own).
+    weights, bad_mask = demo[1], np.ones((1, 3), np.float32)
+    for tgt, error, message in ((None, TypeError, "tgt: expected a tensor or array, got NoneType"),
+                                ([[1, 2], [1]], ValueError, "tgt: expected token ids of shape (batch, seq), every "
+                                 "row of one length, got rows of lengths [2, 1]; pad the rows to one length "
+                                 "(with pad_id)"),
+                                (np.array([[1, 2], [1, 3]]), ValueError, "tgt: expected batch size 1 (as src), got 2")):
+        for full_pass in (lambda: model.logits(src, tgt, src_mask=bad_mask),
+                          lambda: R.forward(weights, config, src, tgt, src_mask=bad_mask)):
+            with pytest.raises(error, match=f"^{re.escape(message)}$"):
+                full_pass()
 
 
 def test_verify_reports_pass_and_fail(demo, capsys, tmp_path):

@@ -149,6 +149,49 @@ def not_an_array_message(name: str, value) -> str:
     return f"{name}: expected a tensor or array, got {type(value).__name__}"
 
 
+def as_array(name: str, value) -> np.ndarray:
+    """``value``, which is not a framework's tensor (a NumPy array, nested lists, a number), as
+    NumPy reads it, or the one error all three implementations raise for what holds no numbers
+    (or text, which the checks after name by its dtype): None or another object, an array of
+    objects, or lists NumPy cannot make one array of (``TypeError``, `not_an_array_message`).
+    Each backend converts its loss's and its batches' non-tensors here, so that none of them names
+    a bad value in its framework's words."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):  # lists ragged below the rows, or a sequence NumPy cannot read
+        array = None
+    if array is None or array.dtype.kind == "O":
+        raise TypeError(not_an_array_message(name, value))
+    return array
+
+
+def ids_array(name: str, value) -> np.ndarray:
+    """`as_array` of ids, ``(batch, seq)``: rows of different lengths are named as such first
+    (``ValueError``, `ragged_message`: what to do about them, not NumPy's "inhomogeneous
+    shape")."""
+    if (lengths := ragged_rows(value)) is not None:
+        raise ValueError(ragged_message(name, lengths))
+    return as_array(name, value)
+
+
+def dtype_name(array: np.ndarray) -> str:
+    """A NumPy array's dtype as the checks name dtypes: as NumPy names it, but text ``string``,
+    as TensorFlow names its text (NumPy's ``<U1`` would differ by length and byte order)."""
+    return "string" if array.dtype.kind in "US" else str(array.dtype)
+
+
+def checked_ids(name: str, value, vocab: int, max_len: int) -> np.ndarray:
+    """``value`` as NumPy token ids ``(batch, seq)``, checked as every implementation checks its
+    ids, with the same errors: `ids_array` (rows of different lengths, lists ragged below the rows,
+    None and objects), then `check_ids` (rank, integer dtype, ``1 <= seq <= max_len``), then
+    `check_ids_range` (``[0, vocab)``). The NumPy implementations' check (the reference, ONNX
+    Runtime's `twins.onnx_runtime`); each framework's does the same on its tensors."""
+    ids = ids_array(name, value)
+    check_ids(name, ids.shape, dtype_name(ids), ids.dtype.kind in "iu", max_len)
+    check_ids_range(name, vocab, int(ids.min()), int(ids.max()))
+    return ids
+
+
 def empty_message(name: str, batch, seq) -> str:
     return f"{name}: expected a non-empty (batch, seq), got shape ({batch}, {seq})"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checks import ids_range_message, is_int, is_real, not_an_array_message, ragged_message, ragged_rows
+from .checks import as_array, dtype_name, ids_array, ids_range_message, is_int, is_real
 from .messages import shown
 
 
@@ -49,37 +49,6 @@ def label_smoothed_cross_entropy(logits: np.ndarray, targets: np.ndarray, pad_id
     picked = logp[np.arange(logp.shape[0]), targets[keep]]
     per_token = -(1.0 - smoothing) * picked - smoothing / vocab * logp.sum(axis=-1)
     return float(per_token.mean())
-
-
-def as_array(name: str, value) -> np.ndarray:
-    """``value``, which is not a framework's tensor (a NumPy array, nested lists, a number), as
-    NumPy reads it, or the one error all three implementations raise for what holds no numbers
-    (or text, which the checks after name by its dtype): None or another object, an array of
-    objects, or lists NumPy cannot make one array of (``TypeError``,
-    `shared.checks.not_an_array_message`). Each backend converts its loss's and its batches'
-    non-tensors here, so that none of them names a bad value in its framework's words."""
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError):  # lists ragged below the rows, or a sequence NumPy cannot read
-        array = None
-    if array is None or array.dtype.kind == "O":
-        raise TypeError(not_an_array_message(name, value))
-    return array
-
-
-def ids_array(name: str, value) -> np.ndarray:
-    """`as_array` of ids, ``(batch, seq)``: rows of different lengths are named as such first
-    (``ValueError``, `shared.checks.ragged_message`: what to do about them, not NumPy's
-    "inhomogeneous shape")."""
-    if (lengths := ragged_rows(value)) is not None:
-        raise ValueError(ragged_message(name, lengths))
-    return as_array(name, value)
-
-
-def dtype_name(array: np.ndarray) -> str:
-    """A NumPy array's dtype as the checks name dtypes: as NumPy names it, but text ``string``,
-    as TensorFlow names its text (NumPy's ``<U1`` would differ by length and byte order)."""
-    return "string" if array.dtype.kind in "US" else str(array.dtype)
 
 
 def check_loss_args(caller: str, logits_shape, targets_shape, targets_dtype: str,

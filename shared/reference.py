@@ -33,8 +33,7 @@ from typing import Mapping
 import numpy as np
 
 from . import decoding as _decoding
-from .checks import (check_ids, check_ids_range, check_mask, check_same_batch, not_an_array_message,
-                     ragged_message, ragged_rows)
+from .checks import check_mask, check_same_batch, checked_ids
 from .config import TransformerConfig
 from .decoding import BeamResult, GreedyResult
 from .masks import make_src_mask, make_tgt_mask, padding_id, start_is_pad
@@ -245,18 +244,6 @@ def trace_names(config: TransformerConfig) -> list[str]:
 
 
 # -- input checks ---------------------------------------------------------------------------------
-def _check_tokens(name: str, ids, vocab: int, config: TransformerConfig) -> np.ndarray:
-    if (lengths := ragged_rows(ids)) is not None:  # NumPy's own error says "inhomogeneous shape"
-        raise ValueError(ragged_message(name, lengths))
-    value, ids = ids, np.asarray(ids)
-    if ids.dtype.kind == "O":  # None, objects: the backends' words (tf_impl's `to_tensor`)
-        raise TypeError(not_an_array_message(name, value))
-    dtype = "string" if ids.dtype.kind in "US" else str(ids.dtype)  # as TensorFlow names text
-    check_ids(name, ids.shape, dtype, ids.dtype.kind in "iu", config.max_len)
-    check_ids_range(name, vocab, int(ids.min()), int(ids.max()))
-    return ids
-
-
 def _check_or_make_mask(name: str, mask, default: np.ndarray, config: TransformerConfig,
                         batch: int, q_len: int, k_len: int) -> np.ndarray:
     if mask is None:
@@ -277,7 +264,7 @@ def encode(weights: Weights, config: TransformerConfig, src, src_mask=None,
     when omitted. Pass a dict as ``trace`` to collect the encoder's intermediates.
     """
     model = Model(weights, config)
-    src = _check_tokens("src", src, config.src_vocab, config)
+    src = checked_ids("src", src, config.src_vocab, config.max_len)
     b, s = src.shape
     src_mask = _check_or_make_mask("src_mask", src_mask, make_src_mask(src, padding_id(config)), config, b, 1, s)
     return model.encode(src, src_mask, trace)
@@ -297,8 +284,8 @@ def forward(weights: Weights, config: TransformerConfig, src, tgt, src_mask=None
             never padding when the decoder starts from pad: `shared.masks.make_tgt_mask`).
     """
     model = Model(weights, config)
-    src = _check_tokens("src", src, config.src_vocab, config)
-    tgt = _check_tokens("tgt", tgt, config.tgt_vocab, config)
+    src = checked_ids("src", src, config.src_vocab, config.max_len)
+    tgt = checked_ids("tgt", tgt, config.tgt_vocab, config.max_len)
     check_same_batch(src.shape, tgt.shape)
     (b, s), t = src.shape, tgt.shape[1]
     src_mask = _check_or_make_mask("src_mask", src_mask, make_src_mask(src, padding_id(config)), config, b, 1, s)
@@ -325,7 +312,7 @@ def _decode_inputs(model, src, max_len, src_mask, beam_size=_decoding.GREEDY, le
         raise TypeError(f"model: expected a shared.reference.Model (Model(weights, config)), "
                         f"got {type_shown(model)}")
     config = model.config
-    src = _check_tokens("src", src, config.src_vocab, config)
+    src = checked_ids("src", src, config.src_vocab, config.max_len)
     _decoding.check_search_args(config, max_len, beam_size, length_penalty)
     _decoding.check_flags(**flags)
     b, s = src.shape

@@ -9,14 +9,13 @@ import math
 
 import numpy as np
 
-from .checks import check_ids
-from .loss import dtype_name, ids_array
+from .checks import check_ids, dtype_name, ids_array
 from .messages import shown
 
 
 def batch_ids(name: str, value) -> np.ndarray:
     """A batch's ids (``src``, ``tgt`` or ``tgt_out``) that are not a framework's tensor, as a
-    NumPy array of numbers (`shared.loss.ids_array`: ragged rows, None and objects refused), text
+    NumPy array of numbers (`shared.checks.ids_array`: ragged rows, None and objects refused), text
     refused here (shape first, then dtype, as `shared.checks.check_ids` orders them) because torch
     cannot hold it and TensorFlow would hold it until a later check. The backend converts the
     array and checks its values (`check_ids` of its inputs)."""

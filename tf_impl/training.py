@@ -26,9 +26,9 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from shared.checks import check_flag
-from shared.loss import (NO_TARGETS, as_array, check_loss_args, check_smoothing, check_some_targets,
-                         check_targets_range, check_tokens, ids_array, targets_range_message)
+from shared.checks import as_array, check_flag, ids_array
+from shared.loss import (NO_TARGETS, check_loss_args, check_smoothing, check_some_targets, check_targets_range,
+                         check_tokens, targets_range_message)
 from shared.moments import FOREIGN_OPTIMIZER, check_moments, listed_names
 from shared.schedule import check_start_step, noam_formula, noam_lr
 from shared.training import batch_ids, check_learning_rate
@@ -130,7 +130,7 @@ def _any_target(targets: tf.Tensor, pad_id: int) -> tf.Tensor:
 
 def _as_tensor(name: str, value, convert) -> tf.Tensor:
     """``value`` as it is if a tensor (symbolic ones too), else ``convert(name, value)`` (a NumPy
-    array, or the shared error for what holds no numbers: `shared.loss.as_array`) as a tensor."""
+    array, or the shared error for what holds no numbers: `shared.checks.as_array`) as a tensor."""
     if tf.is_tensor(value) or isinstance(value, tf.Variable):
         return tf.convert_to_tensor(value)
     return tf.convert_to_tensor(convert(name, value))

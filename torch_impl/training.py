@@ -20,9 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from shared.checks import check_flag
-from shared.loss import (as_array, check_loss_args, check_smoothing, check_some_targets, check_targets_range,
-                         check_tokens, dtype_name, ids_array)
+from shared.checks import as_array, check_flag, dtype_name, ids_array
+from shared.loss import check_loss_args, check_smoothing, check_some_targets, check_targets_range, check_tokens
 from shared.messages import shown
 from shared.moments import FOREIGN_OPTIMIZER, MAX_STEP, check_moments
 from shared.schedule import check_start_step, noam_lr
@@ -105,7 +104,7 @@ def _smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int, smo
 
 def _as_tensor(name: str, value, convert):
     """``value`` as it is if a tensor, else ``convert(name, value)``: a NumPy array, or the shared
-    error for what holds no numbers (`shared.loss.as_array`). Converted to a tensor only after the
+    error for what holds no numbers (`shared.checks.as_array`). Converted to a tensor only after the
     loss's checks, which name text by its dtype (torch holds none)."""
     return value if isinstance(value, torch.Tensor) else convert(name, value)
 

@@ -49,7 +49,7 @@ import numpy as np
 
 from shared import TransformerConfig
 from shared import decoding as search
-from shared.checks import check_config, check_ids, check_ids_range, check_mask
+from shared.checks import check_config, check_mask, check_same_batch, checked_ids
 from shared.decoding import BeamResult, GreedyResult
 from shared.decoding_args import bad_step_message, check_beam_size, check_flags
 from shared.exporters.onnx import (DECODER, DECODER_WITH_PAST, ENCODER, GRAPHS, export_precision, past_names,
@@ -285,10 +285,7 @@ class OnnxRuntimeModel:
 
     # -- input checks (shared.checks: the messages every implementation gives) ---------------------
     def _ids(self, name: str, ids, vocab: int) -> np.ndarray:
-        ids = np.asarray(ids)
-        check_ids(name, ids.shape, str(ids.dtype), ids.dtype.kind in "iu", self.config.max_len)
-        check_ids_range(name, vocab, int(ids.min()), int(ids.max()))
-        return ids.astype(np.int64, copy=False)
+        return checked_ids(name, ids, vocab, self.config.max_len).astype(np.int64, copy=False)
 
     def _source(self, src, src_mask, *search_args) -> tuple[np.ndarray, np.ndarray]:
         """Checked ``src`` int64 (B, S) and its ``attention_mask`` int64 (B, S); the decoding
@@ -297,8 +294,13 @@ class OnnxRuntimeModel:
         src = self._ids("src", src, self.config.src_vocab)
         if search_args:
             search.check_search_args(self.config, *search_args)
+        return src, self._attention_mask(src, src_mask)
+
+    def _attention_mask(self, src: np.ndarray, src_mask) -> np.ndarray:
+        """The checked ``src_mask`` (or the default, ``src != pad_id``) as the graphs' key mask,
+        int64 (B, S)."""
         if src_mask is None:
-            return src, source_mask(self.config, src)
+            return source_mask(self.config, src)
         if not isinstance(src_mask, np.ndarray):
             raise TypeError(f"src_mask: expected a numpy bool array, got {type(src_mask).__name__}")
         b, s = src.shape
@@ -307,7 +309,7 @@ class OnnxRuntimeModel:
         if src_mask.shape[1] != 1:
             raise ValueError(f"src_mask: expected one mask for every head, shape (batch|1, 1, 1, {s}), "
                              f"got shape {src_mask.shape}: the ONNX graphs take a key mask per row")
-        return src, np.broadcast_to(src_mask[:, 0, 0, :], (b, s)).astype(np.int64)
+        return np.broadcast_to(src_mask[:, 0, 0, :], (b, s)).astype(np.int64)
 
     # -- the model -----------------------------------------------------------------------------------
     def _encode(self, src: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -321,10 +323,10 @@ class OnnxRuntimeModel:
         """The full pass: logits (B, T, tgt_vocab) of target inputs ``tgt`` (B, T) (``decoder_model``,
         the target masked as the oracle's default: convention 2), as the graph returns them:
         ``config.dtype``, float16 from a float16 export (as torch_impl's half forward pass)."""
-        src, mask = self._source(src, src_mask)
+        src = self._ids("src", src, self.config.src_vocab)  # src, tgt, then the mask: the reference's order
         tgt = self._ids("tgt", tgt, self.config.tgt_vocab)
-        if tgt.shape[0] != src.shape[0]:
-            raise ValueError(f"tgt: expected batch size {src.shape[0]} (as src), got {tgt.shape[0]}")
+        check_same_batch(src.shape, tgt.shape)
+        mask = self._attention_mask(src, src_mask)
         feed = {"input_ids": tgt, "encoder_hidden_states": self._encode(src, mask),
                 "encoder_attention_mask": mask}
         return self.decoder.run(["logits"], feed)[0]
