@@ -11,7 +11,9 @@ Exit status 1 when anything was found. Surfaces:
 
 * ``decoders``: `greedy_decode` / `beam_search` with sources, lengths, masks and settings that are
   wrong in every way (None, text, floats, ragged lists, bad shapes and ids, NaN, bools), and some
-  that are right;
+  that are right; the NumPy decoders of the same weights run beside them, the float64 reference
+  and ONNX Runtime's (`twins.onnx_runtime`, where onnx and onnxruntime import), and must end as
+  torch_impl's does;
 * ``steps``: the cached step (`init_cache`, `decode_step`, `DecoderCache.reorder_beams`) with
   source masks, capacities, beam counts, token ids and beam rows wrong in length, rank, dtype or value, and some
   right (arrays as torch tensors for torch_impl, whose model calls take tensors only);
@@ -42,7 +44,10 @@ now: a sparse tensor in a foreign state dict, and h5py's RuntimeError on a Keras
 (test_torch_weights.py); a resumed run whose config.json or log step had changed, trained as it
 stood (test_train_hostile.py: found by reading the resumes that succeeded; the `runs` surface
 judges them since); a NumPy ``timedelta64`` taken for an int, refused alike in ``int()``'s words
-(test_shared_hostile.py, test_hostile_inputs.py: found once refusals had to name their argument).
+(test_shared_hostile.py, test_hostile_inputs.py: found once refusals had to name their argument);
+ONNX Runtime's source check, its own, naming text ``<U1``, None "rank 0" and ragged rows in NumPy's
+words, and the reference's naming lists ragged below the rows in NumPy's words (test_hostile_inputs.py,
+test_onnx.py: found once the NumPy decoders ran beside the backends').
 """
 from __future__ import annotations
 
@@ -61,6 +66,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -94,6 +100,26 @@ def _backends():
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _peers() -> dict:
+    """``{"reference": (module, model), "onnx": ...}``: the NumPy decoders of the same weights, as
+    ``(namespace with greedy_decode and beam_search, model)``: the float64 reference, and ONNX
+    Runtime's (`twins.onnx_runtime`) where ``onnx`` and ``onnxruntime`` import. They hold no state a
+    call could change, so only their outcomes are compared (with torch_impl's)."""
+    from shared import reference
+    weights = random_weights(CONFIG, 0)
+    peers = {"reference": (reference, reference.Model(weights, CONFIG))}
+    try:
+        from twins.onnx_runtime import OnnxRuntimeModel
+        onnx_model = OnnxRuntimeModel.from_weights(CONFIG, weights)
+    except ImportError:
+        return peers
+    runtime = SimpleNamespace(greedy_decode=lambda model, src, max_len, **kw: model.greedy(src, max_len, **kw),
+                              beam_search=lambda model, src, max_len, **kw: model.beam(src, max_len, **kw))
+    peers["onnx"] = (runtime, onnx_model)
+    return peers
+
+
 def _outcome(call) -> str:
     try:
         call()
@@ -124,11 +150,13 @@ def _optimizer_steps(name: str) -> float:
     return float(optimizer.iterations.numpy())
 
 
-def _differential(what: str, calls: dict) -> str | None:
-    """Run the same call in both backends; a finding where the outcomes differ, where a refusal
-    names no argument, or where a refused call changed the model's weights or its optimizer's step
-    count."""
+def _differential(what: str, calls: dict, peers: dict | None = None) -> str | None:
+    """Run the same call in both backends (and in ``peers``, stateless implementations: name ->
+    call); a finding where the outcomes differ, where a refusal names no argument, or where a
+    refused call changed a backend model's weights or its optimizer's step count."""
     results, changed = {}, []
+    for name, call in (peers or {}).items():
+        results[name] = _outcome(call)
     for name, call in calls.items():
         model = _backends()[name][1]
         before, steps = model.export_weights(), _optimizer_steps(name)
@@ -139,8 +167,9 @@ def _differential(what: str, calls: dict) -> str | None:
                     or _optimizer_steps(name) != steps):
                 changed.append(name)
     problems = []
-    if results["torch"] != results["tf"]:
-        problems.append(f"torch: {results['torch'][:400]}\n    tf:    {results['tf'][:400]}")
+    for name in [name for name in results if name != "torch"]:
+        if results[name] != results["torch"]:
+            problems.append(f"torch: {results['torch'][:400]}\n    {name + ':':6s} {results[name][:400]}")
     problems += [f"{name}: refused, but its weights or its optimizer's step count changed" for name in changed]
     problems += [problem for name, outcome in results.items() for problem in _unnamed(name, outcome)]
     return f"{what}\n    " + "\n    ".join(problems) if problems else None
@@ -179,7 +208,10 @@ def decoders(rng: random.Random) -> str | None:
         kwargs["use_cache"] = rng.choice([False, 0, "yes", None])
     calls = {b: functools.partial(getattr(pkg, name), model, src, max_len, **kwargs)
              for b, (pkg, model, _, _) in _backends().items()}
-    return _differential(f"{name}(src={_shown(src)}, {max_len!r}, {_shown(kwargs)})", calls)
+    peers = {} if "use_cache" in kwargs else {  # NumPy's decoders take no use_cache: they always cache
+        p: functools.partial(getattr(module, name), model, src, max_len, **kwargs)
+        for p, (module, model) in _peers().items()}
+    return _differential(f"{name}(src={_shown(src)}, {max_len!r}, {_shown(kwargs)})", calls, peers)
 
 
 # -- the cached step ----------------------------------------------------------------------------------

@@ -3,7 +3,9 @@ for ``twins``): nothing found. Seed 1 and these counts find both defects the fuz
 (a sparse tensor in a foreign state dict; tf_impl naming non-tensor ids in TensorFlow's words) when
 their fixes are undone; on the cached step, torch_impl's `decode_step` without its id range
 check (an id past int64 then fails in torch's words); and on the forward pass, torch_impl without
-its check that src and tgt have one batch size (torch then broadcasts a batch of one, silently). More cases: ``python -m parity_tests.fuzz --cases 500 --seed N``."""
+its check that src and tgt have one batch size (torch then broadcasts a batch of one, silently);
+on the decoders, ONNX Runtime's own source check of before session 37 (16 findings). More cases:
+``python -m parity_tests.fuzz --cases 500 --seed N``."""
 import pytest
 
 pytest.importorskip("torch")
