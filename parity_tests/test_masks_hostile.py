@@ -138,6 +138,31 @@ def test_ragged_rows_get_the_project_message(helper, name):
         helper([[1, 2], [3]], 0)
 
 
+# Ids that hold no array of numbers, as the helpers that take any array (the reference's and
+# tf_impl's; torch_impl's take torch tensors only, and say so) name them.
+NOT_IDS = [(None, TypeError, "expected a tensor or array, got NoneType"),
+           ([[1, [2, 3]]], TypeError, "expected a tensor or array, got list"),
+           ([[1, 2], 3], TypeError, "expected a tensor or array, got list"),
+           ([[1, None]], TypeError, "expected a tensor or array, got list"),
+           ({"ids": [[1, 2]]}, TypeError, "expected a tensor or array, got dict"),
+           (np.array([[1, 2]], dtype=object), TypeError,
+            "expected a tensor or array of numbers, got an ndarray of dtype object"),
+           ([["a", "b"]], TypeError, "expected integer token ids, got dtype string"),
+           ("abc", ValueError, "expected token ids of shape (batch, seq), got rank 0 shape ()")]
+
+
+@pytest.mark.parametrize("impl", ["numpy", "tf"])
+@pytest.mark.parametrize("helper, name", [("make_src_mask", "src"), ("make_tgt_mask", "tgt")])
+def test_ids_that_are_no_array_are_named_alike(impl, helper, name):
+    """The reference's helpers failed in NumPy's words on lists ragged below their rows
+    ("inhomogeneous shape"), read None and a dict as ids of "shape ()", and named a list holding
+    None "dtype object" and text "dtype <U1": each now as tf_impl's names it."""
+    inputs, _ = _impl(impl)
+    for value, error, message in NOT_IDS:
+        with pytest.raises(error, match=f"^{re.escape(f'{name}: {message}')}$"):
+            getattr(inputs, helper)(value, 0)
+
+
 def test_subsequent_mask_size_is_bounded():
     """10**7 asked NumPy for 10**14 bytes (MemoryError); refused by name before any allocation."""
     assert SUBSEQUENT_MASK_LIMIT ** 2 == POSITIONAL_TABLE_LIMIT

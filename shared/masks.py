@@ -25,9 +25,10 @@ from typing import Sequence
 
 import numpy as np
 
-from .checks import check_config, check_flag, is_int, ragged_message, ragged_rows
+from .checks import check_config, check_flag, dtype_name, is_int
 from .config import POSITIONAL_TABLE_LIMIT, TransformerConfig
 from .messages import shown
+from .training import batch_ids
 
 # The longest causal mask `subsequent_mask` and `make_tgt_mask` build: length * length <=
 # POSITIONAL_TABLE_LIMIT values, the bound the config puts on the positional table. At that length
@@ -57,11 +58,12 @@ def check_mask_ids(name: str, shape: Sequence, dtype: str, is_integer: bool) -> 
         raise TypeError(f"{name}: expected integer token ids, got dtype {dtype}")
 
 
-def _check_ids(name: str, ids: np.ndarray) -> np.ndarray:
-    if (lengths := ragged_rows(ids)) is not None:  # NumPy's own error would not name the argument
-        raise ValueError(ragged_message(name, lengths))
-    ids = np.asarray(ids)
-    check_mask_ids(name, ids.shape, str(ids.dtype), ids.dtype.kind in "iu")
+def _check_ids(name: str, ids) -> np.ndarray:
+    """``ids`` as a NumPy array, read as tf_impl's helpers read a non-tensor (`batch_ids`: ragged
+    rows, None, objects and text named as every implementation names them), of rank 2 and an
+    integer dtype (`check_mask_ids`)."""
+    ids = batch_ids(name, ids)
+    check_mask_ids(name, ids.shape, dtype_name(ids), ids.dtype.kind in "iu")
     return ids
 
 
