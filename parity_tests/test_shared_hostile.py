@@ -379,3 +379,28 @@ def test_a_batch_larger_than_the_memory_is_refused_by_name(monkeypatch):
         with pytest.raises(ValueError) as caught:
             call()
         assert str(caught.value).startswith(message), str(caught.value)
+
+
+LOG_PROBS = np.log(np.full((1, 2, 4), 0.25))
+
+
+@pytest.mark.parametrize("tokens_a, tokens_b, log_probs, error, message", [
+    ([[1, 2]], [[1, -1]], LOG_PROBS, ValueError, "tokens_b: expected token ids in [0, 4), got values in [-1, 1]"),
+    ([[1, 2]], [[1, 4]], LOG_PROBS, ValueError, "tokens_b: expected token ids in [0, 4), got values in [1, 4]"),
+    ([[1.0, 2.0]], [[1, 3]], None, TypeError, "tokens_a: expected integer token ids, got dtype float64"),
+    ([[1, [2]]], [[1, 2]], None, TypeError, "tokens_a: expected a tensor or array, got list"),
+    ([1, 2], [1, 3], None, ValueError, "tokens_a: expected token ids of shape (batch, steps), got shape (2,)"),
+    ([[1, 2]], [[1, 2, 3]], None, ValueError, "tokens_b: expected the shape of tokens_a, (1, 2), got (1, 3)"),
+    ([[1, 2]], [[1, 3]], LOG_PROBS[0], ValueError,
+     "log_probs: expected float step log-probs of shape (1, 2, vocab) along tokens_a, got shape (2, 4) dtype float64"),
+    ([[1, 2]], [[1, 3]], np.zeros((1, 2, 4), np.int64), ValueError,
+     "log_probs: expected float step log-probs of shape (1, 2, vocab) along tokens_a, got shape (1, 2, 4) dtype int64")])
+def test_first_divergence_refuses_what_would_give_a_wrong_report(tokens_a, tokens_b, log_probs, error, message):
+    """`shared.divergence.first_divergence` read a token of -1 (a SavedModel's refused row) as the
+    last id's log-prob, truncated float tokens to ids, and failed in NumPy's words on an id past
+    the vocabulary or log-probs of another shape."""
+    from shared.divergence import Divergence, first_divergence
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        first_divergence(tokens_a, tokens_b, log_probs)
+    assert first_divergence([[1, 2]], [[1, 3]], LOG_PROBS) == [Divergence(0, 1, 2, 3, 0.0)]
+    assert first_divergence([[1, 2]], [[1, 2]], LOG_PROBS) == []

@@ -12,6 +12,7 @@ from typing import Mapping, NamedTuple
 import numpy as np
 
 from . import reference
+from .checks import as_array, check_ids_range, dtype_name, ids_array
 from .conditioning import forward_conditioning
 from .config import TransformerConfig
 from .loss import log_softmax
@@ -39,20 +40,37 @@ def first_divergence(tokens_a, tokens_b, log_probs=None) -> list[Divergence]:
     Args:
         tokens_a, tokens_b: ``(B, T)`` token ids of two decodings of the same sources (e.g. the
             float64 oracle and a float32 backend).
-        log_probs: optional ``(B, T, V)`` step log-probs along ``tokens_a`` (e.g. the oracle's
-            teacher-forced log-softmax); gives each divergence its margin.
+        log_probs: optional ``(B, T, V)`` float step log-probs along ``tokens_a`` (e.g. the
+            oracle's teacher-forced log-softmax); gives each divergence its margin, and then every
+            token must be in ``[0, V)``.
+
+    Raises ``TypeError`` / ``ValueError`` naming the argument: tokens that are not integer ids of
+    one ``(B, T)`` shape, ``log_probs`` of another shape or not floating, a token outside its
+    vocabulary (-1, a refused row's, read the last id's log-prob).
     """
-    a, b = np.asarray(tokens_a), np.asarray(tokens_b)
-    if a.shape != b.shape or a.ndim != 2:
-        raise ValueError(f"tokens: expected two (batch, steps) arrays of one shape, got {a.shape} "
-                         f"and {b.shape}")
+    a, b = ids_array("tokens_a", tokens_a), ids_array("tokens_b", tokens_b)
+    if a.ndim != 2:
+        raise ValueError(f"tokens_a: expected token ids of shape (batch, steps), got shape {a.shape}")
+    if b.shape != a.shape:
+        raise ValueError(f"tokens_b: expected the shape of tokens_a, {a.shape}, got {b.shape}")
+    for name, tokens in (("tokens_a", a), ("tokens_b", b)):
+        if tokens.dtype.kind not in "iu":  # a float token would be truncated to another id
+            raise TypeError(f"{name}: expected integer token ids, got dtype {dtype_name(tokens)}")
+    if log_probs is not None:
+        log_probs = as_array("log_probs", log_probs)
+        if log_probs.ndim != 3 or log_probs.shape[:2] != a.shape or log_probs.dtype.kind != "f":
+            raise ValueError(f"log_probs: expected float step log-probs of shape ({a.shape[0]}, {a.shape[1]}, "
+                             f"vocab) along tokens_a, got shape {log_probs.shape} dtype {dtype_name(log_probs)}")
+        for name, tokens in (("tokens_a", a), ("tokens_b", b)):  # -1 (a refused row) read the last id's
+            if tokens.size:
+                check_ids_range(name, log_probs.shape[2], int(tokens.min()), int(tokens.max()))
     out = []
     for item in np.flatnonzero((a != b).any(axis=1)):
         step = int(np.argmax(a[item] != b[item]))
         tok_a, tok_b = int(a[item, step]), int(b[item, step])
         margin = np.nan
         if log_probs is not None:
-            row = np.asarray(log_probs)[item, step]
+            row = log_probs[item, step]
             margin = float(row[tok_a] - row[tok_b])
         out.append(Divergence(int(item), step, tok_a, tok_b, margin))
     return out
