@@ -10,10 +10,10 @@ unexpected kind. Every finding is printed with what produced it.
 Exit status 1 when anything was found. Surfaces:
 
 * ``decoders``: `greedy_decode` / `beam_search` with sources, lengths, masks and settings that are
-  wrong in every way (None, text, floats, ragged lists, bad shapes and ids, NaN, bools), and some
-  that are right; the NumPy decoders of the same weights run beside them, the float64 reference
-  and ONNX Runtime's (`twins.onnx_runtime`, where onnx and onnxruntime import), and must end as
-  torch_impl's does;
+  wrong in every way (None, text, floats, lists ragged in their rows or below, a dict, ints past
+  int64, bad shapes and ids, NaN, bools), and some that are right; the NumPy decoders of the same
+  weights run beside them, the float64 reference and ONNX Runtime's (`twins.onnx_runtime`, where
+  onnx and onnxruntime import), and must end as torch_impl's does;
 * ``steps``: the cached step (`init_cache`, `decode_step`, `DecoderCache.reorder_beams`) with
   source masks, capacities, beam counts, token ids and beam rows wrong in length, rank, dtype or value, and some
   right (arrays as torch tensors for torch_impl, whose model calls take tensors only);
@@ -37,7 +37,8 @@ Exit status 1 when anything was found. Surfaces:
   ``twins figures``; a resume must refuse a run whose model or step changed (the files hold each
   twice), and a refused one must leave every file of the run as it was.
 
-`parity_tests/test_fuzz.py` runs a fixed slice of each in the suite. Defects this found are tests
+`parity_tests/test_fuzz.py` runs a fixed slice of each in the suite, and checks that the slice
+still finds defects it found before, put back (`first_finding`). Defects this found are tests
 now: a sparse tensor in a foreign state dict, and h5py's RuntimeError on a Keras file damaged inside
 (test_hostile_porting.py); tf_impl naming non-tensor ids in TensorFlow's words
 (test_hostile_inputs.py); torch's warnings printed above the refusal of a damaged ``.pt``
@@ -185,6 +186,7 @@ def _ids(rng: random.Random):
         lambda: np.full(shape, rng.choice([-1, 20, 2**40, 0, 1]), np.int64),
         lambda: np.ones(shape, rng.choice([np.float32, np.bool_, np.uint8, np.int16, np.uint64, "m8[s]"])),
         lambda: np.ones(shape, np.int32) * 5, lambda: np.ones((2, 4), np.int64) * 7,
+        lambda: [[1, [2, 3]]], lambda: [[1, 2], 3], lambda: [[2**70, 3]], lambda: {"src": [[1, 2]]},
     ])()
 
 
@@ -749,6 +751,16 @@ def _shown(value) -> str:
     if isinstance(value, tuple):
         return "(" + ", ".join(_shown(v) for v in value) + ")"
     return repr(value)[:60]
+
+
+def first_finding(surface: str, cases: int, seed: int) -> tuple[int, str] | None:
+    """``(case, finding)`` of the first finding among the cases `run` draws, else None."""
+    rng = random.Random(f"{surface}:{seed}")
+    for case in range(cases):
+        finding = SURFACES[surface](rng)
+        if finding is not None:
+            return case, finding
+    return None
 
 
 def run(surface: str, cases: int, seed: int) -> list[str]:
