@@ -101,24 +101,29 @@ def _backends():
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _peers() -> dict:
-    """``{"reference": (module, model), "onnx": ...}``: the NumPy decoders of the same weights, as
-    ``(namespace with greedy_decode and beam_search, model)``: the float64 reference, and ONNX
-    Runtime's (`twins.onnx_runtime`) where ``onnx`` and ``onnxruntime`` import. They hold no state a
-    call could change, so only their outcomes are compared (with torch_impl's)."""
+def numpy_decoders(config: TransformerConfig, weights) -> dict:
+    """``{"reference": (module, model), "onnx_runtime": ...}``: the NumPy decoders of ``weights``,
+    each as ``(namespace with greedy_decode and beam_search, model)``, called as the backends'
+    (``package.greedy_decode(model, src, max_len, ...)``): the float64 reference, and ONNX
+    Runtime's (`twins.onnx_runtime`, its methods) where ``onnx`` and ``onnxruntime`` import."""
     from shared import reference
-    weights = random_weights(CONFIG, 0)
-    peers = {"reference": (reference, reference.Model(weights, CONFIG))}
+    decoders = {"reference": (reference, reference.Model(weights, config))}
     try:
         from twins.onnx_runtime import OnnxRuntimeModel
-        onnx_model = OnnxRuntimeModel.from_weights(CONFIG, weights)
+        runtime = OnnxRuntimeModel.from_weights(config, weights)
     except ImportError:
-        return peers
-    runtime = SimpleNamespace(greedy_decode=lambda model, src, max_len, **kw: model.greedy(src, max_len, **kw),
+        return decoders
+    methods = SimpleNamespace(greedy_decode=lambda model, src, max_len, **kw: model.greedy(src, max_len, **kw),
                               beam_search=lambda model, src, max_len, **kw: model.beam(src, max_len, **kw))
-    peers["onnx"] = (runtime, onnx_model)
-    return peers
+    decoders["onnx_runtime"] = (methods, runtime)
+    return decoders
+
+
+@functools.lru_cache(maxsize=None)
+def _peers() -> dict:
+    """`numpy_decoders` of the backends' weights. They hold no state a call could change, so only
+    their outcomes are compared (with torch_impl's)."""
+    return numpy_decoders(CONFIG, random_weights(CONFIG, 0))
 
 
 def _outcome(call) -> str:
@@ -170,7 +175,7 @@ def _differential(what: str, calls: dict, peers: dict | None = None) -> str | No
     problems = []
     for name in [name for name in results if name != "torch"]:
         if results[name] != results["torch"]:
-            problems.append(f"torch: {results['torch'][:400]}\n    {name + ':':6s} {results[name][:400]}")
+            problems.append(f"torch: {results['torch'][:400]}\n    {name}: {results[name][:400]}")
     problems += [f"{name}: refused, but its weights or its optimizer's step count changed" for name in changed]
     problems += [problem for name, outcome in results.items() for problem in _unnamed(name, outcome)]
     return f"{what}\n    " + "\n    ".join(problems) if problems else None

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -155,12 +154,12 @@ def _tiny():
 
 
 def _tiny_decoders() -> dict:
-    """``{name: (package, model)}``: the tiny model in the reference, in each backend installed and
-    in ONNX Runtime (`twins.onnx_runtime`, where onnx and onnxruntime import), the same weights;
-    each package has ``greedy_decode`` and ``beam_search`` (ONNX Runtime's methods, as such)."""
-    from shared import reference as R
+    """``{name: (package, model)}``: the tiny model in the reference, in ONNX Runtime (where onnx
+    and onnxruntime import) and in each backend installed, the same weights; each package has
+    ``greedy_decode`` and ``beam_search`` (`parity_tests.fuzz.numpy_decoders`)."""
+    from parity_tests.fuzz import numpy_decoders
     config, weights = _tiny()
-    decoders = {"reference": (R, R.Model(weights, config))}
+    decoders = numpy_decoders(config, weights)
     for name in ("torch_impl", "tf_impl"):
         try:
             impl = __import__(name)
@@ -169,14 +168,6 @@ def _tiny_decoders() -> dict:
         model = impl.Transformer(config)
         model.import_weights(weights)
         decoders[name] = (impl, model)
-    try:
-        from twins.onnx_runtime import OnnxRuntimeModel
-        runtime = OnnxRuntimeModel.from_weights(config, weights)
-    except ImportError:
-        return decoders
-    methods = SimpleNamespace(greedy_decode=lambda model, src, max_len, **kw: model.greedy(src, max_len, **kw),
-                              beam_search=lambda model, src, max_len, **kw: model.beam(src, max_len, **kw))
-    decoders["onnx_runtime"] = (methods, runtime)
     return decoders
 
 
