@@ -195,7 +195,8 @@ def test_a_source_that_is_no_array_is_named_alike_by_every_decoder():
     everywhere. Lists ragged below their rows, and a dict, failed in NumPy's words in the
     reference and ONNX Runtime, whose source check (its own) also named text ``<U1``, an object
     array "dtype object", None and a dict "rank 0" and ragged rows in NumPy's words (found by the
-    fuzzer once it ran the NumPy decoders beside torch_impl's)."""
+    fuzzer once it ran the NumPy decoders beside torch_impl's). ``[[]]`` was "dtype float64"
+    everywhere."""
     decoders = [(name, lambda src, package=package, model=model: package.greedy_decode(model, src, 3))
                 for name, (package, model) in _tiny_decoders().items()]
     # Whole messages ($): tf_impl added TensorFlow's reason to the first and last, named a list
@@ -216,7 +217,10 @@ def test_a_source_that_is_no_array_is_named_alike_by_every_decoder():
              ([[1, [2, 3]]], TypeError, r"^src: expected a tensor or array, got list$"),
              ([[1, 2], 3], TypeError, r"^src: expected a tensor or array, got list$"),
              ([[2**70, 3]], TypeError, r"^src: expected a tensor or array, got list$"),
-             ({"src": [[1, 2]]}, TypeError, r"^src: expected a tensor or array, got dict$")]
+             ({"src": [[1, 2]]}, TypeError, r"^src: expected a tensor or array, got dict$"),
+             # An empty list holds no dtype: its emptiness is named, not NumPy's float64 for it
+             ([[]], ValueError, r"^src: expected a non-empty \(batch, seq\), got shape \(1, 0\)$"),
+             (np.zeros((1, 0)), TypeError, r"^src: expected integer token ids, got dtype float64$")]
     for name, decode in decoders:
         for src, error, needle in cases:
             with pytest.raises(error, match=needle):

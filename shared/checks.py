@@ -171,7 +171,11 @@ def ids_array(name: str, value) -> np.ndarray:
     shape")."""
     if (lengths := ragged_rows(value)) is not None:
         raise ValueError(ragged_message(name, lengths))
-    return as_array(name, value)
+    array = as_array(name, value)
+    if array.size == 0 and array.dtype == np.float64 and not isinstance(value, np.ndarray):
+        # NumPy's dtype for an empty list: no dtype was given, so the emptiness is named, not it
+        array = array.astype(np.int64)
+    return array
 
 
 def dtype_name(array: np.ndarray) -> str:
