@@ -46,9 +46,9 @@ now: a sparse tensor in a foreign state dict, and h5py's RuntimeError on a Keras
 stood (test_train_hostile.py: found by reading the resumes that succeeded; the `runs` surface
 judges them since); a NumPy ``timedelta64`` taken for an int, refused alike in ``int()``'s words
 (test_shared_hostile.py, test_hostile_inputs.py: found once refusals had to name their argument);
-ONNX Runtime's source check, its own, naming text ``<U1``, None "rank 0" and ragged rows in NumPy's
-words, and the reference's naming lists ragged below the rows in NumPy's words (test_hostile_inputs.py,
-test_onnx.py: found once the NumPy decoders ran beside the backends').
+ONNX Runtime's source check, its own, naming text ``<U1``, None "rank 0" and ragged rows in
+NumPy's words, and the reference's naming lists ragged below the rows in NumPy's words
+(test_hostile_inputs.py, test_onnx.py: found once the NumPy decoders ran beside the backends').
 """
 from __future__ import annotations
 
@@ -758,25 +758,24 @@ def _shown(value) -> str:
     return repr(value)[:60]
 
 
-def first_finding(surface: str, cases: int, seed: int) -> tuple[int, str] | None:
-    """``(case, finding)`` of the first finding among the cases `run` draws, else None."""
+def _findings(surface: str, cases: int, seed: int):
+    """``(case, finding)`` for each of ``cases`` random cases of ``surface`` that finds something,
+    as they are drawn (reproducible from ``seed``)."""
     rng = random.Random(f"{surface}:{seed}")
     for case in range(cases):
         finding = SURFACES[surface](rng)
         if finding is not None:
-            return case, finding
-    return None
+            yield case, finding
+
+
+def first_finding(surface: str, cases: int, seed: int) -> tuple[int, str] | None:
+    """The first of `run`'s findings, as ``(case, finding)``, drawing no case after it; else None."""
+    return next(_findings(surface, cases, seed), None)
 
 
 def run(surface: str, cases: int, seed: int) -> list[str]:
     """The findings of ``cases`` random cases of ``surface`` (reproducible from ``seed``)."""
-    rng = random.Random(f"{surface}:{seed}")
-    findings = []
-    for case in range(cases):
-        finding = SURFACES[surface](rng)
-        if finding is not None:
-            findings.append(f"{surface} case {case} (seed {seed}): {finding}")
-    return findings
+    return [f"{surface} case {case} (seed {seed}): {finding}" for case, finding in _findings(surface, cases, seed)]
 
 
 def main(argv: list[str] | None = None) -> int:
