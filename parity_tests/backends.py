@@ -85,11 +85,6 @@ class Backend:
         return self.mode != "eager"
 
     @property
-    def tensor_word(self) -> str:
-        """How this framework's refusal of a non-tensor names its tensors ("torch" / "tf")."""
-        return self.framework
-
-    @property
     def impl(self):
         return torch_impl if self.framework == "torch" else tf_impl
 

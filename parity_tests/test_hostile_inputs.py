@@ -228,6 +228,30 @@ def test_a_source_that_is_no_array_is_named_alike_by_every_decoder():
         assert decode([[3, 4, 5]]).tokens.shape == (1, 3), name
 
 
+def test_a_mask_that_is_no_bool_array_is_named_alike_by_every_decoder():
+    """A ``src_mask`` no framework holds (a duration, text, objects) failed in torch's words ("can't
+    convert np.ndarray of type numpy.timedelta64") and in tf_impl's as "expected a tensor or array,
+    got ndarray (...)"; text was "<U1" in the reference and ONNX Runtime; a list or a number was "a
+    numpy bool array", "a torch bool tensor" or "a tf bool tensor", as the decoder went; a NumPy
+    bool scalar was taken as a shape () mask by two and refused as no array by two. One message for
+    each now, in all four."""
+    src = np.array([[3, 4, 5], [6, 7, 8]])
+    no_array = "expected a bool array or tensor \\(True = may attend\\), got"
+    cases = [([[[[True, True, True]]]], TypeError, f"{no_array} list"), ("x", TypeError, f"{no_array} str"),
+             (True, TypeError, f"{no_array} bool"), (memoryview(np.ones((1, 1, 1, 3), bool)), TypeError,
+                                                     f"{no_array} memoryview"),
+             (np.ones((2, 1, 1, 3), "m8[s]"), TypeError,
+              r"expected a bool mask \(True = may attend\), got dtype timedelta64\[s\]"),
+             (np.array([[[["1", "1", "1"]]]]), TypeError, r"expected a bool mask \(True = may attend\), got dtype string"),
+             (np.ones((1, 1, 1, 3), object), TypeError, r"expected a bool mask \(True = may attend\), got dtype object"),
+             (np.True_, ValueError, r"expected a rank-4 mask broadcastable to .*, got shape \(\)")]
+    for name, (package, model) in _tiny_decoders().items():
+        for mask, error, message in cases:
+            with pytest.raises(error, match=f"^src_mask: {message}$"):
+                package.greedy_decode(model, src, 3, src_mask=mask)
+        assert package.greedy_decode(model, src, 3, src_mask=np.ones((2, 1, 1, 3), bool)).tokens.shape == (2, 3), name
+
+
 def test_a_numpy_duration_is_named_alike_by_every_decoder():
     """NumPy counts a ``timedelta64`` an integer: as ``max_len``, ``beam_size`` or
     ``length_penalty`` it failed in ``int()``'s or a ufunc's words, alike in the three decoders and

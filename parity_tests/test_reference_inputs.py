@@ -14,7 +14,8 @@ def test_bad_ids(src, tgt, error, needle):
 
 
 @pytest.mark.parametrize("kwargs, error, needle", [
-    *BAD_MASKS, (dict(tgt_mask=[[True]]), TypeError, "tgt_mask: expected a numpy bool array, got list")])
+    *BAD_MASKS, (dict(tgt_mask=[[True]]), TypeError,
+                  r"^tgt_mask: expected a bool array or tensor \(True = may attend\), got list$")])
 def test_bad_masks(kwargs, error, needle):
     with pytest.raises(error, match=needle):
         R.forward(W, CONFIG, SRC, TGT, **kwargs)

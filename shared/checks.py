@@ -238,6 +238,25 @@ def mask_expectation(batch, n_heads, q_len, k_len) -> str:
     return f"(batch|1, heads|1, {q_len}|1, {k_len}) = ({batch}|1, {n_heads}|1, {q_len}|1, {k_len})"
 
 
+def mask_dtype_message(name: str, dtype: str) -> str:
+    return f"{name}: expected a bool mask (True = may attend), got dtype {dtype}"
+
+
+def mask_array(name: str, value) -> np.ndarray:
+    """A mask that is not a framework's tensor, as NumPy reads it (anything with ``__array__``: an
+    array, a NumPy bool, a CPU tensor), bool; else what every implementation says of it, before a
+    framework converts it (none holds a duration, a date or text, and each would name them in its
+    own words): no array at all (a list, a number), or not bool, named by its dtype (`check_mask`'s
+    first check). The decoders of every implementation, the reference's forward pass and tf_impl's
+    model call take masks so; torch_impl's model call takes torch tensors only."""
+    if not hasattr(value, "__array__"):
+        raise TypeError(f"{name}: expected a bool array or tensor (True = may attend), got {type(value).__name__}")
+    array = np.asarray(value)
+    if array.dtype != np.bool_:
+        raise TypeError(mask_dtype_message(name, dtype_name(array)))
+    return array
+
+
 def check_mask(name: str, shape: Sequence[int], dtype: str, is_bool: bool,
                batch: int, n_heads: int, q_len: int, k_len: int) -> None:
     """A mask is bool, rank 4, and broadcasts to ``(batch, heads, q_len, k_len)`` with k_len exact.
@@ -247,7 +266,7 @@ def check_mask(name: str, shape: Sequence[int], dtype: str, is_bool: bool,
     shape = _sizes(shape)
     expected = mask_expectation(batch, n_heads, q_len, k_len)
     if not is_bool:
-        raise TypeError(f"{name}: expected a bool mask (True = may attend), got dtype {dtype}")
+        raise TypeError(mask_dtype_message(name, dtype))
     if len(shape) != 4:
         raise ValueError(f"{name}: expected a rank-4 mask broadcastable to {expected}, got shape {shape}")
     ok = (shape[0] in (1, batch) and shape[1] in (1, n_heads) and shape[2] in (1, q_len)

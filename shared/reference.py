@@ -33,7 +33,7 @@ from typing import Mapping
 import numpy as np
 
 from . import decoding as _decoding
-from .checks import check_mask, check_same_batch, checked_ids
+from .checks import check_mask, check_same_batch, checked_ids, mask_array
 from .config import TransformerConfig
 from .decoding import BeamResult, GreedyResult
 from .masks import make_src_mask, make_tgt_mask, padding_id, start_is_pad
@@ -248,10 +248,8 @@ def _check_or_make_mask(name: str, mask, default: np.ndarray, config: Transforme
                         batch: int, q_len: int, k_len: int) -> np.ndarray:
     if mask is None:
         return default
-    if not isinstance(mask, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy bool array, got {type(mask).__name__}")
-    check_mask(name, mask.shape, str(mask.dtype), mask.dtype == np.bool_, batch, config.n_heads,
-               q_len, k_len)
+    mask = mask_array(name, mask)
+    check_mask(name, mask.shape, "bool", True, batch, config.n_heads, q_len, k_len)
     return mask
 
 

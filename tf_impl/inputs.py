@@ -192,8 +192,8 @@ def check_mask(name: str, mask, batch, n_heads: int, q_len, k_len) -> tf.Tensor:
         ValueError: not rank 4, or a shape that does not broadcast.
         tf.errors.InvalidArgumentError: in graph mode, a shape that does not broadcast at run time.
     """
-    if not (isinstance(mask, (tf.Tensor, tf.Variable)) or hasattr(mask, "__array__")):
-        raise TypeError(f"{name}: expected a tf bool tensor, got {type(mask).__name__}")
+    if not isinstance(mask, (tf.Tensor, tf.Variable)):  # an array: refused in the shared words, or bool
+        mask = checks.mask_array(name, mask)
     mask = to_tensor(name, mask)
     if mask.shape.rank is None:
         raise ValueError(f"{name}: expected a rank-4 mask, got unknown rank")

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 
-import numpy as np
 import torch
 
+from shared.checks import mask_array
 from shared.decoding import GREEDY, BeamResult, GreedyResult, check_flags, check_search_args
 from shared.masks import padding_id, start_is_pad
 from shared.training import batch_ids
@@ -70,13 +70,13 @@ def _tensor(name: str, value, device: torch.device) -> torch.Tensor:
     return value.to(device)
 
 
-def _mask(value, device: torch.device):
-    """A mask given to a decoder on ``device``: a tensor, or a NumPy array converted, as tf_impl
-    takes them; anything else (nested lists: tf_impl and the reference refuse them) is left for
-    the mask's check to name."""
+def _mask(value, device: torch.device) -> torch.Tensor:
+    """A mask given to a decoder on ``device``: a tensor, or a NumPy bool array converted, as
+    tf_impl and the reference take them; anything else is refused in their words
+    (`shared.checks.mask_array`: nested lists too, which the others refuse)."""
     if isinstance(value, torch.Tensor):
         return value.to(device)
-    return torch.as_tensor(np.asarray(value)).to(device) if hasattr(value, "__array__") else value
+    return torch.as_tensor(mask_array("src_mask", value)).to(device)
 
 
 def _decode_inputs(model, src, max_len, src_mask, beam_size=GREEDY, length_penalty=0.0, **flags):

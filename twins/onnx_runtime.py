@@ -49,7 +49,7 @@ import numpy as np
 
 from shared import TransformerConfig
 from shared import decoding as search
-from shared.checks import check_config, check_mask, check_same_batch, checked_ids
+from shared.checks import check_config, check_mask, check_same_batch, checked_ids, mask_array
 from shared.decoding import BeamResult, GreedyResult
 from shared.decoding_args import bad_step_message, check_beam_size, check_flags
 from shared.exporters.onnx import (DECODER, DECODER_WITH_PAST, ENCODER, GRAPHS, export_precision, past_names,
@@ -301,11 +301,9 @@ class OnnxRuntimeModel:
         int64 (B, S)."""
         if src_mask is None:
             return source_mask(self.config, src)
-        if not isinstance(src_mask, np.ndarray):
-            raise TypeError(f"src_mask: expected a numpy bool array, got {type(src_mask).__name__}")
+        src_mask = mask_array("src_mask", src_mask)
         b, s = src.shape
-        check_mask("src_mask", src_mask.shape, str(src_mask.dtype), src_mask.dtype == np.bool_, b,
-                   self.config.n_heads, 1, s)
+        check_mask("src_mask", src_mask.shape, "bool", True, b, self.config.n_heads, 1, s)
         if src_mask.shape[1] != 1:
             raise ValueError(f"src_mask: expected one mask for every head, shape (batch|1, 1, 1, {s}), "
                              f"got shape {src_mask.shape}: the ONNX graphs take a key mask per row")
