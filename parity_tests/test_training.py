@@ -170,10 +170,18 @@ def test_loss_names_what_is_no_array_as_the_reference_does(backend):
         (logits, [[1, None, 2], [1, 2, 3]], TypeError, "targets: expected a tensor or array, got list"),
         (logits, np.array([["a", "b", "c"]] * 2), TypeError, "targets: expected integer ids, got dtype string"),
         (logits.astype(str), targets, TypeError, "logits: expected floating-point scores, got dtype string"),
+        # Dtypes TensorFlow holds none of: tf_impl converted them before the checks, and failed in
+        # TensorFlow's words ("Failed to convert a NumPy array to a Tensor (Unsupported numpy type:
+        # NPY_TIMEDELTA)"); it checks the arrays first now, as torch_impl does.
+        (logits, targets.astype("m8[s]"), TypeError, "targets: expected integer ids, got dtype timedelta64[s]"),
+        (logits.astype("M8[s]"), targets, TypeError, "logits: expected floating-point scores, got dtype datetime64[s]"),
+        ("x", targets.astype("m8[s]"), ValueError,
+         "label_smoothed_loss: expected logits (B, T, V) and targets (B, T), got () and (2, 3)"),
     ]
     for got_logits, got_targets, error, message in cases:
         for loss in (backend.training.label_smoothed_loss, label_smoothed_cross_entropy):
-            with pytest.raises(error, match=f"^{re.escape(message)}$"):
+            named = message.replace("label_smoothed_loss", loss.__name__)  # the reference's own name
+            with pytest.raises(error, match=f"^{re.escape(named)}$"):
                 loss(got_logits, got_targets, 0)
     # nested lists are read as NumPy reads them (TF made float32 of Python floats, torch float64)
     listed = backend.training.label_smoothed_loss((logits + np.arange(5)).tolist(), targets.tolist(), 0)

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from shared.checks import as_array, check_flag, ids_array
+from shared.checks import as_array, check_flag, dtype_name, ids_array
 from shared.loss import (NO_TARGETS, check_loss_args, check_smoothing, check_some_targets, check_targets_range,
                          check_tokens, targets_range_message)
 from shared.moments import FOREIGN_OPTIMIZER, check_moments, listed_names
@@ -78,15 +78,16 @@ def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
     # NumPy arrays and nested lists converted as torch_impl and the reference convert them: what
     # holds no numbers gets the shared error, not TensorFlow's words; Python floats are float64
     logits, targets = _as_tensor("logits", logits, as_array), _as_tensor("targets", targets, ids_array)
-    if logits.dtype in (tf.bfloat16, tf.float16):
-        logits = tf.cast(logits, tf.float32)
-    logits_shape, targets_shape = logits.shape.as_list(), targets.shape.as_list()
+    (logits_shape, logits_dtype, _, logits_floating), (targets_shape, targets_dtype, targets_integer, _) = (
+        _kind(logits), _kind(targets))
     if len(logits_shape) == 3 and len(targets_shape) == 2:  # sizes unknown at trace time match anything
         targets_shape = [t if t is not None else l for t, l in zip(targets_shape, logits_shape)]
         logits_shape[:2] = [l if l is not None else t for l, t in zip(logits_shape[:2], targets_shape)]
-    check_loss_args("label_smoothed_loss", logits_shape, targets_shape, targets.dtype.name,
-                    targets.dtype.is_integer, smoothing, logits.dtype.name, logits.dtype.is_floating,
-                    pad_id)
+    check_loss_args("label_smoothed_loss", logits_shape, targets_shape, targets_dtype, targets_integer,
+                    smoothing, logits_dtype, logits_floating, pad_id)
+    logits, targets = tf.convert_to_tensor(logits), tf.convert_to_tensor(targets)  # checked: numbers
+    if logits.dtype in (tf.bfloat16, tf.float16):
+        logits = tf.cast(logits, tf.float32)
     if not tf.is_tensor(tokens):
         check_tokens(tokens)
     vocab = logits.shape[-1]
@@ -128,12 +129,23 @@ def _any_target(targets: tf.Tensor, pad_id: int) -> tf.Tensor:
     return tf.reduce_any(tf.cast(targets, tf.int64) != pad_id)
 
 
-def _as_tensor(name: str, value, convert) -> tf.Tensor:
-    """``value`` as it is if a tensor (symbolic ones too), else ``convert(name, value)`` (a NumPy
-    array, or the shared error for what holds no numbers: `shared.checks.as_array`) as a tensor."""
+def _as_tensor(name: str, value, convert) -> tf.Tensor | np.ndarray:
+    """``value`` as a tensor if it is one (symbolic ones too), else ``convert(name, value)``: a
+    NumPy array, or the shared error for what holds no numbers (`shared.checks.as_array`).
+    Converted to a tensor only after the loss's checks, as torch_impl's: TensorFlow holds no
+    duration or date, and would name one in its own words."""
     if tf.is_tensor(value) or isinstance(value, tf.Variable):
         return tf.convert_to_tensor(value)
-    return tf.convert_to_tensor(convert(name, value))
+    return convert(name, value)
+
+
+def _kind(x) -> tuple[list, str, bool, bool]:
+    """A tensor's or a NumPy array's shape (None for a size unknown at trace time), its dtype as
+    the shared checks name it (``float32``, ``string``), whether it holds integers (not bool) and
+    whether floats."""
+    if isinstance(x, np.ndarray):
+        return list(x.shape), dtype_name(x), x.dtype.kind in "iu", x.dtype.kind == "f"
+    return x.shape.as_list(), x.dtype.name, x.dtype.is_integer, x.dtype.is_floating
 
 
 @keras.saving.register_keras_serializable(package="tf_impl")
@@ -285,8 +297,9 @@ def _batch(model: Transformer, batch: Batch) -> tuple[tf.Tensor, tf.Tensor, tf.T
 
 
 def _ids_tensor(name: str, value) -> tf.Tensor:
-    """A batch's ids as a tensor: tensors as they are, anything else through `shared.training.batch_ids`."""
-    return _as_tensor(name, value, batch_ids)
+    """A batch's ids as a tensor: tensors as they are, anything else through `shared.training.batch_ids`
+    (which refuses what TensorFlow could not hold)."""
+    return tf.convert_to_tensor(_as_tensor(name, value, batch_ids))
 
 
 def _loss(model: Transformer, src, tgt_in, tgt_out, smoothing: float, training: bool,
