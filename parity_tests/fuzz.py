@@ -4,7 +4,7 @@ what it refuses first (``max_len: expected ...``); a refused call changes nothin
 given to ``twins`` ends in one line and exit status 2, never a traceback or an error of an
 unexpected kind. Every finding is printed with what produced it.
 
-    python -m parity_tests.fuzz [--surfaces decoders steps forward weights train files runs] [--cases 200]
+    python -m parity_tests.fuzz [--surfaces decoders steps forward weights train loss files runs] [--cases 200]
                                 [--seed 0]
 
 Exit status 1 when anything was found. Surfaces:
@@ -23,6 +23,9 @@ Exit status 1 when anything was found. Surfaces:
 * ``weights``: `import_weights` of the canonical weights with keys removed, added or renamed, values
   reshaped, recast, made non-finite, non-arrays or strided views;
 * ``train``: `training.train_step` with batches so damaged;
+* ``loss``: `training.label_smoothed_loss` of both backends, and the reference's beside them, with
+  logits, targets, ``pad_id`` and smoothing wrong in shape, dtype (durations and dates too), kind
+  or value, and some right;
 * ``files``: ``twins convert`` / ``twins decode --src`` (torch, tf, onnx) of a damaged file of
   every readable format (`KIND_OPTIONS`): the neutral directory and transformers' Marian and FSMT
   folders (a JSON file's value replaced or removed, at the top or nested; the safetensors header
@@ -51,7 +54,8 @@ NumPy's words, and the reference's naming lists ragged below the rows in NumPy's
 (test_hostile_inputs.py, test_onnx.py: found once the NumPy decoders ran beside the backends');
 a ``src_mask`` that is a list, a NumPy bool or a duration array, named three ways or in torch's
 words by the four decoders (test_hostile_inputs.py: a probe first, then 5 findings in 1,500
-``decoders`` cases of seed 2 once the masks drawn included them).
+``decoders`` cases of seed 2 once the masks drawn included them); tf_impl's loss naming a
+duration in TensorFlow's words (test_training.py: a probe, then the ``loss`` surface).
 """
 from __future__ import annotations
 
@@ -396,6 +400,49 @@ def train(rng: random.Random) -> str | None:
     for _, model, _, _ in _backends().values():
         model.import_weights(random_weights(CONFIG, 0))
     return finding
+
+
+def _reference_loss(logits, targets, pad_id, smoothing):
+    """The reference's loss, its refusals under the backends' function name (its own is
+    ``label_smoothed_cross_entropy``)."""
+    from shared.loss import label_smoothed_cross_entropy
+    try:
+        return label_smoothed_cross_entropy(logits, targets, pad_id, smoothing)
+    except (TypeError, ValueError) as err:
+        raise type(err)(str(err).replace("label_smoothed_cross_entropy:", "label_smoothed_loss:")) from None
+
+
+def loss(rng: random.Random) -> str | None:
+    """`training.label_smoothed_loss` of both backends and the reference's with logits, targets,
+    ``pad_id`` and smoothing wrong in every way (shapes, dtypes no framework holds, None, lists
+    ragged or of objects, ids out of range, NaN), and some right; numeric arrays go to torch_impl
+    as tensors half the time."""
+    b, t, v = rng.choice([(2, 3, 5), (1, 1, 5), (0, 3, 5), (2, 0, 5), (2, 3, 1)])
+    numbers = np.random.default_rng(rng.randrange(2**32))
+    logits = rng.choice([
+        lambda: numbers.normal(size=(b, t, v)).astype(rng.choice([np.float32, np.float64, np.float16])),
+        lambda: np.zeros((b, t)), lambda: np.zeros((b, t, v), np.int64), lambda: None,
+        lambda: np.zeros((b, t, v)).tolist(), lambda: np.full((b, t, v), rng.choice([np.nan, np.inf])),
+        lambda: "x", lambda: np.zeros((b, t, v), rng.choice([np.bool_, "M8[s]", object]))])()
+    targets = rng.choice([
+        lambda: numbers.integers(0, v, (b, t)), lambda: np.full((b, t), rng.choice([-1, v, 2**40, 0])),
+        lambda: np.zeros((b, t), rng.choice([np.float32, "m8[s]", "U1"])), lambda: None, lambda: [[1, 2], [3]],
+        lambda: np.zeros((b, t + 1), np.int64), lambda: np.zeros((b,), np.int64), lambda: [[]],
+        lambda: np.zeros((b, t), np.uint64) + 2**63, lambda: [[1, [2]]], lambda: numbers.integers(0, v, (b, t)).tolist()])()
+    pad_id = rng.choice([0, 0, 0, None, -1, 1.5, "0", True, np.int64(1), 2**70, np.timedelta64(1, "s")])
+    smoothing = rng.choice([0.0, 0.0, 0.1, 1.0, -0.1, float("nan"), None, "0.1", True, np.float32(0.1)])
+    tensors = rng.random() < 0.5
+
+    def given(name: str, value):
+        numeric = isinstance(value, np.ndarray) and value.dtype.kind in "biuf"
+        return _as_backend(name, value) if tensors and numeric else value
+
+    calls = {b: functools.partial(lambda b, training: training.label_smoothed_loss(
+        given(b, logits), given(b, targets), pad_id, smoothing), b, training)
+        for b, (_, _, training, _) in _backends().items()}
+    peers = {"reference": functools.partial(_reference_loss, logits, targets, pad_id, smoothing)}
+    return _differential(f"label_smoothed_loss({_shown(logits)}, {_shown(targets)}, pad_id={pad_id!r}, "
+                         f"smoothing={smoothing!r})", calls, peers)
 
 
 # -- files ------------------------------------------------------------------------------------------
@@ -749,7 +796,7 @@ def runs(rng: random.Random) -> str | None:
 
 
 SURFACES = {"decoders": decoders, "steps": steps, "forward": forward, "weights": weights, "train": train,
-            "files": files, "runs": runs}
+            "loss": loss, "files": files, "runs": runs}
 
 
 def _shown(value) -> str:

@@ -6,7 +6,8 @@ surface; the first defect the fuzzer found, with the next); and, tested below, t
 non-tensor ids in TensorFlow's words, ONNX Runtime's own source check of before session 37 (the
 ``decoders``); torch_impl's `decode_step` without its id range check (an id past int64 then fails
 in torch's words; the ``steps``); torch_impl's forward pass without its check that src and tgt
-have one batch size (torch then broadcasts a batch of one, silently; ``forward``). Session 36
+have one batch size (torch then broadcasts a batch of one, silently; ``forward``); tf_impl's loss
+converting NumPy arrays before its checks (a duration in TensorFlow's words; ``loss``). Session 36
 changed the draws of ``forward`` and no longer found the last; nothing noticed it until the
 check became a test. More cases: ``python -m parity_tests.fuzz --cases 500 --seed N``."""
 from unittest import mock
@@ -21,7 +22,7 @@ pytest.importorskip("h5py")
 from parity_tests import fuzz  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.tf]
-SLICE = {"decoders": 60, "steps": 60, "forward": 60, "weights": 30, "train": 30, "files": 60, "runs": 6}
+SLICE = {"decoders": 60, "steps": 60, "forward": 60, "weights": 30, "train": 30, "loss": 60, "files": 60, "runs": 6}
 
 
 @pytest.mark.parametrize("surface, cases", SLICE.items())
@@ -48,6 +49,11 @@ def _undo(defect: str):
         pytest.importorskip("onnxruntime")
         pytest.importorskip("onnx")
         return mock.patch.object(twins_onnx.OnnxRuntimeModel, "_ids", _onnx_ids_of_before)
+    if defect == "tf_impl: its loss converts arrays before its checks":
+        import tensorflow as tf
+        import tf_impl.training
+        return mock.patch.object(tf_impl.training, "_as_tensor", lambda name, value, convert: (
+            value if tf.is_tensor(value) else tf.convert_to_tensor(convert(name, value))))
     import torch_impl.model
     if defect == "torch_impl: decode_step without its id range check":
         return mock.patch.object(torch_impl.model, "check_ids_range", lambda *args: None)
@@ -59,7 +65,8 @@ def _undo(defect: str):
     pytest.param("tf_impl: non-tensor ids in TensorFlow's words", "decoders", id="tf_impl_ids"),
     pytest.param("ONNX Runtime: its own source check", "decoders", id="onnx_runtime_ids"),
     pytest.param("torch_impl: decode_step without its id range check", "steps", id="torch_impl_step_range"),
-    pytest.param("torch_impl: forward without its one-batch check", "forward", id="torch_impl_one_batch")])
+    pytest.param("torch_impl: forward without its one-batch check", "forward", id="torch_impl_one_batch"),
+    pytest.param("tf_impl: its loss converts arrays before its checks", "loss", id="tf_impl_loss_arrays")])
 def test_the_slice_finds_a_defect_it_found_before(defect, surface):
     """Each defect put back (a patch, undone after) is found within the slice's cases of its
     surface, so that a change of the draws cannot make the slice blind to it unnoticed. The search
