@@ -196,7 +196,8 @@ def _ids(rng: random.Random):
         lambda: [[1.5, 2.0]], lambda: [[True, False]], lambda: [[3, 4, 5]], lambda: np.array([["a", "b"]]),
         lambda: np.array([[1, None]], dtype=object),
         lambda: np.full(shape, rng.choice([-1, 20, 2**40, 0, 1]), np.int64),
-        lambda: np.ones(shape, rng.choice([np.float32, np.bool_, np.uint8, np.int16, np.uint64, "m8[s]"])),
+        lambda: np.ones(shape, rng.choice([np.float32, np.bool_, np.uint8, np.int16, np.uint64, "m8[s]",
+                                           np.ulonglong, ">i8"])),
         lambda: np.ones(shape, np.int32) * 5, lambda: np.ones((2, 4), np.int64) * 7,
         lambda: [[1, [2, 3]]], lambda: [[1, 2], 3], lambda: [[2**70, 3]], lambda: {"src": [[1, 2]]},
     ])()
@@ -420,12 +421,14 @@ def loss(rng: random.Random) -> str | None:
     b, t, v = rng.choice([(2, 3, 5), (1, 1, 5), (0, 3, 5), (2, 0, 5), (2, 3, 1)])
     numbers = np.random.default_rng(rng.randrange(2**32))
     logits = rng.choice([
-        lambda: numbers.normal(size=(b, t, v)).astype(rng.choice([np.float32, np.float64, np.float16])),
+        lambda: numbers.normal(size=(b, t, v)).astype(rng.choice([np.float32, np.float64, np.float16, ">f8",
+                                                                   np.longdouble])),
         lambda: np.zeros((b, t)), lambda: np.zeros((b, t, v), np.int64), lambda: None,
         lambda: np.zeros((b, t, v)).tolist(), lambda: np.full((b, t, v), rng.choice([np.nan, np.inf])),
         lambda: "x", lambda: np.zeros((b, t, v), rng.choice([np.bool_, "M8[s]", object]))])()
     targets = rng.choice([
-        lambda: numbers.integers(0, v, (b, t)), lambda: np.full((b, t), rng.choice([-1, v, 2**40, 0])),
+        lambda: numbers.integers(0, v, (b, t)).astype(rng.choice([np.int64, np.ulonglong, ">i4"])),
+        lambda: np.full((b, t), rng.choice([-1, v, 2**40, 0])),
         lambda: np.zeros((b, t), rng.choice([np.float32, "m8[s]", "U1"])), lambda: None, lambda: [[1, 2], [3]],
         lambda: np.zeros((b, t + 1), np.int64), lambda: np.zeros((b,), np.int64), lambda: [[]],
         lambda: np.zeros((b, t), np.uint64) + 2**63, lambda: [[1, [2]]], lambda: numbers.integers(0, v, (b, t)).tolist()])()
@@ -433,9 +436,10 @@ def loss(rng: random.Random) -> str | None:
     smoothing = rng.choice([0.0, 0.0, 0.1, 1.0, -0.1, float("nan"), None, "0.1", True, np.float32(0.1)])
     tensors = rng.random() < 0.5
 
-    def given(name: str, value):
-        numeric = isinstance(value, np.ndarray) and value.dtype.kind in "biuf"
-        return _as_backend(name, value) if tensors and numeric else value
+    def given(name: str, value):  # as a tensor where torch can hold the array as it is
+        held = (isinstance(value, np.ndarray) and value.dtype.kind in "biuf" and value.dtype.isnative
+                and value.dtype.itemsize <= 8 and value.dtype.type is np.dtype(value.dtype.str).type)
+        return _as_backend(name, value) if tensors and held else value
 
     calls = {b: functools.partial(lambda b, training: training.label_smoothed_loss(
         given(b, logits), given(b, targets), pad_id, smoothing), b, training)

@@ -228,6 +228,23 @@ def test_a_source_that_is_no_array_is_named_alike_by_every_decoder():
         assert decode([[3, 4, 5]]).tokens.shape == (1, 3), name
 
 
+def test_ids_of_any_byte_order_and_type_name_decode_alike_in_every_decoder():
+    """``np.ulonglong`` ids (uint64 by another name, what NumPy 1 makes of ``uint64 + 2**63``) and
+    big-endian ids failed in torch's words in torch_impl ("can't convert np.ndarray of type
+    numpy.ulonglong", "given numpy array has byte order different from the native byte order");
+    the other decoders took them. All four decode them as the int64 ids now, and name an id out
+    of range as given."""
+    src = np.array([[3, 4, 5], [6, 7, 8]])
+    for name, (package, model) in _tiny_decoders().items():
+        want = package.greedy_decode(model, src, 3).tokens
+        for dtype in (np.ulonglong, ">i8", ">u4", np.longlong):
+            got = package.greedy_decode(model, src.astype(dtype), 3).tokens
+            np.testing.assert_array_equal(got, want, err_msg=f"{name}: {np.dtype(dtype)}")
+        with pytest.raises(ValueError, match=r"^src: expected token ids in \[0, 11\), got values in "
+                                             r"\[3, 9223372036854775808\]$"):
+            package.greedy_decode(model, np.array([[3, 2**63]], np.ulonglong), 3)
+
+
 def test_a_mask_that_is_no_bool_array_is_named_alike_by_every_decoder():
     """A ``src_mask`` no framework holds (a duration, text, objects) failed in torch's words ("can't
     convert np.ndarray of type numpy.timedelta64") and in tf_impl's as "expected a tensor or array,

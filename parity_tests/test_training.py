@@ -151,6 +151,23 @@ def test_loss_refuses_a_count_or_pad_id_it_cannot_use_alike(backend):
 
 
 @pytest.mark.parametrize("backend", CPU)
+def test_loss_reads_numpy_arrays_of_any_byte_order_and_type_name(backend):
+    """Big-endian logits and targets, targets of ``np.ulonglong`` (uint64 by another name, what
+    NumPy 1 makes of ``uint64 + 2**63``) and ``longdouble`` logits failed in torch's words in
+    torch_impl's loss ("given numpy array has byte order different from the native byte order",
+    "can't convert np.ndarray of type numpy.ulonglong"), longdouble in TensorFlow's in tf_impl's;
+    the reference took them all. Each is now read as the reference reads it (`shared.checks.
+    as_array`: native, NumPy's own name, at most 64 bits), and the loss is the reference's."""
+    logits = np.random.default_rng(0).normal(size=(2, 3, 5))
+    targets = np.array([[1, 2, 3], [0, 0, 4]])
+    want = label_smoothed_cross_entropy(logits, targets, 0, 0.1)
+    for logits_dtype, targets_dtype in ((">f8", ">i8"), (np.longdouble, np.ulonglong), ("<f8", ">u2")):
+        got = backend.training.label_smoothed_loss(logits.astype(logits_dtype), targets.astype(targets_dtype),
+                                                   0, 0.1)
+        assert_close(float(got), want, FLOAT64, f"loss of {np.dtype(logits_dtype)} and {np.dtype(targets_dtype)}")
+
+
+@pytest.mark.parametrize("backend", CPU)
 def test_loss_names_what_is_no_array_as_the_reference_does(backend):
     """Before: None, rows of different lengths, objects and text reached TF's conversion (its
     ``ValueError``s: "Attempt to convert a value (None)", "non-rectangular Python sequence"), torch's

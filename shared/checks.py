@@ -162,7 +162,21 @@ def as_array(name: str, value) -> np.ndarray:
         array = None
     if array is None or array.dtype.kind == "O":
         raise TypeError(not_an_array_message(name, value))
-    return array
+    return _canonical(array)
+
+
+def _canonical(array: np.ndarray) -> np.ndarray:
+    """A NumPy array of numbers in the native byte order, of NumPy's own name for its type, and
+    no wider than 64 bits: torch converts neither a big-endian array nor one of ``np.ulonglong``
+    (uint64 by another name, what NumPy 1 makes of ``uint64 + 2**63``), and neither framework
+    holds a ``longdouble``, which becomes float64 (the reference computes in float64 anyway).
+    Values are unchanged but a longdouble's extra bits; other arrays are returned as they are."""
+    if array.dtype.kind not in "iuf":
+        return array
+    canonical = np.dtype(f"{array.dtype.kind}{min(array.dtype.itemsize, 8)}")
+    if array.dtype.str != canonical.str:
+        return array.astype(canonical)  # byte order or width: the values converted
+    return array if array.dtype.type is canonical.type else array.view(canonical)
 
 
 def ids_array(name: str, value) -> np.ndarray:
