@@ -431,7 +431,8 @@ def loss(rng: random.Random) -> str | None:
         lambda: np.full((b, t), rng.choice([-1, v, 2**40, 0])),
         lambda: np.zeros((b, t), rng.choice([np.float32, "m8[s]", "U1"])), lambda: None, lambda: [[1, 2], [3]],
         lambda: np.zeros((b, t + 1), np.int64), lambda: np.zeros((b,), np.int64), lambda: [[]],
-        lambda: np.zeros((b, t), np.uint64) + 2**63, lambda: [[1, [2]]], lambda: numbers.integers(0, v, (b, t)).tolist()])()
+        lambda: np.zeros((b, t), np.uint64) + 2**63, lambda: [[1, [2]]],
+        lambda: numbers.integers(0, v, (b, t)).tolist()])()
     pad_id = rng.choice([0, 0, 0, None, -1, 1.5, "0", True, np.int64(1), 2**70, np.timedelta64(1, "s")])
     smoothing = rng.choice([0.0, 0.0, 0.1, 1.0, -0.1, float("nan"), None, "0.1", True, np.float32(0.1)])
     tensors = rng.random() < 0.5

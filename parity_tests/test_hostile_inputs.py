@@ -259,8 +259,10 @@ def test_a_mask_that_is_no_bool_array_is_named_alike_by_every_decoder():
                                                      f"{no_array} memoryview"),
              (np.ones((2, 1, 1, 3), "m8[s]"), TypeError,
               r"expected a bool mask \(True = may attend\), got dtype timedelta64\[s\]"),
-             (np.array([[[["1", "1", "1"]]]]), TypeError, r"expected a bool mask \(True = may attend\), got dtype string"),
-             (np.ones((1, 1, 1, 3), object), TypeError, r"expected a bool mask \(True = may attend\), got dtype object"),
+             (np.array([[[["1", "1", "1"]]]]), TypeError,
+              r"expected a bool mask \(True = may attend\), got dtype string"),
+             (np.ones((1, 1, 1, 3), object), TypeError,
+              r"expected a bool mask \(True = may attend\), got dtype object"),
              (np.True_, ValueError, r"expected a rank-4 mask broadcastable to .*, got shape \(\)")]
     for name, (package, model) in _tiny_decoders().items():
         for mask, error, message in cases:

@@ -394,7 +394,8 @@ LOG_PROBS = np.log(np.full((1, 2, 4), 0.25))
     ([[1, 2]], [[1, 3]], LOG_PROBS[0], ValueError,
      "log_probs: expected float step log-probs of shape (1, 2, vocab) along tokens_a, got shape (2, 4) dtype float64"),
     ([[1, 2]], [[1, 3]], np.zeros((1, 2, 4), np.int64), ValueError,
-     "log_probs: expected float step log-probs of shape (1, 2, vocab) along tokens_a, got shape (1, 2, 4) dtype int64")])
+     "log_probs: expected float step log-probs of shape (1, 2, vocab) along tokens_a, got shape (1, 2, 4) "
+     "dtype int64")])
 def test_first_divergence_refuses_what_would_give_a_wrong_report(tokens_a, tokens_b, log_probs, error, message):
     """`shared.divergence.first_divergence` read a token of -1 (a SavedModel's refused row) as the
     last id's log-prob, truncated float tokens to ids, and failed in NumPy's words on an id past
