@@ -234,10 +234,12 @@ def decoders(rng: random.Random) -> str | None:
 def _as_backend(name: str, value):
     """A NumPy array as ``name``'s tensor: torch's model calls take torch tensors only, tf_impl's
     arrays too (the same values either way; a non-tensor is refused in each framework's words,
-    test_decoding.py checks those). Anything else as it is."""
+    test_decoding.py checks those). Anything else as it is. An array torch cannot take as it is
+    (big-endian, ``np.ulonglong``) is made native first, as its user would have to."""
     if name == "torch" and isinstance(value, np.ndarray):
         import torch
-        return torch.from_numpy(value.copy())  # contiguous, writable, 0-d kept 0-d (not ascontiguousarray)
+        native = np.dtype(value.dtype.str).newbyteorder("=")  # also NumPy's own name for the type
+        return torch.from_numpy(np.array(value, dtype=native).view(native))  # a copy: contiguous, writable, 0-d kept
     return value
 
 
@@ -437,9 +439,8 @@ def loss(rng: random.Random) -> str | None:
     smoothing = rng.choice([0.0, 0.0, 0.1, 1.0, -0.1, float("nan"), None, "0.1", True, np.float32(0.1)])
     tensors = rng.random() < 0.5
 
-    def given(name: str, value):  # as a tensor where torch can hold the array as it is
-        held = (isinstance(value, np.ndarray) and value.dtype.kind in "biuf" and value.dtype.isnative
-                and value.dtype.itemsize <= 8 and value.dtype.type is np.dtype(value.dtype.str).type)
+    def given(name: str, value):  # as a tensor where torch holds the array's numbers (not a longdouble)
+        held = isinstance(value, np.ndarray) and value.dtype.kind in "biuf" and value.dtype.itemsize <= 8
         return _as_backend(name, value) if tensors and held else value
 
     calls = {b: functools.partial(lambda b, training: training.label_smoothed_loss(
