@@ -198,6 +198,12 @@ def dtype_name(array: np.ndarray) -> str:
     return "string" if array.dtype.kind in "US" else str(array.dtype)
 
 
+def array_kind(array: np.ndarray) -> tuple[str, bool, bool]:
+    """A NumPy array's dtype as the checks name it (`dtype_name`), whether it holds integers (not
+    bool) and whether floats: what each backend's loss checks of an array it has not converted."""
+    return dtype_name(array), array.dtype.kind in "iu", array.dtype.kind == "f"
+
+
 def checked_ids(name: str, value, vocab: int, max_len: int) -> np.ndarray:
     """``value`` as NumPy token ids ``(batch, seq)``, checked as every implementation checks its
     ids, with the same errors: `ids_array` (rows of different lengths, lists ragged below the rows,

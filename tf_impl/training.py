@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from shared.checks import as_array, check_flag, dtype_name, ids_array
+from shared.checks import array_kind, as_array, check_flag, ids_array
 from shared.loss import (NO_TARGETS, check_loss_args, check_smoothing, check_some_targets, check_targets_range,
                          check_tokens, targets_range_message)
 from shared.moments import FOREIGN_OPTIMIZER, check_moments, listed_names
@@ -78,8 +78,8 @@ def label_smoothed_loss(logits: tf.Tensor, targets: tf.Tensor, pad_id: int,
     # NumPy arrays and nested lists converted as torch_impl and the reference convert them: what
     # holds no numbers gets the shared error, not TensorFlow's words; Python floats are float64
     logits, targets = _as_tensor("logits", logits, as_array), _as_tensor("targets", targets, ids_array)
-    (logits_shape, logits_dtype, _, logits_floating), (targets_shape, targets_dtype, targets_integer, _) = (
-        _kind(logits), _kind(targets))
+    (targets_dtype, targets_integer, _), (logits_dtype, _, logits_floating) = map(_kind, (targets, logits))
+    logits_shape, targets_shape = _shape(logits), _shape(targets)
     if len(logits_shape) == 3 and len(targets_shape) == 2:  # sizes unknown at trace time match anything
         targets_shape = [t if t is not None else l for t, l in zip(targets_shape, logits_shape)]
         logits_shape[:2] = [l if l is not None else t for l, t in zip(logits_shape[:2], targets_shape)]
@@ -139,13 +139,17 @@ def _as_tensor(name: str, value, convert) -> tf.Tensor | np.ndarray:
     return convert(name, value)
 
 
-def _kind(x) -> tuple[list, str, bool, bool]:
-    """A tensor's or a NumPy array's shape (None for a size unknown at trace time), its dtype as
-    the shared checks name it (``float32``, ``string``), whether it holds integers (not bool) and
-    whether floats."""
+def _kind(x) -> tuple[str, bool, bool]:
+    """A tensor's or a NumPy array's dtype as the shared checks name it (``float32``, ``string``),
+    whether it holds integers (not bool) and whether floats."""
     if isinstance(x, np.ndarray):
-        return list(x.shape), dtype_name(x), x.dtype.kind in "iu", x.dtype.kind == "f"
-    return x.shape.as_list(), x.dtype.name, x.dtype.is_integer, x.dtype.is_floating
+        return array_kind(x)
+    return x.dtype.name, x.dtype.is_integer, x.dtype.is_floating
+
+
+def _shape(x) -> list:
+    """A tensor's or a NumPy array's shape as a list, None for a size unknown at trace time."""
+    return list(x.shape) if isinstance(x, np.ndarray) else x.shape.as_list()
 
 
 @keras.saving.register_keras_serializable(package="tf_impl")

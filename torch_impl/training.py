@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from shared.checks import as_array, check_flag, dtype_name, ids_array
+from shared.checks import array_kind, as_array, check_flag, ids_array
 from shared.loss import check_loss_args, check_smoothing, check_some_targets, check_targets_range, check_tokens
 from shared.messages import shown
 from shared.moments import FOREIGN_OPTIMIZER, MAX_STEP, check_moments
@@ -114,7 +114,7 @@ def _kind(x) -> tuple[str, bool, bool]:
     whether it holds integers (not bool) and whether floats."""
     if isinstance(x, torch.Tensor):
         return str(x.dtype)[6:], _is_integer(x.dtype), x.dtype.is_floating_point
-    return dtype_name(x), x.dtype.kind in "iu", x.dtype.kind == "f"
+    return array_kind(x)
 
 
 def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup: int, factor: float = 1.0,
