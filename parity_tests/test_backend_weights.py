@@ -40,6 +40,15 @@ def test_export_after_import_is_bit_exact(backend, variant, dtype):
     assert model.export_weights()["src_embed.embeddings"][0, 0] == w["src_embed.embeddings"][0, 0]
 
 
+def test_big_endian_weights_import_as_their_values(backend):
+    """Weights a big-endian file gave (``>f4``) import bit for bit, and export native."""
+    config = TransformerConfig.preset("tiny")
+    w = random_weights(config, 2)
+    out = backend.model(config, {k: v.astype(v.dtype.newbyteorder(">")) for k, v in w.items()}).export_weights()
+    for name, value in w.items():
+        assert out[name].dtype == value.dtype and out[name].tobytes() == value.tobytes(), name
+
+
 def test_fresh_model_has_the_training_initialisation(backend):
     """Weights exist and export before any call: Xavier-uniform matrices, zero biases, unit gains."""
     config = TransformerConfig.preset("tiny")

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from shared import TransformerConfig
+from shared import reference as R
 from shared import weights as W
+from shared.batches import src_tgt
 from shared.weights import (WeightsError, check_weights, init_weights, load_checkpoint,
                             parameter_count, random_weights, save_checkpoint, weight_schema)
 
@@ -97,6 +99,25 @@ def test_one_rule_for_shape_and_dtype_and_where_nonfinite_is_looked_for():
     assert err.value.problems == ["src_embed.embeddings: expected dtype float32, got float64",
                                   f"generator.bias: expected shape ({TINY.tgt_vocab},), got (5,)",
                                   "generator.bias: contains NaN or Inf"]
+
+
+def test_big_endian_weights_are_their_values_in_the_native_order(tmp_path):
+    """A big-endian array (``>f4``: NumPy's reading of a file written on such a machine) holds the
+    config's dtype: check_weights returns it native, each value kept bit for bit, and what reads
+    through it (a checkpoint, the reference) takes it; a cast's width is still refused."""
+    w = random_weights(TINY, 2)
+    swapped = {name: value.astype(value.dtype.newbyteorder(">")) for name, value in w.items()}
+    checked = check_weights(TINY, swapped)
+    for name, value in w.items():
+        assert checked[name].dtype == value.dtype and checked[name].dtype.isnative, name
+        assert checked[name].tobytes() == value.tobytes(), name
+    _, loaded = load_checkpoint(save_checkpoint(tmp_path / "ckpt", TINY, swapped))
+    assert all(loaded[name].tobytes() == value.tobytes() for name, value in w.items())
+    src, tgt = src_tgt(TINY, batch=2, src_len=5, tgt_len=4, seed=0)
+    assert np.array_equal(R.forward(swapped, TINY, src, tgt), R.forward(w, TINY, src, tgt))
+    w["generator.bias"] = w["generator.bias"].astype(">f8")
+    with pytest.raises(WeightsError, match=r"generator.bias: expected dtype float32, got float64$"):
+        check_weights(TINY, w)
 
 
 def test_checkpoint_round_trip_is_bit_exact(tmp_path):

@@ -249,8 +249,8 @@ def snapshot_weights(weights: Mapping[str, object], source: str = "weights"
                      ) -> tuple[dict[str, object], list[str]]:
     """Every entry of ``weights`` read exactly once: ``(snapshot, problems)``.
 
-    Arrays are copied into owned, C-contiguous memory (a memory-mapped or lazy source read once, so
-    what is checked is what is assigned); any other value is kept as it is for the checks to report.
+    Arrays are copied into owned, C-contiguous memory in the native byte order (a memory-mapped or
+    lazy source read once, so what is checked is what is assigned); any other value is kept as it is for the checks to report.
     An entry whose read raises is a problem (``"name: could not be read (...)"``), not a crash
     halfway through an import."""
     if not isinstance(weights, Mapping):
@@ -271,12 +271,18 @@ def snapshot_weights(weights: Mapping[str, object], source: str = "weights"
                                 f"entr{'y' if masked == 1 else 'ies'}; fill them (.filled(value)) or pass .data")
                 snapshot[name] = None
                 continue
-            snapshot[name] = (np.array(value, order="C", copy=True) if isinstance(value, np.ndarray)
-                              else value)
+            snapshot[name] = _owned(value) if isinstance(value, np.ndarray) else value
         except Exception as err:  # noqa: BLE001
             problems.append(f"{name}: could not be read ({type(err).__name__}: {err})")
             snapshot[name] = None
     return snapshot, problems
+
+
+def _owned(array: np.ndarray) -> np.ndarray:
+    """An owned, C-contiguous copy in the native byte order: a big-endian file's ``>f4`` holds
+    float32 values, and swapping its bytes is exact (no cast), but neither framework takes such an
+    array (``torch.from_numpy`` refuses it)."""
+    return np.array(array, dtype=array.dtype.newbyteorder("="), order="C", copy=True)
 
 
 def _totals(config: TransformerConfig) -> tuple[int, int]:
