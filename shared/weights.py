@@ -250,9 +250,9 @@ def snapshot_weights(weights: Mapping[str, object], source: str = "weights"
     """Every entry of ``weights`` read exactly once: ``(snapshot, problems)``.
 
     Arrays are copied into owned, C-contiguous memory in the native byte order (a memory-mapped or
-    lazy source read once, so what is checked is what is assigned); any other value is kept as it is for the checks to report.
-    An entry whose read raises is a problem (``"name: could not be read (...)"``), not a crash
-    halfway through an import."""
+    lazy source read once, so what is checked is what is assigned); any other value is kept as it
+    is for the checks to report. An entry whose read raises is a problem (``"name: could not be
+    read (...)"``), not a crash halfway through an import."""
     if not isinstance(weights, Mapping):
         raise TypeError(f"{source}: expected a dict of name -> numpy array, got {type(weights).__name__}")
     snapshot: dict[str, object] = {}
