@@ -46,6 +46,15 @@ def test_bad_sizes(args):
         positional_encoding(*args)
 
 
+@pytest.mark.parametrize("integer", [np.int8, np.uint8, np.int16, np.int32, np.uint32, np.int64, np.uint64])
+def test_numpy_integers_give_the_table_of_python_ints(integer):
+    """Before: a NumPy int narrower than 64 bits as max_len met the offset's bound (2**53) in its
+    own width, NumPy's OverflowError naming nothing."""
+    want = positional_encoding(6, 8, "halves", "t2t", offset=2)
+    got = positional_encoding(integer(6), integer(8), "halves", "t2t", offset=integer(2))
+    assert got.dtype == np.float64 and np.array_equal(got, want)
+
+
 def test_public_helpers_check_their_arguments_by_name():
     """Before: inverse_frequencies of -4, 0 or None gave an empty array, 3.5 and True were taken,
     2**40 was NumPy's MemoryError of 4 TiB; positional_table(None), padding_id(None) and

@@ -73,10 +73,12 @@ def positional_encoding(max_len: int, d_model: int, layout: str = "interleaved",
     _check_int("max_len", max_len, 1)
     _check_int("d_model", d_model, 1)
     _check_int("offset", offset, 0)
+    # Python ints from here: a NumPy int8 ``max_len`` met ``2**53`` below in its own width
+    # (NumPy's OverflowError, naming nothing), and a product of NumPy ints could wrap around.
+    max_len, d_model, offset = int(max_len), int(d_model), int(offset)
     # The config's bound on the table (`TransformerConfig.max_len`), for a table asked for directly:
-    # past it, a refusal by name rather than a MemoryError inside NumPy. Python ints: a product of
-    # NumPy integers could wrap around and pass.
-    size = int(max_len) * int(d_model)
+    # past it, a refusal by name rather than a MemoryError inside NumPy.
+    size = max_len * d_model
     if size > POSITIONAL_TABLE_LIMIT:
         raise ValueError(f"positional_encoding: max_len expected max_len * d_model <= "
                          f"POSITIONAL_TABLE_LIMIT = {POSITIONAL_TABLE_LIMIT} (the float64 table, 2 GiB), "
