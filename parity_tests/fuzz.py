@@ -85,8 +85,9 @@ CONFIG = TransformerConfig.preset("tiny", n_encoder_layers=1, n_decoder_layers=1
                                   tgt_vocab=20, max_len=16, dropout=0.0)
 # np.timedelta64: NumPy counts a duration an integer (numbers.Integral); it passed as a size and
 # then failed in int()'s words, naming nothing.
+# NumPy ints of other widths: an int8 17 as beam_size wrapped torch_impl's candidates (17 * 20)
 HOSTILE_SCALARS = [0, 1, 3, 16, 17, -1, 2**40, 1.5, 2.0, float("nan"), float("inf"), None, "3", True,
-                   np.int64(3), np.float32(2), np.timedelta64(3, "s"), [3]]
+                   np.int64(3), np.int8(17), np.uint64(2), np.float32(2), np.timedelta64(3, "s"), [3]]
 
 
 @functools.lru_cache(maxsize=None)

@@ -365,6 +365,20 @@ def test_beam_size_one_equals_greedy(search_backend, seed):
     assert_scores(beam.scores, raw)
 
 
+@pytest.mark.parametrize("integer", [np.uint64, np.int8])
+def test_sizes_as_numpy_ints_of_any_width_search_as_python_ints(search_backend, integer):
+    """A uint64 beam size met the search's int64 indices in float64 (NumPy: "arrays used as
+    indices must be of integer (or boolean) type"); an int8 one computed its candidates in int8,
+    which wraps past 127. Batch, max_len and beam size of any NumPy int search as Python ints."""
+    want = search_backend.beam_search(RandomStep(3, 3), 2, 9, 3, BOS, EOS, PAD, 0.6)
+    got = search_backend.beam_search(RandomStep(3, 3), integer(2), integer(9), integer(3), BOS, EOS, PAD, 0.6)
+    for field in ("tokens", "scores", "step_scores", "lengths"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
+    greedy = search_backend.greedy_search(RandomStep(3, 1), integer(2), integer(9), BOS, EOS, PAD)
+    np.testing.assert_array_equal(greedy.tokens, search_backend.greedy_search(RandomStep(3, 1), 2, 9, BOS, EOS,
+                                                                              PAD).tokens)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_beam_size_one_with_a_length_penalty_scores_at_least_greedy(search_backend, seed):
     """alpha > 0: greedy's hypothesis finishes in the beam too, but the search goes on while a

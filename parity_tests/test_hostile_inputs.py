@@ -145,20 +145,20 @@ def test_decode_refuses_a_huge_beam_before_loading_a_framework(tmp_path):
                       "twins decode: error: --beam-size: expected an int >= 1, got 0"]
 
 
-def _tiny():
+def _tiny(tgt_vocab: int = 11):
     from shared import TransformerConfig
     from shared.weights import random_weights
-    config = TransformerConfig(src_vocab=11, tgt_vocab=11, d_model=8, n_heads=2, d_ff=16,
+    config = TransformerConfig(src_vocab=11, tgt_vocab=tgt_vocab, d_model=8, n_heads=2, d_ff=16,
                                n_encoder_layers=1, n_decoder_layers=1, max_len=16)
     return config, random_weights(config, 0)
 
 
-def _tiny_decoders() -> dict:
+def _tiny_decoders(tgt_vocab: int = 11) -> dict:
     """``{name: (package, model)}``: the tiny model in the reference, in ONNX Runtime (where onnx
     and onnxruntime import) and in each backend installed, the same weights; each package has
     ``greedy_decode`` and ``beam_search`` (`parity_tests.fuzz.numpy_decoders`)."""
     from parity_tests.fuzz import numpy_decoders
-    config, weights = _tiny()
+    config, weights = _tiny(tgt_vocab)
     decoders = numpy_decoders(config, weights)
     for name in ("torch_impl", "tf_impl"):
         try:
@@ -291,6 +291,25 @@ def test_a_numpy_duration_is_named_alike_by_every_decoder():
             with pytest.raises((ValueError, TypeError), match=message):
                 call(package, model)
         assert package.greedy_decode(model, src, np.int64(3)).tokens.shape == (1, 3), name
+
+
+def test_numpy_ints_of_any_width_decode_as_python_ints_in_every_decoder():
+    """``beam_size`` and ``max_len`` as NumPy ints narrower or wider than int64: torch_impl's beam
+    search computed its candidates (beam_size * 2 * beam_size) in int8 and wrapped ("shape '[1, 84]'
+    is invalid for input of size 340" at 17 beams), and the reference and ONNX Runtime indexed
+    with float64 where a uint64 met int64 ("arrays used as indices must be of integer (or boolean)
+    type"): found by the fuzzer drawing such ints. Every decoder gives what Python ints give."""
+    src = np.array([[3, 4, 5], [6, 7, 8]])
+    for name, (package, model) in _tiny_decoders(tgt_vocab=20).items():
+        want = package.beam_search(model, src, 5, beam_size=17, length_penalty=0.6)
+        for integer in (np.int8, np.uint8, np.int16, np.uint32, np.uint64):
+            got = package.beam_search(model, src, integer(5), beam_size=integer(17), length_penalty=0.6)
+            for field in ("tokens", "scores", "lengths"):
+                np.testing.assert_array_equal(getattr(got, field), getattr(want, field),
+                                              err_msg=f"{name}: {integer.__name__} {field}")
+            greedy = package.greedy_decode(model, src, integer(5))
+            np.testing.assert_array_equal(greedy.tokens, package.greedy_decode(model, src, 5).tokens,
+                                          err_msg=f"{name}: {integer.__name__} greedy")
 
 
 def test_an_unsigned_id_past_int64_is_reported_as_given_in_torch_as_in_the_reference():

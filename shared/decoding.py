@@ -269,6 +269,7 @@ def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int
                   pad_id: int) -> GreedyResult:
     """Greedy decoding over ``step`` (a `Step`); see the module docstring for the exact algorithm."""
     check_greedy_args(step, batch, max_len, bos_id, eos_id, pad_id)
+    batch, max_len = int(batch), int(max_len)  # NumPy ints as Python's (as in `beam_search`)
     rows = np.arange(batch)
     prefixes = np.full((batch, max_len + 1), pad_id, dtype=np.int64)  # (B, 1+T)
     prefixes[:, 0] = bos_id
@@ -303,7 +304,10 @@ def beam_search(step: Step, batch: int, max_len: int, beam_size: int, bos_id: in
     """Beam search over ``step`` (a `Step`; rows ``item * beam_size + beam``) with K alive and K
     finished hypotheses per item; see the module docstring."""
     check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id, length_penalty)
-    alpha, vocab, b_, k_ = length_penalty, step.vocab, batch, beam_size
+    # Python ints: a NumPy uint64 beam_size made ``best // per_beam`` float64 (uint64 and int64
+    # arrays meet in float64), no index; any NumPy int's arithmetic stays in its own width
+    b_, max_len, k_ = int(batch), int(max_len), int(beam_size)
+    alpha, vocab = length_penalty, step.vocab
     per_beam = candidates_per_beam(k_, vocab)
     items = np.arange(b_)[:, None]  # (B, 1), for gathers
     prefixes = np.full((b_, k_, max_len + 1), pad_id, dtype=np.int64)  # (B, K, 1+T) alive

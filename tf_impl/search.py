@@ -152,8 +152,9 @@ def _start_row(max_len: int, bos_id: int, pad_id: int) -> tf.Tensor:
 def greedy_loop(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int, pad_id: int,
                 observe: Observe | None = None) -> dict[str, tf.Tensor]:
     """The greedy loop of `shared.decoding.greedy_search` on tensors (no argument checks: see
-    `greedy_search`); runs eagerly or inside a ``tf.function``. ``batch`` is an int, or a scalar
-    int32 tensor where the batch size is known only at run time (a SavedModel signature). Returns
+    `greedy_search`); runs eagerly or inside a ``tf.function``. ``batch`` is a Python int, or a
+    scalar int32 tensor where the batch size is known only at run time (a SavedModel signature);
+    ``max_len`` a Python int (a NumPy int8 would range in int8). Returns
     tensors ``tokens (B, T)`` int64, ``log_probs (B, T)``, ``lengths (B,)`` int64 and ``bad_step``
     int32 ()."""
     _check_observe(observe)
@@ -204,13 +205,15 @@ def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int
 
     Args:
         compiled: run the loop inside a ``tf.function``, traced on every call (for a compiled loop
-            traced once and reused: checks, a ``tf.function`` of your own around `greedy_loop`,
-            then `greedy_result`, as `tf_impl.decoding` does); jit_compile: with XLA.
+            traced once and reused: checks, a ``tf.function`` of your own around `greedy_loop`
+            given Python ints, then `greedy_result`, as `tf_impl.decoding` does); jit_compile:
+            with XLA.
 
     Returns NumPy arrays: tokens ``(B, T)`` int64, log_probs ``(B, T)`` in the step's dtype,
     lengths ``(B,)`` int64 (T = max_len columns whatever step the loop stops at).
     """
     check_greedy_args(step, batch, max_len, bos_id, eos_id, pad_id)
+    batch, max_len = int(batch), int(max_len)  # NumPy ints as Python ints (`shared.decoding`)
     return greedy_result(_run(lambda: greedy_loop(step, batch, max_len, bos_id, eos_id, pad_id, observe),
                               compiled, jit_compile))
 
@@ -234,7 +237,7 @@ def beam_loop(step: Step, batch: int, max_len: int, beam_size: int, bos_id: int,
               pad_id: int, length_penalty=0.0, observe: Observe | None = None) -> dict[str, tf.Tensor]:
     """The beam loop of `shared.decoding.beam_search` on tensors, K alive and K finished hypotheses
     per item (no argument checks: see `beam_search`); runs eagerly or inside a ``tf.function``;
-    ``batch`` as in `greedy_loop`.
+    ``batch`` and ``max_len`` as in `greedy_loop`, ``beam_size`` a Python int.
     ``length_penalty`` may be a Python float or a scalar tensor (so that one compiled loop serves
     every alpha: ``alpha = 0`` gives a penalty of exactly 1.0). Returns the tensors of every
     `BeamResult` field (``all_*`` included) and ``bad_step``."""
@@ -327,6 +330,7 @@ def beam_search(step: Step, batch: int, max_len: int, beam_size: int, bos_id: in
     Returns NumPy arrays, shapes as `shared.decoding.BeamResult`.
     """
     check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id, length_penalty)
+    batch, max_len, beam_size = int(batch), int(max_len), int(beam_size)  # as `shared.decoding`
     alpha = float(length_penalty)
     return beam_result(_run(lambda: beam_loop(step, batch, max_len, beam_size, bos_id, eos_id, pad_id,
                                               alpha, observe), compiled, jit_compile), return_all)

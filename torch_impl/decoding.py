@@ -179,6 +179,7 @@ def greedy_decode(model: Transformer, src, max_len: int, src_mask=None, use_cach
         model's dtype, 0 after EOS; lengths ``(B,)`` generated tokens including EOS. NumPy arrays.
     """
     src, src_mask = _decode_inputs(model, src, max_len, src_mask, use_cache=use_cache)
+    max_len = int(max_len)  # a NumPy int checked as an int: a Python one for the loop (as tf_impl)
     c = model.config
     with _inference(model):
         if use_cache and observe is None and _graphed(model, src.device):  # step and selection: one graph
@@ -209,6 +210,8 @@ def beam_search(model: Transformer, src, max_len: int, beam_size: int = 4, lengt
     """
     src, src_mask = _decode_inputs(model, src, max_len, src_mask, beam_size, length_penalty,
                                    return_all=return_all, use_cache=use_cache)
+    # NumPy ints as Python ints (as tf_impl): an int8 beam_size of 17 wrapped its beams' products
+    max_len, beam_size = int(max_len), int(beam_size)
     c = model.config
     with _inference(model):
         step = _step(model, src, src_mask, beam_size, max_len, use_cache)

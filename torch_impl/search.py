@@ -293,6 +293,7 @@ def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int
     lengths ``(B,)`` int64 (T = max_len columns whatever step the loop stops at).
     """
     check_greedy_args(step, batch, max_len, bos_id, eos_id, pad_id)
+    batch, max_len = int(batch), int(max_len)  # NumPy ints as Python ints (`shared.decoding`)
     return greedy_result(greedy_loop(step, batch, max_len, bos_id, eos_id, pad_id, observe, device=device))
 
 
@@ -385,5 +386,6 @@ def beam_search(step: Step, batch: int, max_len: int, beam_size: int, bos_id: in
     `shared.decoding.BeamResult`.
     """
     check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id, length_penalty)
+    batch, max_len, beam_size = int(batch), int(max_len), int(beam_size)  # as `shared.decoding`
     return beam_result(beam_loop(step, batch, max_len, beam_size, bos_id, eos_id, pad_id,
                                  length_penalty, observe, device=device), return_all)
