@@ -201,6 +201,7 @@ def _ids(rng: random.Random):
                                            np.ulonglong, ">i8"])),
         lambda: np.ones(shape, np.int32) * 5, lambda: np.ones((2, 4), np.int64) * 7,
         lambda: [[1, [2, 3]]], lambda: [[1, 2], 3], lambda: [[2**70, 3]], lambda: {"src": [[1, 2]]},
+        lambda: np.arange(2, 10).reshape(2, 4)[:, ::-1],  # a view torch holds no tensor of
     ])()
 
 

@@ -3,7 +3,8 @@ for ``twins``): nothing found; and the same slice finds defects it found before,
 
 Seed 1 and these counts find, when undone: a sparse tensor in a foreign state dict (the ``files``
 surface; the first defect the fuzzer found, with the next); and, tested below, tf_impl naming
-non-tensor ids in TensorFlow's words, ONNX Runtime's own source check of before session 37 (the
+non-tensor ids in TensorFlow's words, ONNX Runtime's own source check of before session 37 and
+torch_impl taking an array as ``torch.from_numpy`` does (a reversed view in torch's words; the
 ``decoders``); torch_impl's `decode_step` without its id range check (an id past int64 then fails
 in torch's words; the ``steps``); torch_impl's forward pass without its check that src and tgt
 have one batch size (torch then broadcasts a batch of one, silently; ``forward``); tf_impl's loss
@@ -55,6 +56,10 @@ def _undo(defect: str):
         return mock.patch.object(tf_impl.training, "_as_tensor", lambda name, value, convert: (
             value if tf.is_tensor(value) else tf.convert_to_tensor(convert(name, value))))
     import torch_impl.model
+    if defect == "torch_impl: decoders take arrays as torch.from_numpy does":
+        import torch
+        import torch_impl.decoding
+        return mock.patch.object(torch_impl.decoding, "from_array", torch.from_numpy)
     if defect == "torch_impl: decode_step without its id range check":
         return mock.patch.object(torch_impl.model, "check_ids_range", lambda *args: None)
     assert defect == "torch_impl: forward without its one-batch check"
@@ -64,6 +69,7 @@ def _undo(defect: str):
 @pytest.mark.parametrize("defect, surface", [
     pytest.param("tf_impl: non-tensor ids in TensorFlow's words", "decoders", id="tf_impl_ids"),
     pytest.param("ONNX Runtime: its own source check", "decoders", id="onnx_runtime_ids"),
+    pytest.param("torch_impl: decoders take arrays as torch.from_numpy does", "decoders", id="torch_impl_strides"),
     pytest.param("torch_impl: decode_step without its id range check", "steps", id="torch_impl_step_range"),
     pytest.param("torch_impl: forward without its one-batch check", "forward", id="torch_impl_one_batch"),
     pytest.param("tf_impl: its loss converts arrays before its checks", "loss", id="tf_impl_loss_arrays")])

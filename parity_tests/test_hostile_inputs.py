@@ -245,6 +245,30 @@ def test_ids_of_any_byte_order_and_type_name_decode_alike_in_every_decoder():
             package.greedy_decode(model, np.array([[3, 2**63]], np.ulonglong), 3)
 
 
+def test_views_of_any_stride_decode_as_their_copies_in_every_decoder(recwarn):
+    """A reversed view (``src[:, ::-1]``: negative strides) failed in torch's words in torch_impl
+    ("At least one stride in the given numpy array is negative"), as a source and as a mask, where
+    the others decoded it; a read-only array (``np.broadcast_to``'s) drew torch's warning that it
+    might write to it. Every decoder now gives what a C-contiguous copy gives, and warns of
+    nothing."""
+    src = np.array([[5, 4, 3], [8, 7, 6]])
+    read_only = src.copy()
+    read_only.flags.writeable = False
+    views = [src[:, ::-1], src[::-1], np.broadcast_to(src[:1], (2, 3)), np.asfortranarray(src), read_only]
+    masks = [np.ones((2, 1, 1, 3), bool)[::-1], np.ones((2, 1, 1, 6), bool)[..., ::-2],
+             np.broadcast_to(np.ones((1, 1, 1, 3), bool), (2, 1, 1, 3))]
+    for name, (package, model) in _tiny_decoders().items():
+        for view in views:
+            want = package.beam_search(model, np.array(view), 4, beam_size=2)
+            got = package.beam_search(model, view, 4, beam_size=2)
+            np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=f"{name}: strides {view.strides}")
+        want = package.greedy_decode(model, src, 4, src_mask=np.ones((2, 1, 1, 3), bool)).tokens
+        for mask in masks:
+            got = package.greedy_decode(model, src, 4, src_mask=mask).tokens
+            np.testing.assert_array_equal(got, want, err_msg=f"{name}: mask strides {mask.strides}")
+    assert [str(w.message) for w in recwarn] == []
+
+
 def test_a_mask_that_is_no_bool_array_is_named_alike_by_every_decoder():
     """A ``src_mask`` no framework holds (a duration, text, objects) failed in torch's words ("can't
     convert np.ndarray of type numpy.timedelta64") and in tf_impl's as "expected a tensor or array,

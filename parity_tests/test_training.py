@@ -168,6 +168,28 @@ def test_loss_reads_numpy_arrays_of_any_byte_order_and_type_name(backend):
 
 
 @pytest.mark.parametrize("backend", CPU)
+def test_a_loss_and_a_step_read_views_of_any_stride_as_their_copies(backend, recwarn):
+    """Reversed views (negative strides) failed in torch's words in torch_impl's loss,
+    `train_step` and `gradients` ("At least one stride in the given numpy array is negative"), and read-only ones
+    drew torch's warning that it might write to them; the reference and tf_impl took them. Each is
+    now what its C-contiguous copy is, without a warning."""
+    logits, targets = loss_case("float64")
+    frozen = targets.copy()
+    frozen.flags.writeable = False
+    for lv, tv in ((logits[::-1], targets[::-1]), (logits[:, ::-1, ::-1], targets[:, ::-1]), (logits, frozen)):
+        want = label_smoothed_cross_entropy(np.array(lv), np.array(tv), 0, 0.1)
+        assert_close(float(backend.training.label_smoothed_loss(lv, tv, 0, 0.1)), want, FLOAT64, "loss of views")
+    model = backend.build(CONFIG, random_weights(CONFIG, 0))
+    for batch in ((part[::-1] for part in copy_batch()), (np.broadcast_to(part, part.shape) for part in copy_batch())):
+        batch = tuple(batch)
+        got = backend.training.gradients(model, batch, training=False)  # train_step's batch, without dropout
+        want = backend.training.gradients(model, tuple(np.array(part) for part in batch), training=False)
+        for name in ("generator.bias", "src_embed.embeddings"):
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    assert [str(w.message) for w in recwarn if "numpy" in str(w.message).lower()] == []
+
+
+@pytest.mark.parametrize("backend", CPU)
 def test_loss_names_what_is_no_array_as_the_reference_does(backend):
     """Before: None, rows of different lengths, objects and text reached TF's conversion (its
     ``ValueError``s: "Attempt to convert a value (None)", "non-rectangular Python sequence"), torch's

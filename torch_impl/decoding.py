@@ -30,7 +30,7 @@ from shared.training import batch_ids
 
 from . import graphs, search
 from .cache import _as_built, _mode, repeat_rows
-from .inputs import check_ids, make_tgt_mask
+from .inputs import check_ids, from_array, make_tgt_mask
 from .model import Transformer, check_model
 from .precision import autocast
 
@@ -66,7 +66,7 @@ def _tensor(name: str, value, device: torch.device) -> torch.Tensor:
     and the reference take them (results are NumPy whatever the input); anything else is named
     in their words (`shared.training.batch_ids`)."""
     if not isinstance(value, torch.Tensor):
-        value = torch.as_tensor(batch_ids(name, value))
+        value = from_array(batch_ids(name, value))
     return value.to(device)
 
 
@@ -76,7 +76,7 @@ def _mask(value, device: torch.device) -> torch.Tensor:
     (`shared.checks.mask_array`: nested lists too, which the others refuse)."""
     if isinstance(value, torch.Tensor):
         return value.to(device)
-    return torch.as_tensor(mask_array("src_mask", value)).to(device)
+    return from_array(mask_array("src_mask", value)).to(device)
 
 
 def _decode_inputs(model, src, max_len, src_mask, beam_size=GREEDY, length_penalty=0.0, **flags):
