@@ -269,6 +269,24 @@ def test_views_of_any_stride_decode_as_their_copies_in_every_decoder(recwarn):
     assert [str(w.message) for w in recwarn] == []
 
 
+def test_a_masked_array_that_masks_entries_is_refused_by_every_decoder():
+    """Ids or a mask given as a NumPy masked array with masked entries: every decoder decoded the
+    values under the mask, which its owner said not to use, as `import_weights` refuses to import
+    them. Refused now by name, in all four; a masked array that masks nothing is its values."""
+    src = np.array([[5, 4, 3], [8, 7, 6]])
+    masked = np.ma.masked_array(src, mask=[[0, 0, 1], [0, 0, 0]])
+    mask = np.ones((2, 1, 1, 3), bool)
+    for name, (package, model) in _tiny_decoders().items():
+        with pytest.raises(ValueError, match=r"^src: a masked array with 1 masked entry; fill them "
+                                             r"\(\.filled\(value\)\) or pass \.data$"):
+            package.greedy_decode(model, masked, 3)
+        with pytest.raises(ValueError, match=r"^src_mask: a masked array with 6 masked entries; "):
+            package.beam_search(model, src, 3, src_mask=np.ma.masked_array(mask, mask=mask), beam_size=2)
+        want = package.greedy_decode(model, src, 3).tokens
+        for unmasked in (np.ma.masked_array(src), np.ma.masked_array(src, mask=np.zeros_like(src))):
+            np.testing.assert_array_equal(package.greedy_decode(model, unmasked, 3).tokens, want, err_msg=name)
+
+
 def test_a_mask_that_is_no_bool_array_is_named_alike_by_every_decoder():
     """A ``src_mask`` no framework holds (a duration, text, objects) failed in torch's words ("can't
     convert np.ndarray of type numpy.timedelta64") and in tf_impl's as "expected a tensor or array,

@@ -190,6 +190,27 @@ def test_a_loss_and_a_step_read_views_of_any_stride_as_their_copies(backend, rec
 
 
 @pytest.mark.parametrize("backend", CPU)
+def test_a_loss_and_a_step_refuse_masked_entries_as_the_reference_does(backend):
+    """A masked array's masked entries were scored and trained on (its data), by the reference
+    and both backends; refused now by name, as `import_weights` refuses masked weights."""
+    from shared.loss import label_smoothed_cross_entropy as reference_loss
+    logits, targets = loss_case("float64")
+    hidden = np.ma.masked_array(targets, mask=targets == 0)
+    message = r"^targets: a masked array with 8 masked entries; fill them \(\.filled\(value\)\) or pass \.data$"
+    for loss in (reference_loss, backend.training.label_smoothed_loss):
+        with pytest.raises(ValueError, match=message):
+            loss(logits, hidden, 0, 0.1)
+        with pytest.raises(ValueError, match=r"^logits: a masked array with 1 masked entry; "):
+            loss(np.ma.masked_array(logits, mask=logits == logits.max()), targets, 0, 0.1)
+    src, tgt_in, tgt_out = copy_batch()
+    model = backend.build(CONFIG, random_weights(CONFIG, 0))
+    hidden = np.zeros(tgt_out.shape, bool)
+    hidden[0, 0] = True
+    with pytest.raises(ValueError, match=r"^tgt_out: a masked array with 1 masked entry; "):
+        backend.training.gradients(model, (src, tgt_in, np.ma.masked_array(tgt_out, mask=hidden)))
+
+
+@pytest.mark.parametrize("backend", CPU)
 def test_loss_names_what_is_no_array_as_the_reference_does(backend):
     """Before: None, rows of different lengths, objects and text reached TF's conversion (its
     ``ValueError``s: "Attempt to convert a value (None)", "non-rectangular Python sequence"), torch's

@@ -149,13 +149,28 @@ def not_an_array_message(name: str, value) -> str:
     return f"{name}: expected a tensor or array, got {type(value).__name__}"
 
 
+def masked_entries(name: str, value) -> str | None:
+    """What is wrong with a NumPy masked array that masks entries (``"name: a masked array with 2
+    masked entries; ..."``), else None: a copy or a conversion keeps the values under the mask,
+    which its owner said not to use, and would compute with them silently. Weights
+    (`shared.weights.snapshot_weights`), ids, masks and a loss's arrays (`as_array`) refuse it."""
+    if not isinstance(value, np.ma.MaskedArray) or not np.ma.getmaskarray(value).any():
+        return None
+    masked = int(np.ma.count_masked(value))
+    return (f"{name}: a masked array with {masked:,} masked entr{'y' if masked == 1 else 'ies'}; fill them "
+            "(.filled(value)) or pass .data")
+
+
 def as_array(name: str, value) -> np.ndarray:
     """``value``, which is not a framework's tensor (a NumPy array, nested lists, a number), as
     NumPy reads it, or the one error all three implementations raise for what holds no numbers
     (or text, which the checks after name by its dtype): None or another object, an array of
     objects, or lists NumPy cannot make one array of (``TypeError``, `not_an_array_message`).
     Each backend converts its loss's and its batches' non-tensors here, so that none of them names
-    a bad value in its framework's words."""
+    a bad value in its framework's words. A masked array that masks entries is refused
+    (``ValueError``, `masked_entries`)."""
+    if (masked := masked_entries(name, value)) is not None:
+        raise ValueError(masked)
     try:
         array = np.asarray(value)
     except (TypeError, ValueError):  # lists ragged below the rows, or a sequence NumPy cannot read
@@ -271,6 +286,8 @@ def mask_array(name: str, value) -> np.ndarray:
     model call take masks so; torch_impl's model call takes torch tensors only."""
     if not hasattr(value, "__array__"):
         raise TypeError(f"{name}: expected a bool array or tensor (True = may attend), got {type(value).__name__}")
+    if (masked := masked_entries(name, value)) is not None:
+        raise ValueError(masked)
     array = np.asarray(value)
     if array.dtype != np.bool_:
         raise TypeError(mask_dtype_message(name, dtype_name(array)))

@@ -37,7 +37,7 @@ from typing import Mapping
 import numpy as np
 
 from . import memory
-from .checks import check_config, check_flag, check_seed, is_int
+from .checks import check_config, check_flag, check_seed, is_int, masked_entries
 from .config import TransformerConfig
 from .memory import TENSOR_OVERHEAD, check_memory
 from .paths import check_path, check_source, read_json
@@ -264,11 +264,8 @@ def snapshot_weights(weights: Mapping[str, object], source: str = "weights"
     for name in names:
         try:
             value = weights[name]
-            if isinstance(value, np.ma.MaskedArray) and np.ma.getmaskarray(value).any():
-                # a copy would keep the values under the mask, which its owner said not to use
-                masked = int(np.ma.count_masked(value))
-                problems.append(f"{name}: a masked array with {masked:,} masked "
-                                f"entr{'y' if masked == 1 else 'ies'}; fill them (.filled(value)) or pass .data")
+            if (masked := masked_entries(name, value)) is not None:
+                problems.append(masked)
                 snapshot[name] = None
                 continue
             snapshot[name] = _owned(value) if isinstance(value, np.ndarray) else value
