@@ -287,6 +287,28 @@ def test_a_masked_array_that_masks_entries_is_refused_by_every_decoder():
             np.testing.assert_array_equal(package.greedy_decode(model, unmasked, 3).tokens, want, err_msg=name)
 
 
+def test_a_torch_tensor_numpy_cannot_read_is_named_with_torchs_reason_by_the_others():
+    """A torch tensor that requires grad, or of bfloat16, given to the reference, ONNX Runtime or
+    tf_impl: torch's RuntimeError, naming no argument, or "expected a tensor or array, got Tensor"
+    (it is one). Now the argument, the tensor's dtype and torch's reason, with its way out."""
+    torch = pytest.importorskip("torch")
+    from shared.loss import label_smoothed_cross_entropy
+    src = np.array([[5, 4, 3], [8, 7, 6]])
+    cases = [(torch.tensor(src, dtype=torch.float32, requires_grad=True),
+              r"got a Tensor of dtype float32 \(Can't call numpy\(\) on Tensor that requires grad. Use "
+              r"tensor.detach\(\).numpy\(\) instead.\)$"),
+             (torch.tensor(src).bfloat16(), r"got a Tensor of dtype bfloat16 \(Got unsupported ScalarType BFloat16\)$")]
+    for name, (package, model) in _tiny_decoders().items():
+        if name != "torch_impl":  # which reads them as its own
+            for tensor, reason in cases:
+                with pytest.raises(TypeError, match=r"^src: expected a tensor or array NumPy can read, " + reason):
+                    package.greedy_decode(model, tensor, 3)
+    logits = torch.zeros((2, 3, 5), requires_grad=True)
+    with pytest.raises(TypeError, match=r"^logits: expected a tensor or array NumPy can read, got a Tensor of "
+                                        r"dtype float32 \(Can't call numpy\(\) on Tensor that requires grad"):
+        label_smoothed_cross_entropy(logits, np.ones((2, 3), np.int64), 0, 0.1)
+
+
 def test_a_mask_that_is_no_bool_array_is_named_alike_by_every_decoder():
     """A ``src_mask`` no framework holds (a duration, text, objects) failed in torch's words ("can't
     convert np.ndarray of type numpy.timedelta64") and in tf_impl's as "expected a tensor or array,

@@ -173,7 +173,12 @@ def as_array(name: str, value) -> np.ndarray:
         raise ValueError(masked)
     try:
         array = np.asarray(value)
-    except (TypeError, ValueError):  # lists ragged below the rows, or a sequence NumPy cannot read
+    except (TypeError, ValueError, RuntimeError) as err:  # lists ragged below the rows, a sequence
+        if hasattr(value, "dtype"):  # or another framework's tensor NumPy cannot read: its reason
+            # (torch's bfloat16, a tensor on a GPU or one that requires grad, with torch's way out)
+            raise TypeError(f"{name}: expected a tensor or array NumPy can read, got a "
+                            f"{type(value).__name__} of dtype {str(value.dtype).rsplit('.', 1)[-1]} "
+                            f"({err})") from None
         array = None
     if array is None or array.dtype.kind == "O":
         raise TypeError(not_an_array_message(name, value))
