@@ -13,7 +13,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .checks import is_int
+from .checks import is_int, masked_entries
 from .config import TransformerConfig
 from .messages import shown
 from .weights import weight_schema
@@ -64,6 +64,9 @@ def _checked(config: TransformerConfig, moments) -> tuple[list[str], dict[str, n
         if name not in moments:
             continue
         value = moments[name]
+        if (masked := masked_entries(name, value)) is not None:  # as weights: not its data
+            problems.append(masked)
+            continue
         try:
             a = np.asarray(value)
         except Exception as err:  # noqa: BLE001  (whatever the value is, it is not an array)
