@@ -212,6 +212,18 @@ def ids_array(name: str, value) -> np.ndarray:
     return array
 
 
+def batch_ids(name: str, value) -> np.ndarray:
+    """A batch's ids (``src``, ``tgt`` or ``tgt_out``) that are not a framework's tensor, as a
+    NumPy array of numbers (`ids_array`: ragged rows, None and objects refused), text
+    refused here (shape first, then dtype, as `check_ids` orders them) because torch
+    cannot hold it and TensorFlow would hold it until a later check. The backend converts the
+    array and checks its values (its own `check_ids`); `shared.masks` reads its ids here too."""
+    array = ids_array(name, value)
+    if array.dtype.kind not in "biuf":  # text, or another kind no framework holds as ids
+        check_ids(name, array.shape, dtype_name(array), False, max_len=2**62)
+    return array
+
+
 def dtype_name(array: np.ndarray) -> str:
     """A NumPy array's dtype as the checks name dtypes: as NumPy names it, but text ``string``,
     as TensorFlow names its text (NumPy's ``<U1`` would differ by length and byte order)."""

@@ -25,10 +25,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .checks import check_config, check_flag, dtype_name, is_int
+from .checks import batch_ids, check_config, check_flag, dtype_name, is_int
 from .config import POSITIONAL_TABLE_LIMIT, TransformerConfig
 from .messages import shown
-from .training import batch_ids
 
 # The longest causal mask `subsequent_mask` and `make_tgt_mask` build: length * length <=
 # POSITIONAL_TABLE_LIMIT values, the bound the config puts on the positional table. At that length

@@ -39,8 +39,8 @@ import numpy as np
 import tensorflow as tf
 
 from shared import checks
+from shared.checks import batch_ids
 from shared.masks import check_mask_ids, check_pad_id
-from shared.training import batch_ids
 
 
 def in_xla_context() -> bool:
@@ -152,7 +152,7 @@ def check_ids(name: str, ids, vocab: int, max_len: int) -> tf.Tensor:
         tf.errors.InvalidArgumentError: in graph mode, an id outside ``[0, vocab)`` or a run-time
             length over ``max_len``, with the same message text.
     """
-    # Arrays and lists through the conversion torch_impl's `_as_ids` makes (`shared.training.batch_ids`):
+    # Arrays and lists through the conversion torch_impl's `_as_ids` makes (`shared.checks.batch_ids`):
     # None, objects, text and Python floats named as there, not in TensorFlow's words or dtypes.
     ids = ids if isinstance(ids, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(batch_ids(name, ids))
     if ids.shape.rank is None:

@@ -26,12 +26,12 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from shared.checks import array_kind, as_array, check_flag, ids_array
+from shared.checks import array_kind, as_array, batch_ids, check_flag, ids_array
 from shared.loss import (NO_TARGETS, check_loss_args, check_smoothing, check_some_targets, check_targets_range,
                          check_tokens, targets_range_message)
 from shared.moments import FOREIGN_OPTIMIZER, check_moments, listed_names
 from shared.schedule import check_start_step, noam_formula, noam_lr
-from shared.training import batch_ids, check_learning_rate
+from shared.training import check_learning_rate
 
 from .inputs import check_ids, check_same_batch, in_xla_context, runtime_check
 from .model import Transformer, _traced, check_model
@@ -281,7 +281,7 @@ def _batch(model: Transformer, batch: Batch) -> tuple[tf.Tensor, tf.Tensor, tf.T
         raise ValueError(f"batch: expected (src, tgt_in, tgt_out), got {type(batch).__name__}"
                          + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
     c = model.config
-    # Non-tensors through the shared conversion torch_impl's _batch makes (`shared.training.batch_ids`):
+    # Non-tensors through the shared conversion torch_impl's _batch makes (`shared.checks.batch_ids`):
     # None, ragged rows, objects and text named in its words, not TensorFlow's.
     src = check_ids("src", _ids_tensor("src", batch[0]), c.src_vocab, c.max_len)
     tgt_in = check_ids("tgt_in", _ids_tensor("tgt_in", batch[1]), c.tgt_vocab, c.max_len)
@@ -301,7 +301,7 @@ def _batch(model: Transformer, batch: Batch) -> tuple[tf.Tensor, tf.Tensor, tf.T
 
 
 def _ids_tensor(name: str, value) -> tf.Tensor:
-    """A batch's ids as a tensor: tensors as they are, anything else through `shared.training.batch_ids`
+    """A batch's ids as a tensor: tensors as they are, anything else through `shared.checks.batch_ids`
     (which refuses what TensorFlow could not hold)."""
     return tf.convert_to_tensor(_as_tensor(name, value, batch_ids))
 

@@ -23,10 +23,9 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from shared.checks import mask_array
+from shared.checks import batch_ids, mask_array
 from shared.decoding import GREEDY, BeamResult, GreedyResult, check_flags, check_search_args
 from shared.masks import padding_id, start_is_pad
-from shared.training import batch_ids
 
 from . import graphs, search
 from .cache import _as_built, _mode, repeat_rows
@@ -64,7 +63,7 @@ def _attention_kernels(model: Transformer):
 def _tensor(name: str, value, device: torch.device) -> torch.Tensor:
     """``value`` on ``device``: NumPy arrays and nested lists are accepted like tensors, as tf_impl
     and the reference take them (results are NumPy whatever the input); anything else is named
-    in their words (`shared.training.batch_ids`)."""
+    in their words (`shared.checks.batch_ids`)."""
     if not isinstance(value, torch.Tensor):
         value = from_array(batch_ids(name, value))
     return value.to(device)

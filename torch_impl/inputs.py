@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from shared import checks
+from shared.checks import batch_ids
 from shared.masks import check_mask_ids, check_pad_id
-from shared.training import batch_ids
 
 
 def from_array(array: np.ndarray) -> torch.Tensor:
@@ -82,7 +82,7 @@ def _id_summary(ids: torch.Tensor, pad_id: int | None = None) -> tuple[int, int,
 
 def _as_ids(name: str, value, vocab: int, max_len: int, device: torch.device) -> torch.Tensor:
     """`check_ids` of ``value`` as a tensor on ``device``: tensors as they are, NumPy arrays and
-    lists converted first (`shared.training.batch_ids`), as tf_impl's training converts them."""
+    lists converted first (`shared.checks.batch_ids`), as tf_impl's training converts them."""
     ids = value if isinstance(value, torch.Tensor) else from_array(batch_ids(name, value))
     check_ids(name, ids, vocab, max_len)
     return ids.to(device)

@@ -20,12 +20,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from shared.checks import array_kind, as_array, check_flag, ids_array
+from shared.checks import array_kind, as_array, batch_ids, check_flag, ids_array
 from shared.loss import check_loss_args, check_smoothing, check_some_targets, check_targets_range, check_tokens
 from shared.messages import shown
 from shared.moments import FOREIGN_OPTIMIZER, MAX_STEP, check_moments
 from shared.schedule import check_start_step, noam_lr
-from shared.training import batch_ids, check_learning_rate
+from shared.training import check_learning_rate
 
 from .cache import _mode
 from .inputs import _as_ids, _id_summary, _is_integer, check_same_batch, from_array
