@@ -81,6 +81,18 @@ def test_bad_precision(precision, dtype, needle):
             set_precision(build(config), precision)
 
 
+def test_the_precision_api_names_a_model_that_is_none_alike():
+    """`compute_dtype(None)` raised an AttributeError naming ``config`` in both backends, where
+    `set_precision` named the model."""
+    from tf_impl import precision as tf_precision
+    from torch_impl import precision as torch_precision
+    for module, framework in ((torch_precision, "torch_impl"), (tf_precision, "tf_impl")):
+        for call in (module.compute_dtype, lambda model: module.set_precision(model, "bf16")):
+            for model in (None, CONFIG):
+                with pytest.raises(TypeError, match=rf"^model: expected a {framework}.Transformer, got "):
+                    call(model)
+
+
 def test_cli_compare_and_train_in_bfloat16(tmp_path, capsys):
     import json
     from twins.cli import main

@@ -54,6 +54,7 @@ def set_precision(model: keras.Model, precision: str) -> str:
 
 def compute_dtype(model: keras.Model) -> tf.DType:
     """The dtype of ``model``'s matrix products: its precision's half dtype, else the model's."""
+    check_model(model)  # public: named, where an AttributeError named its config
     return tf.as_dtype(compute_dtype_name(getattr(model, "precision", "float32"), model.config.dtype))
 
 

@@ -33,10 +33,7 @@ def set_precision(model: torch.nn.Module, precision: str) -> str:
     """Make ``model`` compute in ``precision`` ("float32", "bfloat16" or "float16"; "fp32", "bf16",
     "fp16" accepted): its forward pass, training and decoding; returns the previous one.
     The weights are untouched (float32)."""
-    # `torch_impl.model.check_model`'s words; the model module imports this one, so not the function
-    if not isinstance(model, torch.nn.Module) or not isinstance(getattr(model, "config", None),
-                                                                TransformerConfig):
-        raise TypeError(f"model: expected a torch_impl.Transformer, got {type_shown(model)}")
+    _check_model(model)
     name = check_precision(precision, model.config.dtype)
     quantized = _quantized(model)
     if quantized:
@@ -53,8 +50,17 @@ def set_precision(model: torch.nn.Module, precision: str) -> str:
     return previous
 
 
+def _check_model(model) -> None:
+    """`torch_impl.model.check_model`'s words; the model module imports this one, so not the
+    function."""
+    if not isinstance(model, torch.nn.Module) or not isinstance(getattr(model, "config", None),
+                                                                TransformerConfig):
+        raise TypeError(f"model: expected a torch_impl.Transformer, got {type_shown(model)}")
+
+
 def compute_dtype(model: torch.nn.Module) -> torch.dtype:
     """The dtype of ``model``'s matrix products: its precision's half dtype, else the model's."""
+    _check_model(model)  # public: named, where an AttributeError named its config
     return getattr(torch, compute_dtype_name(getattr(model, "precision", "float32"), model.config.dtype))
 
 
