@@ -139,10 +139,9 @@ class SearchBackend:
             search, native = self._eager(step)
             return search.greedy_search(native, *args)
         table = self._table(step)
-        D.check_greedy_args(table, *args)
-        # checked, then Python ints for the loop, as tf_impl.decoding passes them (the loops check
+        # checked, and Python ints for the loop, as tf_impl.decoding passes them (the loops check
         # nothing: a NumPy int8 max_len ranged in int8 there)
-        args = (int(batch), int(max_len), bos_id, eos_id, pad_id)
+        args = (*D.check_greedy_args(table, *args), bos_id, eos_id, pad_id)
         return tf_search.greedy_result(_compiled_greedy(table.vocab, table.dtype.name, *args)())
 
     def beam_search(self, step, batch, max_len, beam_size, bos_id, eos_id, pad_id,
@@ -154,8 +153,7 @@ class SearchBackend:
             search, native = self._eager(step)
             return search.beam_search(native, *args, length_penalty, return_all)
         table = self._table(step)
-        D.check_beam_args(table, *args, length_penalty)
-        args = (int(batch), int(max_len), int(beam_size), bos_id, eos_id, pad_id)  # as in greedy_search
+        args = (*D.check_beam_args(table, *args, length_penalty), bos_id, eos_id, pad_id)  # as greedy_search's
         loop = _compiled_beam(table.vocab, table.dtype.name, *args)
         return tf_search.beam_result(loop(tf.constant(float(length_penalty), table.dtype)), return_all)
 

@@ -268,8 +268,7 @@ def _call_step(step: Step, prefixes: np.ndarray, t: int, state, read: np.ndarray
 def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int,
                   pad_id: int) -> GreedyResult:
     """Greedy decoding over ``step`` (a `Step`); see the module docstring for the exact algorithm."""
-    check_greedy_args(step, batch, max_len, bos_id, eos_id, pad_id)
-    batch, max_len = int(batch), int(max_len)  # NumPy ints as Python's (as in `beam_search`)
+    batch, max_len = check_greedy_args(step, batch, max_len, bos_id, eos_id, pad_id)  # Python ints
     rows = np.arange(batch)
     prefixes = np.full((batch, max_len + 1), pad_id, dtype=np.int64)  # (B, 1+T)
     prefixes[:, 0] = bos_id
@@ -303,10 +302,8 @@ def beam_search(step: Step, batch: int, max_len: int, beam_size: int, bos_id: in
                 pad_id: int, length_penalty: float = 0.0, return_all: bool = False) -> BeamResult:
     """Beam search over ``step`` (a `Step`; rows ``item * beam_size + beam``) with K alive and K
     finished hypotheses per item; see the module docstring."""
-    check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id, length_penalty)
-    # Python ints: a NumPy uint64 beam_size made ``best // per_beam`` float64 (uint64 and int64
-    # arrays meet in float64), no index; any NumPy int's arithmetic stays in its own width
-    b_, max_len, k_ = int(batch), int(max_len), int(beam_size)
+    b_, max_len, k_ = check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id,
+                                      length_penalty)  # Python ints
     alpha, vocab = length_penalty, step.vocab
     per_beam = candidates_per_beam(k_, vocab)
     items = np.arange(b_)[:, None]  # (B, 1), for gathers

@@ -165,28 +165,36 @@ def _check_buffers(rows: int, max_len: int, vocab: int) -> None:
                          f"this machine's {limit / 2**30:.1f} GiB")
 
 
-def check_greedy_args(step, batch, max_len, bos_id, eos_id, pad_id) -> None:
+def check_greedy_args(step, batch, max_len, bos_id, eos_id, pad_id) -> tuple[int, int]:
     """The arguments of a greedy search, all before the first step (V is ``step.vocab``); the
-    backends call this same function, so the errors are identical."""
+    backends call this same function, so the errors are identical. Returns ``(batch, max_len)``
+    as Python ints, which the search computes with: NumPy computes an int8 in int8, which wraps
+    past 127, and meets a uint64 with an int64 in float64, which indexes nothing."""
     _check_step(step, ("initial_state",))
     _check_batch(batch)
     check_max_len(max_len)
+    batch, max_len = int(batch), int(max_len)
     vocab = _check_vocab(step)
     _check_ids(vocab, bos_id, eos_id, pad_id)
     _check_buffers(batch, max_len, vocab)
+    return batch, max_len
 
 
-def check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id, length_penalty) -> None:
-    """The arguments of a beam search, in this order, all before the first step."""
+def check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id,
+                    length_penalty) -> tuple[int, int, int]:
+    """The arguments of a beam search, in this order, all before the first step. Returns ``(batch,
+    max_len, beam_size)`` as Python ints (as `check_greedy_args`)."""
     _check_step(step, ("initial_state", "reorder"))
     _check_batch(batch)
     check_max_len(max_len)
     check_beam_size(beam_size)
+    batch, max_len, beam_size = int(batch), int(max_len), int(beam_size)
     check_length_penalty(length_penalty, max_len)
     vocab = _check_vocab(step)
     _check_ids(vocab, bos_id, eos_id, pad_id)
     check_beam_size(beam_size, vocab)
     _check_buffers(batch * beam_size, max_len, vocab)
+    return batch, max_len, beam_size
 
 
 def step_output(returned) -> tuple:

@@ -212,8 +212,7 @@ def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int
     Returns NumPy arrays: tokens ``(B, T)`` int64, log_probs ``(B, T)`` in the step's dtype,
     lengths ``(B,)`` int64 (T = max_len columns whatever step the loop stops at).
     """
-    check_greedy_args(step, batch, max_len, bos_id, eos_id, pad_id)
-    batch, max_len = int(batch), int(max_len)  # NumPy ints as Python ints (`shared.decoding`)
+    batch, max_len = check_greedy_args(step, batch, max_len, bos_id, eos_id, pad_id)  # Python ints
     return greedy_result(_run(lambda: greedy_loop(step, batch, max_len, bos_id, eos_id, pad_id, observe),
                               compiled, jit_compile))
 
@@ -329,8 +328,8 @@ def beam_search(step: Step, batch: int, max_len: int, beam_size: int, bos_id: in
     (`shared.decoding.check_beam_args`). ``compiled``, ``jit_compile``: as `greedy_search`.
     Returns NumPy arrays, shapes as `shared.decoding.BeamResult`.
     """
-    check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id, length_penalty)
-    batch, max_len, beam_size = int(batch), int(max_len), int(beam_size)  # as `shared.decoding`
+    batch, max_len, beam_size = check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id,
+                                                length_penalty)  # Python ints
     alpha = float(length_penalty)
     return beam_result(_run(lambda: beam_loop(step, batch, max_len, beam_size, bos_id, eos_id, pad_id,
                                               alpha, observe), compiled, jit_compile), return_all)

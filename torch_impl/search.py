@@ -292,8 +292,7 @@ def greedy_search(step: Step, batch: int, max_len: int, bos_id: int, eos_id: int
     Returns NumPy arrays: tokens ``(B, T)`` int64, log_probs ``(B, T)`` in the step's dtype,
     lengths ``(B,)`` int64 (T = max_len columns whatever step the loop stops at).
     """
-    check_greedy_args(step, batch, max_len, bos_id, eos_id, pad_id)
-    batch, max_len = int(batch), int(max_len)  # NumPy ints as Python ints (`shared.decoding`)
+    batch, max_len = check_greedy_args(step, batch, max_len, bos_id, eos_id, pad_id)  # Python ints
     return greedy_result(greedy_loop(step, batch, max_len, bos_id, eos_id, pad_id, observe, device=device))
 
 
@@ -385,7 +384,7 @@ def beam_search(step: Step, batch: int, max_len: int, beam_size: int, bos_id: in
     (`shared.decoding.check_beam_args`), on ``device``. Returns NumPy arrays, shapes as
     `shared.decoding.BeamResult`.
     """
-    check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id, length_penalty)
-    batch, max_len, beam_size = int(batch), int(max_len), int(beam_size)  # as `shared.decoding`
+    batch, max_len, beam_size = check_beam_args(step, batch, max_len, beam_size, bos_id, eos_id, pad_id,
+                                                length_penalty)  # Python ints
     return beam_result(beam_loop(step, batch, max_len, beam_size, bos_id, eos_id, pad_id,
                                  length_penalty, observe, device=device), return_all)
