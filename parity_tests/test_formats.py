@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -130,6 +131,19 @@ def test_the_library_writers_and_builders_name_their_arguments(tmp_path):
         with pytest.raises(error, match=f"^{message}"):
             call()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]  # nothing written by a refusal
+
+
+def test_formats_read_takes_the_format_as_the_backends_spell_it(tmp_path):
+    """`formats.read(path, format=...)`, as `torch_impl.load_checkpoint` and
+    `tf_impl.load_checkpoint` take it: the parameter was ``fmt``, so ``format=`` was taken for an
+    option of the format the path looked like ("format: not an option of --from torch")."""
+    weights = random_weights(TINY, 0)
+    pt = tmp_path / "m.pt"
+    formats.write(format="torch", config=TINY, weights=weights, path=pt)
+    config, read = formats.read(pt, format="torch")
+    assert config == TINY and all(np.array_equal(read[name], weights[name]) for name in weights)
+    with pytest.raises(ValueError, match=r"^format: expected one of the readable formats .*, got 'pt'$"):
+        formats.read(pt, format="pt")
 
 
 def test_list_formats_prints_the_registry(capsys):

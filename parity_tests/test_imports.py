@@ -61,7 +61,7 @@ def test_a_keras_file_without_h5py_names_the_file_and_the_install(tmp_path):
         from shared import formats
         from shared.importers import read_keras_file
         for path in ({str(tmp_path / "model.weights.h5")!r}, {str(tmp_path / "model.keras")!r}):
-            for read in (read_keras_file, lambda p: formats.read(p, fmt="keras-hub", bos_id=1, eos_id=2)):
+            for read in (read_keras_file, lambda p: formats.read(p, format="keras-hub", bos_id=1, eos_id=2)):
                 try:
                     read(path)
                 except ImportError as err:

@@ -2,12 +2,13 @@
 of them. NumPy only at import time: a format's library (torch, TensorFlow, h5py, ctranslate2) is
 imported only when a file of it is read or written.
 
-    read(path, fmt=None, config=None, **options) -> (TransformerConfig, canonical weights)
-    write(fmt, config, weights, path, **options) -> a line saying what was written, or None
+    read(path, format=None, config=None, **options) -> (TransformerConfig, canonical weights)
+    write(format, config, weights, path, **options) -> a line saying what was written, or None
 
 `read` is what `torch_impl.load_checkpoint`, `tf_impl.load_checkpoint` and every ``twins`` command
 (``--checkpoint``) use, so each of them opens every format in `REGISTRY` that has a reader.
-A path's format is recognised by the records (`detect`); ``fmt`` names it instead. The records are
+A path's format is recognised by the records (`detect`); ``format`` names it instead, a keyword
+spelled as the backends' `load_checkpoint` and `save_checkpoint` spell it. The records are
 declared by family, one module each (docs/formats/README.md says how to add one):
 
 =================  ==================  =====================================================
@@ -169,14 +170,16 @@ def check_options(fmt: Format, direction: str, options: Mapping[str, Any], confi
     return options
 
 
-def read(path: str | os.PathLike, fmt: str | Format | None = None, config=None, **options):
-    """``(config, canonical weights)`` of ``path``, fully checked, in format ``fmt`` (a name or a
+def read(path: str | os.PathLike, format: str | Format | None = None, config=None, **options):
+    """``(config, canonical weights)`` of ``path``, fully checked, in ``format`` (a name or a
     record; default: recognised from the path, `detect`). ``config``: for a native file that holds
-    none (or must equal the one it holds); ``options``: the format's own (`Format.read_options`)."""
+    none (or must equal the one it holds); ``options``: the format's own (`Format.read_options`).
+    (``format`` was ``fmt`` before session 38; ``format=`` was then taken for an option of the
+    format the path looked like, and refused as none.)"""
     check_source(path)  # a FIFO or a device: refused before anything reads it
     if config is not None:  # named here: a reader's comparison named it "given"
         check_config(config)
-    record = _record(fmt, "read") if fmt is not None else detect(path, "source")
+    record = _record(format, "read") if format is not None else detect(path, "source")
     options = check_options(record, "read", options, config)
     return record.read(path, config, **options)
 
@@ -248,10 +251,11 @@ def destination(path: str | os.PathLike, format: str | None = None) -> Format:
     return detect(path, "destination", flag="format=")
 
 
-def write(fmt: str | Format, config, weights: Mapping, path: str | os.PathLike, **options) -> str | None:
-    """Write ``config`` and ``weights`` to ``path`` in format ``fmt``, atomically (or refuse before
-    writing anything); ``options``: the format's own (`Format.write_options`)."""
-    record = _record(fmt, "write")
+def write(format: str | Format, config, weights: Mapping, path: str | os.PathLike,
+          **options) -> str | None:
+    """Write ``config`` and ``weights`` to ``path`` in ``format`` (a name or a record), atomically
+    (or refuse before writing anything); ``options``: the format's own (`Format.write_options`)."""
+    record = _record(format, "write")
     return record.write(config, weights, path, **check_options(record, "write", options))
 
 
