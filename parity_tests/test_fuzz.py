@@ -59,7 +59,7 @@ def _undo(defect: str):
     if defect == "torch_impl: decoders take arrays as torch.from_numpy does":
         import torch
         import torch_impl.decoding
-        return mock.patch.object(torch_impl.decoding, "from_array", torch.from_numpy)
+        return mock.patch.object(torch_impl.decoding, "_from_array", torch.from_numpy)
     if defect == "torch_impl: decode_step without its id range check":
         return mock.patch.object(torch_impl.model, "check_ids_range", lambda *args: None)
     assert defect == "torch_impl: forward without its one-batch check"

@@ -29,7 +29,7 @@ from shared.masks import padding_id, start_is_pad
 
 from . import graphs, search
 from .cache import _as_built, _mode, repeat_rows
-from .inputs import check_ids, from_array, make_tgt_mask
+from .inputs import _from_array, check_ids, make_tgt_mask
 from .model import Transformer, check_model
 from .precision import autocast
 
@@ -65,7 +65,7 @@ def _tensor(name: str, value, device: torch.device) -> torch.Tensor:
     and the reference take them (results are NumPy whatever the input); anything else is named
     in their words (`shared.checks.batch_ids`)."""
     if not isinstance(value, torch.Tensor):
-        value = from_array(batch_ids(name, value))
+        value = _from_array(batch_ids(name, value))
     return value.to(device)
 
 
@@ -75,7 +75,7 @@ def _mask(value, device: torch.device) -> torch.Tensor:
     (`shared.checks.mask_array`: nested lists too, which the others refuse)."""
     if isinstance(value, torch.Tensor):
         return value.to(device)
-    return from_array(mask_array("src_mask", value)).to(device)
+    return _from_array(mask_array("src_mask", value)).to(device)
 
 
 def _decode_inputs(model, src, max_len, src_mask, beam_size=GREEDY, length_penalty=0.0, **flags):

@@ -17,12 +17,13 @@ from shared.checks import batch_ids
 from shared.masks import check_mask_ids, check_pad_id
 
 
-def from_array(array: np.ndarray) -> torch.Tensor:
+def _from_array(array: np.ndarray) -> torch.Tensor:
     """A checked NumPy array (`shared.checks.as_array`'s: native, numbers) as a CPU tensor, as
     the other implementations take any array: its memory where torch can hold it, else a
     C-contiguous copy. torch holds no negative stride (``src[:, ::-1]`` failed in torch's words,
     "At least one stride in the given numpy array is negative") and warns of a read-only array
-    (``np.broadcast_to``'s) that it may write to."""
+    (``np.broadcast_to``'s) that it may write to. torch's own need: TensorFlow converts such
+    arrays as they are, so tf_impl has no such helper (private, out of the mirror rule)."""
     if not array.flags.writeable or any(stride < 0 for stride in array.strides):
         array = np.array(array, order="C")
     return torch.from_numpy(array)
@@ -83,7 +84,7 @@ def _id_summary(ids: torch.Tensor, pad_id: int | None = None) -> tuple[int, int,
 def _as_ids(name: str, value, vocab: int, max_len: int, device: torch.device) -> torch.Tensor:
     """`check_ids` of ``value`` as a tensor on ``device``: tensors as they are, NumPy arrays and
     lists converted first (`shared.checks.batch_ids`), as tf_impl's training converts them."""
-    ids = value if isinstance(value, torch.Tensor) else from_array(batch_ids(name, value))
+    ids = value if isinstance(value, torch.Tensor) else _from_array(batch_ids(name, value))
     check_ids(name, ids, vocab, max_len)
     return ids.to(device)
 

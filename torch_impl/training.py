@@ -28,7 +28,7 @@ from shared.schedule import check_start_step, noam_lr
 from shared.training import check_learning_rate
 
 from .cache import _mode
-from .inputs import _as_ids, _id_summary, _is_integer, check_same_batch, from_array
+from .inputs import _as_ids, _from_array, _id_summary, _is_integer, check_same_batch
 from .model import Transformer, check_model
 from .weights_io import weight_table
 
@@ -76,7 +76,7 @@ def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int
     if not isinstance(tokens, torch.Tensor):
         check_tokens(tokens)
     # checked: numbers
-    logits, targets = (x if isinstance(x, torch.Tensor) else from_array(x) for x in (logits, targets))
+    logits, targets = (x if isinstance(x, torch.Tensor) else _from_array(x) for x in (logits, targets))
     vocab = logits.shape[-1]
     # Before the lookup: cross_entropy raises a bare IndexError (CUDA: an assert). One
     # device-to-host transfer for the range and the non-padding check together (on a GPU each read
@@ -223,7 +223,7 @@ def _batch(model: Transformer, batch: Batch) -> tuple[torch.Tensor, torch.Tensor
     src = _as_ids("src", batch[0], c.src_vocab, c.max_len, device)
     tgt_in = _as_ids("tgt_in", batch[1], c.tgt_vocab, c.max_len, device)
     check_same_batch(src, tgt_in, "tgt_in")
-    tgt_out = batch[2] if isinstance(batch[2], torch.Tensor) else from_array(batch_ids("tgt_out", batch[2]))
+    tgt_out = batch[2] if isinstance(batch[2], torch.Tensor) else _from_array(batch_ids("tgt_out", batch[2]))
     if tgt_out.shape != tgt_in.shape:
         raise ValueError(f"tgt_out: expected the shape of tgt_in {tuple(tgt_in.shape)}, "
                          f"got {tuple(tgt_out.shape)}")
