@@ -126,3 +126,19 @@ def test_numpy_numbers_are_taken_as_the_python_numbers_they_hold():
     for bad, shown in [(np.bool_(True), "np.True_"), (np.array([4]), r"array\(\[4\]\)"), (np.float64(4.0), "4.0")]:
         with pytest.raises(ValueError, match=rf"^TransformerConfig.n_heads: expected an int, got {shown}$"):
             TransformerConfig.preset("tiny", n_heads=bad)
+
+
+def test_numpy_bools_are_taken_as_the_python_bools_they_hold():
+    """Before: ``norm_first=np.bool_(False)`` (a flag read from an array) was refused as "expected
+    a bool", though every flag of the API (``return_trace``, ``allow_nonfinite``, the decoders')
+    takes a NumPy bool. Now it is stored as a Python bool; a NumPy int where a bool belongs is
+    still refused."""
+    flags = dict(norm_first=np.bool_(False), final_norm=np.bool_(True), share_embeddings=np.bool_(True),
+                 tie_output=np.bool_(True), embed_scale=np.bool_(False), mask_padding=np.bool_(False))
+    config = TransformerConfig.preset("tiny", src_vocab=17, **flags)
+    plain = TransformerConfig.preset("tiny", src_vocab=17, **{k: bool(v) for k, v in flags.items()})
+    assert config == plain and hash(config) == hash(plain) and config.to_json() == plain.to_json()
+    assert all(type(getattr(config, name)) is bool for name in flags)
+    assert type(TransformerConfig.preset("tiny", norm_first=np.bool_(False)).final_norm) is bool
+    with pytest.raises(ValueError, match=r"^TransformerConfig.embed_scale: expected a bool, got np\.int64\(1\)$"):
+        TransformerConfig.preset("tiny", embed_scale=np.int64(1))

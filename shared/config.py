@@ -29,6 +29,7 @@ ACTIVATIONS = ("relu", "gelu", "swish")
 POSITIONALS = ("sinusoidal", "learned")
 PE_LAYOUTS = ("interleaved", "halves")
 PE_TIMESCALES = ("paper", "t2t")
+BOOL_FIELDS = ("norm_first", "final_norm", "share_embeddings", "tie_output", "embed_scale", "mask_padding")
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,9 @@ class TransformerConfig:
         for field in dataclasses.fields(self):  # NumPy's numbers (a size read from an array's
             value = getattr(self, field.name)  # shape) stored as the Python numbers they hold
             if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
-                if isinstance(value.item(), (int, float)) and not isinstance(value.item(), bool):
-                    object.__setattr__(self, field.name, value.item())
+                held = value.item()  # a NumPy bool is a bool where one belongs (as check_flag takes it), never an int
+                if isinstance(held, bool) == (field.name in BOOL_FIELDS) and isinstance(held, (int, float)):
+                    object.__setattr__(self, field.name, held)
         self._validate()
 
     # -- validation -------------------------------------------------------------------------------
@@ -177,8 +179,7 @@ class TransformerConfig:
                 f"TransformerConfig.pe_offset: expected an int <= 2**53 - max_len + 1 = "
                 f"{2**53 - self.max_len + 1} (positions pe_offset .. pe_offset + max_len - 1 are "
                 f"computed in float64, exact only up to 2**53), got {self.pe_offset}")
-        for name in ("norm_first", "final_norm", "share_embeddings", "tie_output", "embed_scale",
-                     "mask_padding"):
+        for name in BOOL_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(f"TransformerConfig.{name}: expected a bool, got {shown(value)}")
