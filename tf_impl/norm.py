@@ -37,8 +37,10 @@ class LayerNorm(keras.layers.Layer):
             var = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)  # biased
             normed = centered * tf.math.rsqrt(var + self.eps)
         else:
-            n = tf.cast(tf.shape(x)[-1], x.dtype)
-            std = tf.sqrt(tf.reduce_sum(tf.square(centered), axis=-1, keepdims=True) / (n - 1))
+            # d_model - 1 as a constant, not from the tensor's shape: a graph whose shapes were
+            # known folded it into one, where unknown ones left a division, so a tf.function
+            # rounded the norm one way or another by the sizes it was traced for.
+            std = tf.sqrt(tf.reduce_sum(tf.square(centered), axis=-1, keepdims=True) / float(self.d_model - 1))
             normed = centered / (std + self.eps)
         return normed * self.gamma + self.beta
 
