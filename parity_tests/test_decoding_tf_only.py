@@ -13,6 +13,7 @@ from parity_tests.decoding_cases import (ALPHAS, BEAM, MAX_LEN, config64, model_
                                          reference_decodes, sources, targets, weights_for)
 from parity_tests.test_decoding import MODEL64, SRC, W64, assert_same_beams, assert_same_greedy  # noqa: E402
 from parity_tests.tf_support import DEVICES  # noqa: E402  (importing it switches TF32 off)
+from shared import TransformerConfig  # noqa: E402
 from shared import reference as R  # noqa: E402
 from shared.tolerances import FLOAT64, assert_close, bound_for  # noqa: E402
 
@@ -77,6 +78,28 @@ def test_an_xla_decode_that_may_not_fit_the_process_is_refused_before_it_compile
     np.testing.assert_array_equal(tf_impl.greedy_decode(model, SRC, 5, jit_compile=False).tokens, want)
     monkeypatch.setattr(decoding, "_mapping_use", lambda: None)  # no /proc: no limit known, no check
     np.testing.assert_array_equal(tf_impl.greedy_decode(model, SRC[:1], 5, jit_compile=True).tokens, want[:1])
+
+
+def test_a_source_decodes_alike_whatever_its_model_decoded_before():
+    """One source gives one model the same tokens and scores, bit for bit, whatever sources of
+    other shapes that model decoded before. Before: the decode's tf.function traced its first
+    source shapes with their sizes and later ones with unknown sizes (``reduce_retracing``), and a
+    trace's sizes shape its graph (one row keeps the generator as ``(d, V)``), so a batch of one
+    decoded after a batch of two got scores 2.4e-7 apart (tiny, float32; at a near tie, another
+    token), with XLA (the default) or without. Now every source runs the trace of unknown sizes,
+    as a SavedModel's signature does (test_saved_model: bit for bit)."""
+    import numpy as np
+
+    from parity_tests.tf_support import build
+    from shared.batches import src_tgt
+    config = TransformerConfig.preset("tiny", dropout=0.0)
+    one, two = (src_tgt(config, batch=b, src_len=s, tgt_len=2, seed=b)[0] for b, s in ((1, 3), (2, 4)))
+    fresh = tf_impl.greedy_decode(build(config), one, 12)
+    model = build(config)
+    tf_impl.greedy_decode(model, two, 12)
+    after = tf_impl.greedy_decode(model, one, 12)
+    for field in fresh._fields:
+        np.testing.assert_array_equal(getattr(after, field), getattr(fresh, field), err_msg=field)
 
 
 def test_decode_step_records_gradients_as_the_full_pass():

@@ -17,8 +17,9 @@ by the model through one of two steps:
 Compiled (default): encoding, cache initialisation, the ``tf.while_loop`` over the steps and the
 beam reordering (``tf.gather``) run as one ``tf.function`` per model, with XLA for the cached path
 (`JIT_COMPILE`, measured), traced per ``max_len``, beam size and mode and reused afterwards
-(alpha is a tensor argument: one trace serves every length penalty; after a few source shapes one
-trace of unknown batch and length serves them all). XLA still compiles each new source shape
+(alpha is a tensor argument: one trace serves every length penalty; one trace of unknown batch and
+length serves every source, from the first, as a SavedModel's does). XLA still compiles each new
+source shape
 anew and keeps the executable (seconds for ``base``: docs/performance.md, "Retracing"): pad
 sources to a few fixed lengths when decoding many batches of varied lengths. Source ids are checked
 eagerly before any of it (an XLA program cannot raise). `greedy_decode_tensors` /
@@ -123,28 +124,62 @@ def _beam_program(model, src, src_mask, alpha, max_len, beam_size, use_cache, ob
                             alpha, observe)
 
 
-# model -> {(program, jit_compile): (structure, tf.function)}; weak, so a model's compiled loops
-# go with it.
+# model -> {(program, jit_compile, argument types): (structure, tf.function)}; weak, so a model's
+# compiled loops go with it.
 _COMPILED: "weakref.WeakKeyDictionary[Transformer, dict]" = weakref.WeakKeyDictionary()
 
 
-def _compiled(model: Transformer, program, jit_compile: bool):
-    """The model's ``tf.function`` of ``program``, created once and again whenever the model's
-    structure changes (`tf_impl.model._structure`: LoRA, quantization, precision); it retraces
-    for a new Python argument (max_len, beam size, use_cache) and, a few times, for a new source
-    shape, before one trace of unknown sizes takes them all (XLA still compiles each shape)."""
+def _compiled(model: Transformer, program, jit_compile: bool, specs: tuple):
+    """The model's ``tf.function`` of ``program`` for arguments of the types ``specs``
+    (`_trace_specs`, as text), created once and again whenever the model's structure changes
+    (`tf_impl.model._structure`: LoRA, quantization, precision). It traces once for each new
+    Python argument (max_len, beam size, use_cache), for those types (`_trace_for`); XLA still
+    compiles each shape."""
     def make():
         ref = weakref.ref(model)  # the function must not keep its model (the dict's key) alive
 
         def run(*args, **kwargs):
             return program(ref(), *args, **kwargs)
 
-        # reduce_retracing: after a few source shapes, one trace of unknown batch and length
-        # serves them all (the loop is written for None sizes, as a SavedModel's signatures trace
-        # it), where every new shape kept a trace of its own: docs/performance.md, "Retracing"
+        # Traced for unknown sizes (`_trace_for`; the loop is written for None sizes, as a
+        # SavedModel's signatures trace it), where every new shape kept a trace of its own:
+        # docs/performance.md, "Retracing"; reduce_retracing for a call inside another tf.function
         return tf.function(run, jit_compile=jit_compile, autograph=False, reduce_retracing=True)
 
-    return _traced(_COMPILED.setdefault(model, {}), (program.__name__, jit_compile), model, make)
+    return _traced(_COMPILED.setdefault(model, {}), (program.__name__, jit_compile, specs), model, make)
+
+
+def _trace_specs(args) -> tuple:
+    """The argument types a decode is traced for: each tensor's first and last sizes (the batch,
+    the source's length) unknown, the sizes between (a mask's heads and query axes) as they are:
+    what a SavedModel's signature traces for. Python arguments as they are."""
+    def spec(a):
+        if not isinstance(a, tf.Tensor):
+            return a
+        shape = a.shape.as_list()
+        return tf.TensorSpec([None, *shape[1:-1], None] if len(shape) >= 2 else [None] * len(shape), a.dtype)
+    return tuple(spec(a) for a in args)
+
+
+# function -> the Python arguments it has traced for (`_trace_for`)
+_TRACED: "weakref.WeakKeyDictionary[object, set]" = weakref.WeakKeyDictionary()
+
+
+def _trace_for(function, specs: tuple, kwargs) -> None:
+    """Trace ``function`` (one of `_compiled`, for ``specs``) for ``specs`` (`_trace_specs`) unless
+    it has: the call that follows runs that trace, its only one for these Python arguments.
+
+    Why: a trace's sizes shape its graph (one row known to be one keeps the generator as
+    ``(d, V)``, `Transformer._step_weights`), and so the last bits of the scores. Left to
+    ``reduce_retracing``, the first source shapes each got a trace of their own sizes and later ones
+    one of unknown sizes, so one source decoded by one model gave other scores (and, at a near tie,
+    other tokens) depending on what that model had decoded before. Now every source runs the trace
+    of unknown sizes, as a SavedModel's signature does: the same bits from either."""
+    key = tuple(sorted(kwargs.items()))
+    traced = _TRACED.setdefault(function, set())
+    if key not in traced:
+        function.get_concrete_function(*specs, **kwargs)
+        traced.add(key)
 
 
 # XLA's executables are never released: TensorFlow keeps each for the process's life, after its
@@ -185,11 +220,16 @@ def _run(model, program, compiled, jit_compile, use_cache, observe, *args, **kwa
                          "compiled=True")
     if not compiled:
         return program(model, *args, use_cache=use_cache, observe=observe, **kwargs)
-    function = _compiled(model, program, bool(jit_compile))
-    if jit_compile and tf.executing_eagerly():  # under another tf.function its XLA compiles it
+    kwargs = dict(kwargs, use_cache=bool(use_cache))
+    specs = _trace_specs(args)
+    function = _compiled(model, program, bool(jit_compile), tuple(str(spec) for spec in specs))
+    if not tf.executing_eagerly():  # inside another tf.function, whose trace (and XLA) takes this in
+        return function(*args, **kwargs)
+    if jit_compile:
         shapes = tuple(tuple(a.shape) if hasattr(a, "shape") else a for a in args)
-        _check_compile_fits(function, (program.__name__, *shapes, bool(use_cache), *sorted(kwargs.items())))
-    return function(*args, use_cache=bool(use_cache), **kwargs)
+        _check_compile_fits(function, (program.__name__, *shapes, *sorted(kwargs.items())))
+    _trace_for(function, specs, kwargs)
+    return function(*args, **kwargs)
 
 
 def _decode_inputs(model, src, max_len, src_mask, beam_size=GREEDY, length_penalty=0.0, **flags):
@@ -276,8 +316,9 @@ def greedy_decode_tensors(model: Transformer, src: tf.Tensor, max_len: int, use_
 
     Returns tensors: tokens ``(B, max_len)`` int64, log_probs ``(B, max_len)``, lengths ``(B,)``
     int64, and bad_step int32 ``()``: ``-1``, or the first step whose logits held NaN or +inf (or
-    nothing but pad above -inf) in a live row (under XLA an id out of range embeds as NaN rather than raising), where the loop
-    stopped: every row's outputs are then incomplete (`greedy_decode` raises instead).
+    nothing but pad above -inf) in a live row (under XLA an id out of range embeds as NaN rather
+    than raising), where the loop stopped: every row's outputs are then incomplete (`greedy_decode`
+    raises instead).
     """
     src_mask = make_src_mask(src, padding_id(model.config))  # all True without mask_padding
     return _run(model, _greedy_program, True, jit_compile, use_cache, None, src, src_mask,
