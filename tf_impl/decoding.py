@@ -124,17 +124,16 @@ def _beam_program(model, src, src_mask, alpha, max_len, beam_size, use_cache, ob
                             alpha, observe)
 
 
-# model -> {(program, jit_compile, argument types): (structure, tf.function)}; weak, so a model's
-# compiled loops go with it.
+# model -> {(program, jit_compile): (structure, tf.function)}; weak, so a model's compiled loops
+# go with it.
 _COMPILED: "weakref.WeakKeyDictionary[Transformer, dict]" = weakref.WeakKeyDictionary()
 
 
-def _compiled(model: Transformer, program, jit_compile: bool, specs: tuple):
-    """The model's ``tf.function`` of ``program`` for arguments of the types ``specs``
-    (`_trace_specs`, as text), created once and again whenever the model's structure changes
-    (`tf_impl.model._structure`: LoRA, quantization, precision). It traces once for each new
-    Python argument (max_len, beam size, use_cache), for those types (`_trace_for`); XLA still
-    compiles each shape."""
+def _compiled(model: Transformer, program, jit_compile: bool):
+    """The model's ``tf.function`` of ``program``, created once and again whenever the model's
+    structure changes (`tf_impl.model._structure`: LoRA, quantization, precision). It traces once
+    for each new Python argument (max_len, beam size, use_cache), for unknown batch and length
+    (`_trace_for`); XLA still compiles each shape."""
     def make():
         ref = weakref.ref(model)  # the function must not keep its model (the dict's key) alive
 
@@ -146,7 +145,7 @@ def _compiled(model: Transformer, program, jit_compile: bool, specs: tuple):
         # docs/performance.md, "Retracing"; reduce_retracing for a call inside another tf.function
         return tf.function(run, jit_compile=jit_compile, autograph=False, reduce_retracing=True)
 
-    return _traced(_COMPILED.setdefault(model, {}), (program.__name__, jit_compile, specs), model, make)
+    return _traced(_COMPILED.setdefault(model, {}), (program.__name__, jit_compile), model, make)
 
 
 def _trace_specs(args) -> tuple:
@@ -161,13 +160,13 @@ def _trace_specs(args) -> tuple:
     return tuple(spec(a) for a in args)
 
 
-# function -> the Python arguments it has traced for (`_trace_for`)
+# function -> the argument types and Python arguments it has traced for (`_trace_for`)
 _TRACED: "weakref.WeakKeyDictionary[object, set]" = weakref.WeakKeyDictionary()
 
 
 def _trace_for(function, specs: tuple, kwargs) -> None:
-    """Trace ``function`` (one of `_compiled`, for ``specs``) for ``specs`` (`_trace_specs`) unless
-    it has: the call that follows runs that trace, its only one for these Python arguments.
+    """Trace ``function`` (one of `_compiled`) for ``specs`` (`_trace_specs`) and ``kwargs`` unless
+    it has: the call that follows runs that trace, its only one that takes the call's arguments.
 
     Why: a trace's sizes shape its graph (one row known to be one keeps the generator as
     ``(d, V)``, `Transformer._step_weights`), and so the last bits of the scores. Left to
@@ -175,7 +174,7 @@ def _trace_for(function, specs: tuple, kwargs) -> None:
     one of unknown sizes, so one source decoded by one model gave other scores (and, at a near tie,
     other tokens) depending on what that model had decoded before. Now every source runs the trace
     of unknown sizes, as a SavedModel's signature does: the same bits from either."""
-    key = tuple(sorted(kwargs.items()))
+    key = (tuple(str(spec) for spec in specs), tuple(sorted(kwargs.items())))
     traced = _TRACED.setdefault(function, set())
     if key not in traced:
         function.get_concrete_function(*specs, **kwargs)
@@ -221,14 +220,13 @@ def _run(model, program, compiled, jit_compile, use_cache, observe, *args, **kwa
     if not compiled:
         return program(model, *args, use_cache=use_cache, observe=observe, **kwargs)
     kwargs = dict(kwargs, use_cache=bool(use_cache))
-    specs = _trace_specs(args)
-    function = _compiled(model, program, bool(jit_compile), tuple(str(spec) for spec in specs))
+    function = _compiled(model, program, bool(jit_compile))
     if not tf.executing_eagerly():  # inside another tf.function, whose trace (and XLA) takes this in
         return function(*args, **kwargs)
     if jit_compile:
         shapes = tuple(tuple(a.shape) if hasattr(a, "shape") else a for a in args)
         _check_compile_fits(function, (program.__name__, *shapes, *sorted(kwargs.items())))
-    _trace_for(function, specs, kwargs)
+    _trace_for(function, _trace_specs(args), kwargs)
     return function(*args, **kwargs)
 
 
