@@ -603,18 +603,24 @@ def test_init_workers_takes_the_same_timeouts_in_both_backends(backend):
 @pytest.mark.parametrize("backend", CPU)
 def test_every_entry_point_names_a_model_that_is_not_one(backend, tmp_path):
     """Each took ``None`` (or a module of another kind) as far as ``model.config`` and raised
-    ``AttributeError: 'NoneType' object has no attribute 'config'``."""
+    ``AttributeError: 'NoneType' object has no attribute 'config'`` (`weights_io`'s did until
+    session 40)."""
     import importlib
     impl = importlib.import_module(f"{backend.framework}_impl")
     checkpoints = importlib.import_module(f"{backend.framework}_impl.checkpoints")
     precision = importlib.import_module(f"{backend.framework}_impl.precision")
+    weights_io = importlib.import_module(f"{backend.framework}_impl.weights_io")
     calls = [lambda: backend.training.make_optimizer(None),
              lambda: backend.training.gradients(None, copy_batch()),
              lambda: backend.training.export_moments(None, None),
              lambda: checkpoints.save_checkpoint(None, tmp_path / "m.pt"),
              lambda: checkpoints.load_into(None, tmp_path / "m.pt"),
              lambda: precision.set_precision(None, "bf16"),
-             lambda: impl.greedy_decode(None, np.ones((1, 2), np.int64), 2)]
+             lambda: impl.greedy_decode(None, np.ones((1, 2), np.int64), 2),
+             lambda: weights_io.import_weights(None, random_weights(CONFIG, 0)),
+             lambda: weights_io.export_weights(None),
+             lambda: weights_io.weight_table(None),
+             lambda: weights_io.quantized_projections(None)]
     for call in calls:
         with pytest.raises(TypeError, match=rf"^model: expected a {backend.framework}_impl.Transformer, "
                                             r"got NoneType$"):

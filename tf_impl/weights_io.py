@@ -16,6 +16,8 @@ from typing import Mapping
 import keras
 import numpy as np
 
+from shared.config import TransformerConfig
+from shared.messages import type_shown
 from shared.weights import PROJECTIONS, WeightsError, changed_layer, check_weights, weight_schema
 
 
@@ -27,6 +29,15 @@ class _Tree:
 
     def __init__(self, values_only: bool):
         self.values_only, self.problems, self.quantized = values_only, [], []
+
+
+def check_model_like(model) -> None:
+    """``model`` is a built model whose weights this module can name: a ``keras.Model`` holding a
+    `TransformerConfig` (a `tf_impl.Transformer`), named by type otherwise before anything reads
+    it (else ``'NoneType' object has no attribute 'config'``). `tf_impl.model.check_model` is the
+    strict check of the decoders and training, in the same words; it sits above this module."""
+    if not isinstance(model, keras.Model) or not isinstance(getattr(model, "config", None), TransformerConfig):
+        raise TypeError(f"model: expected a tf_impl.Transformer, got {type_shown(model)}")
 
 
 def _dense(table: Table, prefix: str, dense: keras.layers.Layer, tree: _Tree) -> None:
@@ -77,6 +88,7 @@ def weight_table(model: keras.Model, source: str = "weight_table", values_only: 
     `shared.weights.WeightsError` from ``source`` lists every such layer, before anything is read
     or written. ``values_only`` (an export): a Dense with LoRA enabled is read, its ``kernel``
     (the adapter merged in)."""
+    check_model_like(model)
     tree = _Tree(values_only)
     table = _walk(model, tree)
     if tree.problems:
@@ -89,6 +101,7 @@ def weight_table(model: keras.Model, source: str = "weight_table", values_only: 
 def quantized_projections(model: keras.Model) -> list[str]:
     """The canonical prefixes (``encoder.layers.0.self_attn.query``) of the projections quantized
     after building (``Model.quantize``), in schema order."""
+    check_model_like(model)
     tree = _Tree(values_only=True)
     _walk(model, tree)
     return tree.quantized
@@ -135,6 +148,7 @@ def import_weights(model: keras.Model, weights: Mapping[str, np.ndarray],
     checked copies are assigned, so a lazy or memory-mapped source whose second read would fail or
     differ cannot leave a half-loaded model. NaN/Inf are refused unless ``allow_nonfinite`` (to
     inspect a diverged run, say)."""
+    check_model_like(model)
     checked = check_weights(model.config, weights, source="import_weights", allow_nonfinite=allow_nonfinite)
     for name, variable in weight_table(model, "import_weights").items():
         variable.assign(checked[name])  # same dtype and shape, checked above: an exact copy
@@ -142,5 +156,6 @@ def import_weights(model: keras.Model, weights: Mapping[str, np.ndarray],
 
 def export_weights(model: keras.Model) -> dict[str, np.ndarray]:
     """Canonical ``{name: ndarray}`` in ``config.dtype``, C-contiguous, owning its memory."""
+    check_model_like(model)
     return {name: np.array(variable.numpy(), dtype=model.config.dtype, order="C", copy=True)
             for name, variable in weight_table(model, "export_weights", values_only=True).items()}

@@ -25,15 +25,16 @@ import contextlib
 import torch
 
 from shared import TransformerConfig
-from shared.messages import type_shown
 from shared.precision import check_precision, compute_dtype_name, names_shown, quantized_message
+
+from .weights_io import _is_quantized, check_model_like, quantized_projections
 
 
 def set_precision(model: torch.nn.Module, precision: str) -> str:
     """Make ``model`` compute in ``precision`` ("float32", "bfloat16" or "float16"; "fp32", "bf16",
     "fp16" accepted): its forward pass, training and decoding; returns the previous one.
     The weights are untouched (float32)."""
-    _check_model(model)
+    check_model_like(model)
     name = check_precision(precision, model.config.dtype)
     quantized = _quantized(model)
     if quantized:
@@ -50,17 +51,9 @@ def set_precision(model: torch.nn.Module, precision: str) -> str:
     return previous
 
 
-def _check_model(model) -> None:
-    """`torch_impl.model.check_model`'s words; the model module imports this one, so not the
-    function."""
-    if not isinstance(model, torch.nn.Module) or not isinstance(getattr(model, "config", None),
-                                                                TransformerConfig):
-        raise TypeError(f"model: expected a torch_impl.Transformer, got {type_shown(model)}")
-
-
 def compute_dtype(model: torch.nn.Module) -> torch.dtype:
     """The dtype of ``model``'s matrix products: its precision's half dtype, else the model's."""
-    _check_model(model)  # public: named, where an AttributeError named its config
+    check_model_like(model)  # public: named, where an AttributeError named its config
     return getattr(torch, compute_dtype_name(getattr(model, "precision", "float32"), model.config.dtype))
 
 
@@ -108,7 +101,6 @@ def _half_precision(model: torch.nn.Module, cast: torch.autocast):
 def _quantized(model: torch.nn.Module) -> list[str]:
     """The canonical prefixes of ``model``'s quantized projections; ``model`` a Transformer or
     its generator called on its own."""
-    from .weights_io import _is_quantized, quantized_projections  # weights_io imports the model's
     if isinstance(getattr(model, "config", None), TransformerConfig) and hasattr(model, "src_embed"):
         return quantized_projections(model)
     return ["generator"] if _is_quantized(getattr(model, "kernel", None)) else []

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from shared.config import TransformerConfig
+from shared.messages import type_shown
 from shared.weights import PROJECTIONS, WeightsError, changed_layer, check_weights, weight_schema
 
 from .cache import _PLAIN_TENSORS
@@ -30,6 +32,16 @@ class _Tree:
 
     def __init__(self, values_only: bool):
         self.values_only, self.problems, self.quantized = values_only, [], []
+
+
+def check_model_like(model) -> None:
+    """``model`` is a built model whose weights this module can name: an ``nn.Module`` holding a
+    `TransformerConfig` (a `torch_impl.Transformer`, or ``torch.compile``'s wrapper, which hands
+    its attributes through), named by type otherwise before anything reads it (else
+    ``'NoneType' object has no attribute 'config'``). `torch_impl.model.check_model` is the strict
+    check of the decoders and training, in the same words; it sits above this module."""
+    if not isinstance(model, nn.Module) or not isinstance(getattr(model, "config", None), TransformerConfig):
+        raise TypeError(f"model: expected a torch_impl.Transformer, got {type_shown(model)}")
 
 
 def _linear(table: Table, prefix: str, linear: nn.Module, tree: _Tree, bias: bool = True) -> None:
@@ -87,6 +99,7 @@ def weight_table(model: nn.Module, source: str = "weight_table", values_only: bo
     can name: one `shared.weights.WeightsError` from ``source`` lists every such layer, before
     anything is read or written. ``values_only`` (an export): a parametrized Linear is read, its
     computed weight (an adapter merged in)."""
+    check_model_like(model)
     tree = _Tree(values_only)
     table = _walk(model, tree)
     if tree.problems:
@@ -99,6 +112,7 @@ def weight_table(model: nn.Module, source: str = "weight_table", values_only: bo
 def quantized_projections(model: nn.Module) -> list[str]:
     """The canonical prefixes (``encoder.layers.0.self_attn.query``) of the projections quantized
     after building (``torch.ao.quantization.quantize_dynamic``), in schema order."""
+    check_model_like(model)
     tree = _Tree(values_only=True)
     _walk(model, tree)
     return tree.quantized
@@ -145,6 +159,7 @@ def import_weights(model: nn.Module, weights: Mapping[str, np.ndarray],
     checked copies are assigned, so a lazy or memory-mapped source whose second read would fail or
     differ cannot leave a half-loaded model. NaN/Inf are refused unless ``allow_nonfinite`` (to
     inspect a diverged run, say)."""
+    check_model_like(model)
     checked = check_weights(model.config, weights, source="import_weights", allow_nonfinite=allow_nonfinite)
     table = weight_table(model, "import_weights")
     _check_holds_config_dtype(model, table)
@@ -175,6 +190,7 @@ def export_weights(model: nn.Module) -> dict[str, np.ndarray]:
     """Canonical ``{name: ndarray}`` in ``config.dtype``, C-contiguous, owning its memory (from
     parameters in another dtype, ``.half()``'s or ``.double()``'s, cast to it: NumPy has no
     bfloat16)."""
+    check_model_like(model)
     out: dict[str, np.ndarray] = {}
     dtype = getattr(torch, model.config.dtype)
     for name, (param, transposed) in weight_table(model, "export_weights", values_only=True).items():
@@ -187,6 +203,7 @@ def export_weights(model: nn.Module) -> dict[str, np.ndarray]:
 def reset_parameters(model: nn.Module) -> None:
     """The training initialisation of `shared.weights.init_weights` (Xavier-uniform matrices, zero
     biases and offsets, unit gains), drawn by torch's generator rather than NumPy's."""
+    check_model_like(model)
     with torch.no_grad():
         for name, (param, _) in weight_table(model).items():
             if param.dim() == 2:
