@@ -98,6 +98,21 @@ _guards = threading.local()
 
 
 @contextlib.contextmanager
+def as_raised():
+    """An error raised inside reaches the caller of ``Transformer.__call__`` as it was raised:
+    Keras' ``Layer.__call__`` re-raises an error from ``call`` as a new one, its text wrapped in
+    "Exception encountered when calling Transformer.call()", terminal bold and the arguments
+    (`keras.src.utils.traceback_utils.inject_argument_info_in_traceback`), unless the error
+    carries the mark Keras puts on one it has wrapped already. Marked, a refusal reads as
+    torch_impl's and the reference's, word for word."""
+    try:
+        yield
+    except Exception as error:
+        error._keras_call_info_injected = True
+        raise
+
+
+@contextlib.contextmanager
 def guarded():
     """While tracing under XLA, collect the run-time conditions of the checks made inside; yields
     the list, for `poison`. Eagerly and in graph mode it stays empty (the checks raise or assert)."""

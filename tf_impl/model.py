@@ -18,7 +18,7 @@ from shared.precision import check_precision, compute_dtype_name
 from . import weights_io
 from .cache import DecoderCache, _as_built, check_free_position
 from .embedding import PositionalEncoding, TokenEmbedding
-from .inputs import (check_ids, check_mask, check_same_batch, check_training, dims, guarded,
+from .inputs import (as_raised, check_ids, check_mask, check_same_batch, check_training, dims, guarded,
                      make_src_mask, make_tgt_mask, poison, to_tensor)
 from .layers import Trace, record
 from .stacks import Decoder, Encoder
@@ -61,8 +61,9 @@ class Transformer(keras.Model):
     """The 2017 encoder-decoder Transformer, configured by a `shared.TransformerConfig`.
 
     Sublayers: ``src_embed``, ``tgt_embed`` (the same layer when ``config.share_embeddings``; each
-    holds its learned ``positions`` when ``config.positional == "learned"``), ``positional``, ``encoder``, ``decoder``, ``generator``. Variables are created in ``config.dtype``
-    at construction, with the training initialisation (Xavier-uniform matrices, zero biases, unit
+    holds its learned ``positions`` when ``config.positional == "learned"``), ``positional``,
+    ``encoder``, ``decoder``, ``generator``. Variables are created in ``config.dtype`` at
+    construction, with the training initialisation (Xavier-uniform matrices, zero biases, unit
     gains), so `import_weights` / `export_weights` work before any call. Dropout is active only with
     ``training=True``.
 
@@ -156,12 +157,12 @@ class Transformer(keras.Model):
             TypeError / ValueError: bad ids or masks, with the messages of `shared.checks`.
             tf.errors.InvalidArgumentError: in graph mode, ids out of range (same message text).
         """
-        if tgt is None:
-            src, tgt, src_mask, tgt_mask = _unpack(src, src_mask, tgt_mask)
-        check_training(training)
-        check_flag(return_trace, "return_trace")
         c = self.config
-        with guarded() as failed:  # under XLA: the run-time checks, which poison the outputs
+        with as_raised(), guarded() as failed:  # under XLA: the run-time checks, which poison the outputs
+            if tgt is None:
+                src, tgt, src_mask, tgt_mask = _unpack(src, src_mask, tgt_mask)
+            check_training(training)
+            check_flag(return_trace, "return_trace")
             src = check_ids("src", src, c.src_vocab, c.max_len)
             tgt = check_same_batch(src, check_ids("tgt", tgt, c.tgt_vocab, c.max_len))
             src_mask = self._src_mask(src, src_mask)
