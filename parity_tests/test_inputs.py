@@ -81,6 +81,34 @@ def test_masks_must_be_tensors_or_arrays(backend):
         model(backend.tensor(SRC), backend.tensor(TGT), tgt_mask=[[True]])
 
 
+# (hidden states given to model.generator, error type, the message): the same in every backend
+BAD_HIDDEN = [
+    (np.float32(1.0), ValueError, f"x: expected hidden states of shape (..., {CONFIG.d_model}), got ()"),
+    (np.ones((2, 3, CONFIG.d_model + 1), np.float32), ValueError,
+     f"x: expected hidden states of shape (..., {CONFIG.d_model}), got (2, 3, {CONFIG.d_model + 1})"),
+    (np.ones((2, 3, CONFIG.d_model)), TypeError, "x: expected dtype float32, got float64"),
+    (np.ones((2, 3, CONFIG.d_model), np.int64), TypeError, "x: expected dtype float32, got int64"),
+]
+
+
+@pytest.mark.parametrize("backend", EAGER)
+def test_the_generator_takes_hidden_states_of_any_rank_and_refuses_the_rest_alike(backend):
+    """Before: a wrong width failed in each framework's words (torch's product, TF's reshape), a
+    float64 input was cast by Keras and refused by torch, and a step's rows ``(N, d)`` (as
+    torch_impl's own steps give them) ran in torch_impl alone."""
+    model = backend.cached(CONFIG)
+    for x, error, message in BAD_HIDDEN:
+        with pytest.raises(error) as err:
+            model.generator(backend.tensor(x))
+        assert str(err.value) == message
+    hidden = np.random.default_rng(0).standard_normal((2, 3, CONFIG.d_model)).astype(np.float32)
+    with backend.placed():
+        whole = backend.numpy(model.generator(backend.tensor(hidden)))
+        rows = backend.numpy(model.generator(backend.tensor(hidden.reshape(6, CONFIG.d_model))))
+    assert whole.shape == (2, 3, CONFIG.tgt_vocab)
+    np.testing.assert_array_equal(rows, whole.reshape(6, CONFIG.tgt_vocab))
+
+
 @pytest.mark.parametrize("backend", EAGER)
 def test_ids_are_checked_before_any_lookup(backend):
     """An id out of range must not reach the embedding (torch CPU: IndexError, CUDA: a device

@@ -348,6 +348,20 @@ def check_memory_dtype(dtype: str, expected: str) -> None:
         raise TypeError(f"memory: expected dtype {expected}, got {dtype}")
 
 
+def check_hidden(shape: Sequence, dtype: str, d_model: int, expected: str) -> None:
+    """The hidden states given to a model's ``generator`` (its argument ``x``): ``(..., d_model)``
+    (`decode`'s ``(B, T, d_model)``, a step's rows), in the dtype `decode` returns (the model's,
+    whatever its precision: a half precision casts inside). A wrong width failed in each
+    framework's words (a product's or a reshape's), a rank-2 input ran in one backend alone, and
+    a float64 input was cast by Keras and refused by torch. ``shape``: a framework's, ``None``
+    where unknown in a graph."""
+    shape = tuple(d if d is None else _sizes([d])[0] for d in shape)
+    if not shape or shape[-1] not in (d_model, None):
+        raise ValueError(f"x: expected hidden states of shape (..., {d_model}), got {shape}")
+    if dtype != expected:
+        raise TypeError(f"x: expected dtype {expected}, got {dtype}")
+
+
 def check_cache(n_layers: int, self_key: Sequence[int] | None, cross_key: Sequence[int] | None,
                 dtype: str, vocab: int | None, *, layers: int, n_heads: int, d_k: int, max_len: int,
                 expected_dtype: str, tgt_vocab: int) -> None:

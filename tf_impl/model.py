@@ -8,7 +8,8 @@ import numpy as np
 import tensorflow as tf
 
 from shared import TransformerConfig
-from shared.checks import check_cache, check_flag, check_ids_range, check_memory_dtype, check_memory_shape
+from shared.checks import (check_cache, check_flag, check_hidden, check_ids_range, check_memory_dtype,
+                           check_memory_shape)
 from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
 from shared.messages import type_shown
@@ -29,8 +30,8 @@ POLICIES = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 
 
 class Generator(keras.layers.Layer):
-    """Hidden states ``(B, T, d)`` -> logits ``(B, T, tgt_vocab)`` (no softmax: that belongs to the
-    loss and to decoding).
+    """Hidden states ``(..., d)`` -> logits ``(..., tgt_vocab)``: ``(B, T, d)`` from `decode`, a
+    step's rows ``(N, 1, d)`` (no softmax: that belongs to the loss and to decoding).
 
     With ``tied`` (an embedding), the projection is that embedding's table ``(vocab, d)``, used as
     ``x @ table.T`` and held outside the layer tree so its variable is not listed twice; otherwise
@@ -46,14 +47,27 @@ class Generator(keras.layers.Layer):
         self.bias = self.add_weight(name="bias", shape=(vocab,), initializer="zeros")
         self.built = True
 
+    @tf.autograph.experimental.do_not_convert  # Python checks: nothing for AutoGraph to convert
+    def __call__(self, x, *args, **kwargs):
+        """``x`` checked before Keras casts it to the layer's compute dtype: in the variables'
+        dtype, as torch_impl's (`shared.checks.check_hidden`), where Keras took float64 into a
+        float32 model without a word."""
+        with as_raised():
+            x = x if isinstance(x, keras.KerasTensor) else to_tensor("x", x)
+            shape = x.shape.as_list() if x.shape.rank is not None else [None]
+            check_hidden(shape, tf.as_dtype(x.dtype).name, self.d_model, self.bias.dtype)
+        return super().__call__(x, *args, **kwargs)
+
     def call(self, x: tf.Tensor) -> tf.Tensor:
-        b, t = dims(x, 2)
-        flat = tf.reshape(x, [-1, self.d_model])  # (B*T, d): one 2-D matmul, no batch broadcast
+        flat = tf.reshape(x, [-1, self.d_model])  # (rows, d): one 2-D matmul, no batch broadcast
         if self._tied is not None:
-            logits = tf.matmul(flat, self._tied().embeddings, transpose_b=True)  # (B*T, V)
+            logits = tf.matmul(flat, self._tied().embeddings, transpose_b=True)  # (rows, V)
         else:
-            logits = tf.matmul(flat, self.kernel)  # (B*T, V)
-        return tf.reshape(logits + self.bias, [b, t, self.vocab])  # (B, T, V)
+            logits = tf.matmul(flat, self.kernel)  # (rows, V)
+        lead = (dims(x, x.shape.rank - 1) if x.shape.rank is not None
+                else tf.shape(x)[:-1])  # (B, T) from decode, (N, 1) from a step
+        return tf.reshape(logits + self.bias, tf.concat([lead, [self.vocab]], 0) if x.shape.rank is None
+                          else lead + [self.vocab])  # (..., V)
 
 
 @keras.saving.register_keras_serializable(package="tf_impl")

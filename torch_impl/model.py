@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from shared import TransformerConfig
-from shared.checks import check_cache, check_flag, check_ids_range, check_memory_dtype, check_memory_shape
+from shared.checks import (check_cache, check_flag, check_hidden, check_ids_range, check_memory_dtype,
+                           check_memory_shape)
 from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
 from shared.messages import type_shown
@@ -26,8 +27,8 @@ from .stacks import Decoder, Encoder
 
 
 class Generator(nn.Module):
-    """Hidden states ``(B, T, d)`` -> logits ``(B, T, tgt_vocab)`` (no softmax: that belongs to the
-    loss and to decoding).
+    """Hidden states ``(..., d)`` -> logits ``(..., tgt_vocab)``: ``(B, T, d)`` from `decode`, a
+    step's rows ``(N, d)`` (no softmax: that belongs to the loss and to decoding).
 
     With ``tied`` (an embedding), the projection is that embedding's table ``(vocab, d)``, used as
     ``x @ table.T`` and held outside the module tree so its parameter is not listed twice; otherwise
@@ -38,6 +39,7 @@ class Generator(nn.Module):
                  dtype: torch.dtype | None = None):
         super().__init__()
         self._tied = [tied] if tied is not None else []  # a list: not registered as a submodule
+        self.d_model = d_model
         self.precision = "float32"  # the model's (`torch_impl.precision.set_precision`)
         self.kernel = None if tied is not None else nn.Linear(d_model, vocab, bias=False, dtype=dtype)
         self.bias = nn.Parameter(torch.zeros(vocab, dtype=dtype))
@@ -46,12 +48,16 @@ class Generator(nn.Module):
         return self._tied[0].table.weight if self._tied else self.kernel.weight  # (V, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, T, d)`` -> ``(B, T, V)``. In eval mode without gradients to record (`torch_impl.
-        cache._inferring`) from the kernel `_laid_out` for the ``B * T`` rows, in the products'
+        """``(..., d)`` -> ``(..., V)``. In eval mode without gradients to record (`torch_impl.
+        cache._inferring`) from the kernel `_laid_out` for the rows, in the products'
         dtype (`torch_impl.precision._products_dtype`: autocast's where it is on, as it would
         cast): the same values to rounding. Called on its own, it computes in the model's precision
         (`torch_impl.precision.set_precision` sets it here too), as inside `Transformer.forward`:
-        ``generator(decode(encode(src)))`` is the forward pass to the bit (docs/design.md)."""
+        ``generator(decode(encode(src)))`` is the forward pass to the bit (docs/design.md).
+        ``x`` in the parameters' dtype (`shared.checks.check_hidden`)."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x: expected a torch tensor of hidden states, got {type_shown(x)}")
+        check_hidden(x.shape, str(x.dtype)[6:], self.d_model, str(self.bias.dtype)[6:])
         if self.precision != "float32" and not torch.is_autocast_enabled(x.device.type):
             with autocast(self):
                 return self.forward(x)
