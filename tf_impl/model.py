@@ -54,7 +54,7 @@ class Generator(keras.layers.Layer):
         float32 model without a word."""
         with as_raised():
             x = x if isinstance(x, keras.KerasTensor) else to_tensor("x", x)
-            shape = x.shape.as_list() if x.shape.rank is not None else [None]
+            shape = [None] if getattr(x.shape, "rank", 0) is None else list(x.shape)  # a KerasTensor's: a tuple
             check_hidden(shape, tf.as_dtype(x.dtype).name, self.d_model, self.bias.dtype)
         return super().__call__(x, *args, **kwargs)
 
