@@ -81,6 +81,19 @@ def test_call_needs_tgt():
         TF.cached(TINY)(SRC)
 
 
+def test_the_generator_builds_a_functional_model_and_checks_its_input():
+    """The generator's check (`shared.checks.check_hidden`, before Keras casts) reads a
+    KerasTensor's shape too: ``keras.Input`` into it builds a model that computes as the layer."""
+    model = TF.cached(TINY)
+    hidden = keras.Input(shape=(None, TINY.d_model))
+    functional = keras.Model(hidden, model.generator(hidden))
+    x = np.random.default_rng(0).standard_normal((2, 3, TINY.d_model)).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(functional(x)), np.asarray(model.generator(x)))
+    with pytest.raises(ValueError, match=rf"^x: expected hidden states of shape \(\.\.\., {TINY.d_model}\), "
+                                         rf"got \(None, None, {TINY.d_model + 1}\)$"):
+        model.generator(keras.Input(shape=(None, TINY.d_model + 1)))
+
+
 def test_training_is_a_flag_or_keras_own_values():
     """Before: ``training="no"`` (a true string) turned dropout on, in the model and its layers.
     Keras' own values stay: None (the calling context's) and a bool tensor."""
