@@ -267,6 +267,19 @@ def test_bad_settings_are_refused_before_writing(tmp_path, settings, message):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_tensor_functions_name_a_model_that_is_not_one(tmp_path):
+    """`signatures`, `compare_export` and the decoders' tensor functions the signatures call
+    (which check nothing of their tensors) raised ``AttributeError: 'NoneType' object has no
+    attribute 'config'``, or TensorFlow's error for a path, for ``model=None``."""
+    from tf_impl.decoding import beam_search_tensors, greedy_decode_tensors
+    from tf_impl.saved_model import compare_export
+    src = tf.constant([[3, 4]], tf.int64)
+    for call in (lambda: signatures(None, 3, 2, 0.0), lambda: compare_export(None, tmp_path, src),
+                 lambda: greedy_decode_tensors(None, src, 3), lambda: beam_search_tensors(None, src, 3)):
+        with pytest.raises(TypeError, match=r"^model: expected a tf_impl.Transformer, got NoneType$"):
+            call()
+
+
 def test_nan_weights_are_refused_before_writing(tmp_path):
     """As `save_checkpoint` and `twins convert` refuse them: the export took them, and answered
     every request with the sentinel."""

@@ -307,9 +307,10 @@ def greedy_decode_tensors(model: Transformer, src: tf.Tensor, max_len: int, use_
     tensors and callable while tracing another ``tf.function``: a SavedModel signature is traced
     once with ``None`` sizes, so it cannot run the eager checks and NumPy conversion around it.
 
-    No checks here: ``src`` must be ids the caller has checked, int64 ``(B, S)`` with every id in
-    ``[0, src_vocab)`` and ``1 <= S <= config.max_len`` (``B`` and ``S`` may be unknown at trace
-    time), ``max_len`` checked with `shared.decoding.check_search_args`. The mask is ``src != pad_id``
+    The model is checked; nothing else is: ``src`` must be ids the caller has checked, int64
+    ``(B, S)`` with every id in ``[0, src_vocab)`` and ``1 <= S <= config.max_len`` (``B`` and
+    ``S`` may be unknown at trace time), ``max_len`` checked with
+    `shared.decoding.check_search_args`. The mask is ``src != pad_id``
     (all True with ``mask_padding=False``, `shared.masks.padding_id`).
 
     Returns tensors: tokens ``(B, max_len)`` int64, log_probs ``(B, max_len)``, lengths ``(B,)``
@@ -318,6 +319,7 @@ def greedy_decode_tensors(model: Transformer, src: tf.Tensor, max_len: int, use_
     than raising), where the loop stopped: every row's outputs are then incomplete (`greedy_decode`
     raises instead).
     """
+    check_model(model)
     src_mask = make_src_mask(src, padding_id(model.config))  # all True without mask_padding
     return _run(model, _greedy_program, True, jit_compile, use_cache, None, src, src_mask,
                 max_len=max_len)
@@ -327,8 +329,9 @@ def beam_search_tensors(model: Transformer, src: tf.Tensor, max_len: int, beam_s
                         length_penalty: float = 0.0, use_cache: bool = True,
                         jit_compile: bool | None = None) -> dict[str, tf.Tensor]:
     """What `beam_search` computes, as `greedy_decode_tensors` is to `greedy_decode` (same
-    preconditions, no checks). Returns the loop's tensors: every `shared.decoding.BeamResult` field
+    preconditions, the model alone checked). Returns the loop's tensors: every `shared.decoding.BeamResult` field
     (tokens ``(B, max_len)`` int64, scores ``(B,)``, lengths ``(B,)`` int64, ...) and bad_step."""
+    check_model(model)
     src_mask = make_src_mask(src, padding_id(model.config))  # all True without mask_padding
     alpha = tf.constant(float(length_penalty), model.config.dtype)
     return _run(model, _beam_program, True, jit_compile, use_cache, None, src, src_mask, alpha,

@@ -70,7 +70,7 @@ from shared.weights import check_weights
 
 from .checkpoints import load_checkpoint
 from .decoding import beam_search, beam_search_tensors, greedy_decode, greedy_decode_tensors
-from .model import Transformer
+from .model import Transformer, check_model
 
 INVALID = -1  # lengths and tokens of a row whose source was refused
 SIGNATURES = ("serving_default", "beam_search")
@@ -147,6 +147,7 @@ def _flagged(outputs: dict, valid: tf.Tensor, score: str) -> dict[str, tf.Tensor
 def signatures(model: Transformer, max_len: int, beam_size: int, length_penalty: float,
                jit_compile: bool | None = None) -> dict[str, tf.types.experimental.ConcreteFunction]:
     """The two signature functions (module docstring), traced for ``src`` of shape ``(None, None)``."""
+    check_model(model)
     config = model.config
     spec = tf.TensorSpec((None, None), tf.int64, name="src")
 
@@ -237,6 +238,7 @@ def compare_export(model: Transformer, path: str | os.PathLike, src) -> dict[str
     Returns ``{signature: {"tokens": equal, "lengths": equal, score name: equal bit for bit,
     "invalid": the invalid rows, and only they, carry the sentinel}}``.
     """
+    check_model(model)
     loaded = tf.saved_model.load(str(path))
     settings = json.loads(loaded.decoding_json.numpy())
     src = np.asarray(src)
