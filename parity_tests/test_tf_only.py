@@ -83,12 +83,15 @@ def test_call_needs_tgt():
 
 def test_the_generator_builds_a_functional_model_and_checks_its_input():
     """The generator's check (`shared.checks.check_hidden`, before Keras casts) reads a
-    KerasTensor's shape too: ``keras.Input`` into it builds a model that computes as the layer."""
+    KerasTensor's shape too: ``keras.Input`` into it builds a model that computes as the layer;
+    so does a graph traced for an input of unknown rank."""
     model = TF.cached(TINY)
     hidden = keras.Input(shape=(None, TINY.d_model))
     functional = keras.Model(hidden, model.generator(hidden))
     x = np.random.default_rng(0).standard_normal((2, 3, TINY.d_model)).astype(np.float32)
     np.testing.assert_array_equal(np.asarray(functional(x)), np.asarray(model.generator(x)))
+    any_rank = tf.function(model.generator, input_signature=[tf.TensorSpec(None, tf.float32)])
+    np.testing.assert_array_equal(np.asarray(any_rank(x)), np.asarray(model.generator(x)))
     with pytest.raises(ValueError, match=rf"^x: expected hidden states of shape \(\.\.\., {TINY.d_model}\), "
                                          rf"got \(None, None, {TINY.d_model + 1}\)$"):
         model.generator(keras.Input(shape=(None, TINY.d_model + 1)))

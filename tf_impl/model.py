@@ -64,10 +64,11 @@ class Generator(keras.layers.Layer):
             logits = tf.matmul(flat, self._tied().embeddings, transpose_b=True)  # (rows, V)
         else:
             logits = tf.matmul(flat, self.kernel)  # (rows, V)
-        lead = (dims(x, x.shape.rank - 1) if x.shape.rank is not None
-                else tf.shape(x)[:-1])  # (B, T) from decode, (N, 1) from a step
-        return tf.reshape(logits + self.bias, tf.concat([lead, [self.vocab]], 0) if x.shape.rank is None
-                          else lead + [self.vocab])  # (..., V)
+        if x.shape.rank is None:
+            shape = tf.concat([tf.shape(x)[:-1], [self.vocab]], 0)
+        else:
+            shape = dims(x, x.shape.rank - 1) + [self.vocab]  # (B, T, V) from decode, (N, 1, V) from a step
+        return tf.reshape(logits + self.bias, shape)  # (..., V)
 
 
 @keras.saving.register_keras_serializable(package="tf_impl")
