@@ -95,6 +95,8 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
         "inputs:guarded": "under XLA a failed check cannot raise: the block collects its conditions "
                           "for poison; torch always raises",
         "inputs:poison": "NaN outputs for a failed check under XLA (as for a bad id); torch raises",
+        "inputs:as_raised": "Keras' Layer.__call__ re-raises an error of call wrapped in its own text "
+                            "unless marked; nn.Module's __call__ raises it as it is",
         "training:KingmaBaAdam": "Keras' Adam adds eps inside the bias correction; torch.optim.Adam is "
                                  "already Kingma & Ba's Algorithm 1",
         "training:NoamSchedule": "a Keras LearningRateSchedule class; torch uses a LambdaLR",
