@@ -75,6 +75,12 @@ FRAMEWORK_ONLY: dict[str, dict[str, str]] = {
         "*:*.from_config": "Keras serialisation, the inverse of get_config",
         "model:Transformer.predict": "keras.Model.predict, overridden to check ids eagerly (XLA drops "
                                      "asserts)",
+        "model:Transformer.predict_on_batch": "keras.Model.predict_on_batch, the same rule",
+        "model:Transformer.fit": "keras.Model.fit, the same rule (under XLA a bad id made every "
+                                 "weight NaN); torch has no fit",
+        "model:Transformer.evaluate": "keras.Model.evaluate, the same rule",
+        "model:Transformer.train_on_batch": "keras.Model.train_on_batch, the same rule",
+        "model:Transformer.test_on_batch": "keras.Model.test_on_batch, the same rule",
         "model:Transformer.export": "keras.Model.export with the (src, tgt) signature by default "
                                     "(a model built at construction has no first call to infer it "
                                     "from); torch's export is torch.export's",

@@ -181,6 +181,30 @@ def test_predict_compiled_with_xla_and_checks_ids_eagerly():
         model.predict({"src": SRC, "tgt": _with(TGT, 17)}, verbose=0)
 
 
+def test_keras_training_and_evaluation_check_ids_before_an_xla_step():
+    """Before: ``fit`` compiled with XLA (Keras' ``jit_compile="auto"`` wherever it sees a GPU)
+    took an id out of range as a NaN embedding, and one step on the NaN loss made every weight
+    NaN, without a word; ``evaluate`` returned a NaN loss. Each of Keras' functions now refuses
+    the batch first (as `predict`), and the model and its optimizer are untouched."""
+    model = build(TINY)
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=True)
+    before = [v.numpy() for v in model.variables]
+    bad = (_with(SRC, 13), TGT)
+    calls = {"fit": lambda: model.fit(bad, TGT, verbose=0),
+             "fit, validation_data": lambda: model.fit((SRC, TGT), TGT, validation_data=(bad, TGT), verbose=0),
+             "evaluate": lambda: model.evaluate(bad, TGT, verbose=0),
+             "train_on_batch": lambda: model.train_on_batch(bad, TGT),
+             "test_on_batch": lambda: model.test_on_batch(bad, TGT),
+             "predict_on_batch": lambda: model.predict_on_batch(bad)}
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=r"^src: expected token ids in \[0, 13\), got values in \[0, 13\]$"):
+            call()
+    for want, variable in zip(before, model.variables):
+        np.testing.assert_array_equal(variable.numpy(), want, variable.path)
+    assert int(model.optimizer.iterations) == 0
+
+
 # -- tf.function and Keras serialisation ----------------------------------------------------------
 def test_variable_lengths_in_one_function_need_no_retrace_per_batch():
     config = TINY.replace(dtype="float64")

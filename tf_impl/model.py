@@ -393,15 +393,53 @@ class Transformer(keras.Model):
         return super().export(filepath, format=format, verbose=verbose, input_signature=input_signature,
                               **kwargs)
 
+    # Keras' compiled functions run the model under XLA wherever it sees a GPU (``jit_compile=
+    # "auto"``), where nothing can raise inside a step and an id out of range embeds as NaN
+    # (`tf_impl.inputs`): `predict` gave NaN rows, and one `fit` step on a NaN loss made every
+    # weight NaN. So the ids of array inputs are checked eagerly before Keras dispatches; a
+    # dataset or a generator is not pre-checked (graph mode still asserts, XLA poisons).
     def predict(self, x, *args, **kwargs):
-        """``keras.Model.predict`` with the ids of array inputs checked eagerly first: under XLA
-        (Keras compiles ``predict`` with XLA by default on GPU) nothing can raise inside the step."""
-        if isinstance(x, (Mapping, tuple, list)):  # arrays; a dataset or generator is not pre-checked
+        """``keras.Model.predict``, the ids of array inputs checked first (above)."""
+        self._check_array_ids(x)
+        return super().predict(x, *args, **kwargs)
+
+    def predict_on_batch(self, x):
+        """``keras.Model.predict_on_batch``, the ids checked first (above)."""
+        self._check_array_ids(x)
+        return super().predict_on_batch(x)
+
+    def fit(self, x=None, *args, **kwargs):
+        """``keras.Model.fit``, the ids of ``x`` and of ``validation_data``'s inputs checked
+        before the first step (above): a bad validation row would stop the run after an epoch."""
+        self._check_array_ids(x)
+        validation = kwargs.get("validation_data", args[6] if len(args) > 6 else None)  # its 8th argument
+        if isinstance(validation, (tuple, list)) and validation:
+            self._check_array_ids(validation[0])
+        return super().fit(x, *args, **kwargs)
+
+    def evaluate(self, x=None, *args, **kwargs):
+        """``keras.Model.evaluate``, the ids checked first (above)."""
+        self._check_array_ids(x)
+        return super().evaluate(x, *args, **kwargs)
+
+    def train_on_batch(self, x, *args, **kwargs):
+        """``keras.Model.train_on_batch``, the ids checked before the update (above)."""
+        self._check_array_ids(x)
+        return super().train_on_batch(x, *args, **kwargs)
+
+    def test_on_batch(self, x, *args, **kwargs):
+        """``keras.Model.test_on_batch``, the ids checked first (above)."""
+        self._check_array_ids(x)
+        return super().test_on_batch(x, *args, **kwargs)
+
+    def _check_array_ids(self, x) -> None:
+        """The ids of ``x`` as Keras' functions take it, ``(src, tgt[, masks])`` or a dict, checked
+        eagerly (`tf_impl.inputs.check_ids`); anything else (a dataset) is left to Keras."""
+        if isinstance(x, (Mapping, tuple, list)):
             src, tgt, _, _ = _unpack(x, None, None)
             c = self.config
             check_ids("src", src, c.src_vocab, c.max_len)
             check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
-        return super().predict(x, *args, **kwargs)
 
     # -- canonical weights ------------------------------------------------------------------------
     def import_weights(self, weights: Mapping[str, np.ndarray]) -> None:
