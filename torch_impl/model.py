@@ -60,7 +60,11 @@ class Generator(nn.Module):
         check_hidden(x.shape, str(x.dtype)[6:], self.d_model, str(self.bias.dtype)[6:])
         if self.precision != "float32" and not torch.is_autocast_enabled(x.device.type):
             with autocast(self):
-                return self.forward(x)
+                return self._project(x)
+        return self._project(x)
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` after its check and its precision's autocast: ``(..., d)`` -> ``(..., V)``."""
         tied = [self._tied[0].table.weight] if self._tied else []  # outside this module's tree
         if not _inferring(self, x, *tied):
             return self._linear(x)
