@@ -90,7 +90,9 @@ Other runs of the same setting: 0.95 / 0.95 (3 rounds, ratio of medians, before 
 There, at 1 row, oneDNN's packed products read `base`'s 164 MB of kernels at about 33 GB/s against
 MKL addmm's 23 (`python3 dev.py bench step_layouts`); what is left of a torch step beyond its
 products is about 0.8 ms (Python, attention over the cache, layer norms, the two passes over the
-logits; under ``torch.no_grad``, before inference mode). Part ``cache``, torch (``--parts cache
+logits; under ``torch.no_grad``, before inference mode); most other CPUs measured since read them
+faster through addmm, and a one-row step is now dense on every CPU (docs/performance.md, "One row
+dense on every CPU"). Part ``cache``, torch (``--parts cache
 --backends torch``): cached 6.6x faster than recompute at 128 tokens at batch 1 and 21.7x at batch
 8; cached per-token time at 128 / at 16 tokens 1.00 and 1.10. With the encoder pass packed: 7.0x
 and 22.5x, per-token 1.02 and 1.08 (6.15 / 6.26 ms at batch 1, 10.6 / 11.4 at batch 8). TF on

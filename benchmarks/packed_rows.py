@@ -2,9 +2,9 @@
 
 From `torch_impl.cache.PACKED_MIN_ROWS` rows a cached step's float32 products on the CPU take
 oneDNN's packed kernels, below it MKL's addmm on dense ``(in, out)`` kernels (`step_layout`: from 2
-rows on Intel, from 1 elsewhere). Which is faster at a row count differs from one machine to
-another of the same vendor (docs/performance.md, "The CPU contenders on two CPUs");
-`benchmarks/step_layouts.py` times the products alone, this the whole decodes the rule serves.
+rows on every CPU). Which is faster at one row differs from one machine to another, of one vendor
+too (docs/performance.md, "One row dense on every CPU"): this times both on yours, in whole
+decodes; `benchmarks/step_layouts.py` times the products alone.
 One model of ``base`` (float32, `benchmarks/_decoding_contenders`: EOS never chosen, so every
 decode runs to its limit, sources of 32 tokens) decodes each batch twice a round: its steps packed
 (``PACKED_MIN_ROWS = 1``) and dense (``PACKED_MIN_ROWS`` above the step's rows), alternately,
@@ -21,7 +21,8 @@ they have not).
     python3 dev.py bench packed_rows [--batches 1 2] [--beam-size 1] [--tokens 64] [--rounds 5]
                                      [--threads 1]
 
-Measured: docs/performance.md ("A slow AMD EPYC, where the packed kernel loses at one row").
+Measured: docs/performance.md ("A slow AMD EPYC, where the packed kernel loses at one row", "One row
+dense on every CPU").
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             torch_impl.cache.PACKED_MIN_ROWS = rule
 
     search = "greedy" if args.beam_size == 1 else f"beam search of {args.beam_size}"
-    print(f"torch {torch.__version__}, cpu ({torch_impl.cache._cpu_vendor() or 'vendor unknown'}, "
+    print(f"torch {torch.__version__}, cpu ({torch.backends.cpu.get_cpu_capability()}, "
           f"PACKED_MIN_ROWS {rule}), {torch.get_num_threads()} threads, preset base float32, {search}, "
           f"{args.tokens} tokens a decode, {args.rounds} rounds")
     print(f"{'batch':>5s} {'rows':>5s}  {'rule picks':<18s} {'packed ms':>10s} {'dense ms':>9s} "

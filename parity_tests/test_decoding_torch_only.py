@@ -269,8 +269,8 @@ def test_the_folds_are_written_into_one_buffer_in_reading_order(dtype):
         assert (i == empty) == (not any(layer.cross_fold.values_kernel.any() for layer in cache.layers))
 
 
-# 8 rows: packed on every vendor (`PACKED_MIN_ROWS`); at 1, an Intel CPU takes the dense layout, and
-# these tests were skipped there as if torch had no packed kernel.
+# 8 rows: packed on every CPU (`PACKED_MIN_ROWS`); at 1 a step is dense, and these tests would be
+# skipped as if torch had no packed kernel.
 PACKABLE = torch_impl.cache.step_layout(8, torch.device("cpu"), torch.float32) == torch_impl.cache.PACKED
 
 
@@ -470,7 +470,7 @@ def test_step_weights_follow_the_parameters(dtype, rows):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_a_steps_dense_kernels_share_one_buffer_in_reading_order(monkeypatch, dtype):
     """On the CPU the kept step weights in a layout of plain tensors (float32 at one row with
-    `PACKED_MIN_ROWS` at 2, as on an Intel CPU; float16's `DENSE_OUT_IN` at one row) are views
+    `PACKED_MIN_ROWS` at 2, its value; float16's `DENSE_OUT_IN` at one row) are views
     of one buffer (`torch_impl.cache.in_one_buffer`): in the order a step reads them, apart and
     64-byte aligned, each with the shape, strides and values `lay_out_weights` gives alone; the
     cross-attention's key/value kernel, applied once per source, is not among them. A decode on
@@ -513,22 +513,20 @@ def test_a_steps_dense_kernels_share_one_buffer_in_reading_order(monkeypatch, dt
 
 @pytest.mark.skipif(not PACKABLE, reason="this torch build has no oneDNN packed-weight linear")
 def test_step_layouts_by_rows(monkeypatch):
-    """float32 on the CPU multiplies the oneDNN-packed kernels from `PACKED_MIN_ROWS` rows (2 on an
-    Intel CPU, 1 elsewhere: `torch_impl.cache.step_layout`, measured: benchmarks/step_layouts.py),
-    the dense ``(in, out)`` ones (addmm) below it; float64, CUDA and an unknown row count the dense
-    ones. Both products, the feed-forward's fused rectifier included, are within the worst-case
-    rounding error of a float32 dot product (Higham's ``gamma_n``: ``n * u`` times the sum of the
-    terms' magnitudes), not a tuned tolerance; the rectifier itself is exact."""
+    """float32 on the CPU multiplies the oneDNN-packed kernels from `PACKED_MIN_ROWS` rows (2, on
+    every CPU: `torch_impl.cache.step_layout`, measured: benchmarks/step_layouts.py), the dense
+    ``(in, out)`` ones (addmm) below it, and the setting moves the line (1: packed at one row
+    too); float64, CUDA and an unknown row count the dense ones. Both products, the feed-forward's
+    fused rectifier included, are within the worst-case rounding error of a float32 dot product
+    (Higham's ``gamma_n``: ``n * u`` times the sum of the terms' magnitudes), not a tuned
+    tolerance; the rectifier itself is exact."""
     from torch_impl import cache
     from torch_impl.cache import DENSE, PACKED, dense, lay_out, step_layout
     cpu = torch.device("cpu")
-    assert (cache._packed_min_rows("GenuineIntel"), cache._packed_min_rows("AuthenticAMD"),
-            cache._packed_min_rows("")) == (2, 1, 1)
-    assert cache.PACKED_MIN_ROWS == cache._packed_min_rows(cache._cpu_vendor())
-    for vendor, want in [("GenuineIntel", [DENSE, PACKED, PACKED, PACKED, DENSE]),
-                         ("AuthenticAMD", [PACKED, PACKED, PACKED, PACKED, DENSE])]:
-        monkeypatch.setattr(cache, "PACKED_MIN_ROWS", cache._packed_min_rows(vendor))
-        assert [step_layout(n, cpu, torch.float32) for n in (1, 2, 3, 8, None)] == want, vendor
+    assert cache.PACKED_MIN_ROWS == 2
+    for min_rows, want in [(2, [DENSE, PACKED, PACKED, PACKED, DENSE]), (1, [PACKED, PACKED, PACKED, PACKED, DENSE])]:
+        monkeypatch.setattr(cache, "PACKED_MIN_ROWS", min_rows)
+        assert [step_layout(n, cpu, torch.float32) for n in (1, 2, 3, 8, None)] == want, min_rows
     assert step_layout(8, cpu, torch.float64) == DENSE
     assert [step_layout(n, cpu, torch.float16) for n in (1, 2, 8, None)] == [
         cache.DENSE_OUT_IN, cache.WIDENED, cache.WIDENED, DENSE]

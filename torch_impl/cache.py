@@ -27,7 +27,6 @@ for its encoder), under the rule of `_inferring` and kept by `_prepared`.
 from __future__ import annotations
 
 import math
-import platform
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -94,56 +93,33 @@ class EncoderWeights(NamedTuple):
 # A step's products have as many rows as the search has hypotheses (N = batch * beams). MKL's sgemm
 # repacks the whole weight matrix at every call, which costs more than the product at a few rows;
 # oneDNN's kernel reads weights packed once, ahead of time, for its own blocking, and one packing
-# (for 8 rows) serves every row count. `python3 dev.py bench step_layouts` times both on `base`'s
-# step products (its 36 decoder kernels and the 37000 x 512 output projection, from memory as in a
-# step); docs/performance.md ("The CPU contenders on two CPUs") has the figures of two CPUs. On the
-# Intel CPUs MKL's matrix-vector path (addmm on one row) was the faster; on AMD, where MKL does not
-# run its Intel-tuned kernels, oneDNN's packed kernel won from one row. CTranslate2 decides the same
-# way, by the vendor (MKL on "GenuineIntel", oneDNN elsewhere: src/cpu/backend.cc). So the switch is
-# per vendor: packed from 2 rows on Intel (dense measured faster at 1; at 2 as fast as packed on two
-# Intel machines and 1.3 times slower on a third), from 1 row elsewhere.
-# `PACKED_MIN_ROWS` is the one setting to change (``torch_impl.cache.
-# PACKED_MIN_ROWS = n``, read at every decode) where a machine says otherwise (two AMD EPYCs did, at
-# one row: docs/performance.md, "A slow AMD EPYC"; `benchmarks/packed_rows.py` times both on any).
-# Both layouts give the same values to float32 rounding.
+# (for 8 rows) serves every row count. At one row, though, MKL's matrix-vector path (addmm on one
+# row) streams the kernels faster than the packed kernel on most CPUs measured: every Intel Xeon,
+# and three of the four kinds of AMD EPYC (by 1.2x to 1.6x; the fourth favoured packed by 1.4x).
+# So a step is packed from 2 rows on every CPU and dense at one. From 2 rows packed is as fast as
+# dense or faster on every CPU measured but one (dense 8% faster there), and from 8 rows faster on
+# every CPU. `python3 dev.py bench step_layouts` times both on `base`'s step products (its 36 decoder
+# kernels and the 37000 x 512 output projection, from memory as in a step), `benchmarks/
+# packed_rows.py` whole decodes; docs/performance.md ("The CPU contenders on two CPUs", "One row
+# dense on every CPU") has the figures. `PACKED_MIN_ROWS` is the one setting to change
+# (``torch_impl.cache.PACKED_MIN_ROWS = 1``, read at every decode) on a machine where packed wins
+# at one row. It is a constant, never timed at run time: both layouts give the same values to
+# float32 rounding, not the same bits, and a near tie's token must not depend on the machine's load.
 DENSE, PACKED = "dense (in, out)", "packed for oneDNN"
 DENSE_OUT_IN = "dense, (out, in) in memory"  # float16 on a CPU at one row: see `step_layout`
 WIDENED = "float16 values packed as float32 for oneDNN"  # float16 on a CPU from two rows
 _WIDENED_MIN_ROWS = 2  # float16 on a CPU: from this many rows WIDENED, below DENSE_OUT_IN
-
-
-def _cpu_vendor() -> str:
-    """The CPU's vendor as the processor reports it ("GenuineIntel", "AuthenticAMD", ...), from
-    /proc/cpuinfo on Linux, else from `platform.processor` (Windows names it there); "" where
-    neither says."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
-            for line in info:
-                if line.startswith("vendor_id"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return next((v for v in ("GenuineIntel", "AuthenticAMD") if v in platform.processor()), "")
-
-
-def _packed_min_rows(vendor: str) -> int:
-    """From how many rows a step's products take the packed layout on a CPU of ``vendor``
-    (`_cpu_vendor`): 2 on Intel, 1 elsewhere (measured; the table above)."""
-    return 2 if vendor == "GenuineIntel" else 1
-
-
-PACKED_MIN_ROWS = _packed_min_rows(_cpu_vendor())  # from this many rows up, packed; fewer: addmm
+PACKED_MIN_ROWS = 2  # float32 on a CPU: from this many rows up, packed; fewer: addmm
 _PACKING_ROWS = 8  # the row count the packing is tuned for (any count runs on it, see above)
 
 
 def step_layout(rows: int | None, device: torch.device, dtype: torch.dtype) -> str:
     """The kernel layout of a step over ``rows`` rows (`DENSE`, `DENSE_OUT_IN`, `PACKED` or
     `WIDENED`) whose products are in ``dtype``: packed where oneDNN's packed-weight kernel exists
-    (on the CPU, with a torch that has it) for float32 from `PACKED_MIN_ROWS` rows (this CPU
-    vendor's, `_packed_min_rows`), and for bfloat16 at every row count where the CPU has bfloat16
-    instructions (AVX512-BF16, AMX); float16 on the CPU `WIDENED` from two rows, `DENSE_OUT_IN`
-    at one; else (fewer rows, float64, CUDA, ``rows`` None: unknown) dense ``(in, out)`` for
-    ``torch.addmm``.
+    (on the CPU, with a torch that has it) for float32 from `PACKED_MIN_ROWS` rows, and for
+    bfloat16 at every row count where the CPU has bfloat16 instructions (AVX512-BF16, AMX);
+    float16 on the CPU `WIDENED` from two rows, `DENSE_OUT_IN` at one; else (fewer rows, float64,
+    CUDA, ``rows`` None: unknown) dense ``(in, out)`` for ``torch.addmm``.
 
     float16 on the CPU: torch's float16 addmm (a CPU without float16 instructions) reads an
     ``(out, in)``-contiguous kernel several times faster than an ``(in, out)``-contiguous one, so
