@@ -4,8 +4,8 @@ what it refuses first (``max_len: expected ...``); a refused call changes nothin
 given to ``twins`` ends in one line and exit status 2, never a traceback or an error of an
 unexpected kind. Every finding is printed with what produced it.
 
-    python -m parity_tests.fuzz [--surfaces decoders steps forward weights train loss files runs] [--cases 200]
-                                [--seed 0]
+    python -m parity_tests.fuzz [--surfaces decoders steps forward generator weights train loss files runs]
+                                [--cases 200] [--seed 0]
 
 Exit status 1 when anything was found. Surfaces:
 
@@ -20,6 +20,8 @@ Exit status 1 when anything was found. Surfaces:
 * ``forward``: the model's call, `encode` and `decode` with ids and masks wrong in shape, dtype or
   value, one or several at once, and some right (TensorFlow's message must hold torch's: Keras
   wraps an error raised in ``call``);
+* ``generator``: ``model.generator(x)`` with hidden states wrong in width, rank or dtype, and some
+  right of any rank: the same logits' shape or the same refusal;
 * ``weights``: `import_weights` of the canonical weights with keys removed, added or renamed, values
   reshaped, recast, made non-finite, non-arrays or strided views;
 * ``train``: `training.train_step` with batches so damaged;
@@ -337,6 +339,38 @@ def forward(rng: random.Random) -> str | None:
         problems.append(f"torch: {outcomes['torch'][:400]}\n    tf:    {outcomes['tf'][:400]}")
     return (f"{what}(src={_shown(src)}, tgt={_shown(tgt)}, {_shown(masks)})\n    " + "\n    ".join(problems)
             if problems else None)
+
+
+def generator(rng: random.Random) -> str | None:
+    """``model.generator(x)`` with hidden states wrong in width, rank or dtype (float64 into a
+    float32 model, ints, bools, halves), and some right, of any rank ``(..., d_model)``: both
+    backends succeed with logits of the same shape ``(..., tgt_vocab)`` or refuse alike, word for
+    word (`shared.checks.check_hidden`)."""
+    d = CONFIG.d_model
+    shape = rng.choice([(2, 3, d), (2, 3, d), (6, d), (1, d), (d,), (2, 1, 3, d), (2, 0, d), (0, d), (),
+                        (2, 3, d + 1), (2, 3, d - 1), (2, 3, 1), (d, 2), (2, 3, 0)])
+    dtype = rng.choice([np.float32, np.float32, np.float32, np.float64, np.float16, np.int64, np.int32,
+                        np.bool_])
+    x = np.random.default_rng(rng.randrange(2**32)).standard_normal(shape).astype(dtype)
+    if rng.random() < 0.1 and x.size and x.dtype.kind == "f":
+        x.flat[0] = np.nan  # a value, not a refusal: NaN logits in both
+    outcomes = {}
+    for name, (_, model, _, _) in _backends().items():
+        value = _as_backend(name, x)
+
+        def call(model=model, value=value):
+            return tuple(model.generator(value).shape)
+        try:
+            outcomes[name] = f"ok {call()}"
+        except Exception as err:  # noqa: BLE001  (what was raised is the finding)
+            outcomes[name] = f"{type(err).__name__}: {err}"
+    problems = [] if outcomes["torch"].startswith("ok ") else _unnamed("torch", outcomes["torch"])
+    want = f"ok {shape[:-1] + (CONFIG.tgt_vocab,)}" if shape else None
+    if outcomes["torch"] != outcomes["tf"]:
+        problems.append(f"torch: {outcomes['torch'][:400]}\n    tf:    {outcomes['tf'][:400]}")
+    elif outcomes["torch"].startswith("ok ") and outcomes["torch"] != want:
+        problems.append(f"logits of shape {outcomes['torch'][3:]} for hidden states {shape}")
+    return f"generator(x={_shown(x)})\n    " + "\n    ".join(problems) if problems else None
 
 
 # -- weights and training ---------------------------------------------------------------------------
@@ -793,8 +827,8 @@ def runs(rng: random.Random) -> str | None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-SURFACES = {"decoders": decoders, "steps": steps, "forward": forward, "weights": weights, "train": train,
-            "loss": loss, "files": files, "runs": runs}
+SURFACES = {"decoders": decoders, "steps": steps, "forward": forward, "generator": generator, "weights": weights,
+            "train": train, "loss": loss, "files": files, "runs": runs}
 
 
 def _shown(value) -> str:

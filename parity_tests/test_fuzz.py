@@ -8,7 +8,9 @@ torch_impl taking an array as ``torch.from_numpy`` does (a reversed view in torc
 ``decoders``); torch_impl's `decode_step` without its id range check (an id past int64 then fails
 in torch's words; the ``steps``); torch_impl's forward pass without its check that src and tgt
 have one batch size (torch then broadcasts a batch of one, silently; ``forward``); tf_impl's loss
-converting NumPy arrays before its checks (a duration in TensorFlow's words; ``loss``). Session 36
+converting NumPy arrays before its checks (a duration in TensorFlow's words; ``loss``); either
+generator without its check of the hidden states (a wrong width in torch's or TensorFlow's words;
+``generator``, the surface added after session 40 had made the check). Session 36
 changed the draws of ``forward`` and no longer found the last; nothing noticed it until the
 check became a test. More cases: ``python -m parity_tests.fuzz --cases 500 --seed N``."""
 from unittest import mock
@@ -23,7 +25,8 @@ pytest.importorskip("h5py")
 from parity_tests import fuzz  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.tf]
-SLICE = {"decoders": 60, "steps": 60, "forward": 60, "weights": 30, "train": 30, "loss": 60, "files": 60, "runs": 6}
+SLICE = {"decoders": 60, "steps": 60, "forward": 60, "generator": 40, "weights": 30, "train": 30, "loss": 60,
+         "files": 60, "runs": 6}
 
 
 @pytest.mark.parametrize("surface, cases", SLICE.items())
@@ -55,7 +58,12 @@ def _undo(defect: str):
         import tf_impl.training
         return mock.patch.object(tf_impl.training, "_as_tensor", lambda name, value, convert: (
             value if tf.is_tensor(value) else tf.convert_to_tensor(convert(name, value))))
+    if defect == "tf_impl: the generator without its check":
+        import tf_impl.model
+        return mock.patch.object(tf_impl.model, "check_hidden", lambda *args: None)
     import torch_impl.model
+    if defect == "torch_impl: the generator without its check":
+        return mock.patch.object(torch_impl.model, "check_hidden", lambda *args: None)
     if defect == "torch_impl: decoders take arrays as torch.from_numpy does":
         import torch
         import torch_impl.decoding
@@ -72,6 +80,8 @@ def _undo(defect: str):
     pytest.param("torch_impl: decoders take arrays as torch.from_numpy does", "decoders", id="torch_impl_strides"),
     pytest.param("torch_impl: decode_step without its id range check", "steps", id="torch_impl_step_range"),
     pytest.param("torch_impl: forward without its one-batch check", "forward", id="torch_impl_one_batch"),
+    pytest.param("torch_impl: the generator without its check", "generator", id="torch_impl_generator"),
+    pytest.param("tf_impl: the generator without its check", "generator", id="tf_impl_generator"),
     pytest.param("tf_impl: its loss converts arrays before its checks", "loss", id="tf_impl_loss_arrays")])
 def test_the_slice_finds_a_defect_it_found_before(defect, surface):
     """Each defect put back (a patch, undone after) is found within the slice's cases of its
