@@ -354,22 +354,17 @@ def generator(rng: random.Random) -> str | None:
     x = np.random.default_rng(rng.randrange(2**32)).standard_normal(shape).astype(dtype)
     if rng.random() < 0.1 and x.size and x.dtype.kind == "f":
         x.flat[0] = np.nan  # a value, not a refusal: NaN logits in both
-    outcomes = {}
+    outcomes, shapes = {}, {}
     for name, (_, model, _, _) in _backends().items():
-        value = _as_backend(name, x)
-
-        def call(model=model, value=value):
-            return tuple(model.generator(value).shape)
-        try:
-            outcomes[name] = f"ok {call()}"
-        except Exception as err:  # noqa: BLE001  (what was raised is the finding)
-            outcomes[name] = f"{type(err).__name__}: {err}"
-    problems = [] if outcomes["torch"].startswith("ok ") else _unnamed("torch", outcomes["torch"])
-    want = f"ok {shape[:-1] + (CONFIG.tgt_vocab,)}" if shape else None
-    if outcomes["torch"] != outcomes["tf"]:
-        problems.append(f"torch: {outcomes['torch'][:400]}\n    tf:    {outcomes['tf'][:400]}")
-    elif outcomes["torch"].startswith("ok ") and outcomes["torch"] != want:
-        problems.append(f"logits of shape {outcomes['torch'][3:]} for hidden states {shape}")
+        def call(model=model, value=_as_backend(name, x), name=name):
+            shapes[name] = tuple(model.generator(value).shape)
+        outcomes[name] = _outcome(call)
+    problems = _unnamed("torch", outcomes["torch"])
+    if (outcomes["torch"], shapes.get("torch")) != (outcomes["tf"], shapes.get("tf")):
+        problems.append(f"torch: {outcomes['torch'][:400]} {shapes.get('torch', '')}\n"
+                        f"    tf:    {outcomes['tf'][:400]} {shapes.get('tf', '')}")
+    elif outcomes["torch"] == "ok" and shapes["torch"] != shape[:-1] + (CONFIG.tgt_vocab,):
+        problems.append(f"logits of shape {shapes['torch']} for hidden states {shape}")
     return f"generator(x={_shown(x)})\n    " + "\n    ".join(problems) if problems else None
 
 
