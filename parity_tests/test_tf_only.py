@@ -205,6 +205,40 @@ def test_keras_training_and_evaluation_check_ids_before_an_xla_step():
     assert int(model.optimizer.iterations) == 0
 
 
+def test_keras_functions_check_a_datasets_batches_before_an_xla_step():
+    """A ``tf.data.Dataset`` cannot be checked before Keras iterates it: it is checked in its own
+    pipeline (graph mode, never XLA), so a batch that would embed as NaN under XLA (an id out of
+    range; a source over ``max_len`` where the length is known only at run time) raises
+    ``InvalidArgumentError`` with the eager message when the dataset yields it, before the step
+    that would take it. Before: ``fit`` trained on the NaN loss and made every weight NaN without
+    a word; ``evaluate`` and ``predict`` returned NaN. A good dataset's batches reach the model
+    unchanged, structure and values."""
+    model = build(TINY)
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=True)
+    before = [v.numpy() for v in model.variables]
+    ids = tf.TensorSpec([None, None], tf.int64)  # sizes known only at run time
+    too_long = np.ones((2, TINY.max_len + 1), np.int64)
+    datasets = {
+        r"src: expected token ids in \[0, 13\), got values in \[0, 13\]":
+            tf.data.Dataset.from_tensor_slices(((_with(SRC, 13), TGT), TGT)).batch(2),
+        rf"src: expected at most max_len={TINY.max_len} tokens, got {TINY.max_len + 1}":
+            tf.data.Dataset.from_generator(lambda: iter([((too_long, TGT), TGT)]),
+                                           output_signature=((ids, ids), ids))}
+    for message, dataset in datasets.items():
+        for call in (lambda: model.fit(dataset, shuffle=False, verbose=0), lambda: model.evaluate(dataset, verbose=0),
+                     lambda: model.predict(dataset, verbose=0)):
+            with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+                call()
+    for want, variable in zip(before, model.variables):
+        np.testing.assert_array_equal(variable.numpy(), want, variable.path)
+    assert int(model.optimizer.iterations) == 0
+    want = model.predict((SRC, TGT), verbose=0)
+    for x in ((SRC, TGT), {"src": SRC, "tgt": TGT}):  # x alone: a dict, or a tuple in a 1-tuple
+        dataset = tf.data.Dataset.from_tensor_slices(x if isinstance(x, dict) else (x,)).batch(2)
+        np.testing.assert_array_equal(model.predict(dataset, verbose=0), want, type(x).__name__)
+
+
 # -- tf.function and Keras serialisation ----------------------------------------------------------
 def test_variable_lengths_in_one_function_need_no_retrace_per_batch():
     config = TINY.replace(dtype="float64")

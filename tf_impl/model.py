@@ -396,50 +396,82 @@ class Transformer(keras.Model):
     # Keras' compiled functions run the model under XLA wherever it sees a GPU (``jit_compile=
     # "auto"``), where nothing can raise inside a step and an id out of range embeds as NaN
     # (`tf_impl.inputs`): `predict` gave NaN rows, and one `fit` step on a NaN loss made every
-    # weight NaN. So the ids of array inputs are checked eagerly before Keras dispatches; a
-    # dataset or a generator is not pre-checked (graph mode still asserts, XLA poisons).
+    # weight NaN. So every input is checked before a step takes it: the ids of arrays eagerly,
+    # before Keras dispatches; a `tf.data.Dataset` in its own pipeline (`_checked`), which runs
+    # in graph mode, never under XLA. A generator or a ``PyDataset`` is not pre-checked (graph
+    # mode still asserts; XLA poisons).
     def predict(self, x, *args, **kwargs):
-        """``keras.Model.predict``, the ids of array inputs checked first (above)."""
-        self._check_array_ids(x)
-        return super().predict(x, *args, **kwargs)
+        """``keras.Model.predict``, its input checked first (above)."""
+        return super().predict(self._checked(x), *args, **kwargs)
 
     def predict_on_batch(self, x):
         """``keras.Model.predict_on_batch``, the ids checked first (above)."""
-        self._check_array_ids(x)
-        return super().predict_on_batch(x)
+        return super().predict_on_batch(self._checked(x))
 
     def fit(self, x=None, *args, **kwargs):
-        """``keras.Model.fit``, the ids of ``x`` and of ``validation_data``'s inputs checked
-        before the first step (above): a bad validation row would stop the run after an epoch."""
-        self._check_array_ids(x)
-        validation = kwargs.get("validation_data", args[6] if len(args) > 6 else None)  # its 8th argument
-        if isinstance(validation, (tuple, list)) and validation:
-            self._check_array_ids(validation[0])
+        """``keras.Model.fit``, its input and ``validation_data``'s checked before the first step
+        (above): a bad validation row would stop the run after an epoch."""
+        x = self._checked(x)
+        if "validation_data" in kwargs:
+            kwargs["validation_data"] = self._checked_validation(kwargs["validation_data"])
+        elif len(args) > 6:  # its 8th argument
+            args = args[:6] + (self._checked_validation(args[6]),) + args[7:]
         return super().fit(x, *args, **kwargs)
 
     def evaluate(self, x=None, *args, **kwargs):
-        """``keras.Model.evaluate``, the ids checked first (above)."""
-        self._check_array_ids(x)
-        return super().evaluate(x, *args, **kwargs)
+        """``keras.Model.evaluate``, its input checked first (above)."""
+        return super().evaluate(self._checked(x), *args, **kwargs)
 
     def train_on_batch(self, x, *args, **kwargs):
         """``keras.Model.train_on_batch``, the ids checked before the update (above)."""
-        self._check_array_ids(x)
-        return super().train_on_batch(x, *args, **kwargs)
+        return super().train_on_batch(self._checked(x), *args, **kwargs)
 
     def test_on_batch(self, x, *args, **kwargs):
         """``keras.Model.test_on_batch``, the ids checked first (above)."""
-        self._check_array_ids(x)
-        return super().test_on_batch(x, *args, **kwargs)
+        return super().test_on_batch(self._checked(x), *args, **kwargs)
 
-    def _check_array_ids(self, x) -> None:
-        """The ids of ``x`` as Keras' functions take it, ``(src, tgt[, masks])`` or a dict, checked
-        eagerly (`tf_impl.inputs.check_ids`); anything else (a dataset) is left to Keras."""
+    def _checked(self, x):
+        """``x`` as Keras' functions take it, checked (above): ``(src, tgt[, masks])`` or a dict of
+        arrays has its ids checked eagerly (`tf_impl.inputs.check_ids`) and is returned as it is;
+        a `tf.data.Dataset` is returned mapped through `_check_element`, so a bad batch raises
+        ``tf.errors.InvalidArgumentError`` with the eager message when the dataset yields it,
+        before the step that would take it; anything else is left to Keras."""
+        if isinstance(x, tf.data.Dataset):
+            spec = x.element_spec
+            unpack = type(spec) is tuple  # as tf.data calls the function: a tuple's items as arguments
+            return x.map(lambda *items: self._check_element(items if unpack else items[0]),
+                         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if isinstance(x, (Mapping, tuple, list)):
             src, tgt, _, _ = _unpack(x, None, None)
             c = self.config
             check_ids("src", src, c.src_vocab, c.max_len)
             check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
+        return x
+
+    def _checked_validation(self, data):
+        """``fit``'s ``validation_data``: ``(x, y[, sample_weight])`` with ``x`` checked, or a dataset."""
+        if isinstance(data, (tuple, list)) and data:
+            self._checked(data[0])
+            return data
+        return self._checked(data)
+
+    def _check_element(self, data):
+        """One element of a dataset (``x``, ``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)``, as
+        Keras unpacks it), traced by ``Dataset.map`` in graph mode: ``x``'s ids and masks get the
+        checks of `call` (sizes, ids in range, equal batches) as asserts, and the element comes
+        back unchanged (every tensor an identity after them)."""
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        src, tgt, src_mask, tgt_mask = _unpack(x, None, None)
+        c = self.config
+        src = check_ids("src", src, c.src_vocab, c.max_len)
+        tgt = check_same_batch(src, check_ids("tgt", tgt, c.tgt_vocab, c.max_len))
+        checked = [src, tgt]
+        if src_mask is not None:  # a default mask needs no check
+            checked.append(self._src_mask(src, src_mask))
+        if tgt_mask is not None:
+            checked.append(self._tgt_mask(tgt, tgt_mask))
+        with tf.control_dependencies(checked):
+            return tf.nest.map_structure(tf.identity, data)
 
     # -- canonical weights ------------------------------------------------------------------------
     def import_weights(self, weights: Mapping[str, np.ndarray]) -> None:
