@@ -233,6 +233,8 @@ def test_keras_functions_check_a_datasets_batches_before_an_xla_step():
     for want, variable in zip(before, model.variables):
         np.testing.assert_array_equal(variable.numpy(), want, variable.path)
     assert int(model.optimizer.iterations) == 0
+    with pytest.raises(tf.errors.InvalidArgumentError, match=list(datasets)[0]):  # after an epoch's steps
+        model.fit((SRC, TGT), TGT, validation_data=list(datasets.values())[0], verbose=0)
     want = model.predict((SRC, TGT), verbose=0)
     for x in ((SRC, TGT), {"src": SRC, "tgt": TGT}):  # x alone: a dict, or a tuple in a 1-tuple
         dataset = tf.data.Dataset.from_tensor_slices(x if isinstance(x, dict) else (x,)).batch(2)
