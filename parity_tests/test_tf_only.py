@@ -205,36 +205,64 @@ def test_keras_training_and_evaluation_check_ids_before_an_xla_step():
     assert int(model.optimizer.iterations) == 0
 
 
-def test_keras_functions_check_a_datasets_batches_before_an_xla_step():
-    """A ``tf.data.Dataset`` cannot be checked before Keras iterates it: it is checked in its own
-    pipeline (graph mode, never XLA), so a batch that would embed as NaN under XLA (an id out of
-    range; a source over ``max_len`` where the length is known only at run time) raises
-    ``InvalidArgumentError`` with the eager message when the dataset yields it, before the step
-    that would take it. Before: ``fit`` trained on the NaN loss and made every weight NaN without
-    a word; ``evaluate`` and ``predict`` returned NaN. A good dataset's batches reach the model
-    unchanged, structure and values."""
+class _Batches(keras.utils.PyDataset):
+    """A ``keras.utils.PyDataset`` of the given batches."""
+
+    def __init__(self, batches, **kwargs):
+        super().__init__(**kwargs)
+        self.batches = batches
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __getitem__(self, index):
+        return self.batches[index]
+
+
+def test_keras_functions_check_every_batch_of_a_pipeline_before_an_xla_step():
+    """Keras' input pipelines cannot be checked before Keras iterates them, so each batch is
+    checked before a step takes it: a ``tf.data.Dataset`` in its own pipeline (graph mode, never
+    XLA), raising ``InvalidArgumentError`` with the eager message when it yields a batch that
+    would embed as NaN under XLA (an id out of range; a source over ``max_len`` where the length is
+    known only at run time); a Python generator's and a ``PyDataset``'s batches with NumPy as they
+    are made, raising the eager ``ValueError`` (a generator's batch after Keras' first few, in
+    TensorFlow's ``InvalidArgumentError``). Before: ``fit`` trained on the NaN loss and made every
+    weight NaN without a word; ``evaluate`` and ``predict`` returned NaN. A good dataset's batches
+    reach the model unchanged, structure and values; arrays have their masks checked before
+    anything runs."""
     model = build(TINY)
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   jit_compile=True)
     before = [v.numpy() for v in model.variables]
     ids = tf.TensorSpec([None, None], tf.int64)  # sizes known only at run time
     too_long = np.ones((2, TINY.max_len + 1), np.int64)
-    datasets = {
-        r"src: expected token ids in \[0, 13\), got values in \[0, 13\]":
-            tf.data.Dataset.from_tensor_slices(((_with(SRC, 13), TGT), TGT)).batch(2),
-        rf"src: expected at most max_len={TINY.max_len} tokens, got {TINY.max_len + 1}":
-            tf.data.Dataset.from_generator(lambda: iter([((too_long, TGT), TGT)]),
-                                           output_signature=((ids, ids), ids))}
-    for message, dataset in datasets.items():
-        for call in (lambda: model.fit(dataset, shuffle=False, verbose=0), lambda: model.evaluate(dataset, verbose=0),
-                     lambda: model.predict(dataset, verbose=0)):
-            with pytest.raises(tf.errors.InvalidArgumentError, match=message):
-                call()
+    bad_id = r"src: expected token ids in \[0, 13\), got values in \[0, 13\]"
+    long = rf"src: expected at most max_len={TINY.max_len} tokens, got {TINY.max_len + 1}"
+    bad, good = ((_with(SRC, 13), TGT), TGT), ((SRC, TGT), TGT)
+    unknown = tf.data.Dataset.from_generator(lambda: iter([((too_long, TGT), TGT)]), output_signature=((ids, ids), ids))
+    slices = tf.data.Dataset.from_tensor_slices(bad).batch(2)
+    pipelines = {  # name: (error, message, the arguments of fit and evaluate: (x,) or (x, y))
+        "dataset": (tf.errors.InvalidArgumentError, bad_id, lambda: (slices,)),
+        "dataset of unknown sizes": (tf.errors.InvalidArgumentError, long, lambda: (unknown,)),
+        "generator": (ValueError, bad_id, lambda: ((batch for batch in [bad, good]),)),
+        "PyDataset": (ValueError, bad_id, lambda: (_Batches([bad, good]),)),
+        "PyDataset, 2 workers": (ValueError, long, lambda: (_Batches([((too_long, TGT), TGT)], workers=2),)),
+        "arrays with a mask": (ValueError, r"src_mask: expected a mask broadcastable to",
+                               lambda: ({"src": SRC, "tgt": TGT, "src_mask": np.ones((2, 1, 1, 4), bool)}, TGT))}
+    for name, (error, message, arguments) in pipelines.items():
+        for call in (lambda *a: model.fit(*a, shuffle=False, verbose=0), lambda *a: model.evaluate(*a, verbose=0),
+                     lambda *a: model.predict(a[0], verbose=0)):
+            with pytest.raises(error, match=message):
+                call(*arguments())
     for want, variable in zip(before, model.variables):
         np.testing.assert_array_equal(variable.numpy(), want, variable.path)
     assert int(model.optimizer.iterations) == 0
-    with pytest.raises(tf.errors.InvalidArgumentError, match=list(datasets)[0]):  # after an epoch's steps
-        model.fit((SRC, TGT), TGT, validation_data=list(datasets.values())[0], verbose=0)
+    later = (batch for batch in [good] * 3 + [bad])  # after the batches Keras reads first, in a tf.data function
+    with pytest.raises(tf.errors.InvalidArgumentError, match=bad_id):
+        model.fit(later, steps_per_epoch=4, shuffle=False, verbose=0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=bad_id):  # after an epoch's steps
+        model.fit((SRC, TGT), TGT, validation_data=slices, verbose=0)
+    assert all(np.isfinite(variable.numpy()).all() for variable in model.variables)
     want = model.predict((SRC, TGT), verbose=0)
     for x in ((SRC, TGT), {"src": SRC, "tgt": TGT}):  # x alone: a dict, or a tuple in a 1-tuple
         dataset = tf.data.Dataset.from_tensor_slices(x if isinstance(x, dict) else (x,)).batch(2)

@@ -248,6 +248,31 @@ def checked_ids(name: str, value, vocab: int, max_len: int) -> np.ndarray:
     return ids
 
 
+def checked_mask(name: str, mask, config: TransformerConfig, batch: int, q_len: int, k_len: int) -> np.ndarray:
+    """A given mask as a NumPy bool array (`mask_array`) that broadcasts to ``(batch, heads, q_len,
+    k_len)`` (`check_mask`)."""
+    mask = mask_array(name, mask)
+    check_mask(name, mask.shape, "bool", True, batch, config.n_heads, q_len, k_len)
+    return mask
+
+
+def checked_inputs(config: TransformerConfig, src, tgt, src_mask=None, tgt_mask=None) -> tuple:
+    """A forward pass's inputs as NumPy arrays, checked in the order and words of every
+    implementation's model call: the ids (`checked_ids`), equal batches, then each mask given
+    (``src_mask`` broadcastable to ``(B, H, 1, S)``, ``tgt_mask`` to ``(B, H, T, T)``; None stays
+    None). Returns ``(src, tgt, src_mask, tgt_mask)``. The reference's check, and tf_impl's of a
+    Keras batch made in Python, before a step compiled with XLA could take it."""
+    src = checked_ids("src", src, config.src_vocab, config.max_len)
+    tgt = checked_ids("tgt", tgt, config.tgt_vocab, config.max_len)
+    check_same_batch(src.shape, tgt.shape)
+    (b, s), t = src.shape, tgt.shape[1]
+    if src_mask is not None:
+        src_mask = checked_mask("src_mask", src_mask, config, b, 1, s)
+    if tgt_mask is not None:
+        tgt_mask = checked_mask("tgt_mask", tgt_mask, config, b, t, t)
+    return src, tgt, src_mask, tgt_mask
+
+
 def empty_message(name: str, batch, seq) -> str:
     return f"{name}: expected a non-empty (batch, seq), got shape ({batch}, {seq})"
 

@@ -33,7 +33,7 @@ from typing import Mapping
 import numpy as np
 
 from . import decoding as _decoding
-from .checks import check_mask, check_same_batch, checked_ids, mask_array
+from .checks import checked_ids, checked_inputs, checked_mask
 from .config import TransformerConfig
 from .decoding import BeamResult, GreedyResult
 from .masks import make_src_mask, make_tgt_mask, padding_id, start_is_pad
@@ -248,9 +248,7 @@ def _check_or_make_mask(name: str, mask, default: np.ndarray, config: Transforme
                         batch: int, q_len: int, k_len: int) -> np.ndarray:
     if mask is None:
         return default
-    mask = mask_array(name, mask)
-    check_mask(name, mask.shape, "bool", True, batch, config.n_heads, q_len, k_len)
-    return mask
+    return checked_mask(name, mask, config, batch, q_len, k_len)
 
 
 # -- public API -----------------------------------------------------------------------------------
@@ -282,13 +280,11 @@ def forward(weights: Weights, config: TransformerConfig, src, tgt, src_mask=None
             never padding when the decoder starts from pad: `shared.masks.make_tgt_mask`).
     """
     model = Model(weights, config)
-    src = checked_ids("src", src, config.src_vocab, config.max_len)
-    tgt = checked_ids("tgt", tgt, config.tgt_vocab, config.max_len)
-    check_same_batch(src.shape, tgt.shape)
-    (b, s), t = src.shape, tgt.shape[1]
-    src_mask = _check_or_make_mask("src_mask", src_mask, make_src_mask(src, padding_id(config)), config, b, 1, s)
-    default_tgt_mask = make_tgt_mask(tgt, padding_id(config), start_is_pad(config))
-    tgt_mask = _check_or_make_mask("tgt_mask", tgt_mask, default_tgt_mask, config, b, t, t)
+    src, tgt, src_mask, tgt_mask = checked_inputs(config, src, tgt, src_mask, tgt_mask)
+    if src_mask is None:
+        src_mask = make_src_mask(src, padding_id(config))
+    if tgt_mask is None:
+        tgt_mask = make_tgt_mask(tgt, padding_id(config), start_is_pad(config))
     trace: Trace | None = {} if return_trace else None
     memory = model.encode(src, src_mask, trace)
     hidden = model.decode(tgt, memory, src_mask, tgt_mask, trace)

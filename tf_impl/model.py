@@ -1,6 +1,7 @@
 """The encoder-decoder Transformer as one ``keras.Model``, mirrored name for name by torch_impl."""
 from __future__ import annotations
 
+import types
 from typing import Mapping
 
 import keras
@@ -9,7 +10,7 @@ import tensorflow as tf
 
 from shared import TransformerConfig
 from shared.checks import (check_cache, check_flag, check_hidden, check_ids_range, check_memory_dtype,
-                           check_memory_shape)
+                           check_memory_shape, checked_inputs)
 from shared.decoding import check_beam_size, check_max_len
 from shared.masks import padding_id, start_is_pad
 from shared.messages import type_shown
@@ -396,10 +397,10 @@ class Transformer(keras.Model):
     # Keras' compiled functions run the model under XLA wherever it sees a GPU (``jit_compile=
     # "auto"``), where nothing can raise inside a step and an id out of range embeds as NaN
     # (`tf_impl.inputs`): `predict` gave NaN rows, and one `fit` step on a NaN loss made every
-    # weight NaN. So every input is checked before a step takes it: the ids of arrays eagerly,
-    # before Keras dispatches; a `tf.data.Dataset` in its own pipeline (`_checked`), which runs
-    # in graph mode, never under XLA. A generator or a ``PyDataset`` is not pre-checked (graph
-    # mode still asserts; XLA poisons).
+    # weight NaN. So every input is checked before a step takes it (`_checked`): arrays before
+    # Keras dispatches, the batches of a Python generator or a ``keras.utils.PyDataset`` as they
+    # are made, each with NumPy (`shared.checks.checked_inputs`); a `tf.data.Dataset` in its own
+    # pipeline, which runs in graph mode, never under XLA.
     def predict(self, x, *args, **kwargs):
         """``keras.Model.predict``, its input checked first (above)."""
         return super().predict(self._checked(x), *args, **kwargs)
@@ -432,20 +433,23 @@ class Transformer(keras.Model):
 
     def _checked(self, x):
         """``x`` as Keras' functions take it, checked (above): ``(src, tgt[, masks])`` or a dict of
-        arrays has its ids checked eagerly (`tf_impl.inputs.check_ids`) and is returned as it is;
-        a `tf.data.Dataset` is returned mapped through `_check_element`, so a bad batch raises
-        ``tf.errors.InvalidArgumentError`` with the eager message when the dataset yields it,
-        before the step that would take it; anything else is left to Keras."""
+        arrays checked now and returned as it is; a Python generator or a ``keras.utils.PyDataset``
+        returned as one that checks each batch as it makes it (`_check_batch`: the ``ValueError``
+        or ``TypeError`` of `call`); a `tf.data.Dataset` returned mapped through
+        `_check_element`, so a bad batch raises ``tf.errors.InvalidArgumentError`` with the eager
+        message when the dataset yields it, before the step that would take it; anything else
+        is left to Keras."""
         if isinstance(x, tf.data.Dataset):
             spec = x.element_spec
             unpack = type(spec) is tuple  # as tf.data calls the function: a tuple's items as arguments
             return x.map(lambda *items: self._check_element(items if unpack else items[0]),
                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if isinstance(x, types.GeneratorType):
+            return _checked_batches(x, self.config)
+        if isinstance(x, keras.utils.PyDataset):
+            return _CheckedPyDataset(x, self.config)
         if isinstance(x, (Mapping, tuple, list)):
-            src, tgt, _, _ = _unpack(x, None, None)
-            c = self.config
-            check_ids("src", src, c.src_vocab, c.max_len)
-            check_ids("tgt", tgt, c.tgt_vocab, c.max_len)
+            checked_inputs(self.config, *_unpack(x, None, None))
         return x
 
     def _checked_validation(self, data):
@@ -561,6 +565,49 @@ def _unpack(x, src_mask, tgt_mask):
         elif keyword is not None:
             raise ValueError(f"{name}: given twice, in x and as a keyword; give one")
     return tuple(packed)
+
+
+def _check_batch(config: TransformerConfig, batch) -> None:
+    """One batch of a Python generator or a ``keras.utils.PyDataset`` (``x``, ``(x, y)`` or ``(x,
+    y, sample_weight)``, as Keras unpacks it): ``x``'s ids and masks checked with NumPy
+    (`shared.checks.checked_inputs`), where it is made (a PyDataset's worker process too)."""
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
+    checked_inputs(config, *_unpack(x, None, None))
+
+
+def _checked_batches(batches, config: TransformerConfig):
+    """A Python generator's batches, each checked (`_check_batch`) before Keras takes it."""
+    for batch in batches:
+        _check_batch(config, batch)
+        yield batch
+
+
+class _CheckedPyDataset(keras.utils.PyDataset):
+    """A ``keras.utils.PyDataset`` whose every batch is checked (`_check_batch`) as it is made,
+    with the wrapped one's workers, length and epoch hooks."""
+
+    def __init__(self, batches: keras.utils.PyDataset, config: TransformerConfig):
+        super().__init__(workers=batches.workers, use_multiprocessing=batches.use_multiprocessing,
+                         max_queue_size=batches.max_queue_size)
+        self.batches, self.config = batches, config
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    @property
+    def num_batches(self):
+        return self.batches.num_batches
+
+    def __getitem__(self, index):
+        batch = self.batches[index]
+        _check_batch(self.config, batch)
+        return batch
+
+    def on_epoch_begin(self):
+        self.batches.on_epoch_begin()
+
+    def on_epoch_end(self):
+        self.batches.on_epoch_end()
 
 
 def check_model(model) -> None:
