@@ -228,8 +228,9 @@ def test_keras_functions_check_every_batch_of_a_pipeline_before_an_xla_step():
     are made, raising the eager ``ValueError`` (a generator's batch after Keras' first few, in
     TensorFlow's ``InvalidArgumentError``). Before: ``fit`` trained on the NaN loss and made every
     weight NaN without a word; ``evaluate`` and ``predict`` returned NaN. A good dataset's batches
-    reach the model unchanged, structure and values; arrays have their masks checked before
-    anything runs."""
+    reach the model unchanged, structure and values. Masks are checked too: a dataset's mask of
+    another batch is named as eagerly (XLA said "Incompatible shapes"), and arrays' masks are
+    checked before anything runs."""
     model = build(TINY.replace(n_encoder_layers=1, n_decoder_layers=1))  # one layer: half the tracing
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   jit_compile=True)
@@ -241,6 +242,8 @@ def test_keras_functions_check_every_batch_of_a_pipeline_before_an_xla_step():
     bad, good = ((_with(SRC, 13), TGT), TGT), ((SRC, TGT), TGT)
     unknown = tf.data.Dataset.from_generator(lambda: iter([((too_long, TGT), TGT)]), output_signature=((ids, ids), ids))
     slices = tf.data.Dataset.from_tensor_slices(bad).batch(2)
+    masked = tf.data.Dataset.from_tensor_slices(({"src": SRC, "tgt": TGT}, TGT)).batch(2).map(
+        lambda x, y: ({**x, "src_mask": tf.ones((3, 1, 1, 5), tf.bool)}, y))  # batch 3 against 2
 
     def fit(*args):
         return model.fit(*args, shuffle=False, verbose=0)
@@ -254,6 +257,8 @@ def test_keras_functions_check_every_batch_of_a_pipeline_before_an_xla_step():
     pipelines = {  # name: (error, message, the arguments of fit and evaluate: (x,) or (x, y), the calls)
         "dataset": (tf.errors.InvalidArgumentError, bad_id, lambda: (slices,), (fit, evaluate, predict)),
         "dataset of unknown sizes": (tf.errors.InvalidArgumentError, long, lambda: (unknown,), (evaluate, predict)),
+        "dataset with a mask": (tf.errors.InvalidArgumentError, r"src_mask: expected a mask broadcastable to "
+                                r"\(batch\|1, .* got shape \(3, 1, 1, 5\)", lambda: (masked,), (evaluate,)),
         "generator": (ValueError, bad_id, lambda: ((batch for batch in [bad, good]),), (fit, evaluate, predict)),
         "PyDataset": (ValueError, bad_id, lambda: (_Batches([bad, good]),), (fit, evaluate, predict)),
         "PyDataset, 2 workers": (ValueError, long, lambda: (_Batches([((too_long, TGT), TGT)], workers=2),), (fit,)),
