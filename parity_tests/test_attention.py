@@ -217,8 +217,9 @@ def test_a_step_output_kernel_without_its_qkv_kernels_is_refused(backend):
 
 
 @pytest.mark.parametrize("backend", backends(cpu_only=True))
-@pytest.mark.parametrize("position", [-1, 4, 2.7, True, None])
-def test_a_step_position_outside_the_cache_is_refused(backend, position):
+@pytest.mark.parametrize("position, error", [(-1, ValueError), (4, ValueError), (2.7, TypeError), (True, TypeError),
+                                             (None, TypeError)])
+def test_a_step_position_outside_the_cache_is_refused(backend, position, error):
     """`MultiHeadAttention.extend` at a ``position`` given as a number: torch wrote -1 into the last
     slot and attended to it alone, TF wrote 2.7 at 2 and True at 1; out of range each failed in
     its own words (IndexError, InvalidArgumentError). Refused alike now, before any write; a
@@ -226,8 +227,8 @@ def test_a_step_position_outside_the_cache_is_refused(backend, position):
     layer = Layer(backend, "float32").layer
     x = backend.tensor(np.ones((1, 1, D), np.float32))
     key, value = (backend.tensor(np.zeros((1, H, 4, D // H), np.float32)) for _ in range(2))
-    with pytest.raises(ValueError, match=rf"^position: expected an int in \[0, 4\) \(the cache's capacity\), "
-                                         rf"got {re.escape(repr(position))}$"):
+    with pytest.raises(error, match=rf"^position: expected an int in \[0, 4\) \(the cache's capacity\), "
+                                    rf"got {re.escape(repr(position))}$"):
         layer.extend(x, key, value, position)
     assert not backend.numpy(key).any() and not backend.numpy(value).any()
     _, key, value = layer.extend(x, key, value, np.int64(3))

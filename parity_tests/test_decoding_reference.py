@@ -185,14 +185,14 @@ SRC = sources(TINY, 0)
 @pytest.mark.parametrize("call, error, needle", [
     (lambda: R.greedy_decode(MODEL, SRC, 0), ValueError, r"max_len: expected an int >= 1, got 0"),
     (lambda: R.beam_search(MODEL, SRC, -3), ValueError, r"max_len: expected an int >= 1, got -3"),
-    (lambda: R.greedy_decode(MODEL, SRC, 2.5), ValueError, r"max_len: expected an int >= 1, got 2.5"),
+    (lambda: R.greedy_decode(MODEL, SRC, 2.5), TypeError, r"max_len: expected an int >= 1, got 2.5"),
     (lambda: R.greedy_decode(MODEL, SRC, 65), ValueError, r"max_len: expected at most config.max_len=64"),
     (lambda: R.beam_search(MODEL, SRC, 5, beam_size=0), ValueError, r"beam_size: expected an int >= 1, got 0"),
     (lambda: R.beam_search(MODEL, SRC, 5, beam_size=17), ValueError,
      r"beam_size: expected at most tgt_vocab - 1 = 16 \(pad is never generated\), got 17"),
     (lambda: R.beam_search(MODEL, SRC, 5, beam_size=100), ValueError, r"beam_size: expected at most"),
     # None is not a beam size (the shared check once took it for greedy's, and the search failed later)
-    (lambda: R.beam_search(MODEL, SRC, 5, beam_size=None), ValueError, r"beam_size: expected an int >= 1, got None"),
+    (lambda: R.beam_search(MODEL, SRC, 5, beam_size=None), TypeError, r"beam_size: expected an int >= 1, got None"),
     (lambda: R.beam_search(MODEL, SRC, 5, length_penalty=-1.0), ValueError,
      r"length_penalty: expected a finite float >= 0"),
     (lambda: R.greedy_decode(MODEL, SRC[0], 5), ValueError,

@@ -453,24 +453,30 @@ def test_finished_rows_are_never_read(search_backend):
         np.testing.assert_array_equal(x, y)
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(max_len=0), r"max_len: expected an int >= 1, got 0"),
-    (dict(max_len=2.0), r"max_len: expected an int >= 1, got 2.0"),
-    (dict(beam_size=0), r"beam_size: expected an int >= 1, got 0"),
-    (dict(beam_size=True), r"beam_size: expected an int >= 1, got True"),
-    (dict(beam_size=V), r"beam_size: expected at most tgt_vocab - 1 = 5 \(pad is never generated\), got 6"),
-    (dict(alpha=-0.5), r"length_penalty: expected a finite float >= 0"),
-    (dict(alpha=float("nan")), r"length_penalty: expected a finite float >= 0"),
-    (dict(batch=0), r"batch: expected an int >= 1, got 0"),
-    (dict(eos=V), r"eos_id: expected an int in \[0, 6\), got 6"),
-    (dict(vocab=1), r"step.vocab: expected an int >= 2 \(the width of the logits\), got 1"),
+@pytest.mark.parametrize("kwargs, error, needle", [
+    (dict(max_len=0), ValueError, r"max_len: expected an int >= 1, got 0"),
+    (dict(max_len=2.0), TypeError, r"max_len: expected an int >= 1, got 2.0"),
+    (dict(beam_size=0), ValueError, r"beam_size: expected an int >= 1, got 0"),
+    (dict(beam_size=True), TypeError, r"beam_size: expected an int >= 1, got True"),
+    (dict(beam_size=V), ValueError, r"beam_size: expected at most tgt_vocab - 1 = 5 \(pad is never generated\), got 6"),
+    (dict(alpha=-0.5), ValueError, r"length_penalty: expected a finite float >= 0"),
+    (dict(alpha=float("nan")), ValueError, r"length_penalty: expected a finite float >= 0"),
+    (dict(alpha="0.5"), TypeError, r"length_penalty: expected a finite float >= 0 \(GNMT alpha; 0 = none\), got '0.5'"),
+    (dict(batch=0), ValueError, r"batch: expected an int >= 1, got 0"),
+    (dict(batch=1.0), TypeError, r"batch: expected an int >= 1, got 1.0"),
+    (dict(eos=V), ValueError, r"eos_id: expected an int in \[0, 6\), got 6"),
+    (dict(eos=None), TypeError, r"eos_id: expected an int in \[0, 6\), got None"),
+    (dict(vocab=1), ValueError, r"step.vocab: expected an int >= 2 \(the width of the logits\), got 1"),
+    (dict(vocab="6"), TypeError, r"step.vocab: expected an int >= 2 \(the width of the logits\), got '6'"),
 ])
-def test_bad_arguments(search_backend, kwargs, needle):
-    """The spec's checks (`shared.decoding.check_beam_args`), before the first step, in every backend."""
+def test_bad_arguments(search_backend, kwargs, error, needle):
+    """The spec's checks (`shared.decoding.check_beam_args`), before the first step, in every backend:
+    ``TypeError`` for an argument of the wrong type, ``ValueError`` for one out of range
+    (`shared.checks.refusal`)."""
     args = dict(batch=1, max_len=3, beam_size=2, alpha=0.0, eos=EOS, vocab=V) | kwargs
     step = RandomStep(0, args["beam_size"] if isinstance(args["beam_size"], int) else 1)
     step.vocab = args["vocab"]
-    with pytest.raises(ValueError, match=needle):
+    with pytest.raises(error, match=needle):
         search_backend.beam_search(step, args["batch"], args["max_len"], args["beam_size"], BOS,
                                    args["eos"], PAD, args["alpha"])
 

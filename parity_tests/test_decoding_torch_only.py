@@ -863,8 +863,8 @@ def test_a_wrapped_model_is_refused_naming_what_to_pass():
             torch_impl.beam_search(wrapper, src, MAX_LEN)
 
 
-@pytest.mark.parametrize("position", [-1, 2.7, 4])
-def test_a_layer_step_at_a_position_outside_the_cache_is_refused(position):
+@pytest.mark.parametrize("position, error", [(-1, ValueError), (2.7, TypeError), (4, ValueError)])
+def test_a_layer_step_at_a_position_outside_the_cache_is_refused(position, error):
     """`DecoderLayer.step`'s fast path (the cache keeps the weights; it calls no `extend`) wrote
     -1 into the last slot as `extend` did; it checks the position as `extend` does now, before any
     write."""
@@ -875,8 +875,8 @@ def test_a_layer_step_at_a_position_outside_the_cache_is_refused(position):
         cache = model.init_cache(model.encode(src), torch_impl.inputs.make_src_mask(src, config.pad_id), 4)
         layer = cache.layers[0]
         assert layer.weights  # the fast path
-        with pytest.raises(ValueError, match=r"^position: expected an int in \[0, 4\) \(the cache's capacity\), "
-                                             rf"got {position}$"):
+        with pytest.raises(error, match=r"^position: expected an int in \[0, 4\) \(the cache's capacity\), "
+                                        rf"got {position}$"):
             model.decoder.layers[0].step(torch.ones(1, config.d_model), layer, position, cache.src_mask,
                                          cache.src_keep)
         assert not layer.self_key.any() and not layer.self_value.any()

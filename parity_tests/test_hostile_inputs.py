@@ -80,9 +80,10 @@ def test_the_bounds_come_from_the_machine_and_the_batch():
     with pytest.raises(ValueError, match=rf"^--nproc {cpus + 1}: expected at most {cpus}: one worker per "
                                          rf"logical CPU of this machine \({cpus};"):
         check_worker_count(cpus + 1, 10**6, "--nproc")
-    for bad in (0, -3, True, 2.0, "2"):
-        with pytest.raises(ValueError, match=r"^--threads: expected an int >= 1, got "):
+    for bad, error in ((0, ValueError), (-3, ValueError), (True, TypeError), (2.0, TypeError), ("2", TypeError)):
+        with pytest.raises(error, match=r"^--threads: expected an int >= 1, got "):
             check_threads(bad)
+    assert type(check_threads(np.int64(2))) is int  # a NumPy int is an int, as everywhere
 
 
 def test_a_benchmark_refuses_huge_threads_as_a_usage_error():

@@ -361,7 +361,7 @@ def test_bad_input_in_process(demo, tmp_path):
         model.greedy(src, 4, src_mask=np.ones((1, config.n_heads, 1, 4), bool))
     with pytest.raises(ValueError, match="max_len"):
         model.greedy(src, config.max_len + 1)
-    with pytest.raises(ValueError, match="beam_size: expected an int >= 1, got None"):
+    with pytest.raises(TypeError, match="beam_size: expected an int >= 1, got None"):
         model.beam(src, 4, None)
     with pytest.raises(ValueError, match="tgt: expected batch size 1"):
         model.logits(src, np.ones((2, 3), np.int64))
@@ -473,7 +473,7 @@ def test_the_runtime_model_checks_its_own_arguments(demo):
     graphs = {name: str(Path(export) / name) for name in (ENCODER, DECODER, DECODER_WITH_PAST)}
     for kwargs, error, message in (
             (dict(threads=0), ValueError, "threads: expected an int >= 1, got 0"),
-            (dict(threads="2"), ValueError, "threads: expected an int >= 1, got '2'"),
+            (dict(threads="2"), TypeError, "threads: expected an int >= 1, got '2'"),
             (dict(threads=10**12), ValueError, "threads 1000000000000: expected at most"),
             (dict(options={}), TypeError, "options: expected an onnxruntime.SessionOptions or None, got dict"),
             (dict(graphs={ENCODER: graphs[ENCODER]}), ValueError, f"graphs: expected a mapping of {ENCODER}, "),
@@ -482,8 +482,8 @@ def test_the_runtime_model_checks_its_own_arguments(demo):
             OnnxRuntimeModel(**{"config": config, "graphs": graphs, **kwargs})
     model = OnnxRuntimeModel(config, graphs)
     src = np.array([[4, 5, 6]])
-    for beams in (0, -1, 2.0):
-        with pytest.raises(ValueError, match=f"^beams: expected an int >= 1, got {beams!r}$"):
+    for beams, error in ((0, ValueError), (-1, ValueError), (2.0, TypeError)):
+        with pytest.raises(error, match=f"^beams: expected an int >= 1, got {beams!r}$"):
             model.step(src, beams)
     with pytest.raises(TypeError, match="^return_all: expected True or False, got 'no' \\(str\\)$"):
         model.beam(src, 4, 2, return_all="no")

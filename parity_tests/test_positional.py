@@ -40,9 +40,10 @@ def test_odd_width_keeps_a_last_sine_column():
     np.testing.assert_allclose(pe[:, 4], np.sin(np.arange(5) / 10000 ** (4 / 5)), rtol=1e-15, atol=0)
 
 
-@pytest.mark.parametrize("args", [(0, 4), (4, 0), (4.0, 4), (True, 4)])
-def test_bad_sizes(args):
-    with pytest.raises(ValueError, match="expected a positive int"):
+@pytest.mark.parametrize("args, error", [((0, 4), ValueError), ((4, 0), ValueError), ((4.0, 4), TypeError),
+                                         ((True, 4), TypeError)])
+def test_bad_sizes(args, error):
+    with pytest.raises(error, match="expected a positive int"):
         positional_encoding(*args)
 
 
@@ -61,8 +62,9 @@ def test_public_helpers_check_their_arguments_by_name():
     start_is_pad(None) an AttributeError naming a field."""
     from shared.masks import padding_id, start_is_pad
     from shared.positional import inverse_frequencies, positional_table
-    for bad in (-4, 0, None, 3.5, True, "8"):
-        with pytest.raises(ValueError, match=r"^inverse_frequencies: d_model expected a positive int, got "):
+    for bad, error in ((-4, ValueError), (0, ValueError), (None, TypeError), (3.5, TypeError), (True, TypeError),
+                       ("8", TypeError)):
+        with pytest.raises(error, match=r"^inverse_frequencies: d_model expected a positive int, got "):
             inverse_frequencies(bad)
     with pytest.raises(ValueError, match=r"^inverse_frequencies: d_model expected at most POSITIONAL_TABLE_LIMIT"):
         inverse_frequencies(2**40)

@@ -253,16 +253,16 @@ def test_nan_logits_flag_every_row_where_tf_impl_raises():
 
 
 # -- export errors: refused before anything is written --------------------------------------------
-@pytest.mark.parametrize("settings, message", [
-    (dict(max_len=65), "max_len: expected at most config.max_len=64"),
-    (dict(max_len=0), "max_len: expected an int >= 1"),
-    (dict(beam_size=17), "beam_size: expected at most tgt_vocab - 1 = 16"),
-    (dict(beam_size=None), "beam_size: expected an int >= 1, got None"),
-    (dict(length_penalty=-0.5), "length_penalty: expected a finite float >= 0"),
+@pytest.mark.parametrize("settings, error, message", [
+    (dict(max_len=65), ValueError, "max_len: expected at most config.max_len=64"),
+    (dict(max_len=0), ValueError, "max_len: expected an int >= 1"),
+    (dict(beam_size=17), ValueError, "beam_size: expected at most tgt_vocab - 1 = 16"),
+    (dict(beam_size=None), TypeError, "beam_size: expected an int >= 1, got None"),
+    (dict(length_penalty=-0.5), ValueError, "length_penalty: expected a finite float >= 0"),
 ])
-def test_bad_settings_are_refused_before_writing(tmp_path, settings, message):
+def test_bad_settings_are_refused_before_writing(tmp_path, settings, error, message):
     model = tf_impl.Transformer(TransformerConfig.preset("tiny"))
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(error, match=message):
         export_saved_model(model, tmp_path / "out", **settings)
     assert list(tmp_path.iterdir()) == []
 
@@ -296,7 +296,8 @@ def test_nan_weights_are_refused_before_writing(tmp_path):
 def test_the_conversion_s_defaults_fit_the_model():
     """``twins convert --to saved-model`` without --beam-size or --max-new: 4 beams and 256 tokens,
     or what the model can take where that is less (a beam has tgt_vocab - 1 children; 4 beams
-    refused a vocabulary of 4 for a flag the user had not given); given values are checked."""
+    refused a vocabulary of 4 for a flag the user had not given); given values are checked, and
+    named as the export names them, whatever the error's class."""
     from shared.formats.saved_model import settings as export_settings
     tiny = TransformerConfig.preset("tiny")
     assert export_settings(tiny) == {"max_len": min(256, tiny.max_len), "beam_size": 4, "length_penalty": 0.0}
@@ -306,6 +307,8 @@ def test_the_conversion_s_defaults_fit_the_model():
         export_settings(small, beam_size=4)
     with pytest.raises(ValueError, match=r"^max_new: expected at most config.max_len=9"):
         export_settings(small, max_new=10)
+    with pytest.raises(TypeError, match=r"^max_new: expected an int >= 1, got 9.0$"):  # named alike
+        export_settings(small, max_new=9.0)
 
 
 def _snapshot(folder: Path) -> dict:

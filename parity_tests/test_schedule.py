@@ -30,12 +30,19 @@ def test_step_zero_rejected(step):
         noam_lr(step, 512, 4000)
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(step=1.5, d_model=512, warmup=10), "step expected an int"),
-    (dict(step=1, d_model=0, warmup=10), "d_model expected a positive int"),
-    (dict(step=1, d_model=512, warmup=0), "warmup expected a positive int"),
-    (dict(step=1, d_model=512, warmup=10, factor=0), "factor expected a positive float"),
+@pytest.mark.parametrize("kwargs, error, needle", [
+    (dict(step=1.5, d_model=512, warmup=10), TypeError, "step expected an int"),
+    (dict(step=np.array([1, 2.5]), d_model=512, warmup=10), TypeError, "step expected an int"),
+    (dict(step=True, d_model=512, warmup=10), TypeError, "step expected an int"),
+    (dict(step=2**80, d_model=512, warmup=10), ValueError, "step expected an int in \\[1, 2\\*\\*53\\]"),
+    (dict(step=1, d_model=0, warmup=10), ValueError, "d_model expected a positive int"),
+    (dict(step=1, d_model=512.0, warmup=10), TypeError, "d_model expected a positive int"),
+    (dict(step=1, d_model=512, warmup=0), ValueError, "warmup expected a positive int"),
+    (dict(step=1, d_model=512, warmup=10, factor=0), ValueError, "factor expected a positive float"),
+    (dict(step=1, d_model=512, warmup=10, factor="1"), TypeError, "factor expected a positive float"),
 ])
-def test_bad_arguments(kwargs, needle):
-    with pytest.raises(ValueError, match=needle):
+def test_bad_arguments(kwargs, error, needle):
+    """``TypeError`` for an argument of the wrong type, ``ValueError`` for one out of range (an int
+    past 2**64, which NumPy holds as an object, is an int too large)."""
+    with pytest.raises(error, match=needle):
         noam_lr(**kwargs)

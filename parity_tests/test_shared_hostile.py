@@ -122,7 +122,7 @@ def test_the_batches_are_the_ones_drawn_before():
                                              r"all, got 1$"),  # left rows 1 and 2 unpadded
     (dict(lengths=[3, 3, 3]), ValueError, r"per row, 2 in all, got 3$"),  # an IndexError
     (dict(lengths=[5, 1]), ValueError, r"got lengths\[0\] = 5$"),
-    (dict(lengths=[1.5, 1]), ValueError, r"got lengths\[0\] = 1.5$"),
+    (dict(lengths=[1.5, 1]), TypeError, r"got lengths\[0\] = 1.5$"),
     (dict(lengths="12"), TypeError, r"lengths: expected one int .* got str$"),
     (dict(vocab=0), ValueError, "^vocab: expected an int >= 1, got 0$"),  # "a cannot be empty"
     (dict(vocab=13.5), TypeError, "^vocab: expected an int >= 1, got 13.5$"),

@@ -251,10 +251,10 @@ def test_loss_names_what_is_no_array_as_the_reference_does(backend):
 
 
 @pytest.mark.parametrize("backend", CPU)
-@pytest.mark.parametrize("smoothing, shown", [
-    ("0.5", "'0.5' (str)"), (True, "True (bool)"), (None, "None (NoneType)"), (1.0, "1.0 (float)"),
-    (np.float32(-0.5), "np.float32(-0.5) (float32)")])
-def test_a_smoothing_that_is_no_number_shows_its_type(smoothing, shown, backend):
+@pytest.mark.parametrize("smoothing, error, shown", [
+    ("0.5", TypeError, "'0.5' (str)"), (True, TypeError, "True (bool)"), (None, TypeError, "None (NoneType)"),
+    (1.0, ValueError, "1.0 (float)"), (np.float32(-0.5), ValueError, "np.float32(-0.5) (float32)")])
+def test_a_smoothing_that_is_no_number_shows_its_type(smoothing, error, shown, backend):
     """Before: ``smoothing="0.5"`` was refused as "got 0.5" (str() of the string), which reads as a
     value in range. The value as repr writes it, and its type, from every entry point of all three."""
     message = f"^{re.escape(f'smoothing: expected a value in [0, 1), got {shown}')}$"
@@ -265,7 +265,7 @@ def test_a_smoothing_that_is_no_number_shows_its_type(smoothing, shown, backend)
                  lambda: backend.training.train_step(model, backend.training.make_optimizer(model),
                                                      copy_batch(), smoothing),
                  lambda: backend.training.gradients(model, copy_batch(), smoothing)):
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(error, match=message):
             call()
 
 
@@ -422,7 +422,8 @@ def test_gradients_use_the_canonical_layout(backend):
 
 @pytest.mark.parametrize("backend", CPU)
 @pytest.mark.parametrize("mutate, error, needle", [
-    (lambda b: b[:2], ValueError, r"batch: expected \(src, tgt_in, tgt_out\)"),
+    (lambda b: b[:2], ValueError, r"batch: expected \(src, tgt_in, tgt_out\), got tuple of length 2$"),
+    (lambda b: dict(enumerate(b)), TypeError, r"batch: expected \(src, tgt_in, tgt_out\), got dict$"),
     (lambda b: (b[0], b[1], b[2][:, :-1]), ValueError, "tgt_out: expected the shape of tgt_in"),
     (lambda b: (b[0], b[1], np.zeros_like(b[2])), ValueError, "expected at least one non-padding target"),
     (lambda b: (b[0], b[1], b[2] + 100), ValueError, r"tgt_out: expected token ids in \[0, 14\)"),
@@ -580,8 +581,8 @@ def test_init_workers_takes_a_count_of_at_least_one(backend):
     """torch_impl took True as one worker and said 0, 2.0 or "2" needed torchrun."""
     import importlib
     distributed = importlib.import_module(f"{backend.framework}_impl.distributed")
-    for workers in (True, 0, -1, 2.0, "2"):
-        with pytest.raises(ValueError, match=rf"^workers: expected an int >= 1, got {re.escape(repr(workers))}$"):
+    for workers, error in ((True, TypeError), (0, ValueError), (-1, ValueError), (2.0, TypeError), ("2", TypeError)):
+        with pytest.raises(error, match=rf"^workers: expected an int >= 1, got {re.escape(repr(workers))}$"):
             distributed.init_workers(workers)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from shared import TransformerConfig
 from shared.config import INT64_MAX
-from shared.checks import check_config, check_seed, is_int
+from shared.checks import check_config, check_seed, is_int, refusal
 from shared import memory
 from shared.messages import shown
 
@@ -49,7 +49,7 @@ def _check_lengths(name: str, lengths, batch: int, length: int) -> None:
         raise ValueError(f"{name}: expected {expected}, got {len(lengths)}")
     for b, n in enumerate(lengths):
         if not is_int(n) or not 0 <= n <= length:
-            raise ValueError(f"{name}: expected {expected}, got {name}[{b}] = {shown(n)}")
+            raise refusal(is_int(n))(f"{name}: expected {expected}, got {name}[{b}] = {shown(n)}")
 
 
 def token_batch(config: TransformerConfig, vocab: int, batch: int, length: int, seed: int = 0,

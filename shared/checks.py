@@ -3,6 +3,11 @@
 The functions take only metadata (shapes, dtype names, min/max ids), so NumPy, PyTorch and
 TensorFlow backends call the very same code and raise the very same messages:
 ``TypeError`` for a wrong dtype, ``ValueError`` for a wrong rank, shape, length or id value.
+
+A scalar argument follows Python's own rule (`refusal`): ``TypeError`` for a value of the wrong
+type (``max_len=2.0``, ``beam_size=None``), ``ValueError`` for one of the right type out of range
+(``max_len=0``), the message the same either way. A configuration is data, not an argument:
+`TransformerConfig` refuses every bad field with a ``ValueError``, as a file's reader does.
 """
 from __future__ import annotations
 
@@ -28,6 +33,12 @@ def is_real(value) -> bool:
     """A Python or NumPy real number (an int or a float), not a bool and not a NumPy
     ``timedelta64`` (`is_int`)."""
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.timedelta64))
+
+
+def refusal(right_type: bool) -> type[TypeError] | type[ValueError]:
+    """The class of error for a refused argument: ``ValueError`` where its type was right (its value
+    is out of range), ``TypeError`` where it was not. ``raise refusal(is_int(n))(message)``."""
+    return ValueError if right_type else TypeError
 
 
 def check_seed(seed, name: str = "seed") -> None:
@@ -62,7 +73,8 @@ def check_position(position, capacity: int, mask=None) -> None:
     attended to it alone; TF wrote 2.7 at 2 and True at 1. ``mask``, the step's ``filled_mask``,
     goes with a tensor position only: torch ignored one given with an int position, TF applied it."""
     if not is_int(position) or not 0 <= position < capacity:
-        raise ValueError(f"position: expected an int in [0, {capacity}) (the cache's capacity), got {position!r}")
+        raise refusal(is_int(position))(f"position: expected an int in [0, {capacity}) (the cache's "
+                                        f"capacity), got {position!r}")
     if mask is not None:
         raise ValueError(f"mask: expected None with an int position ({position}: the step attends to "
                          "positions 0 .. position; a filled_mask goes with a tensor position), got a mask")

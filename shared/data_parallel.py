@@ -20,7 +20,7 @@ import json
 
 import numpy as np
 
-from .checks import is_int, is_real
+from .checks import is_int, is_real, refusal
 from .messages import shown
 
 # Seconds a worker waits for the others in one collective (torch's process group) before it fails
@@ -49,7 +49,7 @@ def check_timeout(timeout, option: str = "timeout") -> None:
 def check_worker_count(workers, option: str = "workers") -> None:
     """A worker count: an int of at least 1 (both backends' ``init_workers``, and `check_workers`)."""
     if not is_int(workers) or workers < 1:
-        raise ValueError(f"{option}: expected an int >= 1, got {shown(workers)}")
+        raise refusal(is_int(workers))(f"{option}: expected an int >= 1, got {shown(workers)}")
 
 
 def check_workers(batch: int, workers: int, option: str = "--workers") -> None:

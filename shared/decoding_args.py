@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .checks import check_flag, is_int, is_real
+from .checks import check_flag, is_int, is_real, refusal
 from .config import FLOAT32_MAX, TransformerConfig  # a search runs in float32 at the narrowest
 from .messages import shown
 
@@ -39,7 +39,7 @@ def check_max_len(max_len, limit: int | None = None) -> None:
     """``max_len`` (new tokens, EOS included) is an int >= 1; with a model, the longest prefix fed
     (BOS + max_len - 1 tokens) must fit the positional table, so ``max_len <= config.max_len``."""
     if not is_int(max_len) or max_len < 1:
-        raise ValueError(f"max_len: expected an int >= 1, got {shown(max_len)}")
+        raise refusal(is_int(max_len))(f"max_len: expected an int >= 1, got {shown(max_len)}")
     if limit is not None and max_len > limit:
         raise ValueError(f"max_len: expected at most config.max_len={limit} (the positional table "
                          f"covers BOS plus max_len - 1 tokens), got {shown(max_len, str)}")
@@ -49,7 +49,7 @@ def check_beam_size(beam_size, vocab: int | None = None, name: str = "beam_size"
     """``beam_size`` is an int in [1, vocab - 1]: pad is never generated, so a beam has V - 1 children.
     ``name``: the argument as the caller's user wrote it (``--beam-size`` on the command line)."""
     if not is_int(beam_size) or beam_size < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {shown(beam_size)}")
+        raise refusal(is_int(beam_size))(f"{name}: expected an int >= 1, got {shown(beam_size)}")
     if vocab is not None and beam_size > vocab - 1:
         raise ValueError(f"{name}: expected at most tgt_vocab - 1 = {vocab - 1} (pad is never "
                          f"generated), got {shown(beam_size, str)}")
@@ -69,7 +69,7 @@ def check_length_penalty(alpha, max_len: int | None = None, name: str = "length_
     except OverflowError:  # an int past float64's range (10**400)
         finite = False
     if not finite or alpha < 0:
-        raise ValueError(f"{name}: expected a finite float >= 0 (GNMT alpha; 0 = none), got {shown(alpha)}")
+        raise refusal(real)(f"{name}: expected a finite float >= 0 (GNMT alpha; 0 = none), got {shown(alpha)}")
     if max_len is not None and max_len > 1:
         # rounded down to 0.01: a float32 power a few ulps off at the very edge stays finite
         largest = math.floor(100 * math.log(FLOAT32_MAX) / math.log((5.0 + max_len) / 6.0)) / 100
@@ -122,7 +122,7 @@ def check_search_args(config: TransformerConfig, max_len, beam_size=GREEDY, leng
 def _check_ids(vocab: int, bos_id: int, eos_id: int, pad_id: int) -> None:
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
         if not is_int(value) or not 0 <= value < vocab:
-            raise ValueError(f"{name}: expected an int in [0, {vocab}), got {shown(value)}")
+            raise refusal(is_int(value))(f"{name}: expected an int in [0, {vocab}), got {shown(value)}")
     # bos_id is the start token of column 0 (a model's ``config.start_id``); it may be pad
     # (Marian's decoder_start_id), which the target mask then keeps (`shared.masks`). EOS may not:
     # an EOS equal to pad would make every finished row look live and vice versa.
@@ -132,13 +132,13 @@ def _check_ids(vocab: int, bos_id: int, eos_id: int, pad_id: int) -> None:
 
 def _check_batch(batch) -> None:
     if not is_int(batch) or batch < 1:
-        raise ValueError(f"batch: expected an int >= 1, got {shown(batch)}")
+        raise refusal(is_int(batch))(f"batch: expected an int >= 1, got {shown(batch)}")
 
 
 def _check_vocab(step) -> int:
     vocab = getattr(step, "vocab", None)
     if not is_int(vocab) or vocab < 2:
-        raise ValueError(f"step.vocab: expected an int >= 2 (the width of the logits), got {shown(vocab)}")
+        raise refusal(is_int(vocab))(f"step.vocab: expected an int >= 2 (the width of the logits), got {shown(vocab)}")
     return int(vocab)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checks import as_array, dtype_name, ids_array, ids_range_message, is_int, is_real
+from .checks import as_array, dtype_name, ids_array, ids_range_message, is_int, is_real, refusal
 from .messages import shown
 
 
@@ -118,5 +118,5 @@ def check_smoothing(smoothing: float) -> None:
     """Label smoothing eps must be a number in [0, 1). The message shows the value as ``repr``
     writes it, with its type: str() showed the string ``"0.5"`` as 0.5, a value in range."""
     if not is_real(smoothing) or not 0.0 <= smoothing < 1.0:
-        raise ValueError(f"smoothing: expected a value in [0, 1), got {shown(smoothing)} "
-                         f"({type(smoothing).__name__})")
+        raise refusal(is_real(smoothing))(f"smoothing: expected a value in [0, 1), got {shown(smoothing)} "
+                                          f"({type(smoothing).__name__})")

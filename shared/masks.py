@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .checks import batch_ids, check_config, check_flag, dtype_name, is_int
+from .checks import batch_ids, check_config, check_flag, dtype_name, is_int, refusal
 from .config import POSITIONAL_TABLE_LIMIT, TransformerConfig
 from .messages import shown
 
@@ -70,7 +70,7 @@ def subsequent_mask(size: int) -> np.ndarray:
     """``(1, 1, size, size)`` bool, lower-triangular: query ``i`` may attend keys ``0..i`` (itself
     included). ``1 <= size <= SUBSEQUENT_MASK_LIMIT``."""
     if not is_int(size) or size < 1:
-        raise ValueError(f"subsequent_mask: size expected a positive int, got {shown(size)}")
+        raise refusal(is_int(size))(f"subsequent_mask: size expected a positive int, got {shown(size)}")
     return _causal(size, "subsequent_mask: size")
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checks import check_config, is_int
+from .checks import check_config, is_int, refusal
 from .config import PE_LAYOUTS, PE_TIMESCALES, POSITIONAL_TABLE_LIMIT, TransformerConfig
 from .messages import shown
 
@@ -29,7 +29,7 @@ from .messages import shown
 def _check_int(name: str, value, low: int, caller: str = "positional_encoding") -> None:
     if not is_int(value) or value < low:
         kind = "a positive int" if low == 1 else f"an int >= {low}"
-        raise ValueError(f"{caller}: {name} expected {kind}, got {shown(value)}")
+        raise refusal(is_int(value))(f"{caller}: {name} expected {kind}, got {shown(value)}")
 
 
 def _check_choice(name: str, value, allowed: tuple[str, ...]) -> None:

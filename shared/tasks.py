@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checks import is_int
+from .checks import is_int, refusal
 from .config import INT64_MAX
 from . import memory
 from .messages import shown
@@ -89,7 +89,7 @@ def _check_draw(n, seed) -> None:
     ``r`` with ``[r, s]``); None would draw fresh entropy where the examples are promised
     deterministic in their seed (`check_seed`)."""
     if not is_int(n) or not 0 <= n <= INT64_MAX:
-        raise ValueError(f"n: expected an int in [0, 2**63 - 1], got {shown(n)}")
+        raise refusal(is_int(n))(f"n: expected an int in [0, 2**63 - 1], got {shown(n)}")
     limit = memory.exceeded(n * EXAMPLE_BYTES)
     if limit is not None:  # refused by name, not by NumPy or a MemoryError
         raise ValueError(f"n: {n} examples need at least {n * EXAMPLE_BYTES / 2**30:,.1f} GiB as Python "
@@ -97,8 +97,7 @@ def _check_draw(n, seed) -> None:
                          f"{limit / 2**30:.1f} GiB")
     for part in (seed if isinstance(seed, (list, tuple)) and seed else [seed]):
         if not is_int(part) or part < 0:
-            kind = TypeError if not is_int(part) else ValueError
-            raise kind(f"seed: expected an int >= 0 or a list of them, got {shown(seed)}")
+            raise refusal(is_int(part))(f"seed: expected an int >= 0 or a list of them, got {shown(seed)}")
 
 
 # -- copy -----------------------------------------------------------------------------------------
@@ -106,7 +105,7 @@ def copy_examples(n: int, seed: int, length: int = COPY_LENGTH) -> list[tuple[li
     """``n`` (source, target) pairs of ``length`` random symbols each; the target equals the source."""
     _check_draw(n, seed)
     if not is_int(length) or not 1 <= length <= INT64_MAX:
-        raise ValueError(f"length: expected an int in [1, 2**63 - 1], got {shown(length)}")
+        raise refusal(is_int(length))(f"length: expected an int in [1, 2**63 - 1], got {shown(length)}")
     limit = memory.exceeded(16 * n * length)  # two lists of 8-byte slots an example
     if limit is not None:
         raise ValueError(f"n, length: {n} examples of {length} symbols need at least "

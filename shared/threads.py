@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .checks import int_argument
+from .checks import int_argument, is_int, refusal
 from .messages import shown
 
 WAIT_POLICY = "PASSIVE"
@@ -68,9 +68,10 @@ def max_workers(batch: int) -> int:
 
 
 def _count(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {shown(value)}")
-    return value
+    """A count of threads or workers, an int >= 1 (a NumPy int too, returned as Python's)."""
+    if not is_int(value) or value < 1:
+        raise refusal(is_int(value))(f"{name}: expected an int >= 1, got {shown(value)}")
+    return int(value)
 
 
 def _too_many_threads(threads: int) -> str:
@@ -81,10 +82,11 @@ def _too_many_threads(threads: int) -> str:
 
 def check_threads(threads, name: str = "--threads") -> int | None:
     """``threads`` is None (the frameworks' defaults) or an int in ``[1, max_threads()]``. Checked
-    before any framework starts; a ValueError naming ``name`` (a usage error, exit 2, in ``twins``)."""
+    before any framework starts; a TypeError or ValueError naming ``name`` (a usage error, exit 2,
+    in ``twins``)."""
     if threads is None:
         return None
-    _count(threads, name)
+    threads = _count(threads, name)
     if threads > max_threads():
         raise ValueError(f"{name} {shown(threads, str)}: {_too_many_threads(threads)}")
     return threads
@@ -104,7 +106,7 @@ def check_worker_count(workers, batch: int, name: str = "--workers") -> int:
     anything starts (a million workers would otherwise be started, or their rendezvous entries written,
     before any worker could refuse). ``batch``: the global batch the run will use (``--batch``, else
     the resumed run's or the task's). Divisibility is `shared.data_parallel.check_workers`'s."""
-    _count(workers, name)
+    workers = _count(workers, name)
     if workers > max_workers(batch):
         shown_workers = shown(workers, str)
         raise ValueError(f"{name} {shown_workers}: expected at most {max_workers(batch)}: one worker per "

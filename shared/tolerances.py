@@ -23,7 +23,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from .checks import is_real
+from .checks import is_real, refusal
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Bound:
         attentions stacked after it; the two excesses add. This bound itself where neither grows."""
         for name, value in (("kappa", kappa), ("score", score)):
             if not is_real(value) or not 0.0 <= value < math.inf:
-                raise ValueError(f"{name}: expected a finite float >= 0, got {value!r}")
+                raise refusal(is_real(value))(f"{name}: expected a finite float >= 0, got {value!r}")
         growth, why = 1.0, []
         if self.conditioning is not None and kappa > self.conditioning:
             growth += float(kappa) / self.conditioning - 1.0

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from shared.checks import array_kind, as_array, batch_ids, check_flag, ids_array
+from shared.checks import array_kind, as_array, batch_ids, check_flag, ids_array, refusal
 from shared.loss import (NO_TARGETS, check_loss_args, check_smoothing, check_some_targets, check_targets_range,
                          check_tokens, targets_range_message)
 from shared.moments import FOREIGN_OPTIMIZER, check_moments, listed_names
@@ -277,9 +277,10 @@ def make_optimizer(model: Transformer, d_model: int | None = None, warmup: int =
 def _batch(model: Transformer, batch: Batch) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """``(src, tgt_in, tgt_out)`` as checked int64 tensors; tgt_out shaped like tgt_in, its ids in
     range and at least one of them not padding (else the mean loss is 0 / 0)."""
-    if not isinstance(batch, (tuple, list)) or len(batch) != 3:
-        raise ValueError(f"batch: expected (src, tgt_in, tgt_out), got {type(batch).__name__}"
-                         + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
+    sequence = isinstance(batch, (tuple, list))
+    if not sequence or len(batch) != 3:
+        raise refusal(sequence)(f"batch: expected (src, tgt_in, tgt_out), got {type(batch).__name__}"
+                                + (f" of length {len(batch)}" if sequence else ""))
     c = model.config
     # Non-tensors through the shared conversion torch_impl's _batch makes (`shared.checks.batch_ids`):
     # None, ragged rows, objects and text named in its words, not TensorFlow's.

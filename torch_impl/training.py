@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from shared.checks import array_kind, as_array, batch_ids, check_flag, ids_array
+from shared.checks import array_kind, as_array, batch_ids, check_flag, ids_array, refusal
 from shared.loss import check_loss_args, check_smoothing, check_some_targets, check_targets_range, check_tokens
 from shared.messages import shown
 from shared.moments import FOREIGN_OPTIMIZER, MAX_STEP, check_moments
@@ -214,9 +214,10 @@ def check_optimizer(model: Transformer, optimizer) -> None:
 def _batch(model: Transformer, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(src, tgt_in, tgt_out)`` as tensors on the model's device; tgt_out shaped like tgt_in and
     holding at least one non-padding target (else the mean loss is 0 / 0)."""
-    if not isinstance(batch, (tuple, list)) or len(batch) != 3:
-        raise ValueError(f"batch: expected (src, tgt_in, tgt_out), got {type(batch).__name__}"
-                         + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
+    sequence = isinstance(batch, (tuple, list))
+    if not sequence or len(batch) != 3:
+        raise refusal(sequence)(f"batch: expected (src, tgt_in, tgt_out), got {type(batch).__name__}"
+                                + (f" of length {len(batch)}" if sequence else ""))
     c, device = model.config, next(model.parameters()).device
     # in tf_impl's order: src, tgt_in, their batches, then tgt_out; each named as the batch's
     # documentation names it (tgt_in is the model's tgt)

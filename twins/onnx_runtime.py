@@ -137,7 +137,7 @@ class OnnxRuntimeModel:
         and never changed; a float64 model refuses a level above ``ORT_ENABLE_BASIC``
         (`check_options`)."""
         check_config(config)
-        check_threads(threads, "threads")  # 0 and "2" were taken, 10**12 failed in pybind's words
+        threads = check_threads(threads, "threads")  # 0 and "2" were taken, 10**12 failed in pybind's words
         if not isinstance(graphs, Mapping) or sorted(graphs) != sorted(GRAPHS):
             got = sorted(graphs) if isinstance(graphs, Mapping) else type_shown(graphs)
             raise ValueError(f"graphs: expected a mapping of {', '.join(GRAPHS)} to a path or a "

@@ -46,9 +46,9 @@ def settings(config, beam_size=None, length_penalty=None, max_new=None) -> dict:
               "length_penalty": 0.0 if length_penalty is None else length_penalty}
     try:
         check_search_args(config, **chosen, max_len_name="max_new")
-    except ValueError as err:  # "max_len: expected ..." -> "max_new: expected ..."
+    except (TypeError, ValueError) as err:  # "max_len: expected ..." -> "max_new: expected ..."
         name, _, rest = str(err).partition(":")
-        raise ValueError(f"{'max_new' if name == 'max_len' else name}:{rest}") from None
+        raise type(err)(f"{'max_new' if name == 'max_len' else name}:{rest}") from None
     return chosen
 
 
