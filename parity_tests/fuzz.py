@@ -80,6 +80,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from shared.checks import is_int, is_real
 from shared.config import TransformerConfig
 from shared.weights import random_weights, save_checkpoint
 
@@ -166,10 +167,24 @@ def _optimizer_steps(name: str) -> float:
     return float(optimizer.iterations.numpy())
 
 
-def _differential(what: str, calls: dict, peers: dict | None = None) -> str | None:
+def _misclassed(outcome: str, scalars: dict) -> list[str]:
+    """A finding where a refusal naming one of ``scalars`` (argument -> (value, its type's test))
+    is not `shared.checks.refusal`'s class: ``TypeError`` where the value had the wrong type,
+    ``ValueError`` where it had the right one."""
+    kind, _, message = outcome.partition(": ")
+    name = message.partition(":")[0]
+    if outcome == "ok" or name not in scalars:
+        return []
+    value, right_type = scalars[name]
+    expected = "ValueError" if right_type(value) else "TypeError"
+    return [] if kind == expected else [f"{name}={value!r} refused as {kind}, expected {expected}"]
+
+
+def _differential(what: str, calls: dict, peers: dict | None = None, scalars: dict | None = None) -> str | None:
     """Run the same call in both backends (and in ``peers``, stateless implementations: name ->
-    call); a finding where the outcomes differ, where a refusal names no argument, or where a
-    refused call changed a backend model's weights or its optimizer's step count."""
+    call); a finding where the outcomes differ, where a refusal names no argument, where a refusal
+    of a scalar argument (``scalars``, `_misclassed`) is not of its class, or where a refused call
+    changed a backend model's weights or its optimizer's step count."""
     results, changed = {}, []
     for name, call in (peers or {}).items():
         results[name] = _outcome(call)
@@ -188,6 +203,7 @@ def _differential(what: str, calls: dict, peers: dict | None = None) -> str | No
             problems.append(f"torch: {results['torch'][:400]}\n    {name}: {results[name][:400]}")
     problems += [f"{name}: refused, but its weights or its optimizer's step count changed" for name in changed]
     problems += [problem for name, outcome in results.items() for problem in _unnamed(name, outcome)]
+    problems += _misclassed(results["torch"], scalars or {})  # the others' equal torch's, or differ above
     return f"{what}\n    " + "\n    ".join(problems) if problems else None
 
 
@@ -231,7 +247,9 @@ def decoders(rng: random.Random) -> str | None:
     peers = {} if "use_cache" in kwargs else {  # NumPy's decoders take no use_cache: they always cache
         p: functools.partial(getattr(module, name), model, src, max_len, **kwargs)
         for p, (module, model) in _peers().items()}
-    return _differential(f"{name}(src={_shown(src)}, {max_len!r}, {_shown(kwargs)})", calls, peers)
+    scalars = {"max_len": (max_len, is_int), "beam_size": (kwargs.get("beam_size", 1), is_int),
+               "length_penalty": (kwargs.get("length_penalty", 0.0), is_real)}
+    return _differential(f"{name}(src={_shown(src)}, {max_len!r}, {_shown(kwargs)})", calls, peers, scalars)
 
 
 # -- the cached step ----------------------------------------------------------------------------------
@@ -286,7 +304,8 @@ def steps(rng: random.Random) -> str | None:
     shown = (f"src_mask={_shown(mask)}, max_len={max_len!r}, beams={beams!r}, reorder={_shown(reorder)}, "
              f"tokens={_shown(tokens)}")
     return _differential(f"init_cache / reorder_beams / decode_step({shown})",
-                         {name: functools.partial(call, name) for name in _backends()})
+                         {name: functools.partial(call, name) for name in _backends()},
+                         scalars={"max_len": (max_len, is_int), "beams": (beams, is_int)})
 
 
 # -- the forward pass -------------------------------------------------------------------------------

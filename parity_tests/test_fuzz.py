@@ -10,7 +10,9 @@ in torch's words; the ``steps``); torch_impl's forward pass without its check th
 have one batch size (torch then broadcasts a batch of one, silently; ``forward``); tf_impl's loss
 converting NumPy arrays before its checks (a duration in TensorFlow's words; ``loss``); either
 generator without its check of the hidden states (a wrong width in torch's or TensorFlow's words;
-``generator``, the surface added after session 40 had made the check). Session 36
+``generator``, the surface added after session 40 had made the check); the decoders' scalar
+arguments refused as a ``ValueError`` whatever their type (``max_len=2.0``; ``decoders``, the rule
+`fuzz._misclassed` added with `shared.checks.refusal`). Session 36
 changed the draws of ``forward`` and no longer found the last; nothing noticed it until the
 check became a test. More cases: ``python -m parity_tests.fuzz --cases 500 --seed N``."""
 from unittest import mock
@@ -58,6 +60,9 @@ def _undo(defect: str):
         import tf_impl.training
         return mock.patch.object(tf_impl.training, "_as_tensor", lambda name, value, convert: (
             value if tf.is_tensor(value) else tf.convert_to_tensor(convert(name, value))))
+    if defect == "shared: a scalar of the wrong type refused as a ValueError":  # before session 43
+        import shared.decoding_args
+        return mock.patch.object(shared.decoding_args, "refusal", lambda right_type: ValueError)
     if defect == "tf_impl: the generator without its check":
         import tf_impl.model
         return mock.patch.object(tf_impl.model, "check_hidden", lambda *args: None)
@@ -78,6 +83,7 @@ def _undo(defect: str):
     pytest.param("tf_impl: non-tensor ids in TensorFlow's words", "decoders", id="tf_impl_ids"),
     pytest.param("ONNX Runtime: its own source check", "decoders", id="onnx_runtime_ids"),
     pytest.param("torch_impl: decoders take arrays as torch.from_numpy does", "decoders", id="torch_impl_strides"),
+    pytest.param("shared: a scalar of the wrong type refused as a ValueError", "decoders", id="scalar_class"),
     pytest.param("torch_impl: decode_step without its id range check", "steps", id="torch_impl_step_range"),
     pytest.param("torch_impl: forward without its one-batch check", "forward", id="torch_impl_one_batch"),
     pytest.param("torch_impl: the generator without its check", "generator", id="torch_impl_generator"),
