@@ -1,8 +1,9 @@
 """Random hostile input for both backends, checked against the project's rules: the same call in
 torch_impl and tf_impl succeeds in both or raises the same type with the same message, which names
-what it refuses first (``max_len: expected ...``); a refused call changes nothing; a damaged file
-given to ``twins`` ends in one line and exit status 2, never a traceback or an error of an
-unexpected kind. Every finding is printed with what produced it.
+what it refuses first (``max_len: expected ...``); a refused scalar argument is a ``TypeError``
+exactly when its type was wrong (`shared.checks.refusal`); a refused call changes nothing; a
+damaged file given to ``twins`` ends in one line and exit status 2, never a traceback or an error
+of an unexpected kind. Every finding is printed with what produced it.
 
     python -m parity_tests.fuzz [--surfaces decoders steps forward generator weights train loss files runs]
                                 [--cases 200] [--seed 0]
