@@ -110,6 +110,30 @@ def test_bad_arguments(args, needle, capsys):
     assert f"twins compare: error: {needle}" in capsys.readouterr().err
 
 
+def test_the_sizes_not_given_fit_a_short_model_and_one_feature_is_compared(tmp_path, capsys):
+    """A model of ``max_len`` 8, under the defaults (16, 12, 10 tokens): the sizes not given are
+    the model's ``max_len`` and it runs; a size given over it is refused by its name, never clamped.
+    Before: ``--src-len: expected at most the model's max_len=8, got 16`` with no ``--src-len``
+    typed, and ``--max-new`` refused so without ``--decode``. And a model of one feature
+    (``d_model=1``, where each norm gives its ``beta``): its norms' conditioning is 0 (before: the
+    table stopped at "expected ... d >= 2")."""
+    config = TransformerConfig(src_vocab=6, tgt_vocab=6, d_model=1, n_heads=1, d_ff=2, n_encoder_layers=1,
+                               n_decoder_layers=1, max_len=8)
+    file, out = tmp_path / "config.json", tmp_path / "r.json"
+    file.write_text(json.dumps(config.to_dict()))
+    assert main(["compare", "--config", str(file), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert (result["src_len"], result["tgt_len"], result["pass"]) == (8, 8, True)
+    assert result["norm_conditioning"] and set(result["norm_conditioning"].values()) == {0.0}
+    capsys.readouterr()
+    assert main(["compare", "--config", str(file), "--backends", "", "--decode"]) == 1  # nothing compared
+    assert "decode: greedy, 8 new tokens" in capsys.readouterr().out
+    for option in ("--src-len", "--tgt-len", "--max-new"):
+        assert main(["compare", "--config", str(file), "--decode", option, "9"]) == 2
+        assert (f"twins compare: error: {option}: expected at most the model's max_len=8, got 9"
+                in capsys.readouterr().err)
+
+
 def test_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
     assert main(["compare", "--checkpoint", str(tmp_path / "nope")]) == 2
     assert "--checkpoint" in (err := capsys.readouterr().err) and "nope': no such file or directory" in err

@@ -187,5 +187,22 @@ def test_inputs_that_name_no_norm_input_are_refused():
         norm_inputs(config, {k: v for k, v in trace.items() if k != "encoder.embed"})
     with pytest.raises(ValueError, match=r"^trace: expected encoder.layers.0.self_attn.output before"):
         norm_inputs(config, {k: v for k, v in trace.items() if k != "encoder.layers.0.self_attn.output"})
-    with pytest.raises(ValueError, match=r"^x, y: expected one shape \(\.\.\., d\) with d >= 2, got \(2, 3\) "):
+    with pytest.raises(ValueError, match=r"^x, y: expected one shape \(\.\.\., d\) with d >= 1 \('standard' "
+                                         r"norm\), got \(2, 3\) and \(2, 4\)$"):
         layer_norm_conditioning(np.zeros((2, 3)), np.zeros((2, 4)), np.ones(3), "standard", 1e-6)
+    with pytest.raises(ValueError, match=r"^x, y: expected one shape \(\.\.\., d\) with d >= 2 \('annotated' "
+                                         r"norm\), got \(2, 1\) and \(2, 1\)$"):
+        layer_norm_conditioning(np.ones((2, 1)), np.ones((2, 1)), np.ones(1), "annotated", 1e-6)
+
+
+def test_a_norm_of_one_feature_passes_on_no_error():
+    """``d_model=1`` (a config the ``standard`` norm allows): each row centred on its own mean is 0
+    exactly, so every norm's output is its ``beta`` whatever the input, and its conditioning is 0;
+    `twins compare` failed on such a model ("expected ... d >= 2")."""
+    config = TransformerConfig(src_vocab=6, tgt_vocab=6, d_model=1, n_heads=1, d_ff=2, n_encoder_layers=1,
+                               n_decoder_layers=1, max_len=8, dropout=0.0, dtype="float64")
+    weights, trace = oracle(config)
+    kappas = norm_conditioning(config, weights, trace)
+    assert kappas and set(kappas.values()) == {0.0}
+    for norm in kappas:  # the reason: the output is beta, exactly
+        np.testing.assert_array_equal(trace[norm], np.broadcast_to(weights[f"{norm}.beta"], trace[norm].shape))

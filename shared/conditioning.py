@@ -45,11 +45,15 @@ def layer_norm_conditioning(x: np.ndarray, y: np.ndarray, gamma: np.ndarray, sty
     ``(..., d)`` each, ``gamma`` its ``(d,)`` scale; ``style`` and ``eps`` as the config's
     ``norm_style`` and ``norm_eps``. Every row counts, padding ones too (the comparison includes
     them). At least 0 and finite for finite input: the spread is at least ``sqrt(eps)``
-    (``standard``) or ``eps`` (``annotated``)."""
+    (``standard``) or ``eps`` (``annotated``). 0.0 for a ``standard`` norm of one feature
+    (``d_model=1``): a row centred on its own mean is 0 exactly, so the output is ``beta`` whatever
+    the input and passes on none of its error (``annotated`` needs ``d >= 2``, as the config)."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    if x.shape != y.shape or x.ndim < 1 or x.shape[-1] < 2:
-        raise ValueError(f"x, y: expected one shape (..., d) with d >= 2, got {x.shape} and {y.shape}")
-    if x.size == 0:
+    least = 1 if style == "standard" else 2
+    if x.shape != y.shape or x.ndim < 1 or x.shape[-1] < least:
+        raise ValueError(f"x, y: expected one shape (..., d) with d >= {least} ({style!r} norm), "
+                         f"got {x.shape} and {y.shape}")
+    if x.size == 0 or x.shape[-1] == 1:
         return 0.0
     centred = x - x.mean(axis=-1, keepdims=True)
     if style == "standard":

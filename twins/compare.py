@@ -25,7 +25,9 @@ from . import arguments, loading
 from .backends import COMPARED, Unavailable, make_adapter
 
 DEFAULT_PRESET = "small"  # without --preset, --config or --checkpoint
-DEFAULT_MAX_NEW = 10  # --decode's tokens without --max-new
+# The sizes of the random batch and --decode's tokens where not given: each at most the model's
+# max_len (a default adapts to the model; a value given over it is refused, never clamped).
+DEFAULTS = {"src_len": 16, "tgt_len": 12, "max_new": 10}
 
 
 def add_arguments(parser) -> None:
@@ -48,8 +50,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch", type=arguments.integer, default=2,
                         help="rows of the random batch (default 2; bounded by this machine's memory: "
                              "every implementation's trace of it is held at once)")
-    parser.add_argument("--src-len", type=arguments.integer, default=16)
-    parser.add_argument("--tgt-len", type=arguments.integer, default=12)
+    parser.add_argument("--src-len", type=arguments.integer,
+                        help=f"source length of the random batch (default {DEFAULTS['src_len']}, or the "
+                             "model's max_len if smaller)")
+    parser.add_argument("--tgt-len", type=arguments.integer,
+                        help=f"target length of the random batch (default {DEFAULTS['tgt_len']}, or the "
+                             "model's max_len if smaller)")
     parser.add_argument("--seed", type=arguments.seed, default=0)
     parser.add_argument("--backends", default="torch,tf",
                         help="comma-separated implementations to compare with the reference: torch, "
@@ -60,7 +66,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--decode", action="store_true",
                         help="also decode greedily in every implementation and compare the tokens")
     parser.add_argument("--max-new", type=arguments.integer,
-                        help=f"tokens to decode with --decode (default {DEFAULT_MAX_NEW})")
+                        help=f"tokens to decode with --decode (default {DEFAULTS['max_new']}, or the "
+                             "model's max_len if smaller)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
     parser.add_argument("--threads", type=arguments.integer, metavar="N",
                         help="CPU threads of each framework (default: its own, one per core; idle "
@@ -155,11 +162,10 @@ def _check_used(args) -> None:
 
 
 def run(args) -> int:
-    for name in ("batch", "src_len", "tgt_len", "max_new"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:  # max_new: None where not given
+    for name in ("batch", *DEFAULTS):
+        if getattr(args, name) is not None and getattr(args, name) < 1:  # None where not given
             raise ValueError(f"--{name.replace('_', '-')}: expected a positive int, got {getattr(args, name)}")
     _check_used(args)
-    args.max_new = DEFAULT_MAX_NEW if args.max_new is None else args.max_new
     check_threads(args.threads)
     backends = [b for b in args.backends.split(",") if b]
     unknown = [b for b in backends if b not in COMPARED]
@@ -181,8 +187,10 @@ def run(args) -> int:
         loading.check_output("--json", args.json, {"--checkpoint": args.checkpoint,
                                                    "--config": args.config})
     config, weights = _source(args)
-    for name in ("src_len", "tgt_len", "max_new"):  # named as typed, before any model sees them
-        if getattr(args, name) > config.max_len:
+    for name, default in DEFAULTS.items():  # named as typed, before any model sees them
+        if getattr(args, name) is None:
+            setattr(args, name, min(default, config.max_len))
+        elif getattr(args, name) > config.max_len:
             raise ValueError(f"--{name.replace('_', '-')}: expected at most the model's max_len="
                              f"{config.max_len}, got {getattr(args, name)}")
     _check_batch_fits(config, args, backends)
