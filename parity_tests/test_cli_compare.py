@@ -9,6 +9,7 @@ pytest.importorskip("tensorflow")
 
 from shared import TransformerConfig  # noqa: E402
 from shared import reference as R  # noqa: E402
+from shared.tolerances import FLOAT32_CONDITIONING, bound_for  # noqa: E402
 from twins import backends  # noqa: E402
 from twins.cli import main  # noqa: E402
 
@@ -132,6 +133,31 @@ def test_the_sizes_not_given_fit_a_short_model_and_one_feature_is_compared(tmp_p
         assert main(["compare", "--config", str(file), "--decode", option, "9"]) == 2
         assert (f"twins compare: error: {option}: expected at most the model's max_len=8, got 9"
                 in capsys.readouterr().err)
+
+
+def test_float32_bounds_grow_past_the_conditioning_they_were_measured_at(tmp_path, capsys):
+    """A float32 model of two features (drawn by the suite's hypothesis strategy), whose norms
+    reach conditioning 3128 (`shared.conditioning`; the bounds were measured up to 7.7, the
+    variants'): torch and TF part from the oracle by 74 and 36 times the bounds as written at
+    encoder.final_norm, and `twins compare` reported FAIL for two correct backends. The float32
+    inference bounds now grow past `FLOAT32_CONDITIONING` as half precision's do, and it passes."""
+    config = TransformerConfig(src_vocab=5, tgt_vocab=4, d_model=2, n_heads=3, head_dim=2, d_ff=3,
+                               n_encoder_layers=2, n_decoder_layers=1, max_len=5, norm_first=True,
+                               final_norm=True, activation="gelu", positional="learned", embed_scale=True,
+                               mask_padding=False, dtype="float32")
+    file, out = tmp_path / "config.json", tmp_path / "r.json"
+    file.write_text(json.dumps(config.to_dict()))
+    assert main(["compare", "--config", str(file), "--seed", "0", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "PASS: all" in text and "a layer norm's conditioning 3.13e+03 at encoder.final_norm" in text
+    result = json.loads(out.read_text())
+    kappa = max(result["norm_conditioning"].values())
+    assert kappa > 100 * FLOAT32_CONDITIONING
+    final = next(r for r in result["rows"] if r["name"] == "encoder.final_norm")["pairs"]
+    for pair in ("torch:reference", "tf:reference"):
+        written = bound_for("float32", pair)
+        assert final[pair]["max_rel"] > 10 * written.rtol  # the growth is needed here
+        assert final[pair]["bound"] == pytest.approx(written.rtol * kappa / FLOAT32_CONDITIONING)
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path, capsys):

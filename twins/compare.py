@@ -345,7 +345,7 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out
 
 def _growth_note(written: dict, bounds: dict, conditioning: dict, scores: dict) -> str | None:
     """A line saying where the pairs' bounds grew, by how much and with what: the layer norms'
-    conditioning (half precision's bounds) or the attentions' scores (`shared.conditioning`);
+    conditioning or the attentions' scores (`shared.conditioning`, `Bound.conditioned`);
     None where none grew."""
     grown = {pair: max(b.rtol for b in per_name.values()) / written[pair].rtol for pair, per_name in bounds.items()}
     grown = {pair: growth for pair, growth in grown.items() if growth > 1.0}
