@@ -3,14 +3,14 @@
 of the model and its input, not of an implementation, so they apply to every backend alike. NumPy
 only.
 
-**Layer norms** (the inference bounds of half precision and float32). A layer norm divides its centred input by each row's
-spread, ``y = gamma * (x - mean) / s + beta`` with ``s`` the row's standard deviation (with eps,
-as `shared.reference.layer_norm` computes it). An error ``dx`` in the input comes out, to first
-order, as ``gamma * dx / s`` less its projections on the mean and on the normalised row. The
-comparison rule of `shared.tolerances` measures an error against its tensor's scale
-``max(max|.|, 1)``, so an input error of ``r`` times the input's scale leaves the norm as about
-``kappa * r`` times the output's scale at most (a first-order estimate for the worst row, not a
-proof: the projections can add or take away a small factor), with
+**Layer norms** (the inference bounds of half precision and float32). A layer norm divides its
+centred input by each row's spread, ``y = gamma * (x - mean) / s + beta`` with ``s`` the row's
+standard deviation (with eps, as `shared.reference.layer_norm` computes it). An error ``dx`` in the
+input comes out, to first order, as ``gamma * dx / s`` less its projections on the mean and on the
+normalised row. The comparison rule of `shared.tolerances` measures an error against its tensor's
+scale ``max(max|.|, 1)``, so an input error of ``r`` times the input's scale leaves the norm as
+about ``kappa * r`` times the output's scale at most (a first-order estimate for the worst row, not
+a proof: the projections can add or take away a small factor), with
 
     kappa = max(max|x|, 1) * max|gamma| / (min over rows of s * max(max|y|, 1))
 
@@ -19,7 +19,7 @@ kappa large. In half precision the stream entering a norm carries the products' 
 8-bit significand for bfloat16), and an ill-conditioned norm passes it on magnified: models of 8
 or 10 features have kappa up to 7.7, the presets tiny and small up to 3.2 (benchmarks/
 half_precision.py parity). In float32 as well, past the 7.7 its bounds were measured at: models of
-2 to 4 features reach kappa 10 to 3000 (`shared.tolerances.FLOAT32_CONDITIONING`).
+2 or 3 features reach kappa 180 to 3500 (`shared.tolerances.FLOAT32_CONDITIONING`).
 
 **Attention scores** (the inference bounds of float32 and half precision). A softmax turns an
 error ``ds`` in its scores into ``p * (ds - sum(p * ds))`` in its weights, and a score's error is

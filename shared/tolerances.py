@@ -31,12 +31,12 @@ from .checks import is_real, refusal
 class Bound:
     """``rtol`` and the measurement behind it. ``conditioning``: where set, the largest layer-norm
     conditioning (`shared.conditioning`) the bound holds at as written; a tensor computed through a
-    worse conditioned norm gets the bound `conditioned` grows to. None: it does not grow with the
-    norms (float64's, the training bounds, and those measured on another family's models, whose
-    norms were not measured). ``score_limit``: where set, the largest attention score (`shared.conditioning`) it
+    worse conditioned norm gets the bound `conditioned` grows to. None: it does not grow with the norms
+    (float64's, the training bounds, and those measured on another family's models, whose norms were
+    not measured). ``score_limit``: where set, the largest attention score (`shared.conditioning`) it
     holds at as written (`SCORE_LIMIT`, or the largest score its own measurement reached); a tensor
-    computed after a larger one gets a bound grown by ``(score / score_limit) ** SCORE_EXPONENT``. None: it
-    does not grow with the scores (float64's, which have orders of magnitude to spare; the
+    computed after a larger one gets a bound grown by ``(score / score_limit) ** SCORE_EXPONENT``.
+    None: it does not grow with the scores (float64's, which have orders of magnitude to spare; the
     training bounds, measured on training runs, not on a given model's forward pass)."""
     rtol: float
     reason: str
