@@ -4,7 +4,7 @@ conditioning), and a check of every precision's bounds beyond the presets and va
 measured on.
 
 The configurations are the parity suite's own hypothesis strategy (`parity_tests.strategies.cases`:
-widths 1 to 12, 1-2 layers a stack, every norm style, ``norm_eps`` 1e-6 to 0.5, every
+widths 1 to 16, 1-2 layers a stack, every norm style, ``norm_eps`` 1e-6 to 0.5, every
 architecture variant, padded batches with all-padding rows), drawn from ``--seed`` (the suite
 draws a fixed handful; this draws ``--examples``). Each runs in the float64 oracle and, through
 `twins compare`'s adapters (CPU, one thread), in torch_impl and tf_impl (eager) in each precision
