@@ -327,9 +327,10 @@ def _print_table(config, args, rows, pairs, skipped, first_parting, timings, out
             print(growth, file=out)
         if first_parting:
             failed = ", ".join(p.replace(":", " vs ") for p in first_parting["pairs"])
-            hint = "" if config.dtype == "float64" else (
-                "; in float32 every pair has rounding to spare, so rerun with --dtype float64 to "
-                "locate a bug exactly")
+            ran = args.dtype if args.dtype in HALF_PRECISIONS else config.dtype
+            hint = "" if ran == "float64" else (
+                f"; {ran} rounding may explain it on a model the bounds were not measured on, so rerun "
+                "with --dtype float64 to tell a bug from rounding")
             print(f"FAIL: {first_parting['diverging']} first diverges from the float64 reference at "
                   f"{first_parting['name']} (failing: {failed}){hint}", file=out)
         else:
