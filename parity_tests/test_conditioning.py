@@ -10,7 +10,7 @@ import pytest
 from shared import TransformerConfig, reference
 from shared.conditioning import (attention_inputs, attention_scores, forward_conditioning,
                                  layer_norm_conditioning, norm_conditioning, norm_inputs)
-from shared.tolerances import (FLOAT32_CONDITIONING, HALF_CONDITIONING, SCORE_EXPONENT, SCORE_LIMIT, Bound,
+from shared.tolerances import (VARIANTS_CONDITIONING, HALF_CONDITIONING, SCORE_EXPONENT, SCORE_LIMIT, Bound,
                                bound_for, trace_bounds)
 from shared.weights import random_weights
 
@@ -87,10 +87,12 @@ def test_a_bound_grows_past_its_conditioning_only():
     assert grown.reason.startswith(bound.reason) and "grown x3" in grown.reason
     # float32's measured over the variants hold to their largest conditioning, 7.7, and grow past it
     f32 = bound_for("float32", "torch:reference")
-    assert f32.conditioning == FLOAT32_CONDITIONING and f32.conditioned(FLOAT32_CONDITIONING) is f32
-    assert f32.conditioned(2 * FLOAT32_CONDITIONING).rtol == pytest.approx(2 * f32.rtol)
+    assert f32.conditioning == VARIANTS_CONDITIONING and f32.conditioned(VARIANTS_CONDITIONING) is f32
+    assert f32.conditioned(2 * VARIANTS_CONDITIONING).rtol == pytest.approx(2 * f32.rtol)
     for pair in ("torch:tf", "tf:reference", "decode-margin", "onnx:reference", "onnx:torch", "onnx:tf"):
-        assert bound_for("float32", pair).conditioning == FLOAT32_CONDITIONING, pair
+        assert bound_for("float32", pair).conditioning == VARIANTS_CONDITIONING, pair
+    for pair in ("onnx:reference", "onnx:torch", "onnx:tf"):  # ONNX Runtime's float16: measured over the variants
+        assert bound_for("float16", pair).conditioning == VARIANTS_CONDITIONING, pair
     for pair in ("ctranslate2:reference", "transformers:torch", "keras-source:tf"):  # another family's models
         fixed = bound_for("float32", pair)
         assert fixed.conditioning is None and fixed.conditioned(1e6) is fixed
@@ -108,7 +110,7 @@ def test_a_conditioning_that_is_no_finite_number_is_refused(kappa, error):
 def test_a_bound_grows_past_its_score_limit_and_the_two_excesses_add():
     bound = bound_for("float32", "torch:reference")
     assert bound.score_limit == SCORE_LIMIT and bound.grown is None
-    assert bound.conditioned(0.0, SCORE_LIMIT) is bound and bound.conditioned(FLOAT32_CONDITIONING, 0.0) is bound
+    assert bound.conditioned(0.0, SCORE_LIMIT) is bound and bound.conditioned(VARIANTS_CONDITIONING, 0.0) is bound
     grown = bound.conditioned(0.0, 4 * SCORE_LIMIT)
     assert grown.rtol == pytest.approx(bound.rtol * 4 ** SCORE_EXPONENT) == pytest.approx(8 * bound.rtol)
     assert grown.grown.startswith("grown x8: an attention upstream scores 30 > 7.5")
@@ -214,3 +216,29 @@ def test_a_norm_of_one_feature_passes_on_no_error():
     assert kappas and set(kappas.values()) == {0.0}
     for norm in kappas:  # the reason: the output is beta, exactly
         np.testing.assert_array_equal(trace[norm], np.broadcast_to(weights[f"{norm}.beta"], trace[norm].shape))
+
+
+def test_a_decode_margin_is_taken_on_the_logits_scale():
+    """`shared.divergence.decode_margin`: the precision's ``decode-margin`` bound, grown by the
+    oracle's pass along its tokens, times that pass's logits' scale ``max(max|z|, 1)``. A model whose
+    logits are ten or twenty times larger (its generator's kernel and bias scaled: no norm or
+    attention before them changes) gets that much more margin, as its logits' rounding has: a
+    bfloat16 logit of 20 is rounded to a multiple of 2**-3, more than the margin written for the
+    random models' logits of about 2."""
+    from shared.divergence import _teacher_forced, decode_margin
+    config = CONFIGS["pre-norm annotated (tiny)"]
+    weights = random_weights(config, 0)
+    src = np.array([[5, 6, 7, 8, 2, 0], [9, 4, 2, 0, 0, 0]]) % config.src_vocab
+    tokens = reference.greedy_decode(reference.Model(weights, config), src, 6).tokens
+    logits, trace = reference.forward(weights, config, src, _teacher_forced(config, tokens), return_trace=True)
+    assert decode_margin("float64", weights, config, src, tokens) == pytest.approx(  # float64's does not grow
+        bound_for("float64", "decode-margin").rtol * max(np.abs(logits).max(), 1.0), rel=1e-12)
+    grown = bound_for("bfloat16", "decode-margin").conditioned(*forward_conditioning(
+        weights, config, src, _teacher_forced(config, tokens)))
+    assert decode_margin("bfloat16", weights, config, src, tokens) == pytest.approx(
+        grown.rtol * max(np.abs(logits).max(), 1.0), rel=1e-12)
+    margins = []
+    for factor in (10.0, 20.0):
+        scaled = {n: v * factor if n.startswith("generator.") else v for n, v in weights.items()}
+        margins.append(decode_margin("bfloat16", scaled, config, src, tokens))  # the same tokens' pass
+    assert margins[0] > grown.rtol * 9 and margins[1] == pytest.approx(2 * margins[0], rel=1e-12)

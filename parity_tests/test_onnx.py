@@ -862,15 +862,19 @@ def test_twins_convert_float16_verifies_and_decode_serves_it(demo, tmp_path, cap
 def test_verify_lets_a_float16_export_part_from_the_oracle_only_at_a_near_tie(
         export, margin, verdict, demo, demo16, monkeypatch, capsys):
     """`twins.onnx_runtime.verify`'s token check: tokens that part from the oracle's pass only for
-    a float16 export, and only where the oracle's margin there is within the float16 decode-margin
-    bound (either sign); a float32 export's tokens must be identical. The parting is staged (the
-    real exports part nowhere on this batch), so that each verdict is reached."""
+    a float16 export, and only where the oracle's margin there is within the float16 decode margin
+    (either sign); a float32 export's tokens must be identical. The parting is staged (the real
+    exports part nowhere on this batch), so that each verdict is reached, and so is the margin
+    (its value on a model is `shared.divergence.decode_margin`'s, tested in test_conditioning)."""
     from shared import divergence
     from twins.onnx_runtime import verify
     config, weights, export32 = demo
     parted = divergence.Divergence(item=1, step=2, token_a=5, token_b=6, margin=margin)
+    asked = []
     monkeypatch.setattr(divergence, "first_divergence", lambda *args: [parted])
+    monkeypatch.setattr(divergence, "decode_margin", lambda precision, *args: asked.append(precision) or MARGIN16)
     status = verify(config, weights, demo16 if export == "float16" else export32)
     out = capsys.readouterr().out
     assert (status == 0) == (verdict == "near-ties"), out
     assert f"{verdict:>31}" in out and str(parted) in out, out
+    assert asked == (["float16"] if export == "float16" else [])

@@ -19,7 +19,7 @@ kappa large. In half precision the stream entering a norm carries the products' 
 8-bit significand for bfloat16), and an ill-conditioned norm passes it on magnified: models of 8
 or 10 features have kappa up to 7.7, the presets tiny and small up to 3.2 (benchmarks/
 half_precision.py parity). In float32 as well, past the 7.7 its bounds were measured at: models of
-2 or 3 features reach kappa 180 to 3500 (`shared.tolerances.FLOAT32_CONDITIONING`).
+2 or 3 features reach kappa 180 to 3500 (`shared.tolerances.VARIANTS_CONDITIONING`).
 
 **Attention scores** (the inference bounds of float32 and half precision). A softmax turns an
 error ``ds`` in its scores into ``p * (ds - sum(p * ds))`` in its weights, and a score's error is

@@ -3,7 +3,8 @@ parity tests print (NumPy only).
 
 Two implementations of one search can choose different tokens only where the step log-probs of
 the two candidates are closer than their rounding: the float64 margin between them tells a
-near-tie (inside the float32 bound of `shared.tolerances`) from a real disagreement.
+near-tie (inside the decode margin of the arithmetic that ran, `decode_margin`) from a real
+disagreement.
 """
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import numpy as np
 
 from . import reference
 from .checks import as_array, check_ids_range, dtype_name, ids_array
-from .conditioning import forward_conditioning
+from .conditioning import largest
 from .config import TransformerConfig
 from .loss import log_softmax
+from .tolerances import bound_for
 
 
 class Divergence(NamedTuple):
@@ -92,9 +94,15 @@ def oracle_log_probs(weights: Mapping[str, np.ndarray], config: TransformerConfi
     return log_softmax(reference.forward(weights, config, src, _teacher_forced(config, tokens)))
 
 
-def oracle_conditioning(weights: Mapping[str, np.ndarray], config: TransformerConfig, src: np.ndarray,
-                        tokens: np.ndarray) -> tuple[float, float]:
-    """``(kappa, S)``: the largest layer-norm conditioning and the largest attention score
-    (`shared.conditioning.forward_conditioning`) of the oracle's pass along its decoded ``tokens``
-    ``(B, T)`` of ``src``: what a decode margin grows with (`shared.tolerances.Bound.conditioned`)."""
-    return forward_conditioning(weights, config, src, _teacher_forced(config, tokens))
+def decode_margin(precision: str, weights: Mapping[str, np.ndarray], config: TransformerConfig,
+                  src: np.ndarray, tokens: np.ndarray) -> float:
+    """The log-prob margin within which ``precision``'s arithmetic may choose either of two
+    candidates, along the oracle's decoded ``tokens`` ``(B, T)`` of ``src``: the ``decode-margin``
+    bound of ``precision`` (`shared.tolerances`) `~shared.tolerances.Bound.conditioned` by the
+    oracle's pass along them (`shared.conditioning.largest`), times the scale of that pass's logits,
+    ``max(max|z|, 1)``, as every bound is taken on its tensor's scale: a gap between two
+    candidates' log-probs is a gap between their logits, whose rounding is relative to their size
+    (a bfloat16 logit near 20 is a multiple of 2**-3)."""
+    logits, trace = reference.forward(weights, config, src, _teacher_forced(config, tokens), return_trace=True)
+    margin = bound_for(precision, "decode-margin").conditioned(*largest(config, weights, trace))
+    return margin.rtol * margin.scale(logits)

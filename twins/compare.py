@@ -374,24 +374,20 @@ def compare_decoding(config, weights, adapters, src: np.ndarray, max_new: int, o
 
     Identical tokens pass. Where a backend parts from the oracle, the report gives the item, the
     step, both candidate tokens and the oracle's log-prob margin between them: a margin inside the
-    error bound of the arithmetic that ran (``decode-margin`` of ``precision``, default the
-    config's dtype; grown by the attention scores, and a half precision's by the layer-norm
-    conditioning, of the oracle's pass along its tokens, `shared.conditioning`) is a near-tie,
-    which that arithmetic may break either way, and is reported as such; a larger margin is a
-    failure. The report is printed to ``out`` (stdout).
+    error bound of the arithmetic that ran (`shared.divergence.decode_margin` of ``precision``,
+    default the config's dtype: grown with the oracle's pass along its tokens, on its logits'
+    scale) is a near-tie, which that arithmetic may break either way, and is reported as such; a
+    larger margin is a failure. The report is printed to ``out`` (stdout).
     """
     precision = precision or config.dtype
     out = sys.stdout if out is None else out
-    from shared.divergence import first_divergence, oracle_conditioning, oracle_log_probs
+    from shared.divergence import decode_margin, first_divergence, oracle_log_probs
 
     results = {name: adapter.greedy(src, max_new) for name, adapter in adapters.items()}
     report = {}
     ref = results["reference"]
     log_probs = oracle_log_probs(weights, config, src, ref.tokens)  # margins for divergences
-    margin = bound_for(precision, "decode-margin")
-    if margin.conditioning is not None or margin.score_limit is not None:
-        margin = margin.conditioned(*oracle_conditioning(weights, config, src, ref.tokens))
-    margin_bound = margin.rtol
+    margin_bound = decode_margin(precision, weights, config, src, ref.tokens)
     print(f"decode: greedy, {max_new} new tokens, batch {src.shape[0]}; oracle tokens:", file=out)
     for row in ref.tokens:
         print("   ", " ".join(str(t) for t in row), file=out)

@@ -403,8 +403,8 @@ def verify(config: TransformerConfig, weights: Mapping[str, np.ndarray], path, s
     and the cached steps) with the float64 oracle on the source weights, against
     ``(config.dtype, "onnx:reference")`` (``("float16", "onnx:reference")`` for a float16 export),
     and its greedy tokens with the oracle's: identical, or, from a float16 export, parted only at a
-    near-tie of the oracle's within ``("float16", "decode-margin")``, grown by the oracle's
-    layer-norm conditioning and attention scores (each parting printed with its margin). The
+    near-tie of the oracle's within its float16 decode margin (`shared.divergence.decode_margin`:
+    grown with the oracle's pass, on its logits' scale; each parting printed with its margin). The
     logits' bound grows with the model's, read from the oracle's pass of the batch
     (`shared.conditioning`). Prints the table; the exit status (0 when every line passes)."""
     import onnxruntime
@@ -412,7 +412,7 @@ def verify(config: TransformerConfig, weights: Mapping[str, np.ndarray], path, s
     from shared import reference as R
     from shared.batches import src_tgt
     from shared.conditioning import largest
-    from shared.divergence import first_divergence, oracle_conditioning, oracle_log_probs
+    from shared.divergence import decode_margin, first_divergence, oracle_log_probs
     from shared.tolerances import bound_for, max_abs_diff, max_rel_diff
 
     model = OnnxRuntimeModel.load(path, threads=1)
@@ -458,8 +458,7 @@ def verify(config: TransformerConfig, weights: Mapping[str, np.ndarray], path, s
     # with the model's conditioning (shared.conditioning) as every half-precision bound is
     passed = not parts
     if parts and precision == "float16":
-        margin = bound_for("float16", "decode-margin").conditioned(
-            *oracle_conditioning(weights, config, src, oracle)).rtol
+        margin = decode_margin("float16", weights, config, src, oracle)
         passed = all(abs(d.margin) <= margin for d in parts)
     result = "identical" if not parts else "near-ties" if passed else "DIFFER"
     print(f"{label:<34} {result:>31}  {'pass' if passed else 'FAIL'}")
