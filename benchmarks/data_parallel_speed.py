@@ -16,7 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from twins import demo_tasks as tasks  # noqa: E402
 from twins.backends import make_adapter, prepare  # noqa: E402
-from shared.threads import check_worker_count, thread_count  # noqa: E402
+from shared.threads import check_worker_limit, thread_count  # noqa: E402
 from shared.weights import init_weights  # noqa: E402
 
 
@@ -30,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     spec = tasks.spec("copy")
     try:
-        check_worker_count(args.workers, spec.batch)  # before any framework starts
+        check_worker_limit(args.workers, spec.batch)  # before any framework starts
     except ValueError as err:
         parser.error(str(err))
     config = tasks.task_config("copy")

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from parity_tests import importable
-from shared.threads import check_threads, check_worker_count, machine_cpus, max_threads, max_workers
+from shared.threads import check_threads, check_worker_limit, machine_cpus, max_threads, max_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 HUGE = "1000000"
@@ -74,12 +74,12 @@ def test_the_bounds_come_from_the_machine_and_the_batch():
     assert cpus >= len(os.sched_getaffinity(0)) and cpus >= (os.cpu_count() or 1)
     assert max_threads() == cpus and check_threads(cpus) == cpus and check_threads(None) is None
     assert max_workers(10**6) == cpus and max_workers(1) == 1
-    assert check_worker_count(1, 1) == 1
+    assert check_worker_limit(1, 1) == 1
     with pytest.raises(ValueError, match=r"^--workers 2: expected at most 1: .*global batch \(1;"):
-        check_worker_count(2, 1)
+        check_worker_limit(2, 1)
     with pytest.raises(ValueError, match=rf"^--nproc {cpus + 1}: expected at most {cpus}: one worker per "
                                          rf"logical CPU of this machine \({cpus};"):
-        check_worker_count(cpus + 1, 10**6, "--nproc")
+        check_worker_limit(cpus + 1, 10**6, "--nproc")
     for bad, error in ((0, ValueError), (-3, ValueError), (True, TypeError), (2.0, TypeError), ("2", TypeError)):
         with pytest.raises(error, match=r"^--threads: expected an int >= 1, got "):
             check_threads(bad)

@@ -101,11 +101,13 @@ def thread_count(text: str) -> int:
     return threads
 
 
-def check_worker_count(workers, batch: int, name: str = "--workers") -> int:
+def check_worker_limit(workers, batch: int, name: str = "--workers") -> int:
     """``workers`` is an int in ``[1, max_workers(batch)]``: checked in the launching process, before
     anything starts (a million workers would otherwise be started, or their rendezvous entries written,
     before any worker could refuse). ``batch``: the global batch the run will use (``--batch``, else
-    the resumed run's or the task's). Divisibility is `shared.data_parallel.check_workers`'s."""
+    the resumed run's or the task's). Divisibility is `shared.data_parallel.check_workers`'s, and
+    the count alone (any int >= 1, what the backends' ``init_workers`` take) is
+    `shared.data_parallel.check_worker_count`'s."""
     workers = _count(workers, name)
     if workers > max_workers(batch):
         shown_workers = shown(workers, str)

@@ -47,7 +47,7 @@ from shared.data_parallel import TIMEOUT_S, check_timeout, check_workers
 from shared.memory import check_training_batch
 from shared.precision import check_precision
 from shared.schedule import noam_lr
-from shared.threads import check_threads, check_worker_count
+from shared.threads import check_threads, check_worker_limit
 
 from . import arguments
 from . import demo_tasks as tasks
@@ -162,7 +162,7 @@ def _check_args(args) -> None:
     if args.workers is not None:  # in the launching process, before anything starts
         log = _peek_log(args)
         batch = _run_batch(args, log)
-        check_worker_count(args.workers, batch)
+        check_worker_limit(args.workers, batch)
         check_workers(batch, args.workers)
         _check_before_launch(args, log)
 
