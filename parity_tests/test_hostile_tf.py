@@ -1,6 +1,8 @@
 """Issue 26, TensorFlow's compiled modes under hostile input: a cached decoding step past the
 cache's capacity, and a source longer than ``max_len`` through a relaxed-shape graph, raise or give
-NaN in every mode (eager, ``tf.function``, XLA); never finite numbers.
+NaN in every mode (eager, ``tf.function``, XLA); never finite numbers. And a torch ``DataLoader``
+given to Keras' functions is checked batch by batch before an XLA step takes it (torch where
+installed: the only test here that imports it).
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import tensorflow as tf  # noqa: E402
 
 from parity_tests.decoding_cases import config64, sources, targets  # noqa: E402
 from parity_tests.tf_support import build  # noqa: E402
+from shared import TransformerConfig  # noqa: E402
+from shared.batches import src_tgt  # noqa: E402
 from shared.tolerances import FLOAT64, assert_close  # noqa: E402
 from tf_impl.inputs import make_src_mask  # noqa: E402
 
@@ -106,3 +110,61 @@ def test_an_unsigned_id_past_int64_is_reported_as_given(model_and_cache):
     with pytest.raises(ValueError, match=rf"src: expected token ids in \[0, {model.config.src_vocab}\), got "
                                          r"values in \[1, 9223372036854775813\]"):
         model(ids, np.ones((1, 2), np.int64))
+
+
+# Keras' words at the end of an epoch of unknown length, the loader's as much as the checked one's
+@pytest.mark.filterwarnings("ignore:Your input ran out of data")
+def test_a_torch_data_loader_is_checked_batch_by_batch_before_an_xla_step():
+    """Keras' `fit`, `evaluate` and `predict` take a torch ``DataLoader`` through an adapter of
+    their own, and under XLA a bad id embeds as NaN: `fit` trained on the NaN loss and made every
+    weight NaN without a word. Each batch is checked as the loader makes it: a bad one among
+    Keras' first two reads (it reads them for their shapes) raises the eager ``ValueError``, a
+    later one TensorFlow's ``InvalidArgumentError`` with the same words (as a generator's). A good
+    loader's batches reach the model unchanged, and an epoch is the loader's length in steps,
+    whether its dataset has a length or not."""
+    torch = pytest.importorskip("torch")
+    import keras
+    config = TransformerConfig.preset("tiny").replace(n_encoder_layers=1, n_decoder_layers=1)
+    model = build(config)
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=True)
+    before = [v.numpy() for v in model.variables]
+    src, tgt = src_tgt(config, batch=6, src_len=5, tgt_len=4)
+
+    def collate(rows):  # ((src, tgt), tgt_out), as Keras unpacks a batch; torch's default makes lists
+        s, t = (torch.stack(column) for column in zip(*rows))
+        return (s, t), t
+
+    def loader(ids, sized=True):  # batches of 2 rows
+        pairs = torch.utils.data.TensorDataset(torch.tensor(ids), torch.tensor(tgt))
+
+        class Pairs(torch.utils.data.IterableDataset):  # no length: Keras counts no steps ahead
+            def __iter__(self):
+                return iter(pairs)
+        return torch.utils.data.DataLoader(pairs if sized else Pairs(), batch_size=2, collate_fn=collate)
+
+    def bad_at(row):
+        ids = src.copy()
+        ids[row, 1] = config.src_vocab
+        return ids
+
+    bad_id = rf"src: expected token ids in \[0, {config.src_vocab}\), got values in \[0, {config.src_vocab}\]"
+    for call in (lambda x: model.fit(x, shuffle=False, verbose=0), lambda x: model.evaluate(x, verbose=0),
+                 lambda x: model.predict(x, verbose=0)):
+        with pytest.raises(ValueError, match=bad_id):
+            call(loader(bad_at(2)))  # the second batch
+    for want, variable in zip(before, model.variables):
+        np.testing.assert_array_equal(variable.numpy(), want, variable.path)
+    assert int(model.optimizer.iterations) == 0
+    with pytest.raises(tf.errors.InvalidArgumentError, match=bad_id):  # the third batch, in TF's pipeline
+        model.fit(loader(bad_at(5)), shuffle=False, verbose=0)
+    with pytest.raises(ValueError, match=bad_id):  # after an epoch's steps
+        model.fit((src, tgt), tgt, validation_data=loader(bad_at(2)), shuffle=False, verbose=0)
+    assert all(np.isfinite(variable.numpy()).all() for variable in model.variables)
+    np.testing.assert_array_equal(model.predict(loader(src), verbose=0), model.predict((src, tgt), verbose=0))
+    for sized in (True, False):
+        steps = []
+        model.fit(loader(src, sized), epochs=2, shuffle=False, verbose=0,
+                  callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=lambda i, logs: steps.append(i))])
+        assert steps == [0, 1, 2] * 2, (sized, steps)
+    assert all(np.isfinite(variable.numpy()).all() for variable in model.variables)

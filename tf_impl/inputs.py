@@ -18,9 +18,9 @@ traced:
   the compiled program. `TokenEmbedding` therefore never looks up a bad id: the embedding of every
   out-of-range id is NaN, so the logits of that batch row are NaN, on every device, instead of a
   plausible wrong number. Keras' ``predict``, ``fit`` and ``evaluate`` check every batch before
-  a step takes it (``Transformer._checked``): arrays, a generator's and a ``PyDataset``'s batches
-  with NumPy (the ``ValueError``), a ``tf.data.Dataset`` in its own pipeline, in graph mode (the
-  ``InvalidArgumentError``).
+  a step takes it (``Transformer._checked``): arrays, a generator's, a ``PyDataset``'s and a torch
+  ``DataLoader``'s batches with NumPy (the ``ValueError``), a ``tf.data.Dataset`` in its own
+  pipeline, in graph mode (the ``InvalidArgumentError``).
 
 Shapes get the same treatment. A size unknown at trace time (an ``input_signature`` with ``None``
 dimensions, ``tf.function(reduce_retracing=True)``) cannot be checked while tracing, so every check

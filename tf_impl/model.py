@@ -1,6 +1,7 @@
 """The encoder-decoder Transformer as one ``keras.Model``, mirrored name for name by torch_impl."""
 from __future__ import annotations
 
+import sys
 import types
 from typing import Mapping
 
@@ -398,9 +399,9 @@ class Transformer(keras.Model):
     # "auto"``), where nothing can raise inside a step and an id out of range embeds as NaN
     # (`tf_impl.inputs`): `predict` gave NaN rows, and one `fit` step on a NaN loss made every
     # weight NaN. So every input is checked before a step takes it (`_checked`): arrays before
-    # Keras dispatches, the batches of a Python generator or a ``keras.utils.PyDataset`` as they
-    # are made, each with NumPy (`shared.checks.checked_inputs`); a `tf.data.Dataset` in its own
-    # pipeline, which runs in graph mode, never under XLA.
+    # Keras dispatches, the batches of a Python generator, a ``keras.utils.PyDataset`` or a torch
+    # ``DataLoader`` as they are made, each with NumPy (`shared.checks.checked_inputs`); a
+    # `tf.data.Dataset` in its own pipeline, which runs in graph mode, never under XLA.
     def predict(self, x, *args, **kwargs):
         """``keras.Model.predict``, its input checked first (above)."""
         return super().predict(self._checked(x), *args, **kwargs)
@@ -433,9 +434,10 @@ class Transformer(keras.Model):
 
     def _checked(self, x):
         """``x`` as Keras' functions take it, checked (above): ``(src, tgt[, masks])`` or a dict of
-        arrays checked now and returned as it is; a Python generator or a ``keras.utils.PyDataset``
-        returned as one that checks each batch as it makes it (`_check_batch`: the ``ValueError``
-        or ``TypeError`` of `call`); a `tf.data.Dataset` returned mapped through
+        arrays checked now and returned as it is; a Python generator, a ``keras.utils.PyDataset``
+        or a ``torch.utils.data.DataLoader`` returned as one that checks each batch as it makes it
+        (`_check_batch`: the ``ValueError`` or ``TypeError`` of `call`); a `tf.data.Dataset`
+        returned mapped through
         `_check_element`, so a bad batch raises ``tf.errors.InvalidArgumentError`` with the eager
         message when the dataset yields it, before the step that would take it; anything else
         is left to Keras."""
@@ -448,6 +450,8 @@ class Transformer(keras.Model):
             return _checked_batches(x, self.config)
         if isinstance(x, keras.utils.PyDataset):
             return _CheckedPyDataset(x, self.config)
+        if _is_torch_loader(x):
+            return _checked_torch_loader(x, self.config)
         if isinstance(x, (Mapping, tuple, list)):
             checked_inputs(self.config, *_unpack(x, None, None))
         return x
@@ -608,6 +612,46 @@ class _CheckedPyDataset(keras.utils.PyDataset):
 
     def on_epoch_end(self):
         self.batches.on_epoch_end()
+
+
+def _is_torch_loader(x) -> bool:
+    """Whether ``x`` is a ``torch.utils.data.DataLoader`` (Keras takes one in `fit`, `evaluate` and
+    `predict`), asked without importing torch: where one exists torch is imported already, and
+    tf_impl imports no torch (design.md, section 3)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.utils.data.DataLoader)
+
+
+def _checked_torch_loader(loader, config: TransformerConfig):
+    """A ``torch.utils.data.DataLoader`` whose every batch is the given loader's, checked
+    (`_check_batch`, on a CPU copy of its tensors) before Keras takes it, and passed on unchanged.
+    The given loader keeps its workers, sampler and collation; this one adds none: its items are
+    the batches (``batch_size=None``), each passed on as it is (torch's default conversion would
+    make a tuple a list). Keras reads a loader's batches, and its length (the steps of an epoch)
+    where its dataset has one (``TorchDataLoaderAdapter``), so this one has a length where the
+    given one's dataset has."""
+    import torch  # imported already: `loader` is torch's
+
+    def on_host(value):
+        return value.cpu() if isinstance(value, torch.Tensor) else value
+
+    class Batches(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for batch in loader:
+                _check_batch(config, keras.tree.map_structure(on_host, batch))
+                yield batch
+
+    class SizedBatches(Batches):
+        def __len__(self):
+            return len(loader)
+
+    batches = SizedBatches() if hasattr(loader.dataset, "__len__") else Batches()
+    return torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=_as_made)
+
+
+def _as_made(batch):
+    """A batch as its loader made it (the ``collate_fn`` of `_checked_torch_loader`)."""
+    return batch
 
 
 def check_model(model) -> None:
