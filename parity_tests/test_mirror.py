@@ -181,7 +181,10 @@ FRAMEWORK_ONLY_MODULES: dict[str, dict[str, str]] = {
                         "arithmetic, bound an eager step on a GPU); tf_impl compiles its whole "
                         "decoding loop with XLA instead"},
     "tf": {"saved_model": "exports a TensorFlow SavedModel that decodes (TF Serving, TFLite "
-                          "converters); a TensorFlow file format with no torch counterpart"},
+                          "converters); a TensorFlow file format with no torch counterpart",
+           "pipelines": "the batches of Keras' fit, evaluate and predict checked before a step that "
+                        "XLA may compile (where a bad id embeds as NaN); torch has no Keras functions "
+                        "and raises at the call"},
 }
 
 

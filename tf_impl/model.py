@@ -1,7 +1,6 @@
 """The encoder-decoder Transformer as one ``keras.Model``, mirrored name for name by torch_impl."""
 from __future__ import annotations
 
-import sys
 import types
 from typing import Mapping
 
@@ -24,6 +23,8 @@ from .embedding import PositionalEncoding, TokenEmbedding
 from .inputs import (as_raised, check_ids, check_mask, check_same_batch, check_training, dims, guarded,
                      make_src_mask, make_tgt_mask, poison, to_tensor)
 from .layers import Trace, record
+from .pipelines import (CheckedPyDataset, checked_batches, checked_torch_loader, is_torch_loader,
+                        unpack_x)
 from .stacks import Decoder, Encoder
 
 
@@ -177,7 +178,7 @@ class Transformer(keras.Model):
         c = self.config
         with as_raised(), guarded() as failed:  # under XLA: the run-time checks, which poison the outputs
             if tgt is None:
-                src, tgt, src_mask, tgt_mask = _unpack(src, src_mask, tgt_mask)
+                src, tgt, src_mask, tgt_mask = unpack_x(src, src_mask, tgt_mask)
             check_training(training)
             check_flag(return_trace, "return_trace")
             src = check_ids("src", src, c.src_vocab, c.max_len)
@@ -436,24 +437,23 @@ class Transformer(keras.Model):
         """``x`` as Keras' functions take it, checked (above): ``(src, tgt[, masks])`` or a dict of
         arrays checked now and returned as it is; a Python generator, a ``keras.utils.PyDataset``
         or a ``torch.utils.data.DataLoader`` returned as one that checks each batch as it makes it
-        (`_check_batch`: the ``ValueError`` or ``TypeError`` of `call`); a `tf.data.Dataset`
-        returned mapped through
-        `_check_element`, so a bad batch raises ``tf.errors.InvalidArgumentError`` with the eager
-        message when the dataset yields it, before the step that would take it; anything else
-        is left to Keras."""
+        (`tf_impl.pipelines`: the ``ValueError`` or ``TypeError`` of `call`); a `tf.data.Dataset`
+        returned mapped through `_check_element`, so a bad batch raises
+        ``tf.errors.InvalidArgumentError`` with the eager message when the dataset yields it,
+        before the step that would take it; anything else is left to Keras."""
         if isinstance(x, tf.data.Dataset):
             spec = x.element_spec
             unpack = type(spec) is tuple  # as tf.data calls the function: a tuple's items as arguments
             return x.map(lambda *items: self._check_element(items if unpack else items[0]),
                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if isinstance(x, types.GeneratorType):
-            return _checked_batches(x, self.config)
+            return checked_batches(x, self.config)
         if isinstance(x, keras.utils.PyDataset):
-            return _CheckedPyDataset(x, self.config)
-        if _is_torch_loader(x):
-            return _checked_torch_loader(x, self.config)
+            return CheckedPyDataset(x, self.config)
+        if is_torch_loader(x):
+            return checked_torch_loader(x, self.config)
         if isinstance(x, (Mapping, tuple, list)):
-            checked_inputs(self.config, *_unpack(x, None, None))
+            checked_inputs(self.config, *unpack_x(x, None, None))
         return x
 
     def _checked_validation(self, data):
@@ -469,7 +469,7 @@ class Transformer(keras.Model):
         checks of `call` (sizes, ids in range, equal batches) as asserts, and the element comes
         back unchanged (every tensor an identity after them)."""
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        src, tgt, src_mask, tgt_mask = _unpack(x, None, None)
+        src, tgt, src_mask, tgt_mask = unpack_x(x, None, None)
         c = self.config
         src = check_ids("src", src, c.src_vocab, c.max_len)
         tgt = check_same_batch(src, check_ids("tgt", tgt, c.tgt_vocab, c.max_len))
@@ -548,110 +548,6 @@ def _generator_transposed(rows: int | None) -> bool:
     """Whether a cached step keeps the generator as ``(V, d)``, used transposed (more than one
     row, or unknown), rather than ``(d, V)`` (one row): see `Transformer._step_weights`."""
     return rows is None or rows > 1
-
-
-def _unpack(x, src_mask, tgt_mask):
-    """``x`` as ``predict`` passes it: ``(src, tgt[, src_mask, tgt_mask])`` or a dict of those; a
-    mask in ``x`` and as a keyword is refused (the keyword was dropped without a word)."""
-    if isinstance(x, Mapping):
-        unknown = sorted(set(x) - {"src", "tgt", "src_mask", "tgt_mask"})
-        if unknown or "src" not in x or "tgt" not in x:
-            raise ValueError("x: expected a dict with keys 'src', 'tgt' (and optionally 'src_mask', "
-                             f"'tgt_mask'), got keys {sorted(x)}")
-        packed = [x["src"], x["tgt"], x.get("src_mask"), x.get("tgt_mask")]
-    elif isinstance(x, (tuple, list)) and 2 <= len(x) <= 4:
-        packed = list(x) + [None] * (4 - len(x))
-    else:
-        raise ValueError("tgt: required (or pass x = (src, tgt) or {'src': ..., 'tgt': ...}), got src alone")
-    for i, (name, keyword) in enumerate((("src_mask", src_mask), ("tgt_mask", tgt_mask)), start=2):
-        if packed[i] is None:
-            packed[i] = keyword
-        elif keyword is not None:
-            raise ValueError(f"{name}: given twice, in x and as a keyword; give one")
-    return tuple(packed)
-
-
-def _check_batch(config: TransformerConfig, batch) -> None:
-    """One batch of a Python generator or a ``keras.utils.PyDataset`` (``x``, ``(x, y)`` or ``(x,
-    y, sample_weight)``, as Keras unpacks it): ``x``'s ids and masks checked with NumPy
-    (`shared.checks.checked_inputs`), where it is made (a PyDataset's worker process too)."""
-    x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
-    checked_inputs(config, *_unpack(x, None, None))
-
-
-def _checked_batches(batches, config: TransformerConfig):
-    """A Python generator's batches, each checked (`_check_batch`) before Keras takes it."""
-    for batch in batches:
-        _check_batch(config, batch)
-        yield batch
-
-
-class _CheckedPyDataset(keras.utils.PyDataset):
-    """A ``keras.utils.PyDataset`` whose every batch is checked (`_check_batch`) as it is made,
-    with the wrapped one's workers, length and epoch hooks."""
-
-    def __init__(self, batches: keras.utils.PyDataset, config: TransformerConfig):
-        super().__init__(workers=batches.workers, use_multiprocessing=batches.use_multiprocessing,
-                         max_queue_size=batches.max_queue_size)
-        self.batches, self.config = batches, config
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    @property
-    def num_batches(self):
-        return self.batches.num_batches
-
-    def __getitem__(self, index):
-        batch = self.batches[index]
-        _check_batch(self.config, batch)
-        return batch
-
-    def on_epoch_begin(self):
-        self.batches.on_epoch_begin()
-
-    def on_epoch_end(self):
-        self.batches.on_epoch_end()
-
-
-def _is_torch_loader(x) -> bool:
-    """Whether ``x`` is a ``torch.utils.data.DataLoader`` (Keras takes one in `fit`, `evaluate` and
-    `predict`), asked without importing torch: where one exists torch is imported already, and
-    tf_impl imports no torch (design.md, section 3)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.utils.data.DataLoader)
-
-
-def _checked_torch_loader(loader, config: TransformerConfig):
-    """A ``torch.utils.data.DataLoader`` whose every batch is the given loader's, checked
-    (`_check_batch`, on a CPU copy of its tensors) before Keras takes it, and passed on unchanged.
-    The given loader keeps its workers, sampler and collation; this one adds none: its items are
-    the batches (``batch_size=None``), each passed on as it is (torch's default conversion would
-    make a tuple a list). Keras reads a loader's batches, and its length (the steps of an epoch)
-    where its dataset has one (``TorchDataLoaderAdapter``), so this one has a length where the
-    given one's dataset has."""
-    import torch  # imported already: `loader` is torch's
-
-    def on_host(value):
-        return value.cpu() if isinstance(value, torch.Tensor) else value
-
-    class Batches(torch.utils.data.IterableDataset):
-        def __iter__(self):
-            for batch in loader:
-                _check_batch(config, keras.tree.map_structure(on_host, batch))
-                yield batch
-
-    class SizedBatches(Batches):
-        def __len__(self):
-            return len(loader)
-
-    batches = SizedBatches() if hasattr(loader.dataset, "__len__") else Batches()
-    return torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=_as_made)
-
-
-def _as_made(batch):
-    """A batch as its loader made it (the ``collate_fn`` of `_checked_torch_loader`)."""
-    return batch
 
 
 def check_model(model) -> None:
