@@ -285,6 +285,51 @@ def test_keras_functions_check_every_batch_of_a_pipeline_before_an_xla_step():
         np.testing.assert_array_equal(model.predict(dataset, verbose=0), want, type(x).__name__)
 
 
+def test_keras_sparse_cross_entropy_targets_are_checked_before_an_xla_step():
+    """Keras' sparse cross-entropy gathers each target's logit, and under XLA a label out of range
+    comes out NaN, as an id does: `fit` on torch's ``-100`` labels (its cross-entropy's default
+    ignore_index) made every weight NaN without a word. Where the compiled loss is that one (the
+    class, its function or its name), the targets are checked with the ids, in every path Keras
+    takes them (arrays, positional or keyword, validation data, a dataset, a generator): values
+    in ``[0, tgt_vocab)`` or the loss's ``ignore_class``. Another loss's labels are its own."""
+    config = TINY.replace(n_encoder_layers=1, n_decoder_layers=1)
+    src, tgt = src_tgt(config, batch=4, src_len=5, tgt_len=4)
+    y = np.where(tgt == config.pad_id, -100, tgt)  # as a torch pipeline labels padding
+    message = (r"y: expected target ids in \[0, 17\) for the loss \(SparseCategoricalCrossentropy with "
+               r"ignore_class={}\), got values in \[{}, {}\]")
+    none = message.format("None", -100, int(tgt.max()))
+    sparse = keras.losses.SparseCategoricalCrossentropy
+    for loss in (sparse(from_logits=True), "sparse_categorical_crossentropy",
+                 keras.losses.sparse_categorical_crossentropy):
+        model = build(config)
+        model.compile(optimizer="adam", loss=loss, jit_compile=True)
+        before = [v.numpy() for v in model.variables]
+        for call in (lambda: model.fit((src, tgt), y, verbose=0), lambda: model.fit(x=(src, tgt), y=y, verbose=0),
+                     lambda: model.evaluate((src, tgt), y, verbose=0), lambda: model.train_on_batch((src, tgt), y),
+                     lambda: model.test_on_batch((src, tgt), y=y),
+                     lambda: model.fit((src, tgt), tgt, validation_data=((src, tgt), y), verbose=0),
+                     lambda: model.fit((batch for batch in [((src, tgt), y)]), shuffle=False, verbose=0)):
+            with pytest.raises(ValueError, match=none):
+                call()
+        assert int(model.optimizer.iterations) == 0
+        for want, variable in zip(before, model.variables):
+            np.testing.assert_array_equal(variable.numpy(), want, variable.path)
+    dataset = tf.data.Dataset.from_tensor_slices(((src, tgt), np.where(tgt > 15, 99, tgt))).batch(4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message.format("None", 0, 99)):
+        model.fit(dataset, shuffle=False, verbose=0)
+    assert int(model.optimizer.iterations) == 0
+    ignoring = build(config)  # the loss told to ignore -100 takes it, and trains
+    ignoring.compile(optimizer="adam", loss=sparse(from_logits=True, ignore_class=-100), jit_compile=True)
+    bad = y.copy()
+    bad[0, 1] = 99
+    with pytest.raises(ValueError, match=message.format(-100, bad[bad != -100].min(), 99)):
+        ignoring.fit((src, tgt), bad, verbose=0)
+    assert np.isfinite(ignoring.fit((src, tgt), y, verbose=0).history["loss"]).all()
+    assert all(np.isfinite(v.numpy()).all() for v in ignoring.variables)
+    ignoring.compile(optimizer="adam", loss=lambda t, z: tf.reduce_mean(z), jit_compile=True)  # its own labels
+    ignoring.train_on_batch((src, tgt), y)
+
+
 # -- tf.function and Keras serialisation ----------------------------------------------------------
 def test_variable_lengths_in_one_function_need_no_retrace_per_batch():
     config = TINY.replace(dtype="float64")

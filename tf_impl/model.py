@@ -23,8 +23,8 @@ from .embedding import PositionalEncoding, TokenEmbedding
 from .inputs import (as_raised, check_ids, check_mask, check_same_batch, check_training, dims, guarded,
                      make_src_mask, make_tgt_mask, poison, to_tensor)
 from .layers import Trace, record
-from .pipelines import (CheckedPyDataset, checked_batches, checked_torch_loader, is_torch_loader,
-                        unpack_x)
+from .pipelines import (CheckedPyDataset, check_labels, checked_batches, checked_labels, checked_torch_loader,
+                        is_torch_loader, label_rule, unpack_x)
 from .stacks import Decoder, Encoder
 
 
@@ -402,7 +402,9 @@ class Transformer(keras.Model):
     # weight NaN. So every input is checked before a step takes it (`_checked`): arrays before
     # Keras dispatches, the batches of a Python generator, a ``keras.utils.PyDataset`` or a torch
     # ``DataLoader`` as they are made, each with NumPy (`shared.checks.checked_inputs`); a
-    # `tf.data.Dataset` in its own pipeline, which runs in graph mode, never under XLA.
+    # `tf.data.Dataset` in its own pipeline, which runs in graph mode, never under XLA. The targets
+    # too where the loss is Keras' sparse cross-entropy, whose gather takes a label out of range
+    # as NaN under XLA (`tf_impl.pipelines.label_rule`).
     def predict(self, x, *args, **kwargs):
         """``keras.Model.predict``, its input checked first (above)."""
         return super().predict(self._checked(x), *args, **kwargs)
@@ -414,7 +416,7 @@ class Transformer(keras.Model):
     def fit(self, x=None, *args, **kwargs):
         """``keras.Model.fit``, its input and ``validation_data``'s checked before the first step
         (above): a bad validation row would stop the run after an epoch."""
-        x = self._checked(x)
+        x = self._checked(x, _labels(args, kwargs))
         if "validation_data" in kwargs:
             kwargs["validation_data"] = self._checked_validation(kwargs["validation_data"])
         elif len(args) > 6:  # its 8th argument
@@ -423,57 +425,63 @@ class Transformer(keras.Model):
 
     def evaluate(self, x=None, *args, **kwargs):
         """``keras.Model.evaluate``, its input checked first (above)."""
-        return super().evaluate(self._checked(x), *args, **kwargs)
+        return super().evaluate(self._checked(x, _labels(args, kwargs)), *args, **kwargs)
 
     def train_on_batch(self, x, *args, **kwargs):
         """``keras.Model.train_on_batch``, the ids checked before the update (above)."""
-        return super().train_on_batch(self._checked(x), *args, **kwargs)
+        return super().train_on_batch(self._checked(x, _labels(args, kwargs)), *args, **kwargs)
 
     def test_on_batch(self, x, *args, **kwargs):
         """``keras.Model.test_on_batch``, the ids checked first (above)."""
-        return super().test_on_batch(self._checked(x), *args, **kwargs)
+        return super().test_on_batch(self._checked(x, _labels(args, kwargs)), *args, **kwargs)
 
-    def _checked(self, x):
+    def _checked(self, x, y=None):
         """``x`` as Keras' functions take it, checked (above): ``(src, tgt[, masks])`` or a dict of
-        arrays checked now and returned as it is; a Python generator, a ``keras.utils.PyDataset``
-        or a ``torch.utils.data.DataLoader`` returned as one that checks each batch as it makes it
-        (`tf_impl.pipelines`: the ``ValueError`` or ``TypeError`` of `call`); a `tf.data.Dataset`
-        returned mapped through `_check_element`, so a bad batch raises
-        ``tf.errors.InvalidArgumentError`` with the eager message when the dataset yields it,
-        before the step that would take it; anything else is left to Keras."""
+        arrays checked now and returned as it is, with the targets ``y`` given beside them; a
+        Python generator, a ``keras.utils.PyDataset`` or a ``torch.utils.data.DataLoader``
+        returned as one that checks each batch as it makes it (`tf_impl.pipelines`: the
+        ``ValueError`` or ``TypeError`` of `call`); a `tf.data.Dataset` returned mapped through
+        `_check_element`, so a bad batch raises ``tf.errors.InvalidArgumentError`` with the eager
+        message when the dataset yields it, before the step that would take it; anything else
+        is left to Keras. Targets are checked where the compiled loss says what they are
+        (`tf_impl.pipelines.label_rule`)."""
+        labels = label_rule(getattr(self, "loss", None), self.config.tgt_vocab)
         if isinstance(x, tf.data.Dataset):
             spec = x.element_spec
             unpack = type(spec) is tuple  # as tf.data calls the function: a tuple's items as arguments
-            return x.map(lambda *items: self._check_element(items if unpack else items[0]),
+            return x.map(lambda *items: self._check_element(items if unpack else items[0], labels),
                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if isinstance(x, types.GeneratorType):
-            return checked_batches(x, self.config)
+            return checked_batches(x, self.config, labels)
         if isinstance(x, keras.utils.PyDataset):
-            return CheckedPyDataset(x, self.config)
+            return CheckedPyDataset(x, self.config, labels)
         if is_torch_loader(x):
-            return checked_torch_loader(x, self.config)
+            return checked_torch_loader(x, self.config, labels)
         if isinstance(x, (Mapping, tuple, list)):
             checked_inputs(self.config, *unpack_x(x, None, None))
+            check_labels(y, labels)
         return x
 
     def _checked_validation(self, data):
-        """``fit``'s ``validation_data``: ``(x, y[, sample_weight])`` with ``x`` checked, or a dataset."""
+        """``fit``'s ``validation_data``: ``(x, y[, sample_weight])`` with ``x`` and ``y`` checked,
+        or a dataset."""
         if isinstance(data, (tuple, list)) and data:
-            self._checked(data[0])
+            self._checked(data[0], data[1] if len(data) > 1 else None)
             return data
         return self._checked(data)
 
-    def _check_element(self, data):
+    def _check_element(self, data, labels=None):
         """One element of a dataset (``x``, ``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)``, as
         Keras unpacks it), traced by ``Dataset.map`` in graph mode: ``x``'s ids and masks get the
-        checks of `call` (sizes, ids in range, equal batches) as asserts, and the element comes
-        back unchanged (every tensor an identity after them)."""
-        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        checks of `call` (sizes, ids in range, equal batches) as asserts, ``y`` those of
+        ``labels`` (`tf_impl.pipelines.checked_labels`), and the element comes back unchanged
+        (every tensor an identity after them)."""
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
         src, tgt, src_mask, tgt_mask = unpack_x(x, None, None)
         c = self.config
         src = check_ids("src", src, c.src_vocab, c.max_len)
         tgt = check_same_batch(src, check_ids("tgt", tgt, c.tgt_vocab, c.max_len))
-        checked = [src, tgt]
+        checked = [src, tgt] + ([checked_labels(y, labels)] if isinstance(y, tf.Tensor) else [])
         if src_mask is not None:  # a default mask needs no check
             checked.append(self._src_mask(src, src_mask))
         if tgt_mask is not None:
@@ -548,6 +556,12 @@ def _generator_transposed(rows: int | None) -> bool:
     """Whether a cached step keeps the generator as ``(V, d)``, used transposed (more than one
     row, or unknown), rather than ``(d, V)`` (one row): see `Transformer._step_weights`."""
     return rows is None or rows > 1
+
+
+def _labels(args: tuple, kwargs: dict):
+    """The targets ``y`` of `fit`, `evaluate`, `train_on_batch` or `test_on_batch` (each takes
+    them second, after ``x``), or None."""
+    return args[0] if args else kwargs.get("y")
 
 
 def check_model(model) -> None:
