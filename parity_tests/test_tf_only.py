@@ -316,18 +316,17 @@ def test_keras_sparse_cross_entropy_targets_are_checked_before_an_xla_step():
             np.testing.assert_array_equal(variable.numpy(), want, variable.path)
     dataset = tf.data.Dataset.from_tensor_slices(((src, tgt), np.where(tgt > 15, 99, tgt))).batch(4)
     with pytest.raises(tf.errors.InvalidArgumentError, match=message.format("None", 0, 99)):
-        model.fit(dataset, shuffle=False, verbose=0)
-    assert int(model.optimizer.iterations) == 0
-    ignoring = build(config)  # the loss told to ignore -100 takes it, and trains
-    ignoring.compile(optimizer="adam", loss=sparse(from_logits=True, ignore_class=-100), jit_compile=True)
+        model.evaluate(dataset, verbose=0)  # checked in the dataset's own graph, before the XLA step
+    # The loss told to ignore -100 takes it, and another loss gets it as given: without XLA, whose
+    # compile is most of this test's time, and nothing to show about what passes a check.
+    model.compile(loss=sparse(from_logits=True, ignore_class=-100), jit_compile=False)
     bad = y.copy()
     bad[0, 1] = 99
     with pytest.raises(ValueError, match=message.format(-100, bad[bad != -100].min(), 99)):
-        ignoring.fit((src, tgt), bad, verbose=0)
-    assert np.isfinite(ignoring.fit((src, tgt), y, verbose=0).history["loss"]).all()
-    assert all(np.isfinite(v.numpy()).all() for v in ignoring.variables)
-    ignoring.compile(optimizer="adam", loss=lambda t, z: tf.reduce_mean(z), jit_compile=True)  # its own labels
-    ignoring.train_on_batch((src, tgt), y)
+        model.evaluate((src, tgt), bad, verbose=0)
+    assert np.isfinite(model.evaluate((src, tgt), y, verbose=0))
+    model.compile(loss=lambda t, z: tf.reduce_mean(z), jit_compile=False)  # its labels are its own
+    assert np.isfinite(model.evaluate((src, tgt), y, verbose=0))
 
 
 # -- tf.function and Keras serialisation ----------------------------------------------------------
